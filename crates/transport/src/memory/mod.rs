@@ -1,0 +1,13 @@
+//! Memory the NIC may touch: buffers shared with the application, memory
+//! regions that grant access to parts of them, and the table of keys that
+//! every access, local or remote, goes through.
+
+mod buffer;
+mod region;
+mod scatter_gather;
+mod table;
+
+pub use buffer::DmaBuffer;
+pub use region::{Access, MemoryRegion, MrKeys, PdId};
+pub(crate) use scatter_gather::{gather, scatter, validate_list};
+pub use table::{AccessFault, MemoryTable, MemoryView};

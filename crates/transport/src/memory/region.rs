@@ -1,0 +1,54 @@
+//! Protection domains and memory regions.
+
+use std::sync::Arc;
+
+use super::DmaBuffer;
+
+/// A protection domain: QPs and memory regions only work together when
+/// they belong to the same one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PdId(pub u32);
+
+bitflags::bitflags! {
+    /// What a memory region allows, with the values of `ibv_access_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct Access: u32 {
+        const LOCAL_WRITE = 1;
+        const REMOTE_WRITE = 1 << 1;
+        const REMOTE_READ = 1 << 2;
+        const REMOTE_ATOMIC = 1 << 3;
+    }
+}
+
+impl Access {
+    /// Every remote permission.
+    pub const REMOTE: Access = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
+}
+
+/// The keys of a registered region. softrnic uses one key for both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MrKeys {
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// A registered memory region: `len` bytes of a buffer, addressed by
+/// work requests and remote peers from `iova` on.
+#[derive(Debug, Clone)]
+pub struct MemoryRegion {
+    pub pd: PdId,
+    pub iova: u64,
+    pub len: u64,
+    pub access: Access,
+    pub keys: MrKeys,
+    pub(crate) buffer: Arc<DmaBuffer>,
+    /// Where `iova` lies in `buffer`.
+    pub(crate) offset: usize,
+}
+
+impl MemoryRegion {
+    /// The buffer behind the region.
+    pub fn buffer(&self) -> &Arc<DmaBuffer> {
+        &self.buffer
+    }
+}

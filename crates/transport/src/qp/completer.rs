@@ -1,0 +1,245 @@
+//! The completer: what comes back from the responder decides which send
+//! work requests are done.
+//!
+//! - An ACK for PSN p acknowledges every SEND and WRITE packet up to p.
+//! - A READ response or ATOMIC acknowledgement for PSN p implicitly
+//!   acknowledges everything before p (IBTA 9.7.5.1.1).
+//! - A response, or an ACK, beyond a READ or ATOMIC whose own response has
+//!   not arrived means that response was lost: go back to it.
+//! - A PSN sequence NAK moves the requester back to the NAK's PSN; an RNR
+//!   NAK does too, after the responder's timer; any other NAK fails the
+//!   request it names and the QP.
+//!
+//! Requests complete strictly in order, each once, at the head of the queue.
+
+use softrnic_wire::Opcode;
+use softrnic_wire::aeth::{NakCode, Syndrome};
+use softrnic_wire::packet::PacketRepr;
+use softrnic_wire::opcode::Position;
+use softrnic_wire::Psn;
+
+use super::requester::rnr_wait;
+use super::{Ctx, QpState, QueuePair};
+use crate::completion::WcStatus;
+use crate::memory::scatter;
+use crate::work_request::Payload;
+
+/// Whether acknowledging up to a PSN found a response missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acknowledged {
+    InOrder,
+    /// A READ or ATOMIC response before the acknowledged PSN never came.
+    ResponseMissing,
+}
+
+impl QueuePair {
+    /// Consumes an ACK, NAK, READ response or ATOMIC acknowledgement.
+    pub(super) fn complete(&mut self, ctx: &mut Ctx, packet: &PacketRepr) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        let bth = &packet.headers.bth;
+        let psn = bth.psn;
+        // Only PSNs from the last acknowledged one to the last sent one
+        // mean anything; anything else is a stale duplicate.
+        let in_window = self.req.una.sub(1).is_at_or_before(psn) && psn.is_before(self.req.sent_end);
+        if !in_window {
+            ctx.counters.rx_stale_responses += 1;
+            return;
+        }
+        let una_before = self.req.una;
+        match bth.opcode {
+            Opcode::RcAck => {
+                let Some(aeth) = packet.headers.ext.aeth else { return };
+                self.handle_aeth(ctx, psn, aeth.syndrome);
+            }
+            Opcode::RcAtomicAck => {
+                if self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder {
+                    self.place_atomic_result(ctx, psn, packet.headers.ext.atomic_ack.unwrap_or(0));
+                }
+            }
+            op if op.is_read_response() => {
+                if self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder {
+                    self.place_read_response(ctx, psn, packet);
+                }
+            }
+            _ => ctx.counters.rx_malformed += 1,
+        }
+        if self.req.una != una_before {
+            self.req.retries_left = self.attrs.retry_cnt;
+            self.req.rnr_retries_left = self.attrs.rnr_retry;
+            self.arm_retry_timer(ctx.now);
+        }
+        self.complete_front(ctx);
+    }
+
+    fn handle_aeth(&mut self, ctx: &mut Ctx, psn: Psn, syndrome: Syndrome) {
+        match syndrome {
+            Syndrome::Ack { .. } => {
+                self.acknowledge_through(psn);
+            }
+            Syndrome::RnrNak { timer } => {
+                ctx.counters.rnr_naks_received += 1;
+                self.acknowledge_through(psn.sub(1));
+                if self.req.rnr_retries_left == 0 {
+                    self.fail_at(psn, WcStatus::RnrRetryExcErr);
+                    return;
+                }
+                // An rnr_retry of 7 means "retry for ever".
+                if self.attrs.rnr_retry != 7 {
+                    self.req.rnr_retries_left -= 1;
+                }
+                self.req.rnr_until = Some(ctx.now + rnr_wait(timer));
+                self.req.retry_deadline = None;
+                self.go_back(psn);
+            }
+            Syndrome::Nak(NakCode::PsnSequenceError) => {
+                ctx.counters.seq_naks_received += 1;
+                if self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder {
+                    self.go_back(psn);
+                }
+            }
+            Syndrome::Nak(code) => {
+                ctx.counters.fatal_naks_received += 1;
+                self.acknowledge_through(psn.sub(1));
+                let status = match code {
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                    _ => WcStatus::RemInvReqErr,
+                };
+                self.fail_at(psn, status);
+            }
+        }
+    }
+
+    /// Marks SEND and WRITE requests whose last packet is at or before
+    /// `psn` done and moves `una` past them. Stops at a READ or ATOMIC that
+    /// still waits for its response; if `psn` lies at or beyond that
+    /// response, the response was lost and the requester goes back to it.
+    fn acknowledge_through(&mut self, psn: Psn) -> Acknowledged {
+        for index in 0..self.sq.len() {
+            let wqe = &mut self.sq[index];
+            if wqe.status.is_some() {
+                continue;
+            }
+            let Some(first) = wqe.first_psn else { break };
+            if psn.is_before(first) {
+                break;
+            }
+            if wqe.is_read_or_atomic() {
+                let expected = wqe.expected_response().expect("sent");
+                if expected.is_at_or_before(psn) {
+                    self.go_back(expected);
+                    return Acknowledged::ResponseMissing;
+                }
+                break;
+            }
+            let last = wqe.last_psn().expect("sent");
+            if last.is_at_or_before(psn) {
+                wqe.status = Some(WcStatus::Success);
+                self.req.una = last.next();
+            } else {
+                self.req.una = psn.next();
+                break;
+            }
+        }
+        Acknowledged::InOrder
+    }
+
+    /// The oldest request still waiting, if it is the READ or ATOMIC whose
+    /// next response is `psn`.
+    fn awaiting_response(&self, psn: Psn) -> Option<usize> {
+        let index = self.sq.iter().position(|w| w.status.is_none())?;
+        let wqe = &self.sq[index];
+        (wqe.is_read_or_atomic() && wqe.expected_response() == Some(psn)).then_some(index)
+    }
+
+    fn place_read_response(&mut self, ctx: &mut Ctx, psn: Psn, packet: &PacketRepr) {
+        let Some(index) = self.awaiting_response(psn) else {
+            ctx.counters.rx_duplicate_responses += 1;
+            return;
+        };
+        let mtu = u64::from(self.mtu());
+        let wqe = &self.sq[index];
+        let k = wqe.responses;
+        let offset = u64::from(k) * mtu;
+        let expected_len = (wqe.len - offset).min(mtu) as usize;
+        let position = match (k == 0, k + 1 == wqe.npsn) {
+            (true, true) => Position::Only,
+            (true, false) => Position::First,
+            (false, false) => Position::Middle,
+            (false, true) => Position::Last,
+        };
+        let opcode = packet.headers.bth.opcode;
+        if opcode.position() != Some(position) || opcode == Opcode::RcReadRequest || packet.payload.len() != expected_len {
+            self.fail_at(psn, WcStatus::BadRespErr);
+            return;
+        }
+        let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("READ into inline data") };
+        if scatter(ctx.memory, self.init.pd, sges, offset, packet.payload).is_err() {
+            self.fail_at(psn, WcStatus::LocProtErr);
+            return;
+        }
+        let wqe = &mut self.sq[index];
+        wqe.responses += 1;
+        if wqe.responses == wqe.npsn {
+            wqe.status = Some(WcStatus::Success);
+        }
+        self.req.una = psn.next();
+    }
+
+    fn place_atomic_result(&mut self, ctx: &mut Ctx, psn: Psn, original: u64) {
+        let Some(index) = self.awaiting_response(psn) else {
+            ctx.counters.rx_duplicate_responses += 1;
+            return;
+        };
+        let wqe = &self.sq[index];
+        if !wqe.wr.op.is_atomic() {
+            self.fail_at(psn, WcStatus::BadRespErr);
+            return;
+        }
+        let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("ATOMIC into inline data") };
+        // The original value lands in local memory in host byte order.
+        if scatter(ctx.memory, self.init.pd, sges, 0, &original.to_ne_bytes()).is_err() {
+            self.fail_at(psn, WcStatus::LocProtErr);
+            return;
+        }
+        let wqe = &mut self.sq[index];
+        wqe.responses = 1;
+        wqe.status = Some(WcStatus::Success);
+        self.req.una = psn.next();
+    }
+
+    /// Fails the request that `psn` belongs to (or the oldest one).
+    fn fail_at(&mut self, psn: Psn, status: WcStatus) {
+        let index = self.sq.iter().position(|w| w.status.is_none() && w.index_of(psn).is_some());
+        let index = index.or_else(|| self.sq.iter().position(|w| w.status.is_none()));
+        if let Some(index) = index {
+            self.sq[index].status = Some(status);
+        }
+    }
+
+    /// Completes finished requests at the head of the send queue, in order;
+    /// an error there moves the QP to ERR.
+    pub(super) fn complete_front(&mut self, ctx: &mut Ctx) {
+        while let Some(status) = self.sq.front().and_then(|w| w.status) {
+            let wqe = self.sq.pop_front().expect("front exists");
+            if self.req.cursor > 0 {
+                self.req.cursor -= 1;
+            } else {
+                self.req.cursor_pkt = 0;
+            }
+            if wqe.first_psn.is_some() && wqe.is_read_or_atomic() {
+                self.req.rd_atomic_outstanding -= 1;
+            }
+            self.complete_send(ctx, &wqe, status);
+            if status != WcStatus::Success {
+                self.enter_error(ctx);
+                return;
+            }
+        }
+        if !self.req.outstanding() {
+            self.req.retry_deadline = None;
+        }
+    }
+}

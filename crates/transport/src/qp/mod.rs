@@ -1,0 +1,341 @@
+//! Queue pairs. An RC queue pair is three cooperating state machines, split
+//! the way the IBTA and the Linux rxe driver split them:
+//!
+//! - the [requester](requester) turns send work requests into request
+//!   packets, assigns PSNs and retransmits from a PSN when told to;
+//! - the [completer](completer) consumes ACKs, NAKs, READ responses and
+//!   ATOMIC acknowledgements, decides what is done, and completes send
+//!   work requests in order;
+//! - the [responder](responder) executes incoming requests against local
+//!   memory and receive work requests, and answers them.
+//!
+//! A UD queue pair ([ud]) sends and receives single-packet datagrams.
+//!
+//! None of them reads a clock or touches a socket: they are driven through
+//! [`QueuePair::handle_packet`], [`QueuePair::poll_transmit`] and
+//! [`QueuePair::handle_timeout`], with time and memory passed in a [`Ctx`].
+
+mod attr;
+mod completer;
+mod requester;
+mod responder;
+mod send_queue;
+mod ud;
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+
+pub use attr::{MAX_RD_ATOMIC, Mtu, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType};
+use softrnic_wire::packet::PacketRepr;
+
+use crate::completion::{Completion, CompletionQueues, WcOpcode, WcStatus};
+use crate::config::TransportConfig;
+use crate::counters::Counters;
+use crate::error::{Result, VerbsError};
+use crate::memory::MemoryTable;
+use crate::time::Instant;
+use crate::work_request::{Payload, RecvWorkRequest, SendOp, SendWorkRequest};
+use requester::Requester;
+use responder::Responder;
+use send_queue::SendWqe;
+
+/// Everything a queue pair needs from its device for one event.
+pub(crate) struct Ctx<'a> {
+    pub now: Instant,
+    pub memory: &'a MemoryTable,
+    pub cqs: &'a mut CompletionQueues,
+    pub counters: &'a mut Counters,
+    pub config: &'a TransportConfig,
+}
+
+/// A packet a queue pair wants sent: `len` bytes written to the caller's
+/// buffer, for the given address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    pub dst: IpAddr,
+    pub len: usize,
+}
+
+/// A queue pair: its state, attributes, queues and the RC roles.
+#[derive(Debug)]
+pub struct QueuePair {
+    qpn: u32,
+    init: QpInitAttr,
+    state: QpState,
+    attrs: QpAttributes,
+    /// Send work requests not yet completed, oldest first.
+    sq: VecDeque<SendWqe>,
+    /// Receive work requests not yet consumed, oldest first.
+    rq: VecDeque<RecvWorkRequest>,
+    req: Requester,
+    resp: Responder,
+    /// Which role `poll_transmit` offers the link to first, so that a long
+    /// READ response cannot starve this side's own requests.
+    responder_first: bool,
+}
+
+impl QueuePair {
+    pub(crate) fn new(qpn: u32, init: QpInitAttr) -> QueuePair {
+        QueuePair {
+            qpn,
+            init,
+            state: QpState::Reset,
+            attrs: QpAttributes::default(),
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req: Requester::default(),
+            resp: Responder::default(),
+            responder_first: true,
+        }
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    pub fn attributes(&self) -> &QpAttributes {
+        &self.attrs
+    }
+
+    pub fn init_attr(&self) -> &QpInitAttr {
+        &self.init
+    }
+
+    fn mtu(&self) -> u32 {
+        self.attrs.path_mtu.bytes()
+    }
+
+    /// Applies `ibv_modify_qp`.
+    pub(crate) fn modify(&mut self, ctx: &mut Ctx, attr: &QpAttr) -> Result<()> {
+        let to = attr.validate(self.init.qp_type, self.state)?;
+        attr.apply(&mut self.attrs);
+        let from = self.state;
+        match to {
+            QpState::Reset => {
+                // RESET discards every queued request without completions.
+                self.sq.clear();
+                self.rq.clear();
+                self.req = Requester::default();
+                self.resp = Responder::default();
+                self.state = QpState::Reset;
+            }
+            QpState::Error => self.enter_error(ctx),
+            _ => {
+                self.state = to;
+                if from == QpState::Init && to == QpState::Rtr {
+                    self.resp.start(self.attrs.rq_psn);
+                }
+                if from == QpState::Rtr && to == QpState::Rts {
+                    self.req.start(&self.attrs);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `ibv_post_send`.
+    pub(crate) fn post_send(&mut self, ctx: &mut Ctx, wr: SendWorkRequest) -> Result<()> {
+        self.check_send_request(&wr)?;
+        match self.state {
+            QpState::Reset | QpState::Init | QpState::Rtr => {
+                return Err(VerbsError::invalid(format!(
+                    "QP {:#x} is in state {:?}; move it to RTS before posting sends",
+                    self.qpn, self.state
+                )));
+            }
+            QpState::Error | QpState::Sqe => {
+                let wqe = SendWqe::new(wr, self.mtu());
+                self.complete_send(ctx, &wqe, WcStatus::WrFlushErr);
+                return Ok(());
+            }
+            QpState::Rts | QpState::Sqd => {}
+        }
+        if self.sq.len() >= self.init.caps.max_send_wr as usize {
+            return Err(VerbsError::OutOfResources(format!(
+                "send queue of QP {:#x} is full ({} requests)",
+                self.qpn, self.init.caps.max_send_wr
+            )));
+        }
+        self.sq.push_back(SendWqe::new(wr, self.mtu()));
+        Ok(())
+    }
+
+    fn check_send_request(&self, wr: &SendWorkRequest) -> Result<()> {
+        let caps = &self.init.caps;
+        match &wr.payload {
+            Payload::Gather(sges) if sges.len() > caps.max_send_sge as usize => {
+                return Err(VerbsError::invalid(format!(
+                    "{} SGEs exceed max_send_sge {}",
+                    sges.len(),
+                    caps.max_send_sge
+                )));
+            }
+            Payload::Inline(bytes) if bytes.len() > caps.max_inline_data as usize => {
+                return Err(VerbsError::invalid(format!(
+                    "{} inline bytes exceed max_inline_data {}",
+                    bytes.len(),
+                    caps.max_inline_data
+                )));
+            }
+            Payload::Inline(_) if wr.op.writes_locally() => {
+                return Err(VerbsError::invalid("READ and ATOMIC results cannot go to inline data"));
+            }
+            _ => {}
+        }
+        if wr.payload.len() > 1 << 31 {
+            return Err(VerbsError::invalid("a message is at most 2 GiB"));
+        }
+        if wr.op.is_atomic() && wr.payload.len() != 8 {
+            return Err(VerbsError::invalid("an ATOMIC's local buffer must be exactly 8 bytes"));
+        }
+        match self.init.qp_type {
+            QpType::Ud => {
+                if !matches!(wr.op, SendOp::Send { .. }) {
+                    return Err(VerbsError::NotSupported("UD QPs only SEND".into()));
+                }
+                if wr.ud.is_none() {
+                    return Err(VerbsError::invalid("a UD send needs an address handle"));
+                }
+            }
+            QpType::Rc => {}
+        }
+        Ok(())
+    }
+
+    /// Applies `ibv_post_recv`.
+    pub(crate) fn post_recv(&mut self, ctx: &mut Ctx, wr: RecvWorkRequest) -> Result<()> {
+        if wr.sges.len() > self.init.caps.max_recv_sge as usize {
+            return Err(VerbsError::invalid(format!(
+                "{} SGEs exceed max_recv_sge {}",
+                wr.sges.len(),
+                self.init.caps.max_recv_sge
+            )));
+        }
+        match self.state {
+            QpState::Reset => {
+                return Err(VerbsError::invalid(format!(
+                    "QP {:#x} is in RESET; move it to INIT before posting receives",
+                    self.qpn
+                )));
+            }
+            QpState::Error => {
+                self.complete_recv(ctx, Completion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn));
+                return Ok(());
+            }
+            _ => {}
+        }
+        if self.rq.len() >= self.init.caps.max_recv_wr as usize {
+            return Err(VerbsError::OutOfResources(format!(
+                "receive queue of QP {:#x} is full ({} requests)",
+                self.qpn, self.init.caps.max_recv_wr
+            )));
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// Consumes one packet addressed to this QP from `src`.
+    pub(crate) fn handle_packet(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &PacketRepr) {
+        match self.init.qp_type {
+            QpType::Ud => self.ud_receive(ctx, src, packet),
+            QpType::Rc => {
+                if !packet.headers.bth.opcode.is_ud() && Some(src) == self.attrs.remote_addr {
+                    if packet.headers.bth.opcode.is_request() {
+                        self.respond(ctx, packet);
+                    } else {
+                        self.complete(ctx, packet);
+                    }
+                } else {
+                    ctx.counters.rx_dropped_foreign += 1;
+                }
+            }
+        }
+    }
+
+    /// Writes the next packet this QP wants to send into `buf`.
+    pub(crate) fn poll_transmit(&mut self, ctx: &mut Ctx, buf: &mut [u8]) -> Option<Transmit> {
+        if let Some(t) = self.poll_final_nak(ctx, buf) {
+            return Some(t);
+        }
+        match self.init.qp_type {
+            QpType::Ud => self.ud_transmit(ctx, buf),
+            QpType::Rc => {
+                let responder_first = self.responder_first;
+                self.responder_first = !responder_first;
+                if responder_first {
+                    self.poll_response(ctx, buf).or_else(|| self.poll_request(ctx, buf))
+                } else {
+                    self.poll_request(ctx, buf).or_else(|| self.poll_response(ctx, buf))
+                }
+            }
+        }
+    }
+
+    /// When this QP next needs [`QueuePair::handle_timeout`].
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.req.deadline()
+    }
+
+    pub(crate) fn handle_timeout(&mut self, ctx: &mut Ctx) {
+        self.requester_timeout(ctx);
+    }
+
+    /// Could `poll_transmit` produce something now? (Cheap, may say yes
+    /// when the answer turns out to be no.)
+    pub(crate) fn wants_to_transmit(&self) -> bool {
+        self.resp.has_output() || (!self.sq.is_empty() && self.req.cursor < self.sq.len())
+    }
+
+    /// Moves the QP to the error state: every outstanding work request
+    /// completes with `WR_FLUSH_ERR` (the first one in error keeps its own
+    /// status) and nothing more is sent but a final NAK.
+    pub(crate) fn enter_error(&mut self, ctx: &mut Ctx) {
+        if self.state == QpState::Error {
+            return;
+        }
+        self.state = QpState::Error;
+        self.req.stop();
+        while let Some(wqe) = self.sq.pop_front() {
+            let status = match wqe.status {
+                Some(status) if status != WcStatus::Success => status,
+                Some(_) => WcStatus::Success,
+                None => WcStatus::WrFlushErr,
+            };
+            self.complete_send(ctx, &wqe, status);
+        }
+        for recv in self.resp.abandon().into_iter().chain(self.rq.drain(..).collect::<Vec<_>>()) {
+            let flushed = Completion::new(recv.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+            ctx.cqs.push(self.init.recv_cq, flushed);
+        }
+    }
+
+    /// Emits the completion of a send work request, if it generates one.
+    fn complete_send(&self, ctx: &mut Ctx, wqe: &SendWqe, status: WcStatus) {
+        if status == WcStatus::Success && !(wqe.wr.signaled || self.init.sq_sig_all) {
+            return;
+        }
+        let mut completion = Completion::new(wqe.wr.wr_id, status, wqe.wc_opcode(), self.qpn);
+        if status == WcStatus::Success {
+            completion.byte_len = wqe.len as u32;
+        }
+        ctx.cqs.push(self.init.send_cq, completion);
+    }
+
+    fn complete_recv(&self, ctx: &mut Ctx, completion: Completion) {
+        ctx.cqs.push(self.init.recv_cq, completion);
+    }
+
+    /// Number of send work requests not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Number of receive work requests not yet consumed.
+    pub fn recv_queue_len(&self) -> usize {
+        self.rq.len()
+    }
+}

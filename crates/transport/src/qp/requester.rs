@@ -1,0 +1,335 @@
+//! The requester: send work requests become request packets.
+//!
+//! Each request gets a contiguous run of PSNs the first time it is sent.
+//! Retransmission is go-back-N, as RoCE NICs do it: the completer moves the
+//! send cursor back to a PSN and the requester sends everything from there
+//! again, with the same PSNs. A READ retransmitted from its k-th response
+//! asks only for the rest of the data, from PSN first + k (IBTA 9.4.4).
+
+use softrnic_wire::aeth;
+use softrnic_wire::packet::{Extensions, Headers};
+use softrnic_wire::{DEFAULT_PKEY, Opcode, Psn, atomic_eth, bth, reth};
+
+use super::{Ctx, QpAttributes, QpState, QueuePair, Transmit};
+use crate::completion::WcStatus;
+use crate::memory::{Access, gather, validate_list};
+use crate::time::{Instant, ack_timeout};
+use crate::work_request::{Payload, SendOp};
+
+/// The requester's position and timers.
+#[derive(Debug, Default)]
+pub(super) struct Requester {
+    /// The PSN the next request not yet started will take.
+    pub next_psn: Psn,
+    /// The oldest PSN not yet acknowledged (or, for READ and ATOMIC,
+    /// answered).
+    pub una: Psn,
+    /// One past the highest PSN ever sent.
+    pub sent_end: Psn,
+    /// Index in the send queue of the request being sent.
+    pub cursor: usize,
+    /// Packet (or READ response) index within that request.
+    pub cursor_pkt: u32,
+    pub retries_left: u8,
+    pub rnr_retries_left: u8,
+    /// When to retransmit if no progress is made.
+    pub retry_deadline: Option<Instant>,
+    /// Sending waits until then after an RNR NAK.
+    pub rnr_until: Option<Instant>,
+    /// READ and ATOMIC requests started and not yet completed.
+    pub rd_atomic_outstanding: u32,
+}
+
+impl Requester {
+    pub fn start(&mut self, attrs: &QpAttributes) {
+        *self = Requester {
+            next_psn: attrs.sq_psn,
+            una: attrs.sq_psn,
+            sent_end: attrs.sq_psn,
+            retries_left: attrs.retry_cnt,
+            rnr_retries_left: attrs.rnr_retry,
+            ..Requester::default()
+        };
+    }
+
+    pub fn stop(&mut self) {
+        self.retry_deadline = None;
+        self.rnr_until = None;
+    }
+
+    /// Are packets in flight that nobody has acknowledged yet?
+    pub fn outstanding(&self) -> bool {
+        self.una != self.sent_end
+    }
+
+    pub fn deadline(&self) -> Option<Instant> {
+        match (self.retry_deadline, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+impl QueuePair {
+    /// Builds the next request packet, if the window, the READ/ATOMIC limit
+    /// and any fence allow one.
+    pub(super) fn poll_request(&mut self, ctx: &mut Ctx, buf: &mut [u8]) -> Option<Transmit> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_until.is_some() {
+            return None;
+        }
+        let dst = self.attrs.remote_addr?;
+        let index = self.req.cursor;
+        let wqe = self.sq.get(index)?;
+        // A request that failed locally stops the queue: retransmissions of
+        // earlier ones may still go out, nothing from it on.
+        if wqe.status.is_some() {
+            return None;
+        }
+        if wqe.first_psn.is_none() && !self.may_start(ctx, index) {
+            return None;
+        }
+        let wqe = &self.sq[index];
+        let psn = wqe.first_psn?.add(self.req.cursor_pkt);
+        let is_new = !psn.is_before(self.req.sent_end);
+        if is_new && psn.distance_from(self.req.una) >= ctx.config.max_inflight_packets as i32 {
+            return None;
+        }
+
+        let built = match wqe.wr.op {
+            SendOp::Read { .. } => self.build_read_request(buf, index, psn),
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => self.build_atomic(buf, index, psn),
+            _ => self.build_send_or_write(ctx, buf, index, psn),
+        };
+        let len = match built {
+            Ok(len) => len,
+            Err(status) => {
+                self.fail_locally(ctx, index, status);
+                return None;
+            }
+        };
+
+        let wqe = &self.sq[index];
+        if is_new {
+            let end = if wqe.is_read_or_atomic() { wqe.first_psn?.add(wqe.npsn) } else { psn.next() };
+            self.req.sent_end = end;
+        } else {
+            ctx.counters.retransmitted_packets += 1;
+        }
+        if wqe.is_read_or_atomic() || self.req.cursor_pkt + 1 == wqe.npsn {
+            self.req.cursor += 1;
+            self.req.cursor_pkt = 0;
+        } else {
+            self.req.cursor_pkt += 1;
+        }
+        if self.req.retry_deadline.is_none() {
+            self.arm_retry_timer(ctx.now);
+        }
+        Some(Transmit { dst, len })
+    }
+
+    /// Admits the request at `index` into flight: checks the limits that
+    /// apply to a new request and its local memory, then gives it PSNs.
+    fn may_start(&mut self, ctx: &mut Ctx, index: usize) -> bool {
+        if self.state == QpState::Sqd {
+            return false;
+        }
+        if self.req.next_psn.distance_from(self.req.una) >= ctx.config.max_inflight_packets as i32 {
+            return false;
+        }
+        let wqe = &self.sq[index];
+        let rd_limit = u32::from(self.attrs.max_rd_atomic.max(1));
+        if wqe.is_read_or_atomic() && self.req.rd_atomic_outstanding >= rd_limit {
+            return false;
+        }
+        if wqe.wr.fence && self.req.rd_atomic_outstanding > 0 {
+            return false;
+        }
+        if let Payload::Gather(sges) = &wqe.wr.payload {
+            let need = if wqe.wr.op.writes_locally() { Access::LOCAL_WRITE } else { Access::empty() };
+            if validate_list(ctx.memory, self.init.pd, sges, need).is_err() {
+                self.fail_locally(ctx, index, WcStatus::LocProtErr);
+                return false;
+            }
+        }
+        let wqe = &mut self.sq[index];
+        wqe.first_psn = Some(self.req.next_psn);
+        self.req.next_psn = self.req.next_psn.add(wqe.npsn);
+        if wqe.is_read_or_atomic() {
+            self.req.rd_atomic_outstanding += 1;
+        }
+        true
+    }
+
+    /// A request cannot go on because of a local error: it completes with
+    /// `status` once everything before it has, then the QP enters ERR.
+    fn fail_locally(&mut self, ctx: &mut Ctx, index: usize, status: WcStatus) {
+        self.sq[index].status = Some(status);
+        self.complete_front(ctx);
+    }
+
+    fn bth(&self, opcode: Opcode, psn: Psn, ack_request: bool, solicited: bool) -> bth::Repr {
+        bth::Repr {
+            opcode,
+            solicited,
+            migration: false,
+            pad_count: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn: self.attrs.dest_qpn,
+            ack_request,
+            psn,
+        }
+    }
+
+    fn build_send_or_write(&self, ctx: &mut Ctx, buf: &mut [u8], index: usize, psn: Psn) -> Result<usize, WcStatus> {
+        let wqe = &self.sq[index];
+        let mtu = u64::from(self.mtu());
+        let k = self.req.cursor_pkt;
+        let offset = u64::from(k) * mtu;
+        let payload_len = (wqe.len - offset).min(mtu) as usize;
+        let first = k == 0;
+        let last = k + 1 == wqe.npsn;
+        let pick = |only, first_op, middle, last_op| match (first, last) {
+            (true, true) => only,
+            (true, false) => first_op,
+            (false, false) => middle,
+            (false, true) => last_op,
+        };
+        let mut ext = Extensions::default();
+        let opcode = match wqe.wr.op {
+            SendOp::Send { imm: None } => pick(Opcode::RcSendOnly, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLast),
+            SendOp::Send { imm: Some(imm) } => {
+                ext.immediate = last.then_some(imm);
+                pick(Opcode::RcSendOnlyImm, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLastImm)
+            }
+            SendOp::SendWithInvalidate { rkey } => {
+                ext.invalidate_rkey = last.then_some(rkey);
+                pick(Opcode::RcSendOnlyInv, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLastInv)
+            }
+            SendOp::Write { remote, imm } => {
+                ext.reth = first.then_some(reth::Repr {
+                    virtual_address: remote.addr,
+                    rkey: remote.rkey,
+                    dma_length: wqe.len as u32,
+                });
+                ext.immediate = if last { imm } else { None };
+                match imm {
+                    None => pick(Opcode::RcWriteOnly, Opcode::RcWriteFirst, Opcode::RcWriteMiddle, Opcode::RcWriteLast),
+                    Some(_) => pick(Opcode::RcWriteOnlyImm, Opcode::RcWriteFirst, Opcode::RcWriteMiddle, Opcode::RcWriteLastImm),
+                }
+            }
+            _ => unreachable!("READ and ATOMIC have their own builders"),
+        };
+        // Ask for an ACK at the end of the message, every few packets of a
+        // long one, and when this packet fills the window.
+        let interval = ctx.config.ack_request_interval.max(1);
+        let window_full = psn.distance_from(self.req.una) + 1 >= ctx.config.max_inflight_packets as i32;
+        let ack_request = last || (k + 1) % interval == 0 || window_full;
+        let headers = Headers { bth: self.bth(opcode, psn, ack_request, wqe.wr.solicited && last), ext };
+        let start = headers.len();
+        let body = buf.get_mut(start..start + payload_len).ok_or(WcStatus::LocLenErr)?;
+        match &wqe.wr.payload {
+            Payload::Inline(bytes) => body.copy_from_slice(&bytes[offset as usize..offset as usize + payload_len]),
+            Payload::Gather(sges) => {
+                gather(ctx.memory, self.init.pd, sges, offset, body).map_err(|_| WcStatus::LocProtErr)?
+            }
+        }
+        headers.emit_around_payload(buf, payload_len).map_err(|_| WcStatus::LocLenErr)
+    }
+
+    fn build_read_request(&self, buf: &mut [u8], index: usize, psn: Psn) -> Result<usize, WcStatus> {
+        let wqe = &self.sq[index];
+        let SendOp::Read { remote } = wqe.wr.op else { unreachable!() };
+        // Resuming at response k asks only for the data not yet received.
+        let skip = u64::from(self.req.cursor_pkt) * u64::from(self.mtu());
+        let ext = Extensions {
+            reth: Some(reth::Repr {
+                virtual_address: remote.addr.wrapping_add(skip),
+                rkey: remote.rkey,
+                dma_length: (wqe.len - skip) as u32,
+            }),
+            ..Extensions::default()
+        };
+        let headers = Headers { bth: self.bth(Opcode::RcReadRequest, psn, true, false), ext };
+        headers.emit_around_payload(buf, 0).map_err(|_| WcStatus::LocLenErr)
+    }
+
+    fn build_atomic(&self, buf: &mut [u8], index: usize, psn: Psn) -> Result<usize, WcStatus> {
+        let wqe = &self.sq[index];
+        let (opcode, remote, swap_or_add, compare) = match wqe.wr.op {
+            SendOp::CompareSwap { remote, compare, swap } => (Opcode::RcCompareSwap, remote, swap, compare),
+            SendOp::FetchAdd { remote, add } => (Opcode::RcFetchAdd, remote, add, 0),
+            _ => unreachable!(),
+        };
+        let ext = Extensions {
+            atomic_eth: Some(atomic_eth::Repr { virtual_address: remote.addr, rkey: remote.rkey, swap_or_add, compare }),
+            ..Extensions::default()
+        };
+        let headers = Headers { bth: self.bth(opcode, psn, true, false), ext };
+        headers.emit_around_payload(buf, 0).map_err(|_| WcStatus::LocLenErr)
+    }
+
+    pub(super) fn arm_retry_timer(&mut self, now: Instant) {
+        self.req.retry_deadline = match ack_timeout(self.attrs.timeout) {
+            Some(timeout) if self.req.outstanding() => Some(now + timeout),
+            _ => None,
+        };
+    }
+
+    /// Moves the send cursor back so that sending resumes at `psn`.
+    pub(super) fn go_back(&mut self, psn: Psn) {
+        for (index, wqe) in self.sq.iter().enumerate() {
+            match wqe.index_of(psn) {
+                Some(k) => {
+                    self.req.cursor = index;
+                    self.req.cursor_pkt = k;
+                    return;
+                }
+                None if wqe.first_psn.is_none() => {
+                    self.req.cursor = index;
+                    self.req.cursor_pkt = 0;
+                    return;
+                }
+                None => {}
+            }
+        }
+        self.req.cursor = self.sq.len();
+        self.req.cursor_pkt = 0;
+    }
+
+    /// The retransmission timer or the RNR wait ran out.
+    pub(super) fn requester_timeout(&mut self, ctx: &mut Ctx) {
+        if self.req.rnr_until.is_some_and(|t| t <= ctx.now) {
+            self.req.rnr_until = None;
+            self.arm_retry_timer(ctx.now);
+        }
+        if !self.req.retry_deadline.is_some_and(|t| t <= ctx.now) {
+            return;
+        }
+        self.req.retry_deadline = None;
+        if !self.req.outstanding() || !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        ctx.counters.timeouts += 1;
+        if self.req.retries_left == 0 {
+            self.fail_oldest(ctx, WcStatus::RetryExcErr);
+        } else {
+            self.req.retries_left -= 1;
+            self.go_back(self.req.una);
+        }
+    }
+
+    /// Fails the oldest request still in progress with `status`.
+    pub(super) fn fail_oldest(&mut self, ctx: &mut Ctx, status: WcStatus) {
+        if let Some(wqe) = self.sq.iter_mut().find(|w| w.status.is_none()) {
+            wqe.status = Some(status);
+        }
+        self.complete_front(ctx);
+    }
+}
+
+/// The RNR wait an AETH timer code asks for.
+pub(super) fn rnr_wait(code: u8) -> std::time::Duration {
+    std::time::Duration::from_nanos(aeth::rnr_timer_nanos(code))
+}

@@ -1,0 +1,460 @@
+//! The responder: executes incoming requests and answers them.
+//!
+//! It expects one PSN at a time (`epsn`). A request at `epsn` executes; one
+//! beyond it means packets were lost, answered by a single PSN-sequence NAK
+//! per gap; one before it is a duplicate: SEND and WRITE are acknowledged
+//! again without executing twice, READ is executed again, and ATOMIC is
+//! answered from a replay cache so it never executes twice (IBTA 9.7.5.1).
+//!
+//! Answers leave in PSN order through one queue, so an ACK never overtakes
+//! the READ response it follows; consecutive ACKs coalesce into one.
+
+use std::collections::VecDeque;
+
+use softrnic_wire::aeth::{self, NakCode, Syndrome};
+use softrnic_wire::opcode::Position;
+use softrnic_wire::packet::{Extensions, Headers, PacketRepr};
+use softrnic_wire::{DEFAULT_PKEY, Opcode, Psn, bth};
+
+use super::{Ctx, MAX_RD_ATOMIC, QpState, QueuePair, Transmit};
+use crate::completion::{Completion, WcOpcode, WcStatus};
+use crate::memory::{Access, AccessFault, scatter, validate_list};
+use crate::work_request::RecvWorkRequest;
+
+/// A message whose first packet has executed and whose last has not.
+#[derive(Debug)]
+enum Message {
+    Send { recv: RecvWorkRequest, capacity: u64, offset: u64 },
+    Write { va: u64, rkey: u32, len: u64, offset: u64 },
+}
+
+/// A READ being answered, one response packet at a time.
+#[derive(Debug, Clone, Copy)]
+struct ReadResponse {
+    first_psn: Psn,
+    va: u64,
+    rkey: u32,
+    len: u64,
+    next: u32,
+    count: u32,
+}
+
+/// An answer waiting to be sent.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Ack { psn: Psn, msn: u32 },
+    SequenceNak { psn: Psn, msn: u32 },
+    RnrNak { psn: Psn, msn: u32 },
+    AtomicAck { psn: Psn, msn: u32, original: u64 },
+    Read(ReadResponse),
+}
+
+/// Why a request did not execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// No receive work request is posted: the requester should retry.
+    ReceiverNotReady,
+    /// A fatal error: NAK with this code, and complete the current receive
+    /// (if any) with this status.
+    Fatal(NakCode, Option<WcStatus>),
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Responder {
+    /// The PSN expected next.
+    epsn: Psn,
+    /// Messages completed, modulo 2^24, reported in every AETH.
+    msn: u32,
+    /// A NAK (sequence or RNR) was sent for `epsn`; stay quiet until it
+    /// arrives.
+    nak_sent: bool,
+    current: Option<Message>,
+    answers: VecDeque<Answer>,
+    /// Original values of recent ATOMICs, by PSN, to answer duplicates.
+    atomic_replay: VecDeque<(Psn, u64)>,
+    /// The NAK that reports a fatal error; it goes out after the QP has
+    /// moved to ERR.
+    final_nak: Option<(Psn, NakCode, u32)>,
+}
+
+impl Responder {
+    pub fn start(&mut self, epsn: Psn) {
+        *self = Responder { epsn, ..Responder::default() };
+    }
+
+    pub fn has_output(&self) -> bool {
+        !self.answers.is_empty() || self.final_nak.is_some()
+    }
+
+    /// Drops every answer not yet sent and gives back the receive work
+    /// request of a SEND in progress, for flushing.
+    pub fn abandon(&mut self) -> Option<RecvWorkRequest> {
+        self.answers.clear();
+        match self.current.take() {
+            Some(Message::Send { recv, .. }) => Some(recv),
+            _ => None,
+        }
+    }
+
+    fn queue_ack(&mut self, psn: Psn) {
+        let msn = self.msn;
+        if let Some(Answer::Ack { psn: p, msn: m }) = self.answers.back_mut() {
+            *p = psn;
+            *m = msn;
+        } else {
+            self.answers.push_back(Answer::Ack { psn, msn });
+        }
+    }
+
+    fn reads_and_atomics_pending(&self) -> usize {
+        self.answers.iter().filter(|a| matches!(a, Answer::Read(_) | Answer::AtomicAck { .. })).count()
+    }
+}
+
+impl QueuePair {
+    /// Consumes a request packet.
+    pub(super) fn respond(&mut self, ctx: &mut Ctx, packet: &PacketRepr) {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        let psn = packet.headers.bth.psn;
+        let distance = psn.distance_from(self.resp.epsn);
+        if distance > 0 {
+            if !self.resp.nak_sent {
+                self.resp.nak_sent = true;
+                ctx.counters.seq_naks_sent += 1;
+                let (epsn, msn) = (self.resp.epsn, self.resp.msn);
+                self.resp.answers.push_back(Answer::SequenceNak { psn: epsn, msn });
+            }
+            ctx.counters.rx_out_of_sequence += 1;
+            return;
+        }
+        if distance < 0 {
+            ctx.counters.rx_duplicate_requests += 1;
+            self.answer_duplicate(ctx, packet);
+            return;
+        }
+        match self.execute(ctx, packet) {
+            Ok(psns) => {
+                self.resp.epsn = self.resp.epsn.add(psns);
+                self.resp.nak_sent = false;
+                let op = packet.headers.bth.opcode;
+                if packet.headers.bth.ack_request && (op.is_send() || op.is_write()) {
+                    self.resp.queue_ack(psn);
+                }
+            }
+            Err(Refusal::ReceiverNotReady) => {
+                ctx.counters.rnr_naks_sent += 1;
+                self.resp.nak_sent = true;
+                let msn = self.resp.msn;
+                self.resp.answers.push_back(Answer::RnrNak { psn, msn });
+            }
+            Err(Refusal::Fatal(code, recv_status)) => {
+                ctx.counters.fatal_naks_sent += 1;
+                if let (Some(status), Some(Message::Send { recv, .. })) = (recv_status, self.resp.current.take()) {
+                    self.complete_recv(ctx, Completion::new(recv.wr_id, status, WcOpcode::Recv, self.qpn));
+                }
+                self.resp.final_nak = Some((psn, code, self.resp.msn));
+                self.enter_error(ctx);
+            }
+        }
+    }
+
+    /// Executes the request at `epsn`; returns how many PSNs it used.
+    fn execute(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<u32, Refusal> {
+        let op = packet.headers.bth.opcode;
+        let invalid = Refusal::Fatal(NakCode::InvalidRequest, None);
+        let position = op.position().ok_or(invalid)?;
+        // Continuation packets must continue the message in progress, and
+        // only they may.
+        let continues = matches!(
+            (&self.resp.current, op),
+            (Some(Message::Send { .. }), Opcode::RcSendMiddle | Opcode::RcSendLast | Opcode::RcSendLastImm | Opcode::RcSendLastInv)
+                | (Some(Message::Write { .. }), Opcode::RcWriteMiddle | Opcode::RcWriteLast | Opcode::RcWriteLastImm)
+        );
+        if continues == position.starts_message() {
+            return Err(invalid);
+        }
+        // The QP's own access flags gate each kind of remote operation.
+        let allowed = match op {
+            _ if op.is_write() => self.attrs.access.contains(Access::REMOTE_WRITE),
+            Opcode::RcReadRequest => self.attrs.access.contains(Access::REMOTE_READ),
+            _ if op.is_atomic() => self.attrs.access.contains(Access::REMOTE_ATOMIC),
+            _ => true,
+        };
+        if !allowed {
+            return Err(invalid);
+        }
+        if op.is_send() || op.is_write() {
+            let mtu = self.mtu() as usize;
+            let len = packet.payload.len();
+            let fits = match position {
+                Position::First | Position::Middle => len == mtu,
+                Position::Last => (1..=mtu).contains(&len),
+                Position::Only => len <= mtu,
+            };
+            if !fits {
+                return Err(invalid);
+            }
+        }
+        match op {
+            _ if op.is_send() => self.execute_send(ctx, packet, position).map(|()| 1),
+            _ if op.is_write() => self.execute_write(ctx, packet, position).map(|()| 1),
+            Opcode::RcReadRequest => self.execute_read(ctx, packet),
+            _ if op.is_atomic() => self.execute_atomic(ctx, packet).map(|()| 1),
+            _ => Err(invalid),
+        }
+    }
+
+    fn execute_send(&mut self, ctx: &mut Ctx, packet: &PacketRepr, position: Position) -> Result<(), Refusal> {
+        if position.starts_message() {
+            let recv = self.rq.pop_front().ok_or(Refusal::ReceiverNotReady)?;
+            let capacity = match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE) {
+                Ok(capacity) => capacity,
+                Err(_) => {
+                    self.resp.current = Some(Message::Send { recv, capacity: 0, offset: 0 });
+                    return Err(Refusal::Fatal(NakCode::RemoteOperationalError, Some(WcStatus::LocProtErr)));
+                }
+            };
+            self.resp.current = Some(Message::Send { recv, capacity, offset: 0 });
+        }
+        let Some(Message::Send { recv, capacity, offset }) = &mut self.resp.current else { unreachable!() };
+        let len = packet.payload.len() as u64;
+        if *offset + len > *capacity {
+            return Err(Refusal::Fatal(NakCode::InvalidRequest, Some(WcStatus::LocLenErr)));
+        }
+        if scatter(ctx.memory, self.init.pd, &recv.sges, *offset, packet.payload).is_err() {
+            return Err(Refusal::Fatal(NakCode::RemoteOperationalError, Some(WcStatus::LocProtErr)));
+        }
+        *offset += len;
+        if position.ends_message() {
+            let Some(Message::Send { recv, offset, .. }) = self.resp.current.take() else { unreachable!() };
+            let ext = &packet.headers.ext;
+            let mut completion = Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+            completion.byte_len = offset as u32;
+            completion.imm_data = ext.immediate;
+            completion.invalidated_rkey = ext.invalidate_rkey;
+            completion.solicited = packet.headers.bth.solicited;
+            self.complete_recv(ctx, completion);
+            self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
+        }
+        Ok(())
+    }
+
+    fn execute_write(&mut self, ctx: &mut Ctx, packet: &PacketRepr, position: Position) -> Result<(), Refusal> {
+        let ext = &packet.headers.ext;
+        // A WRITE with immediate consumes a receive; check before touching
+        // memory so that the retry after an RNR NAK starts clean.
+        if ext.immediate.is_some() && self.rq.is_empty() {
+            return Err(Refusal::ReceiverNotReady);
+        }
+        if position.starts_message() {
+            let reth = ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+            let len = u64::from(reth.dma_length);
+            ctx.memory
+                .check_remote(self.init.pd, reth.rkey, reth.virtual_address, len as usize, Access::REMOTE_WRITE)
+                .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
+            self.resp.current = Some(Message::Write { va: reth.virtual_address, rkey: reth.rkey, len, offset: 0 });
+        }
+        let Some(Message::Write { va, rkey, len, offset }) = &mut self.resp.current else { unreachable!() };
+        let payload_len = packet.payload.len() as u64;
+        if *offset + payload_len > *len {
+            return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+        }
+        let view = ctx
+            .memory
+            .check_remote(self.init.pd, *rkey, va.wrapping_add(*offset), payload_len as usize, Access::REMOTE_WRITE)
+            .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
+        view.write(packet.payload);
+        *offset += payload_len;
+        if position.ends_message() {
+            let (len, offset) = (*len, *offset);
+            self.resp.current = None;
+            if offset != len {
+                return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+            }
+            if let Some(imm) = ext.immediate {
+                let recv = self.rq.pop_front().expect("checked above");
+                let mut completion = Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
+                completion.byte_len = len as u32;
+                completion.imm_data = Some(imm);
+                completion.solicited = packet.headers.bth.solicited;
+                self.complete_recv(ctx, completion);
+            }
+            self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
+        }
+        Ok(())
+    }
+
+    fn execute_read(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<u32, Refusal> {
+        let reth = packet.headers.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+        if self.resp.reads_and_atomics_pending() >= usize::from(self.attrs.max_dest_rd_atomic.max(1)) {
+            return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+        }
+        let response = self.read_response(ctx, packet.headers.bth.psn, reth)?;
+        self.resp.answers.push_back(Answer::Read(response));
+        self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
+        Ok(response.count)
+    }
+
+    /// Checks a READ's target and plans its responses.
+    fn read_response(&self, ctx: &Ctx, psn: Psn, reth: softrnic_wire::reth::Repr) -> Result<ReadResponse, Refusal> {
+        let len = u64::from(reth.dma_length);
+        ctx.memory
+            .check_remote(self.init.pd, reth.rkey, reth.virtual_address, len as usize, Access::REMOTE_READ)
+            .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
+        let count = len.div_ceil(u64::from(self.mtu())).max(1) as u32;
+        Ok(ReadResponse { first_psn: psn, va: reth.virtual_address, rkey: reth.rkey, len, next: 0, count })
+    }
+
+    fn execute_atomic(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<(), Refusal> {
+        let atomic = packet.headers.ext.atomic_eth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+        if self.resp.reads_and_atomics_pending() >= usize::from(self.attrs.max_dest_rd_atomic.max(1)) {
+            return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+        }
+        if atomic.virtual_address % 8 != 0 {
+            return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+        }
+        let view = ctx
+            .memory
+            .check_remote(self.init.pd, atomic.rkey, atomic.virtual_address, 8, Access::REMOTE_ATOMIC)
+            .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
+        let original = if packet.headers.bth.opcode == Opcode::RcCompareSwap {
+            view.atomic_update(|v| if v == atomic.compare { atomic.swap_or_add } else { v })
+        } else {
+            view.atomic_update(|v| v.wrapping_add(atomic.swap_or_add))
+        };
+        let psn = packet.headers.bth.psn;
+        let replay = &mut self.resp.atomic_replay;
+        replay.push_back((psn, original));
+        while replay.len() > usize::from(MAX_RD_ATOMIC) {
+            replay.pop_front();
+        }
+        self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
+        let msn = self.resp.msn;
+        self.resp.answers.push_back(Answer::AtomicAck { psn, msn, original });
+        Ok(())
+    }
+
+    /// Answers a request the responder has already executed.
+    fn answer_duplicate(&mut self, ctx: &mut Ctx, packet: &PacketRepr) {
+        let psn = packet.headers.bth.psn;
+        let op = packet.headers.bth.opcode;
+        match op {
+            Opcode::RcReadRequest => {
+                let Some(reth) = packet.headers.ext.reth else { return };
+                let Ok(response) = self.read_response(ctx, psn, reth) else { return };
+                // Responses already queued for the same PSNs would only be
+                // sent twice.
+                let end = psn.add(response.count);
+                self.resp.answers.retain(|a| match a {
+                    Answer::Read(r) => !(psn.is_at_or_before(r.first_psn) && r.first_psn.is_before(end)),
+                    _ => true,
+                });
+                self.resp.answers.push_back(Answer::Read(response));
+            }
+            _ if op.is_atomic() => {
+                let replay = self.resp.atomic_replay.iter().find(|(p, _)| *p == psn);
+                if let Some(&(_, original)) = replay {
+                    let msn = self.resp.msn;
+                    self.resp.answers.push_back(Answer::AtomicAck { psn, msn, original });
+                }
+            }
+            // SEND and WRITE: acknowledge everything received so far.
+            _ => self.resp.queue_ack(self.resp.epsn.sub(1)),
+        }
+    }
+
+    fn answer_headers(&self, opcode: Opcode, psn: Psn, syndrome: Option<Syndrome>, msn: u32) -> Headers {
+        Headers {
+            bth: bth::Repr {
+                opcode,
+                solicited: false,
+                migration: false,
+                pad_count: 0,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qpn: self.attrs.dest_qpn,
+                ack_request: false,
+                psn,
+            },
+            ext: Extensions { aeth: syndrome.map(|syndrome| aeth::Repr { syndrome, msn }), ..Extensions::default() },
+        }
+    }
+
+    /// End-to-end credits to advertise: the receive queue's depth.
+    fn credits(&self) -> Syndrome {
+        Syndrome::Ack { credit_code: aeth::credit_code(self.rq.len() as u32) }
+    }
+
+    /// Builds the next answer packet.
+    pub(super) fn poll_response(&mut self, ctx: &mut Ctx, buf: &mut [u8]) -> Option<Transmit> {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        let dst = self.attrs.remote_addr?;
+        let answer = *self.resp.answers.front()?;
+        let (headers, payload_len) = match answer {
+            Answer::Ack { psn, msn } => (self.answer_headers(Opcode::RcAck, psn, Some(self.credits()), msn), 0),
+            Answer::SequenceNak { psn, msn } => {
+                (self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::Nak(NakCode::PsnSequenceError)), msn), 0)
+            }
+            Answer::RnrNak { psn, msn } => {
+                let timer = self.attrs.min_rnr_timer;
+                (self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::RnrNak { timer }), msn), 0)
+            }
+            Answer::AtomicAck { psn, msn, original } => {
+                let mut headers = self.answer_headers(Opcode::RcAtomicAck, psn, Some(self.credits()), msn);
+                headers.ext.atomic_ack = Some(original);
+                (headers, 0)
+            }
+            Answer::Read(read) => match self.read_response_packet(ctx, read, buf) {
+                Ok(built) => built,
+                Err(_) => {
+                    // The region went away under a READ in progress.
+                    self.resp.final_nak = Some((read.first_psn.add(read.next), NakCode::RemoteAccessError, self.resp.msn));
+                    self.enter_error(ctx);
+                    return self.poll_final_nak(ctx, buf);
+                }
+            },
+        };
+        match self.resp.answers.front_mut() {
+            Some(Answer::Read(read)) if read.next + 1 < read.count => read.next += 1,
+            _ => {
+                self.resp.answers.pop_front();
+            }
+        }
+        let len = headers.emit_around_payload(buf, payload_len).ok()?;
+        Some(Transmit { dst, len })
+    }
+
+    /// Writes the payload of a READ's next response into `buf` and returns
+    /// its headers.
+    fn read_response_packet(&self, ctx: &Ctx, read: ReadResponse, buf: &mut [u8]) -> Result<(Headers, usize), AccessFault> {
+        let mtu = u64::from(self.mtu());
+        let offset = u64::from(read.next) * mtu;
+        let payload_len = (read.len - offset).min(mtu) as usize;
+        let opcode = match (read.next == 0, read.next + 1 == read.count) {
+            (true, true) => Opcode::RcReadResponseOnly,
+            (true, false) => Opcode::RcReadResponseFirst,
+            (false, false) => Opcode::RcReadResponseMiddle,
+            (false, true) => Opcode::RcReadResponseLast,
+        };
+        let syndrome = (opcode != Opcode::RcReadResponseMiddle).then(|| self.credits());
+        let headers = self.answer_headers(opcode, read.first_psn.add(read.next), syndrome, self.resp.msn);
+        let start = headers.len();
+        let view = ctx.memory.check_remote(self.init.pd, read.rkey, read.va.wrapping_add(offset), payload_len, Access::REMOTE_READ)?;
+        view.read(&mut buf[start..start + payload_len]);
+        Ok((headers, payload_len))
+    }
+
+    /// The NAK of a fatal error, sent even though the QP is in ERR.
+    pub(super) fn poll_final_nak(&mut self, _ctx: &mut Ctx, buf: &mut [u8]) -> Option<Transmit> {
+        let (psn, code, msn) = self.resp.final_nak.take()?;
+        let dst = self.attrs.remote_addr?;
+        let headers = self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::Nak(code)), msn);
+        let len = headers.emit_around_payload(buf, 0).ok()?;
+        Some(Transmit { dst, len })
+    }
+}

@@ -1,0 +1,151 @@
+//! Unreliable datagram queue pairs: one packet per message, no
+//! acknowledgement, no retransmission. A receive buffer starts with the
+//! 40-byte GRH, which for RoCEv2 over IPv4 holds the IPv4 header in its last
+//! 20 bytes, as rdma-core and the Linux drivers lay it out.
+
+use std::net::IpAddr;
+
+use softrnic_wire::packet::{Extensions, Headers, PacketRepr};
+use softrnic_wire::{DEFAULT_PKEY, Opcode, bth, deth};
+
+use super::{Ctx, QpState, QueuePair, Transmit};
+use crate::completion::{Completion, WcOpcode, WcStatus};
+use crate::memory::{Access, gather, scatter, validate_list};
+use crate::work_request::{Payload, SendOp};
+
+/// Bytes of Global Route Header at the start of every UD receive buffer.
+pub const GRH_LEN: usize = 40;
+
+/// A Q_Key with this bit set in a work request means "use the QP's own".
+const QKEY_FROM_QP: u32 = 0x8000_0000;
+
+impl QueuePair {
+    pub(super) fn ud_transmit(&mut self, ctx: &mut Ctx, buf: &mut [u8]) -> Option<Transmit> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        let wqe = self.sq.front()?;
+        let dest = wqe.wr.ud.expect("checked at post");
+        let SendOp::Send { imm } = wqe.wr.op else { unreachable!("checked at post") };
+        let qkey = if dest.qkey & QKEY_FROM_QP != 0 { self.attrs.qkey } else { dest.qkey };
+        let opcode = if imm.is_some() { Opcode::UdSendOnlyImm } else { Opcode::UdSendOnly };
+        let psn = self.req.next_psn;
+        let headers = Headers {
+            bth: bth::Repr {
+                opcode,
+                solicited: wqe.wr.solicited,
+                migration: false,
+                pad_count: 0,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qpn: dest.qpn,
+                ack_request: false,
+                psn,
+            },
+            ext: Extensions { deth: Some(deth::Repr { qkey, src_qpn: self.qpn }), immediate: imm, ..Extensions::default() },
+        };
+        let len = wqe.len as usize;
+        let start = headers.len();
+        let outcome = if len > ctx.config.ud_mtu.bytes() as usize {
+            Err(WcStatus::LocLenErr)
+        } else {
+            match &wqe.wr.payload {
+                Payload::Inline(bytes) => {
+                    buf[start..start + len].copy_from_slice(bytes);
+                    Ok(())
+                }
+                Payload::Gather(sges) => gather(ctx.memory, self.init.pd, sges, 0, &mut buf[start..start + len])
+                    .map_err(|_| WcStatus::LocProtErr),
+            }
+        };
+        let wqe = self.sq.pop_front().expect("front exists");
+        if let Err(status) = outcome {
+            // A local error stops the send queue (SQE) but not receives.
+            self.complete_send(ctx, &wqe, status);
+            self.state = QpState::Sqe;
+            while let Some(rest) = self.sq.pop_front() {
+                self.complete_send(ctx, &rest, WcStatus::WrFlushErr);
+            }
+            return None;
+        }
+        self.req.next_psn = psn.next();
+        let len = headers.emit_around_payload(buf, len).ok()?;
+        self.complete_send(ctx, &wqe, WcStatus::Success);
+        Some(Transmit { dst: dest.addr, len })
+    }
+
+    pub(super) fn ud_receive(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &PacketRepr) {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+            return;
+        }
+        let (Some(deth), true) = (packet.headers.ext.deth, packet.headers.bth.opcode.is_ud()) else {
+            ctx.counters.rx_dropped_foreign += 1;
+            return;
+        };
+        if deth.qkey != self.attrs.qkey {
+            ctx.counters.rx_qkey_violations += 1;
+            return;
+        }
+        // Datagrams that find no receive posted are dropped, as UD does.
+        let Some(recv) = self.rq.pop_front() else {
+            ctx.counters.rx_no_receive_posted += 1;
+            return;
+        };
+        let total = GRH_LEN + packet.payload.len();
+        let mut completion = Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+        let status = match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE) {
+            Err(_) => WcStatus::LocProtErr,
+            Ok(capacity) if capacity < total as u64 => WcStatus::LocLenErr,
+            Ok(_) => {
+                let grh = grh(src, ctx.config.local_addr, packet.payload.len());
+                let placed = scatter(ctx.memory, self.init.pd, &recv.sges, 0, &grh)
+                    .and_then(|()| scatter(ctx.memory, self.init.pd, &recv.sges, GRH_LEN as u64, packet.payload));
+                if placed.is_ok() { WcStatus::Success } else { WcStatus::LocProtErr }
+            }
+        };
+        completion.status = status;
+        if status == WcStatus::Success {
+            completion.byte_len = total as u32;
+            completion.imm_data = packet.headers.ext.immediate;
+            completion.src_qp = deth.src_qpn;
+            completion.source = Some(src);
+            completion.grh = true;
+            completion.solicited = packet.headers.bth.solicited;
+        }
+        self.complete_recv(ctx, completion);
+    }
+}
+
+/// The GRH area of a UD receive: for IPv4, 20 zero bytes then the IPv4
+/// header; for IPv6, the IPv6 header.
+fn grh(src: IpAddr, dst: IpAddr, payload_len: usize) -> [u8; GRH_LEN] {
+    let mut grh = [0u8; GRH_LEN];
+    // UDP header, BTH, DETH and ICRC around the payload.
+    let udp_len = (8 + 12 + 8 + payload_len + 4) as u16;
+    match (src, dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            let ip = &mut grh[20..];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+            ip[6] = 0x40;
+            ip[8] = 64;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&src.octets());
+            ip[16..20].copy_from_slice(&dst.octets());
+        }
+        (IpAddr::V6(src), IpAddr::V6(dst)) => {
+            grh[0] = 0x60;
+            grh[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            grh[6] = 17;
+            grh[7] = 64;
+            grh[8..24].copy_from_slice(&src.octets());
+            grh[24..40].copy_from_slice(&dst.octets());
+        }
+        (IpAddr::V4(src), IpAddr::V6(_)) | (IpAddr::V6(_), IpAddr::V4(src)) => {
+            // Mixed families cannot happen on one socket; record the source.
+            grh[36..40].copy_from_slice(&src.octets());
+        }
+    }
+    grh
+}

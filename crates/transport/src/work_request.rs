@@ -1,0 +1,122 @@
+//! Work requests: what the application asks the NIC to do (`ibv_send_wr`,
+//! `ibv_recv_wr`).
+
+use std::net::IpAddr;
+
+/// One element of a scatter/gather list (`ibv_sge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// A remote buffer: where a WRITE lands, a READ reads, an ATOMIC acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteAddr {
+    pub addr: u64,
+    pub rkey: u32,
+}
+
+/// The operation of a send work request, with what it alone needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND, optionally with 32 bits of immediate data.
+    Send { imm: Option<u32> },
+    /// SEND that asks the responder to invalidate `rkey`.
+    SendWithInvalidate { rkey: u32 },
+    /// RDMA WRITE, optionally with immediate data (which consumes a receive).
+    Write { remote: RemoteAddr, imm: Option<u32> },
+    /// RDMA READ into the local scatter list.
+    Read { remote: RemoteAddr },
+    /// 64-bit compare-and-swap; the original value lands in the local SGE.
+    CompareSwap { remote: RemoteAddr, compare: u64, swap: u64 },
+    /// 64-bit fetch-and-add; the original value lands in the local SGE.
+    FetchAdd { remote: RemoteAddr, add: u64 },
+}
+
+impl SendOp {
+    /// Does the NIC write the result into local memory (READ, ATOMIC)?
+    pub fn writes_locally(&self) -> bool {
+        matches!(self, SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+
+    pub fn is_atomic(&self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+
+    /// The remote buffer, for RDMA and atomic operations.
+    pub fn remote(&self) -> Option<RemoteAddr> {
+        match *self {
+            SendOp::Write { remote, .. }
+            | SendOp::Read { remote }
+            | SendOp::CompareSwap { remote, .. }
+            | SendOp::FetchAdd { remote, .. } => Some(remote),
+            SendOp::Send { .. } | SendOp::SendWithInvalidate { .. } => None,
+        }
+    }
+}
+
+/// Where an unreliable datagram goes: the address handle and remote QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDestination {
+    /// The remote port's GID, which in RoCEv2 is an IP address.
+    pub addr: IpAddr,
+    pub qpn: u32,
+    /// The Q_Key to send with; a value with the top bit set means "use
+    /// the QP's own Q_Key", as in verbs.
+    pub qkey: u32,
+}
+
+/// The bytes a send draws from: registered memory, or data the caller
+/// handed over at post time (`IBV_SEND_INLINE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    Gather(Vec<Sge>),
+    Inline(Vec<u8>),
+}
+
+impl Payload {
+    pub fn len(&self) -> u64 {
+        match self {
+            Payload::Gather(sges) => sges.iter().map(|s| u64::from(s.length)).sum(),
+            Payload::Inline(bytes) => bytes.len() as u64,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A send work request (`ibv_send_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWorkRequest {
+    pub wr_id: u64,
+    pub op: SendOp,
+    /// For SEND and WRITE the data; for READ and ATOMIC where the result
+    /// goes (it must then be `Gather`).
+    pub payload: Payload,
+    /// Generate a completion even if the QP does not signal all requests.
+    pub signaled: bool,
+    /// Wait for earlier READ and ATOMIC requests to complete first.
+    pub fence: bool,
+    /// Ask the remote to raise a completion event (SE bit).
+    pub solicited: bool,
+    /// For UD QPs only.
+    pub ud: Option<UdDestination>,
+}
+
+impl SendWorkRequest {
+    /// A signalled request with no flags.
+    pub fn new(wr_id: u64, op: SendOp, payload: Payload) -> SendWorkRequest {
+        SendWorkRequest { wr_id, op, payload, signaled: true, fence: false, solicited: false, ud: None }
+    }
+}
+
+/// A receive work request (`ibv_recv_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWorkRequest {
+    pub wr_id: u64,
+    pub sges: Vec<Sge>,
+}
