@@ -182,7 +182,7 @@ mod tests {
         buffer.write(8, &5u64.to_ne_bytes());
         assert_eq!(buffer.atomic_update(8, |v| v + 3), 5);
         assert_eq!(buffer.atomic_update(8, |v| v), 8);
-        assert_eq!(buffer.atomic_update(3, |v| v + 1), 0);
-        assert_eq!(buffer.atomic_update(3, |v| v), 1);
+        assert_eq!(buffer.atomic_update(19, |v| v + 1), 0);
+        assert_eq!(buffer.atomic_update(19, |v| v), 1);
     }
 }
