@@ -171,7 +171,9 @@ impl CompletionQueues {
 
     /// Adds a completion; a full queue drops it and reports an overflow.
     pub(crate) fn push(&mut self, cq: CqId, completion: Completion) {
-        let Some(queue) = self.queues.get_mut(cq.0 as usize).and_then(Option::as_mut) else { return };
+        let Some(queue) = self.queues.get_mut(cq.0 as usize).and_then(Option::as_mut) else {
+            return;
+        };
         if queue.entries.len() >= queue.capacity {
             if !queue.overflowed {
                 queue.overflowed = true;
@@ -194,7 +196,9 @@ impl CompletionQueues {
 
     /// Moves up to `max` completions into `out`; returns how many.
     pub fn poll(&mut self, cq: CqId, max: usize, out: &mut Vec<Completion>) -> usize {
-        let Some(queue) = self.get_mut(cq) else { return 0 };
+        let Some(queue) = self.get_mut(cq) else {
+            return 0;
+        };
         let n = max.min(queue.entries.len());
         out.extend(queue.entries.drain(..n));
         n
@@ -203,8 +207,14 @@ impl CompletionQueues {
     /// Arms the queue to notify on its next completion (or next solicited
     /// one).
     pub fn request_notify(&mut self, cq: CqId, solicited_only: bool) -> crate::Result<()> {
-        let queue = self.get_mut(cq).ok_or(crate::VerbsError::NotFound("completion queue"))?;
-        queue.armed = if solicited_only { Armed::SolicitedOnly } else { Armed::NextCompletion };
+        let queue = self
+            .get_mut(cq)
+            .ok_or(crate::VerbsError::NotFound("completion queue"))?;
+        queue.armed = if solicited_only {
+            Armed::SolicitedOnly
+        } else {
+            Armed::NextCompletion
+        };
         Ok(())
     }
 
@@ -219,7 +229,10 @@ impl CompletionQueues {
     }
 
     pub fn len(&self, cq: CqId) -> usize {
-        self.queues.get(cq.0 as usize).and_then(Option::as_ref).map_or(0, |q| q.entries.len())
+        self.queues
+            .get(cq.0 as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |q| q.entries.len())
     }
 }
 
@@ -258,7 +271,13 @@ mod tests {
         cqs.request_notify(cq, true).unwrap();
         cqs.push(cq, done(3));
         assert_eq!(cqs.poll_notification(), None);
-        cqs.push(cq, Completion { solicited: true, ..done(4) });
+        cqs.push(
+            cq,
+            Completion {
+                solicited: true,
+                ..done(4)
+            },
+        );
         assert_eq!(cqs.poll_notification(), Some(cq));
     }
 }

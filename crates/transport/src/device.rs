@@ -62,7 +62,13 @@ pub struct Device {
 
 macro_rules! ctx {
     ($self:ident, $now:expr) => {
-        Ctx { now: $now, memory: &$self.memory, cqs: &mut $self.cqs, counters: &mut $self.counters, config: &$self.config }
+        Ctx {
+            now: $now,
+            memory: &$self.memory,
+            cqs: &mut $self.cqs,
+            counters: &mut $self.counters,
+            config: &$self.config,
+        }
     };
 }
 
@@ -176,13 +182,23 @@ impl Device {
         self.memory.pd_users(init.pd, 1)?;
         self.cqs.add_user(init.send_cq, 1);
         self.cqs.add_user(init.recv_cq, 1);
-        self.qps.insert(qpn, QpSlot { qp: QueuePair::new(qpn, init), ready: false, scheduled: None });
+        self.qps.insert(
+            qpn,
+            QpSlot {
+                qp: QueuePair::new(qpn, init),
+                ready: false,
+                scheduled: None,
+            },
+        );
         Ok(qpn)
     }
 
     /// Destroys a QP; its outstanding work requests vanish without completions.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
-        let slot = self.qps.remove(&qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let slot = self
+            .qps
+            .remove(&qpn)
+            .ok_or(VerbsError::NotFound("queue pair"))?;
         let init = *slot.qp.init_attr();
         self.memory.pd_users(init.pd, -1)?;
         self.cqs.add_user(init.send_cq, -1);
@@ -208,20 +224,39 @@ impl Device {
 
     /// Runs `f` on a QP, then brings its place in the ready queue and the
     /// timer heap up to date.
-    fn with_qp(&mut self, now: Instant, qpn: u32, f: impl FnOnce(&mut QueuePair, &mut Ctx) -> Result<()>) -> Result<()> {
-        let slot = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+    fn with_qp(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        f: impl FnOnce(&mut QueuePair, &mut Ctx) -> Result<()>,
+    ) -> Result<()> {
+        let slot = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or(VerbsError::NotFound("queue pair"))?;
         let mut ctx = ctx!(self, now);
         let out = f(&mut slot.qp, &mut ctx);
         self.reschedule(qpn);
         out
     }
 
+    /// After an event on a QP: queue it for transmission if it may have
+    /// something to send, and bring its timer up to date.
     fn reschedule(&mut self, qpn: u32) {
-        let Some(slot) = self.qps.get_mut(&qpn) else { return };
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            return;
+        };
         if !slot.ready && slot.qp.wants_to_transmit() {
             slot.ready = true;
             self.ready.push_back(qpn);
         }
+        self.reschedule_timer(qpn);
+    }
+
+    fn reschedule_timer(&mut self, qpn: u32) {
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            return;
+        };
         let deadline = slot.qp.poll_timeout();
         if deadline != slot.scheduled {
             slot.scheduled = deadline;
@@ -237,7 +272,12 @@ impl Device {
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) {
         self.counters.rx_packets += 1;
         self.counters.rx_bytes += datagram.len() as u64;
-        let flow = UdpFlow { src: from.ip(), dst: self.config.local_addr, src_port: from.port(), dst_port: ROCEV2_UDP_PORT };
+        let flow = UdpFlow {
+            src: from.ip(),
+            dst: self.config.local_addr,
+            src_port: from.port(),
+            dst_port: ROCEV2_UDP_PORT,
+        };
         if flow.verify(datagram).is_err() {
             self.counters.rx_icrc_errors += 1;
             return;
@@ -265,10 +305,19 @@ impl Device {
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         assert!(buf.len() >= MAX_DATAGRAM_LEN, "datagram buffer too small");
         while let Some(qpn) = self.ready.pop_front() {
-            let Some(slot) = self.qps.get_mut(&qpn) else { continue };
+            let Some(slot) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
             slot.ready = false;
             let mut ctx = ctx!(self, now);
             let transmit = slot.qp.poll_transmit(&mut ctx, buf);
+            // A QP that had nothing to send after all (its window, a fence
+            // or the READ limit holds it back) leaves the ready queue until
+            // a packet, a timer or a post gives it a reason to come back.
+            if transmit.is_none() {
+                self.reschedule_timer(qpn);
+                continue;
+            }
             self.reschedule(qpn);
             if let Some(t) = transmit {
                 let flow = UdpFlow {

@@ -31,9 +31,9 @@ impl VerbsError {
     pub fn errno(&self) -> i32 {
         match self {
             VerbsError::InvalidArgument(_) | VerbsError::NotFound(_) => 22, // EINVAL
-            VerbsError::OutOfResources(_) => 12,                          // ENOMEM
-            VerbsError::Busy(_) => 16,                                    // EBUSY
-            VerbsError::NotSupported(_) => 95,                            // EOPNOTSUPP
+            VerbsError::OutOfResources(_) => 12,                            // ENOMEM
+            VerbsError::Busy(_) => 16,                                      // EBUSY
+            VerbsError::NotSupported(_) => 95,                              // EOPNOTSUPP
         }
     }
 }

@@ -116,7 +116,10 @@ pub struct Repr {
 impl Repr {
     pub fn parse<T: AsRef<[u8]>>(header: &Header<T>) -> Result<Repr> {
         header.check_len()?;
-        Ok(Repr { syndrome: Syndrome::from_byte(header.syndrome_byte())?, msn: header.msn() })
+        Ok(Repr {
+            syndrome: Syndrome::from_byte(header.syndrome_byte())?,
+            msn: header.msn(),
+        })
     }
 
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, header: &mut Header<T>) {
@@ -164,9 +167,18 @@ mod tests {
         assert_eq!(Syndrome::Nak(NakCode::PsnSequenceError).to_byte(), 0x60);
         assert_eq!(Syndrome::Nak(NakCode::InvalidRequest).to_byte(), 0x61);
         assert_eq!(Syndrome::Nak(NakCode::RemoteAccessError).to_byte(), 0x62);
-        assert_eq!(Syndrome::Nak(NakCode::RemoteOperationalError).to_byte(), 0x63);
+        assert_eq!(
+            Syndrome::Nak(NakCode::RemoteOperationalError).to_byte(),
+            0x63
+        );
         assert_eq!(Syndrome::RnrNak { timer: 14 }.to_byte(), 0x2e);
-        assert_eq!(Syndrome::Ack { credit_code: CREDITS_UNLIMITED }.to_byte(), 0x1f);
+        assert_eq!(
+            Syndrome::Ack {
+                credit_code: CREDITS_UNLIMITED
+            }
+            .to_byte(),
+            0x1f
+        );
         for byte in 0..=0x7fu8 {
             if let Ok(s) = Syndrome::from_byte(byte) {
                 assert_eq!(s.to_byte(), byte);
@@ -180,8 +192,14 @@ mod tests {
     #[test]
     fn parses_and_emits_literal_bytes() {
         let bytes = [0x62u8, 0x00, 0x01, 0x02];
-        let repr = Repr { syndrome: Syndrome::Nak(NakCode::RemoteAccessError), msn: 0x102 };
-        assert_eq!(Repr::parse(&Header::new_checked(&bytes[..]).unwrap()), Ok(repr));
+        let repr = Repr {
+            syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
+            msn: 0x102,
+        };
+        assert_eq!(
+            Repr::parse(&Header::new_checked(&bytes[..]).unwrap()),
+            Ok(repr)
+        );
         let mut out = [0u8; 4];
         repr.emit(&mut Header::new_unchecked(&mut out[..]));
         assert_eq!(out, bytes);

@@ -199,7 +199,8 @@ impl Opcode {
 
     /// Is this a SEND of any kind (RC or UD)?
     pub const fn is_send(self) -> bool {
-        (self as u8) <= 0x05 || matches!(self, Opcode::RcSendLastInv | Opcode::RcSendOnlyInv)
+        (self as u8) <= 0x05
+            || matches!(self, Opcode::RcSendLastInv | Opcode::RcSendOnlyInv)
             || self.is_ud()
     }
 

@@ -13,10 +13,10 @@
 //! Requests complete strictly in order, each once, at the head of the queue.
 
 use softrnic_wire::Opcode;
-use softrnic_wire::aeth::{NakCode, Syndrome};
-use softrnic_wire::packet::PacketRepr;
-use softrnic_wire::opcode::Position;
 use softrnic_wire::Psn;
+use softrnic_wire::aeth::{NakCode, Syndrome};
+use softrnic_wire::opcode::Position;
+use softrnic_wire::packet::PacketRepr;
 
 use super::requester::rnr_wait;
 use super::{Ctx, QpState, QueuePair};
@@ -42,7 +42,8 @@ impl QueuePair {
         let psn = bth.psn;
         // Only PSNs from the last acknowledged one to the last sent one
         // mean anything; anything else is a stale duplicate.
-        let in_window = self.req.una.sub(1).is_at_or_before(psn) && psn.is_before(self.req.sent_end);
+        let in_window =
+            self.req.una.sub(1).is_at_or_before(psn) && psn.is_before(self.req.sent_end);
         if !in_window {
             ctx.counters.rx_stale_responses += 1;
             return;
@@ -50,7 +51,9 @@ impl QueuePair {
         let una_before = self.req.una;
         match bth.opcode {
             Opcode::RcAck => {
-                let Some(aeth) = packet.headers.ext.aeth else { return };
+                let Some(aeth) = packet.headers.ext.aeth else {
+                    return;
+                };
                 self.handle_aeth(ctx, psn, aeth.syndrome);
             }
             Opcode::RcAtomicAck => {
@@ -66,6 +69,13 @@ impl QueuePair {
             _ => ctx.counters.rx_malformed += 1,
         }
         if self.req.una != una_before {
+            if self
+                .req
+                .recovering_from
+                .is_some_and(|p| p.is_before(self.req.una))
+            {
+                self.req.recovering_from = None;
+            }
             self.req.retries_left = self.attrs.retry_cnt;
             self.req.rnr_retries_left = self.attrs.rnr_retry;
             self.arm_retry_timer(ctx.now);
@@ -96,7 +106,7 @@ impl QueuePair {
             Syndrome::Nak(NakCode::PsnSequenceError) => {
                 ctx.counters.seq_naks_received += 1;
                 if self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder {
-                    self.go_back(psn);
+                    self.recover_from(psn);
                 }
             }
             Syndrome::Nak(code) => {
@@ -129,7 +139,7 @@ impl QueuePair {
             if wqe.is_read_or_atomic() {
                 let expected = wqe.expected_response().expect("sent");
                 if expected.is_at_or_before(psn) {
-                    self.go_back(expected);
+                    self.recover_from(expected);
                     return Acknowledged::ResponseMissing;
                 }
                 break;
@@ -164,18 +174,21 @@ impl QueuePair {
         let k = wqe.responses;
         let offset = u64::from(k) * mtu;
         let expected_len = (wqe.len - offset).min(mtu) as usize;
-        let position = match (k == 0, k + 1 == wqe.npsn) {
-            (true, true) => Position::Only,
-            (true, false) => Position::First,
-            (false, false) => Position::Middle,
-            (false, true) => Position::Last,
-        };
+        // A long READ is asked for a window at a time, and a resumed one
+        // from response k on, each answered as a READ of its own: FIRST and
+        // LAST may appear at any index, but the message must end at its
+        // last response, and every response must have its exact length.
         let opcode = packet.headers.bth.opcode;
-        if opcode.position() != Some(position) || opcode == Opcode::RcReadRequest || packet.payload.len() != expected_len {
+        let ends = opcode.position().is_some_and(Position::ends_message);
+        let is_last = k + 1 == wqe.npsn;
+        if !opcode.is_read_response() || (is_last && !ends) || packet.payload.len() != expected_len
+        {
             self.fail_at(psn, WcStatus::BadRespErr);
             return;
         }
-        let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("READ into inline data") };
+        let Payload::Gather(sges) = &wqe.wr.payload else {
+            unreachable!("READ into inline data")
+        };
         if scatter(ctx.memory, self.init.pd, sges, offset, packet.payload).is_err() {
             self.fail_at(psn, WcStatus::LocProtErr);
             return;
@@ -198,7 +211,9 @@ impl QueuePair {
             self.fail_at(psn, WcStatus::BadRespErr);
             return;
         }
-        let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("ATOMIC into inline data") };
+        let Payload::Gather(sges) = &wqe.wr.payload else {
+            unreachable!("ATOMIC into inline data")
+        };
         // The original value lands in local memory in host byte order.
         if scatter(ctx.memory, self.init.pd, sges, 0, &original.to_ne_bytes()).is_err() {
             self.fail_at(psn, WcStatus::LocProtErr);
@@ -212,7 +227,10 @@ impl QueuePair {
 
     /// Fails the request that `psn` belongs to (or the oldest one).
     fn fail_at(&mut self, psn: Psn, status: WcStatus) {
-        let index = self.sq.iter().position(|w| w.status.is_none() && w.index_of(psn).is_some());
+        let index = self
+            .sq
+            .iter()
+            .position(|w| w.status.is_none() && w.index_of(psn).is_some());
         let index = index.or_else(|| self.sq.iter().position(|w| w.status.is_none()));
         if let Some(index) = index {
             self.sq[index].status = Some(status);

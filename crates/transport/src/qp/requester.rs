@@ -38,6 +38,11 @@ pub(super) struct Requester {
     pub rnr_until: Option<Instant>,
     /// READ and ATOMIC requests started and not yet completed.
     pub rd_atomic_outstanding: u32,
+    /// The PSN the requester last went back to on a NAK or a missing
+    /// response. Until `una` passes it, further evidence of the same gap
+    /// (responses of the old stream, duplicated NAKs) is ignored: one
+    /// retransmission per gap, and the timer for a lost one.
+    pub recovering_from: Option<Psn>,
 }
 
 impl Requester {
@@ -94,10 +99,22 @@ impl QueuePair {
         if is_new && psn.distance_from(self.req.una) >= ctx.config.max_inflight_packets as i32 {
             return None;
         }
+        // The next chunk of a long READ waits until the previous one has
+        // been answered in full.
+        if is_new
+            && self.req.cursor_pkt > 0
+            && matches!(wqe.wr.op, SendOp::Read { .. })
+            && self.req.una != psn
+        {
+            return None;
+        }
 
+        let read_chunk = self.read_chunk(ctx, index);
         let built = match wqe.wr.op {
-            SendOp::Read { .. } => self.build_read_request(buf, index, psn),
-            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => self.build_atomic(buf, index, psn),
+            SendOp::Read { .. } => self.build_read_request(buf, index, psn, read_chunk),
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
+                self.build_atomic(buf, index, psn)
+            }
             _ => self.build_send_or_write(ctx, buf, index, psn),
         };
         let len = match built {
@@ -109,17 +126,25 @@ impl QueuePair {
         };
 
         let wqe = &self.sq[index];
-        if is_new {
-            let end = if wqe.is_read_or_atomic() { wqe.first_psn?.add(wqe.npsn) } else { psn.next() };
-            self.req.sent_end = end;
+        // PSNs this packet accounts for: a READ request stands for all the
+        // responses it asks for.
+        let span = if matches!(wqe.wr.op, SendOp::Read { .. }) {
+            read_chunk
         } else {
+            1
+        };
+        let end = psn.add(span);
+        if self.req.sent_end.is_before(end) {
+            self.req.sent_end = end;
+        }
+        if !is_new {
             ctx.counters.retransmitted_packets += 1;
         }
-        if wqe.is_read_or_atomic() || self.req.cursor_pkt + 1 == wqe.npsn {
+        if self.req.cursor_pkt + span >= wqe.npsn {
             self.req.cursor += 1;
             self.req.cursor_pkt = 0;
         } else {
-            self.req.cursor_pkt += 1;
+            self.req.cursor_pkt += span;
         }
         if self.req.retry_deadline.is_none() {
             self.arm_retry_timer(ctx.now);
@@ -145,7 +170,11 @@ impl QueuePair {
             return false;
         }
         if let Payload::Gather(sges) = &wqe.wr.payload {
-            let need = if wqe.wr.op.writes_locally() { Access::LOCAL_WRITE } else { Access::empty() };
+            let need = if wqe.wr.op.writes_locally() {
+                Access::LOCAL_WRITE
+            } else {
+                Access::empty()
+            };
             if validate_list(ctx.memory, self.init.pd, sges, need).is_err() {
                 self.fail_locally(ctx, index, WcStatus::LocProtErr);
                 return false;
@@ -182,7 +211,13 @@ impl QueuePair {
         }
     }
 
-    fn build_send_or_write(&self, ctx: &mut Ctx, buf: &mut [u8], index: usize, psn: Psn) -> Result<usize, WcStatus> {
+    fn build_send_or_write(
+        &self,
+        ctx: &mut Ctx,
+        buf: &mut [u8],
+        index: usize,
+        psn: Psn,
+    ) -> Result<usize, WcStatus> {
         let wqe = &self.sq[index];
         let mtu = u64::from(self.mtu());
         let k = self.req.cursor_pkt;
@@ -198,14 +233,29 @@ impl QueuePair {
         };
         let mut ext = Extensions::default();
         let opcode = match wqe.wr.op {
-            SendOp::Send { imm: None } => pick(Opcode::RcSendOnly, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLast),
+            SendOp::Send { imm: None } => pick(
+                Opcode::RcSendOnly,
+                Opcode::RcSendFirst,
+                Opcode::RcSendMiddle,
+                Opcode::RcSendLast,
+            ),
             SendOp::Send { imm: Some(imm) } => {
                 ext.immediate = last.then_some(imm);
-                pick(Opcode::RcSendOnlyImm, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLastImm)
+                pick(
+                    Opcode::RcSendOnlyImm,
+                    Opcode::RcSendFirst,
+                    Opcode::RcSendMiddle,
+                    Opcode::RcSendLastImm,
+                )
             }
             SendOp::SendWithInvalidate { rkey } => {
                 ext.invalidate_rkey = last.then_some(rkey);
-                pick(Opcode::RcSendOnlyInv, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLastInv)
+                pick(
+                    Opcode::RcSendOnlyInv,
+                    Opcode::RcSendFirst,
+                    Opcode::RcSendMiddle,
+                    Opcode::RcSendLastInv,
+                )
             }
             SendOp::Write { remote, imm } => {
                 ext.reth = first.then_some(reth::Repr {
@@ -215,8 +265,18 @@ impl QueuePair {
                 });
                 ext.immediate = if last { imm } else { None };
                 match imm {
-                    None => pick(Opcode::RcWriteOnly, Opcode::RcWriteFirst, Opcode::RcWriteMiddle, Opcode::RcWriteLast),
-                    Some(_) => pick(Opcode::RcWriteOnlyImm, Opcode::RcWriteFirst, Opcode::RcWriteMiddle, Opcode::RcWriteLastImm),
+                    None => pick(
+                        Opcode::RcWriteOnly,
+                        Opcode::RcWriteFirst,
+                        Opcode::RcWriteMiddle,
+                        Opcode::RcWriteLast,
+                    ),
+                    Some(_) => pick(
+                        Opcode::RcWriteOnlyImm,
+                        Opcode::RcWriteFirst,
+                        Opcode::RcWriteMiddle,
+                        Opcode::RcWriteLastImm,
+                    ),
                 }
             }
             _ => unreachable!("READ and ATOMIC have their own builders"),
@@ -224,50 +284,102 @@ impl QueuePair {
         // Ask for an ACK at the end of the message, every few packets of a
         // long one, and when this packet fills the window.
         let interval = ctx.config.ack_request_interval.max(1);
-        let window_full = psn.distance_from(self.req.una) + 1 >= ctx.config.max_inflight_packets as i32;
+        let window_full =
+            psn.distance_from(self.req.una) + 1 >= ctx.config.max_inflight_packets as i32;
         let ack_request = last || (k + 1) % interval == 0 || window_full;
-        let headers = Headers { bth: self.bth(opcode, psn, ack_request, wqe.wr.solicited && last), ext };
+        let headers = Headers {
+            bth: self.bth(opcode, psn, ack_request, wqe.wr.solicited && last),
+            ext,
+        };
         let start = headers.len();
-        let body = buf.get_mut(start..start + payload_len).ok_or(WcStatus::LocLenErr)?;
+        let body = buf
+            .get_mut(start..start + payload_len)
+            .ok_or(WcStatus::LocLenErr)?;
         match &wqe.wr.payload {
-            Payload::Inline(bytes) => body.copy_from_slice(&bytes[offset as usize..offset as usize + payload_len]),
-            Payload::Gather(sges) => {
-                gather(ctx.memory, self.init.pd, sges, offset, body).map_err(|_| WcStatus::LocProtErr)?
+            Payload::Inline(bytes) => {
+                body.copy_from_slice(&bytes[offset as usize..offset as usize + payload_len])
             }
+            Payload::Gather(sges) => gather(ctx.memory, self.init.pd, sges, offset, body)
+                .map_err(|_| WcStatus::LocProtErr)?,
         }
-        headers.emit_around_payload(buf, payload_len).map_err(|_| WcStatus::LocLenErr)
+        headers
+            .emit_around_payload(buf, payload_len)
+            .map_err(|_| WcStatus::LocLenErr)
     }
 
-    fn build_read_request(&self, buf: &mut [u8], index: usize, psn: Psn) -> Result<usize, WcStatus> {
+    /// Responses the next READ request of the request at `index` asks
+    /// for. A long READ is asked for in chunks of one window, whose
+    /// boundaries are fixed (multiples of the window) so that a resumed
+    /// request repeats part of exactly one earlier request, as a duplicate
+    /// must (its PSNs must all belong to the original).
+    fn read_chunk(&self, ctx: &Ctx, index: usize) -> u32 {
         let wqe = &self.sq[index];
-        let SendOp::Read { remote } = wqe.wr.op else { unreachable!() };
-        // Resuming at response k asks only for the data not yet received.
-        let skip = u64::from(self.req.cursor_pkt) * u64::from(self.mtu());
+        let window = ctx.config.max_inflight_packets.max(1);
+        let k = self.req.cursor_pkt;
+        let chunk_end = (k / window + 1).saturating_mul(window).min(wqe.npsn);
+        chunk_end - k
+    }
+
+    fn build_read_request(
+        &self,
+        buf: &mut [u8],
+        index: usize,
+        psn: Psn,
+        chunk: u32,
+    ) -> Result<usize, WcStatus> {
+        let wqe = &self.sq[index];
+        let SendOp::Read { remote } = wqe.wr.op else {
+            unreachable!()
+        };
+        // Resuming at response k asks only for the data not yet received,
+        // and a long READ asks for one window of responses at a time.
+        let mtu = u64::from(self.mtu());
+        let skip = u64::from(self.req.cursor_pkt) * mtu;
+        let length = (wqe.len - skip).min(u64::from(chunk) * mtu);
         let ext = Extensions {
             reth: Some(reth::Repr {
                 virtual_address: remote.addr.wrapping_add(skip),
                 rkey: remote.rkey,
-                dma_length: (wqe.len - skip) as u32,
+                dma_length: length as u32,
             }),
             ..Extensions::default()
         };
-        let headers = Headers { bth: self.bth(Opcode::RcReadRequest, psn, true, false), ext };
-        headers.emit_around_payload(buf, 0).map_err(|_| WcStatus::LocLenErr)
+        let headers = Headers {
+            bth: self.bth(Opcode::RcReadRequest, psn, true, false),
+            ext,
+        };
+        headers
+            .emit_around_payload(buf, 0)
+            .map_err(|_| WcStatus::LocLenErr)
     }
 
     fn build_atomic(&self, buf: &mut [u8], index: usize, psn: Psn) -> Result<usize, WcStatus> {
         let wqe = &self.sq[index];
         let (opcode, remote, swap_or_add, compare) = match wqe.wr.op {
-            SendOp::CompareSwap { remote, compare, swap } => (Opcode::RcCompareSwap, remote, swap, compare),
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => (Opcode::RcCompareSwap, remote, swap, compare),
             SendOp::FetchAdd { remote, add } => (Opcode::RcFetchAdd, remote, add, 0),
             _ => unreachable!(),
         };
         let ext = Extensions {
-            atomic_eth: Some(atomic_eth::Repr { virtual_address: remote.addr, rkey: remote.rkey, swap_or_add, compare }),
+            atomic_eth: Some(atomic_eth::Repr {
+                virtual_address: remote.addr,
+                rkey: remote.rkey,
+                swap_or_add,
+                compare,
+            }),
             ..Extensions::default()
         };
-        let headers = Headers { bth: self.bth(opcode, psn, true, false), ext };
-        headers.emit_around_payload(buf, 0).map_err(|_| WcStatus::LocLenErr)
+        let headers = Headers {
+            bth: self.bth(opcode, psn, true, false),
+            ext,
+        };
+        headers
+            .emit_around_payload(buf, 0)
+            .map_err(|_| WcStatus::LocLenErr)
     }
 
     pub(super) fn arm_retry_timer(&mut self, now: Instant) {
@@ -275,6 +387,15 @@ impl QueuePair {
             Some(timeout) if self.req.outstanding() => Some(now + timeout),
             _ => None,
         };
+    }
+
+    /// Goes back to `psn` because of a NAK or a missing response, once
+    /// per gap.
+    pub(super) fn recover_from(&mut self, psn: Psn) {
+        if self.req.recovering_from != Some(psn) {
+            self.req.recovering_from = Some(psn);
+            self.go_back(psn);
+        }
     }
 
     /// Moves the send cursor back so that sending resumes at `psn`.
@@ -316,6 +437,7 @@ impl QueuePair {
             self.fail_oldest(ctx, WcStatus::RetryExcErr);
         } else {
             self.req.retries_left -= 1;
+            self.req.recovering_from = None;
             self.go_back(self.req.una);
         }
     }

@@ -1,0 +1,252 @@
+//! A small harness for hand-written scenarios: two hosts, one connected RC
+//! pair (or UD QPs), a registered buffer on each side, and helpers to post
+//! and wait. The protocol and protection tests are written with it.
+
+use std::sync::Arc;
+
+use softrnic_transport::{
+    Access, Completion, CqId, DmaBuffer, MrKeys, Mtu, Payload, PdId, Psn, QpAttr, QpCaps,
+    QpInitAttr, QpState, QpType, RecvWorkRequest, SendOp, SendWorkRequest, Sge, TransportConfig,
+};
+
+use crate::network::Faults;
+use crate::world::World;
+
+/// Start of every harness region in its owner's address space.
+pub const IOVA: u64 = 0x1000_0000;
+
+/// One side of a connection.
+#[derive(Debug)]
+pub struct Side {
+    pub host: usize,
+    pub pd: PdId,
+    pub cq: CqId,
+    pub qpn: u32,
+    pub buffer: Arc<DmaBuffer>,
+    pub mr: MrKeys,
+}
+
+impl Side {
+    /// An SGE over `len` bytes of this side's region from `offset`.
+    pub fn sge(&self, offset: u64, len: u32) -> Sge {
+        Sge {
+            addr: IOVA + offset,
+            length: len,
+            lkey: self.mr.lkey,
+        }
+    }
+
+    pub fn gather(&self, offset: u64, len: u32) -> Payload {
+        Payload::Gather(vec![self.sge(offset, len)])
+    }
+}
+
+/// Two hosts with a connected pair of QPs.
+#[derive(Debug)]
+pub struct Pair {
+    pub world: World,
+    pub a: Side,
+    pub b: Side,
+}
+
+/// How to build a [`Pair`].
+#[derive(Debug, Clone)]
+pub struct PairOptions {
+    pub qp_type: QpType,
+    pub mtu: Mtu,
+    pub region_len: usize,
+    pub access: Access,
+    pub faults: Faults,
+    pub seed: u64,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub config: TransportConfig,
+}
+
+impl Default for PairOptions {
+    fn default() -> Self {
+        PairOptions {
+            qp_type: QpType::Rc,
+            mtu: Mtu::Mtu1024,
+            region_len: 64 * 1024,
+            access: Access::LOCAL_WRITE | Access::REMOTE,
+            faults: Faults::NONE,
+            seed: 1,
+            timeout: 10,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            config: TransportConfig::default(),
+        }
+    }
+}
+
+/// The Q_Key harness UD QPs use.
+pub const QKEY: u32 = 0x1111_1111;
+
+impl Pair {
+    pub fn new(options: PairOptions) -> Pair {
+        let mut world = World::with_config(2, options.faults, options.seed, options.config.clone());
+        let [a, b] = [0, 1].map(|host| {
+            let device = world.device(host);
+            let pd = device.alloc_pd();
+            let cq = device.create_cq(4096);
+            let buffer = Arc::new(DmaBuffer::new(options.region_len));
+            let mr = device
+                .register_memory(
+                    pd,
+                    buffer.clone(),
+                    0,
+                    options.region_len,
+                    IOVA,
+                    options.access,
+                )
+                .expect("register");
+            let caps = QpCaps {
+                max_send_wr: 128,
+                max_recv_wr: 128,
+                ..QpCaps::default()
+            };
+            let init = QpInitAttr {
+                qp_type: options.qp_type,
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                caps,
+                sq_sig_all: false,
+            };
+            let qpn = device.create_qp(init).expect("create_qp");
+            Side {
+                host,
+                pd,
+                cq,
+                qpn,
+                buffer,
+                mr,
+            }
+        });
+        let mut pair = Pair { world, a, b };
+        pair.connect(&options);
+        pair
+    }
+
+    fn connect(&mut self, o: &PairOptions) {
+        let now = self.world.now;
+        for (me, peer) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            let peer_ip = self.world.ip(peer.host);
+            let device = self.world.device(me.host);
+            let steps = match o.qp_type {
+                QpType::Rc => [
+                    QpAttr {
+                        state: Some(QpState::Init),
+                        pkey_index: Some(0),
+                        port: Some(1),
+                        access: Some(Access::REMOTE),
+                        ..QpAttr::default()
+                    },
+                    QpAttr {
+                        state: Some(QpState::Rtr),
+                        remote_addr: Some(peer_ip),
+                        path_mtu: Some(o.mtu),
+                        dest_qpn: Some(peer.qpn),
+                        rq_psn: Some(Psn::new(peer.qpn * 1000)),
+                        max_dest_rd_atomic: Some(16),
+                        min_rnr_timer: Some(o.min_rnr_timer),
+                        ..QpAttr::default()
+                    },
+                    QpAttr {
+                        state: Some(QpState::Rts),
+                        sq_psn: Some(Psn::new(me.qpn * 1000)),
+                        timeout: Some(o.timeout),
+                        retry_cnt: Some(o.retry_cnt),
+                        rnr_retry: Some(o.rnr_retry),
+                        max_rd_atomic: Some(16),
+                        ..QpAttr::default()
+                    },
+                ],
+                QpType::Ud => [
+                    QpAttr {
+                        state: Some(QpState::Init),
+                        pkey_index: Some(0),
+                        port: Some(1),
+                        qkey: Some(QKEY),
+                        ..QpAttr::default()
+                    },
+                    QpAttr {
+                        state: Some(QpState::Rtr),
+                        ..QpAttr::default()
+                    },
+                    QpAttr {
+                        state: Some(QpState::Rts),
+                        sq_psn: Some(Psn::new(0)),
+                        ..QpAttr::default()
+                    },
+                ],
+            };
+            for attr in steps {
+                device.modify_qp(now, me.qpn, &attr).expect("modify_qp");
+            }
+        }
+    }
+
+    pub fn side(&self, host: usize) -> &Side {
+        if host == 0 { &self.a } else { &self.b }
+    }
+
+    /// Posts a signalled send work request from `host`.
+    pub fn post(&mut self, host: usize, wr_id: u64, op: SendOp, payload: Payload) {
+        self.post_wr(host, SendWorkRequest::new(wr_id, op, payload));
+    }
+
+    pub fn post_wr(&mut self, host: usize, wr: SendWorkRequest) {
+        let (now, qpn) = (self.world.now, self.side(host).qpn);
+        self.world
+            .device(host)
+            .post_send(now, qpn, wr)
+            .expect("post_send");
+    }
+
+    /// Posts a receive of `len` bytes at `offset` on `host`.
+    pub fn post_recv(&mut self, host: usize, wr_id: u64, offset: u64, len: u32) {
+        let (now, qpn) = (self.world.now, self.side(host).qpn);
+        let sges = vec![self.side(host).sge(offset, len)];
+        self.world
+            .device(host)
+            .post_recv(now, qpn, RecvWorkRequest { wr_id, sges })
+            .expect("post_recv");
+    }
+
+    /// Runs until `host` has `n` completions (or nothing is left to do) and
+    /// returns them.
+    pub fn wait(&mut self, host: usize, n: usize) -> Vec<Completion> {
+        let cq = self.side(host).cq;
+        let mut got = Vec::new();
+        self.world.run_until(
+            |world| {
+                world.device(host).poll_cq(cq, usize::MAX, &mut got);
+                got.len() >= n
+            },
+            1_000_000,
+        );
+        got
+    }
+
+    /// Runs until nothing is left to happen, and returns the completions of
+    /// both sides.
+    pub fn settle(&mut self) -> [Vec<Completion>; 2] {
+        while self.world.step() {}
+        [0, 1].map(|host| {
+            let cq = self.side(host).cq;
+            let mut out = Vec::new();
+            self.world.device(host).poll_cq(cq, usize::MAX, &mut out);
+            out
+        })
+    }
+
+    pub fn state(&mut self, host: usize) -> QpState {
+        let qpn = self.side(host).qpn;
+        self.world.device(host).qp(qpn).expect("qp").state()
+    }
+}

@@ -1,0 +1,152 @@
+//! A switched network of point-to-point links with injected faults.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use softrnic_transport::Instant;
+
+/// Probabilities (0 to 1) of what happens to each packet.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Faults {
+    pub loss: f64,
+    /// Delayed by up to `reorder_window`, so later packets overtake it.
+    pub reorder: f64,
+    pub duplicate: f64,
+    /// One random bit flipped; the ICRC must catch it.
+    pub corrupt: f64,
+    pub reorder_window: Duration,
+}
+
+impl Faults {
+    pub const NONE: Faults = Faults {
+        loss: 0.0,
+        reorder: 0.0,
+        duplicate: 0.0,
+        corrupt: 0.0,
+        reorder_window: Duration::from_micros(50),
+    };
+
+    /// A random mix of faults, each at most `max`.
+    pub fn random(rng: &mut fastrand::Rng, max: f64) -> Faults {
+        let mut pick = || if rng.bool() { rng.f64() * max } else { 0.0 };
+        Faults {
+            loss: pick(),
+            reorder: pick(),
+            duplicate: pick(),
+            corrupt: pick(),
+            ..Faults::NONE
+        }
+    }
+}
+
+/// A packet on its way.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct InFlight {
+    pub from: SocketAddr,
+    pub to: SocketAddr,
+    pub bytes: Vec<u8>,
+}
+
+/// All links: one-way latency, a serialisation rate per sender, faults.
+#[derive(Debug)]
+pub struct Network {
+    pub faults: Faults,
+    pub latency: Duration,
+    /// Bytes per microsecond each sender can put on the wire.
+    pub bytes_per_micro: u64,
+    rng: fastrand::Rng,
+    queue: BinaryHeap<Reverse<(Instant, u64, InFlight)>>,
+    sequence: u64,
+    /// When each sender's link is free again (indexed by the caller).
+    busy_until: Vec<Instant>,
+    pub stats: NetworkStats,
+}
+
+/// What the network did to the traffic.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NetworkStats {
+    pub sent: u64,
+    pub dropped: u64,
+    pub reordered: u64,
+    pub duplicated: u64,
+    pub corrupted: u64,
+}
+
+impl Network {
+    pub fn new(faults: Faults, seed: u64, senders: usize) -> Network {
+        Network {
+            faults,
+            latency: Duration::from_micros(5),
+            bytes_per_micro: 12_500, // 100 Gb/s
+            rng: fastrand::Rng::with_seed(seed),
+            queue: BinaryHeap::new(),
+            sequence: 0,
+            busy_until: vec![Instant::ZERO; senders],
+            stats: NetworkStats::default(),
+        }
+    }
+
+    /// Puts a datagram from sender number `sender` on the wire at `now`.
+    pub fn send(&mut self, now: Instant, sender: usize, packet: InFlight) {
+        self.stats.sent += 1;
+        let start = now.max(self.busy_until[sender]);
+        let wire_time =
+            Duration::from_nanos(packet.bytes.len() as u64 * 1000 / self.bytes_per_micro);
+        self.busy_until[sender] = start + wire_time;
+        let mut arrival = start + wire_time + self.latency;
+        if self.rng.f64() < self.faults.loss {
+            self.stats.dropped += 1;
+            return;
+        }
+        let mut packet = packet;
+        if self.rng.f64() < self.faults.corrupt && !packet.bytes.is_empty() {
+            self.stats.corrupted += 1;
+            let at = self.rng.usize(..packet.bytes.len());
+            packet.bytes[at] ^= 1 << self.rng.u8(..8);
+        }
+        if self.rng.f64() < self.faults.reorder {
+            self.stats.reordered += 1;
+            arrival = arrival + self.random_delay();
+        }
+        if self.rng.f64() < self.faults.duplicate {
+            self.stats.duplicated += 1;
+            let copy = InFlight {
+                from: packet.from,
+                to: packet.to,
+                bytes: packet.bytes.clone(),
+            };
+            let later = arrival + self.random_delay();
+            self.enqueue(later, copy);
+        }
+        self.enqueue(arrival, packet);
+    }
+
+    fn random_delay(&mut self) -> Duration {
+        let window = self.faults.reorder_window.as_nanos() as u64;
+        Duration::from_nanos(self.rng.u64(0..=window))
+    }
+
+    fn enqueue(&mut self, at: Instant, packet: InFlight) {
+        self.sequence += 1;
+        self.queue.push(Reverse((at, self.sequence, packet)));
+    }
+
+    /// When the next packet arrives.
+    pub fn next_arrival(&self) -> Option<Instant> {
+        self.queue.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// The next packet due at or before `now`.
+    pub fn pop_due(&mut self, now: Instant) -> Option<InFlight> {
+        match self.queue.peek() {
+            Some(Reverse((at, _, _))) if *at <= now => self.queue.pop().map(|Reverse((_, _, p))| p),
+            _ => None,
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.queue.len()
+    }
+}

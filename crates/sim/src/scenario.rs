@@ -1,0 +1,365 @@
+//! A whole simulated run from one seed: pairs of RC queue pairs between two
+//! hosts, a random workload, a hostile network, then the oracle's verdict.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use softrnic_transport::{
+    Access, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpAttr, QpCaps, QpInitAttr, QpState,
+    QpType, TransportConfig, WcStatus,
+};
+
+use crate::network::{Faults, NetworkStats};
+use crate::workload::{
+    EndpointPlan, GUARD, IOVA_BASE, PairPlan, RegionKeys, Shape, first_difference,
+};
+use crate::world::World;
+
+/// How hostile and how large a generated scenario may be.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_fault: f64,
+    pub max_pairs: usize,
+    pub ops_per_direction: usize,
+    pub max_len: usize,
+    /// Simulation steps before the run is declared stuck.
+    pub max_steps: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_fault: 0.05,
+            max_pairs: 3,
+            ops_per_direction: 24,
+            max_len: 3 << 20,
+            max_steps: 2_000_000,
+        }
+    }
+}
+
+/// What a passing run did, for reports and for tests that check coverage.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    pub network: NetworkStats,
+    pub virtual_time: Duration,
+    pub retransmitted: u64,
+    pub rnr_naks: u64,
+    pub seq_naks: u64,
+    pub duplicates: u64,
+    pub icrc_drops: u64,
+}
+
+/// One endpoint while the run goes on.
+struct Live {
+    host: usize,
+    qpn: u32,
+    cq: CqId,
+    buffer: Arc<DmaBuffer>,
+    keys: RegionKeys,
+    caps: QpCaps,
+    posted_ops: usize,
+    posted_recvs: usize,
+    /// Receives this endpoint keeps posted at most; small values make the
+    /// peer meet RNR NAKs.
+    recv_window: usize,
+    sends_done: Vec<Completion>,
+    recvs_done: Vec<Completion>,
+}
+
+/// Runs the scenario of `seed` and checks every invariant; the error says
+/// which one failed and how to replay it.
+pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mtu = [
+        Mtu::Mtu256,
+        Mtu::Mtu512,
+        Mtu::Mtu1024,
+        Mtu::Mtu2048,
+        Mtu::Mtu4096,
+    ][rng.usize(..5)];
+    let faults = Faults::random(&mut rng, limits.max_fault);
+    let config = TransportConfig {
+        max_inflight_packets: [4, 16, 64, 512][rng.usize(..4)],
+        ack_request_interval: [1, 4, 32][rng.usize(..3)],
+        ..TransportConfig::default()
+    };
+    let pairs = rng.usize(1..=limits.max_pairs);
+    let shape = Shape {
+        ops_per_direction: limits.ops_per_direction,
+        max_len: limits.max_len,
+        mtu,
+    };
+    let plans: Vec<PairPlan> = (0..pairs)
+        .map(|p| PairPlan::generate(&mut rng, p, &shape))
+        .collect();
+    let mut world = World::with_config(2, faults, seed, config);
+    let context = format!(
+        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?})",
+        mtu.bytes()
+    );
+
+    // Set up both ends of every pair and connect them.
+    let mut live: Vec<[Live; 2]> = Vec::new();
+    for plan in &plans {
+        let ends = [0, 1].map(|host| open_endpoint(&mut world, host, &plan.ends[host], &mut rng));
+        let rd_atomic = [rng.u8(1..=16), rng.u8(1..=16)];
+        for side in 0..2 {
+            let (me, peer) = (&ends[side], &ends[1 - side]);
+            connect(
+                &mut world,
+                me,
+                peer.qpn,
+                mtu,
+                rd_atomic[side],
+                rd_atomic[1 - side],
+                &mut rng,
+            )
+            .map_err(|e| format!("{context}: connect: {e}"))?;
+        }
+        live.push(ends);
+    }
+
+    let finished = world.run_until(
+        |world| {
+            let mut all_done = true;
+            for (plan, ends) in plans.iter().zip(live.iter_mut()) {
+                let keys = [ends[0].keys, ends[1].keys];
+                for side in 0..2 {
+                    let end = &mut ends[side];
+                    let plan = &plan.ends[side];
+                    drive(world, end, plan, keys[1 - side]);
+                    all_done &= end.sends_done.len() == plan.expected_send_completions().len()
+                        && end.recvs_done.len() == plan.recvs.len();
+                }
+            }
+            all_done
+        },
+        limits.max_steps,
+    );
+
+    for (p, (plan, ends)) in plans.iter().zip(&live).enumerate() {
+        for side in 0..2 {
+            let (end, plan) = (&ends[side], &plan.ends[side]);
+            let who = format!("{context}: pair {p} side {side}");
+            let expected_recvs: Vec<_> = plan.recvs.iter().map(|r| r.expect).collect();
+            if !finished && std::env::var_os("SOFTRNIC_SIM_TRACE").is_some() {
+                let state = world
+                    .device(end.host)
+                    .qp(end.qpn)
+                    .map(|qp| format!("{qp:#?}"));
+                println!("{who}: {state:?}");
+            }
+            check_completions(
+                &who,
+                "send",
+                &end.sends_done,
+                &plan.expected_send_completions(),
+            )?;
+            check_completions(&who, "receive", &end.recvs_done, &expected_recvs)?;
+            let state = world.device(end.host).qp(end.qpn).map(|qp| qp.state());
+            if state != Some(QpState::Rts) {
+                return Err(format!("{who}: QP ended in {state:?}"));
+            }
+            if let Some(diff) = first_difference(&end.buffer.to_vec(), &plan.expected) {
+                return Err(format!("{who}: memory differs from the oracle: {diff}"));
+            }
+        }
+    }
+    if !finished {
+        return Err(format!(
+            "{context}: the run stopped before every request completed (t = {:?})",
+            world.now
+        ));
+    }
+    let counters = [
+        world.device(0).counters().clone(),
+        world.device(1).counters().clone(),
+    ];
+    let sum = |f: fn(&softrnic_transport::Counters) -> u64| counters.iter().map(f).sum();
+    Ok(Outcome {
+        network: world.network.stats,
+        virtual_time: world.now - Instant::ZERO,
+        retransmitted: sum(|c| c.retransmitted_packets),
+        rnr_naks: sum(|c| c.rnr_naks_sent),
+        seq_naks: sum(|c| c.seq_naks_sent),
+        duplicates: sum(|c| c.rx_duplicate_requests + c.rx_duplicate_responses),
+        icrc_drops: sum(|c| c.rx_icrc_errors),
+    })
+}
+
+fn open_endpoint(
+    world: &mut World,
+    host: usize,
+    plan: &EndpointPlan,
+    rng: &mut fastrand::Rng,
+) -> Live {
+    let device = world.device(host);
+    let pd = device.alloc_pd();
+    let cq = device.create_cq(1 << 16);
+    let buffer = Arc::new(DmaBuffer::from_bytes(&plan.initial));
+    let mr = device
+        .register_memory(
+            pd,
+            buffer.clone(),
+            GUARD,
+            plan.region_len(),
+            IOVA_BASE,
+            Access::LOCAL_WRITE | Access::REMOTE,
+        )
+        .expect("register");
+    let caps = QpCaps {
+        max_send_wr: rng.u32(1..=64),
+        max_recv_wr: 64,
+        ..QpCaps::default()
+    };
+    let init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        caps,
+        sq_sig_all: false,
+    };
+    let qpn = device.create_qp(init).expect("create qp");
+    Live {
+        host,
+        qpn,
+        cq,
+        buffer,
+        keys: RegionKeys {
+            iova: IOVA_BASE,
+            lkey: mr.lkey,
+            rkey: mr.rkey,
+        },
+        caps,
+        posted_ops: 0,
+        posted_recvs: 0,
+        recv_window: rng.usize(1..=8),
+        sends_done: Vec::new(),
+        recvs_done: Vec::new(),
+    }
+}
+
+fn connect(
+    world: &mut World,
+    me: &Live,
+    peer_qpn: u32,
+    mtu: Mtu,
+    max_rd_atomic: u8,
+    peer_max_rd_atomic: u8,
+    rng: &mut fastrand::Rng,
+) -> softrnic_transport::Result<()> {
+    let peer_ip = world.ip(1 - me.host);
+    // Both ends agree on PSNs; start near the wrap now and then.
+    let psn = |qpn: u32| Psn::new(qpn.wrapping_mul(0x9e37_79b9) ^ 0xff_ff00);
+    let now = world.now;
+    let device = world.device(me.host);
+    device.modify_qp(
+        now,
+        me.qpn,
+        &QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(Access::REMOTE),
+            ..QpAttr::default()
+        },
+    )?;
+    device.modify_qp(
+        now,
+        me.qpn,
+        &QpAttr {
+            state: Some(QpState::Rtr),
+            remote_addr: Some(peer_ip),
+            path_mtu: Some(mtu),
+            dest_qpn: Some(peer_qpn),
+            rq_psn: Some(psn(peer_qpn)),
+            // Our responder must allow as many READ/ATOMIC as the peer issues.
+            max_dest_rd_atomic: Some(peer_max_rd_atomic),
+            min_rnr_timer: Some(rng.u8(1..=4)),
+            ..QpAttr::default()
+        },
+    )?;
+    device.modify_qp(
+        now,
+        me.qpn,
+        &QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(psn(me.qpn)),
+            timeout: Some(rng.u8(8..=12)),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(max_rd_atomic),
+            ..QpAttr::default()
+        },
+    )
+}
+
+/// Does what an application would: posts receives within its window and
+/// requests while the send queue has room, and polls its completions.
+fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKeys) {
+    let now = world.now;
+    let device = world.device(end.host);
+    let mut polled = Vec::new();
+    device.poll_cq(end.cq, usize::MAX, &mut polled);
+    for c in polled {
+        // Receive completions (flushed ones too) carry receive opcodes.
+        if c.opcode as u32 >= 128 {
+            end.recvs_done.push(c);
+        } else {
+            end.sends_done.push(c);
+        }
+    }
+    while end.posted_recvs < plan.recvs.len()
+        && end.posted_recvs - end.recvs_done.len() < end.recv_window
+    {
+        let wr = plan.recvs[end.posted_recvs].work_request(end.keys);
+        device.post_recv(now, end.qpn, wr).expect("post_recv");
+        end.posted_recvs += 1;
+    }
+    while end.posted_ops < plan.ops.len() {
+        let in_queue = device.qp(end.qpn).map_or(0, |qp| qp.send_queue_len());
+        if in_queue >= end.caps.max_send_wr as usize {
+            break;
+        }
+        let wr = plan.ops[end.posted_ops].work_request(end.keys, peer);
+        device.post_send(now, end.qpn, wr).expect("post_send");
+        end.posted_ops += 1;
+    }
+}
+
+fn check_completions(
+    who: &str,
+    queue: &str,
+    actual: &[Completion],
+    expected: &[crate::workload::ExpectedCompletion],
+) -> Result<(), String> {
+    for (i, e) in expected.iter().enumerate() {
+        let Some(a) = actual.get(i) else {
+            return Err(format!(
+                "{who}: {queue} completion {i} of {} never came (expected wr_id {:#x})",
+                expected.len(),
+                e.wr_id
+            ));
+        };
+        let matches = a.wr_id == e.wr_id
+            && a.status == WcStatus::Success
+            && a.opcode == e.opcode
+            && a.byte_len == e.byte_len
+            && (e.imm.is_none() || a.imm_data == e.imm);
+        if !matches {
+            return Err(format!(
+                "{who}: {queue} completion {i} is {a:?}, expected {e:?}"
+            ));
+        }
+    }
+    if actual.len() > expected.len() {
+        return Err(format!(
+            "{who}: {} extra {queue} completions, first {:?}",
+            actual.len() - expected.len(),
+            actual[expected.len()]
+        ));
+    }
+    Ok(())
+}
