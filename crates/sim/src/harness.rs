@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use softrnic_transport::{
-    Access, Completion, CqId, DmaBuffer, MrKeys, Mtu, Payload, PdId, Psn, QpAttr, QpCaps,
-    QpInitAttr, QpState, QpType, RecvWorkRequest, SendOp, SendWorkRequest, Sge, TransportConfig,
+    Access, Completion, CqId, DmaBuffer, MrKeys, Mtu, Payload, PdId, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
+    RecvWorkRequest, SendOp, SendWorkRequest, Sge, TransportConfig,
 };
 
 use crate::network::Faults;
@@ -29,11 +29,7 @@ pub struct Side {
 impl Side {
     /// An SGE over `len` bytes of this side's region from `offset`.
     pub fn sge(&self, offset: u64, len: u32) -> Sge {
-        Sge {
-            addr: IOVA + offset,
-            length: len,
-            lkey: self.mr.lkey,
-        }
+        Sge { addr: IOVA + offset, length: len, lkey: self.mr.lkey }
     }
 
     pub fn gather(&self, offset: u64, len: u32) -> Payload {
@@ -95,37 +91,12 @@ impl Pair {
             let cq = device.create_cq(4096);
             let buffer = Arc::new(DmaBuffer::new(options.region_len));
             let mr = device
-                .register_memory(
-                    pd,
-                    buffer.clone(),
-                    0,
-                    options.region_len,
-                    IOVA,
-                    options.access,
-                )
+                .register_memory(pd, buffer.clone(), 0, options.region_len, IOVA, options.access)
                 .expect("register");
-            let caps = QpCaps {
-                max_send_wr: 128,
-                max_recv_wr: 128,
-                ..QpCaps::default()
-            };
-            let init = QpInitAttr {
-                qp_type: options.qp_type,
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                caps,
-                sq_sig_all: false,
-            };
+            let caps = QpCaps { max_send_wr: 128, max_recv_wr: 128, ..QpCaps::default() };
+            let init = QpInitAttr { qp_type: options.qp_type, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false };
             let qpn = device.create_qp(init).expect("create_qp");
-            Side {
-                host,
-                pd,
-                cq,
-                qpn,
-                buffer,
-                mr,
-            }
+            Side { host, pd, cq, qpn, buffer, mr }
         });
         let mut pair = Pair { world, a, b };
         pair.connect(&options);
@@ -174,15 +145,8 @@ impl Pair {
                         qkey: Some(QKEY),
                         ..QpAttr::default()
                     },
-                    QpAttr {
-                        state: Some(QpState::Rtr),
-                        ..QpAttr::default()
-                    },
-                    QpAttr {
-                        state: Some(QpState::Rts),
-                        sq_psn: Some(Psn::new(0)),
-                        ..QpAttr::default()
-                    },
+                    QpAttr { state: Some(QpState::Rtr), ..QpAttr::default() },
+                    QpAttr { state: Some(QpState::Rts), sq_psn: Some(Psn::new(0)), ..QpAttr::default() },
                 ],
             };
             for attr in steps {
@@ -202,20 +166,14 @@ impl Pair {
 
     pub fn post_wr(&mut self, host: usize, wr: SendWorkRequest) {
         let (now, qpn) = (self.world.now, self.side(host).qpn);
-        self.world
-            .device(host)
-            .post_send(now, qpn, wr)
-            .expect("post_send");
+        self.world.device(host).post_send(now, qpn, wr).expect("post_send");
     }
 
     /// Posts a receive of `len` bytes at `offset` on `host`.
     pub fn post_recv(&mut self, host: usize, wr_id: u64, offset: u64, len: u32) {
         let (now, qpn) = (self.world.now, self.side(host).qpn);
         let sges = vec![self.side(host).sge(offset, len)];
-        self.world
-            .device(host)
-            .post_recv(now, qpn, RecvWorkRequest { wr_id, sges })
-            .expect("post_recv");
+        self.world.device(host).post_recv(now, qpn, RecvWorkRequest { wr_id, sges }).expect("post_recv");
     }
 
     /// Runs until `host` has `n` completions (or nothing is left to do) and

@@ -20,24 +20,13 @@ pub struct Faults {
 }
 
 impl Faults {
-    pub const NONE: Faults = Faults {
-        loss: 0.0,
-        reorder: 0.0,
-        duplicate: 0.0,
-        corrupt: 0.0,
-        reorder_window: Duration::from_micros(50),
-    };
+    pub const NONE: Faults =
+        Faults { loss: 0.0, reorder: 0.0, duplicate: 0.0, corrupt: 0.0, reorder_window: Duration::from_micros(50) };
 
     /// A random mix of faults, each at most `max`.
     pub fn random(rng: &mut fastrand::Rng, max: f64) -> Faults {
         let mut pick = || if rng.bool() { rng.f64() * max } else { 0.0 };
-        Faults {
-            loss: pick(),
-            reorder: pick(),
-            duplicate: pick(),
-            corrupt: pick(),
-            ..Faults::NONE
-        }
+        Faults { loss: pick(), reorder: pick(), duplicate: pick(), corrupt: pick(), ..Faults::NONE }
     }
 }
 
@@ -92,8 +81,7 @@ impl Network {
     pub fn send(&mut self, now: Instant, sender: usize, packet: InFlight) {
         self.stats.sent += 1;
         let start = now.max(self.busy_until[sender]);
-        let wire_time =
-            Duration::from_nanos(packet.bytes.len() as u64 * 1000 / self.bytes_per_micro);
+        let wire_time = Duration::from_nanos(packet.bytes.len() as u64 * 1000 / self.bytes_per_micro);
         self.busy_until[sender] = start + wire_time;
         let mut arrival = start + wire_time + self.latency;
         if self.rng.f64() < self.faults.loss {
@@ -112,11 +100,7 @@ impl Network {
         }
         if self.rng.f64() < self.faults.duplicate {
             self.stats.duplicated += 1;
-            let copy = InFlight {
-                from: packet.from,
-                to: packet.to,
-                bytes: packet.bytes.clone(),
-            };
+            let copy = InFlight { from: packet.from, to: packet.to, bytes: packet.bytes.clone() };
             let later = arrival + self.random_delay();
             self.enqueue(later, copy);
         }

@@ -5,14 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use softrnic_transport::{
-    Access, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpAttr, QpCaps, QpInitAttr, QpState,
-    QpType, TransportConfig, WcStatus,
+    Access, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
+    TransportConfig, WcStatus,
 };
 
 use crate::network::{Faults, NetworkStats};
-use crate::workload::{
-    EndpointPlan, GUARD, IOVA_BASE, PairPlan, RegionKeys, Shape, first_difference,
-};
+use crate::workload::{EndpointPlan, GUARD, IOVA_BASE, PairPlan, RegionKeys, Shape, first_difference};
 use crate::world::World;
 
 /// How hostile and how large a generated scenario may be.
@@ -28,13 +26,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_fault: 0.05,
-            max_pairs: 3,
-            ops_per_direction: 24,
-            max_len: 3 << 20,
-            max_steps: 2_000_000,
-        }
+        Limits { max_fault: 0.05, max_pairs: 3, ops_per_direction: 24, max_len: 4 << 20, max_steps: 20_000_000 }
     }
 }
 
@@ -71,13 +63,7 @@ struct Live {
 /// which one failed and how to replay it.
 pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let mtu = [
-        Mtu::Mtu256,
-        Mtu::Mtu512,
-        Mtu::Mtu1024,
-        Mtu::Mtu2048,
-        Mtu::Mtu4096,
-    ][rng.usize(..5)];
+    let mtu = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096][rng.usize(..5)];
     let faults = Faults::random(&mut rng, limits.max_fault);
     let config = TransportConfig {
         max_inflight_packets: [4, 16, 64, 512][rng.usize(..4)],
@@ -85,19 +71,12 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         ..TransportConfig::default()
     };
     let pairs = rng.usize(1..=limits.max_pairs);
-    let shape = Shape {
-        ops_per_direction: limits.ops_per_direction,
-        max_len: limits.max_len,
-        mtu,
-    };
-    let plans: Vec<PairPlan> = (0..pairs)
-        .map(|p| PairPlan::generate(&mut rng, p, &shape))
-        .collect();
+    // Several MiB at large MTUs; at most 2048 packets a message at small ones.
+    let max_len = limits.max_len.min(mtu.bytes() as usize * 2048);
+    let shape = Shape { ops_per_direction: limits.ops_per_direction, max_len, mtu };
+    let plans: Vec<PairPlan> = (0..pairs).map(|p| PairPlan::generate(&mut rng, p, &shape)).collect();
     let mut world = World::with_config(2, faults, seed, config);
-    let context = format!(
-        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?})",
-        mtu.bytes()
-    );
+    let context = format!("seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?})", mtu.bytes());
 
     // Set up both ends of every pair and connect them.
     let mut live: Vec<[Live; 2]> = Vec::new();
@@ -106,16 +85,8 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         let rd_atomic = [rng.u8(1..=16), rng.u8(1..=16)];
         for side in 0..2 {
             let (me, peer) = (&ends[side], &ends[1 - side]);
-            connect(
-                &mut world,
-                me,
-                peer.qpn,
-                mtu,
-                rd_atomic[side],
-                rd_atomic[1 - side],
-                &mut rng,
-            )
-            .map_err(|e| format!("{context}: connect: {e}"))?;
+            connect(&mut world, me, peer.qpn, mtu, rd_atomic[side], rd_atomic[1 - side], &mut rng)
+                .map_err(|e| format!("{context}: connect: {e}"))?;
         }
         live.push(ends);
     }
@@ -144,38 +115,29 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
             let who = format!("{context}: pair {p} side {side}");
             let expected_recvs: Vec<_> = plan.recvs.iter().map(|r| r.expect).collect();
             if !finished && std::env::var_os("SOFTRNIC_SIM_TRACE").is_some() {
-                let state = world
-                    .device(end.host)
-                    .qp(end.qpn)
-                    .map(|qp| format!("{qp:#?}"));
+                let state = world.device(end.host).qp(end.qpn).map(|qp| format!("{qp:#?}"));
                 println!("{who}: {state:?}");
             }
-            check_completions(
-                &who,
-                "send",
-                &end.sends_done,
-                &plan.expected_send_completions(),
-            )?;
+            check_completions(&who, "send", &end.sends_done, &plan.expected_send_completions())?;
             check_completions(&who, "receive", &end.recvs_done, &expected_recvs)?;
             let state = world.device(end.host).qp(end.qpn).map(|qp| qp.state());
             if state != Some(QpState::Rts) {
                 return Err(format!("{who}: QP ended in {state:?}"));
             }
-            if let Some(diff) = first_difference(&end.buffer.to_vec(), &plan.expected) {
-                return Err(format!("{who}: memory differs from the oracle: {diff}"));
-            }
         }
     }
     if !finished {
-        return Err(format!(
-            "{context}: the run stopped before every request completed (t = {:?})",
-            world.now
-        ));
+        return Err(format!("{context}: the run stopped before every request completed (t = {:?})", world.now));
     }
-    let counters = [
-        world.device(0).counters().clone(),
-        world.device(1).counters().clone(),
-    ];
+    // Only now has every peer finished writing into every buffer.
+    for (p, (plan, ends)) in plans.iter().zip(&live).enumerate() {
+        for side in 0..2 {
+            if let Some(diff) = first_difference(&ends[side].buffer.to_vec(), &plan.ends[side].expected) {
+                return Err(format!("{context}: pair {p} side {side}: memory differs from the oracle: {diff}"));
+            }
+        }
+    }
+    let counters = [world.device(0).counters().clone(), world.device(1).counters().clone()];
     let sum = |f: fn(&softrnic_transport::Counters) -> u64| counters.iter().map(f).sum();
     Ok(Outcome {
         network: world.network.stats,
@@ -188,50 +150,23 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     })
 }
 
-fn open_endpoint(
-    world: &mut World,
-    host: usize,
-    plan: &EndpointPlan,
-    rng: &mut fastrand::Rng,
-) -> Live {
+fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut fastrand::Rng) -> Live {
     let device = world.device(host);
     let pd = device.alloc_pd();
     let cq = device.create_cq(1 << 16);
     let buffer = Arc::new(DmaBuffer::from_bytes(&plan.initial));
     let mr = device
-        .register_memory(
-            pd,
-            buffer.clone(),
-            GUARD,
-            plan.region_len(),
-            IOVA_BASE,
-            Access::LOCAL_WRITE | Access::REMOTE,
-        )
+        .register_memory(pd, buffer.clone(), GUARD, plan.region_len(), IOVA_BASE, Access::LOCAL_WRITE | Access::REMOTE)
         .expect("register");
-    let caps = QpCaps {
-        max_send_wr: rng.u32(1..=64),
-        max_recv_wr: 64,
-        ..QpCaps::default()
-    };
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        pd,
-        send_cq: cq,
-        recv_cq: cq,
-        caps,
-        sq_sig_all: false,
-    };
+    let caps = QpCaps { max_send_wr: rng.u32(1..=64), max_recv_wr: 64, ..QpCaps::default() };
+    let init = QpInitAttr { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false };
     let qpn = device.create_qp(init).expect("create qp");
     Live {
         host,
         qpn,
         cq,
         buffer,
-        keys: RegionKeys {
-            iova: IOVA_BASE,
-            lkey: mr.lkey,
-            rkey: mr.rkey,
-        },
+        keys: RegionKeys { iova: IOVA_BASE, lkey: mr.lkey, rkey: mr.rkey },
         caps,
         posted_ops: 0,
         posted_recvs: 0,
@@ -311,9 +246,7 @@ fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKey
             end.sends_done.push(c);
         }
     }
-    while end.posted_recvs < plan.recvs.len()
-        && end.posted_recvs - end.recvs_done.len() < end.recv_window
-    {
+    while end.posted_recvs < plan.recvs.len() && end.posted_recvs - end.recvs_done.len() < end.recv_window {
         let wr = plan.recvs[end.posted_recvs].work_request(end.keys);
         device.post_recv(now, end.qpn, wr).expect("post_recv");
         end.posted_recvs += 1;
@@ -349,9 +282,7 @@ fn check_completions(
             && a.byte_len == e.byte_len
             && (e.imm.is_none() || a.imm_data == e.imm);
         if !matches {
-            return Err(format!(
-                "{who}: {queue} completion {i} is {a:?}, expected {e:?}"
-            ));
+            return Err(format!("{who}: {queue} completion {i} is {a:?}, expected {e:?}"));
         }
     }
     if actual.len() > expected.len() {

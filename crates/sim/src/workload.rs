@@ -8,9 +8,7 @@
 //! Comparing each whole buffer with its image checks the data of SEND,
 //! WRITE, READ and ATOMIC, and that nothing else was touched.
 
-use softrnic_transport::{
-    Mtu, Payload, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, WcOpcode,
-};
+use softrnic_transport::{Mtu, Payload, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, WcOpcode};
 
 /// Bytes of unregistered memory around each region, which must never change.
 pub const GUARD: usize = 64;
@@ -32,15 +30,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 7] = [
-        Kind::Send,
-        Kind::SendImm,
-        Kind::Write,
-        Kind::WriteImm,
-        Kind::Read,
-        Kind::CompareSwap,
-        Kind::FetchAdd,
-    ];
+    const ALL: [Kind; 7] =
+        [Kind::Send, Kind::SendImm, Kind::Write, Kind::WriteImm, Kind::Read, Kind::CompareSwap, Kind::FetchAdd];
 }
 
 /// A local buffer, as offsets into the endpoint's region, or inline data.
@@ -78,33 +69,17 @@ pub struct RegionKeys {
 impl PlannedOp {
     /// The work request, with `local` and `remote` regions resolved.
     pub fn work_request(&self, local: RegionKeys, remote: RegionKeys) -> SendWorkRequest {
-        let remote_addr = RemoteAddr {
-            addr: remote.iova + self.remote_offset,
-            rkey: remote.rkey,
-        };
+        let remote_addr = RemoteAddr { addr: remote.iova + self.remote_offset, rkey: remote.rkey };
         let op = match self.kind {
             Kind::Send => SendOp::Send { imm: None },
             Kind::SendImm => SendOp::Send { imm: self.imm },
-            Kind::Write => SendOp::Write {
-                remote: remote_addr,
-                imm: None,
-            },
-            Kind::WriteImm => SendOp::Write {
-                remote: remote_addr,
-                imm: self.imm,
-            },
-            Kind::Read => SendOp::Read {
-                remote: remote_addr,
-            },
-            Kind::CompareSwap => SendOp::CompareSwap {
-                remote: remote_addr,
-                compare: self.compare,
-                swap: self.swap_or_add,
-            },
-            Kind::FetchAdd => SendOp::FetchAdd {
-                remote: remote_addr,
-                add: self.swap_or_add,
-            },
+            Kind::Write => SendOp::Write { remote: remote_addr, imm: None },
+            Kind::WriteImm => SendOp::Write { remote: remote_addr, imm: self.imm },
+            Kind::Read => SendOp::Read { remote: remote_addr },
+            Kind::CompareSwap => {
+                SendOp::CompareSwap { remote: remote_addr, compare: self.compare, swap: self.swap_or_add }
+            }
+            Kind::FetchAdd => SendOp::FetchAdd { remote: remote_addr, add: self.swap_or_add },
         };
         let payload = match &self.local {
             LocalData::Inline(bytes) => Payload::Inline(bytes.clone()),
@@ -130,24 +105,12 @@ impl PlannedOp {
             Kind::CompareSwap => WcOpcode::CompSwap,
             Kind::FetchAdd => WcOpcode::FetchAdd,
         };
-        self.signaled.then_some(ExpectedCompletion {
-            wr_id: self.wr_id,
-            opcode,
-            byte_len: self.len,
-            imm: None,
-        })
+        self.signaled.then_some(ExpectedCompletion { wr_id: self.wr_id, opcode, byte_len: self.len, imm: None })
     }
 }
 
 fn sges(pieces: &[(u64, u32)], region: RegionKeys) -> Vec<Sge> {
-    pieces
-        .iter()
-        .map(|&(offset, length)| Sge {
-            addr: region.iova + offset,
-            length,
-            lkey: region.lkey,
-        })
-        .collect()
+    pieces.iter().map(|&(offset, length)| Sge { addr: region.iova + offset, length, lkey: region.lkey }).collect()
 }
 
 /// A receive work request and the completion it must get.
@@ -160,10 +123,7 @@ pub struct PlannedRecv {
 
 impl PlannedRecv {
     pub fn work_request(&self, local: RegionKeys) -> RecvWorkRequest {
-        RecvWorkRequest {
-            wr_id: self.wr_id,
-            sges: sges(&self.pieces, local),
-        }
+        RecvWorkRequest { wr_id: self.wr_id, sges: sges(&self.pieces, local) }
     }
 }
 
@@ -192,10 +152,7 @@ impl EndpointPlan {
     }
 
     pub fn expected_send_completions(&self) -> Vec<ExpectedCompletion> {
-        self.ops
-            .iter()
-            .filter_map(PlannedOp::expected_completion)
-            .collect()
+        self.ops.iter().filter_map(PlannedOp::expected_completion).collect()
     }
 }
 
@@ -249,16 +206,7 @@ impl Layout {
         let atomic_result = align(read_dst + a.read_dst);
         let recv = align(atomic_result + a.atomic_result);
         let len = align(recv + a.recv).max(64);
-        Layout {
-            src,
-            read_src,
-            atomic_words,
-            write,
-            read_dst,
-            atomic_result,
-            recv,
-            len,
-        }
+        Layout { src, read_src, atomic_words, write, read_dst, atomic_result, recv, len }
     }
 }
 
@@ -333,10 +281,7 @@ impl PairPlan {
                         recv_capacity,
                         recv_split: split(rng, recv_capacity),
                         inline: len <= 64
-                            && matches!(
-                                kind,
-                                Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm
-                            )
+                            && matches!(kind, Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm)
                             && rng.bool(),
                         // The last request is signalled so that its completion marks the end.
                         signaled: i + 1 == n || rng.u8(0..10) < 8,
@@ -415,21 +360,14 @@ impl PairPlan {
                 };
                 // Source pieces come from anywhere in the sender's src area.
                 let mut data = Vec::with_capacity(d.len);
-                if matches!(
-                    d.kind,
-                    Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm
-                ) {
+                if matches!(d.kind, Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm) {
                     let mut pieces = Vec::new();
                     for &piece in &d.local_split {
                         let offset = lx.src + rng.usize(0..=areas[x].src - piece);
                         data.extend_from_slice(&initial[x][GUARD + offset..GUARD + offset + piece]);
                         pieces.push((offset as u64, piece as u32));
                     }
-                    op.local = if d.inline {
-                        LocalData::Inline(data.clone())
-                    } else {
-                        LocalData::Pieces(pieces)
-                    };
+                    op.local = if d.inline { LocalData::Inline(data.clone()) } else { LocalData::Pieces(pieces) };
                 }
                 match d.kind {
                     Kind::Send | Kind::SendImm => {
@@ -483,22 +421,13 @@ impl PairPlan {
                         words[y][w] = if d.kind == Kind::FetchAdd {
                             original.wrapping_add(d.operand)
                         } else {
-                            op.compare = if d.compare_hits {
-                                original
-                            } else {
-                                original ^ 1
-                            };
-                            if op.compare == original {
-                                d.operand
-                            } else {
-                                original
-                            }
+                            op.compare = if d.compare_hits { original } else { original ^ 1 };
+                            if op.compare == original { d.operand } else { original }
                         };
                         let start = lx.atomic_result + bump[x].2;
                         bump[x].2 += 8;
                         op.local = LocalData::Pieces(vec![(start as u64, 8)]);
-                        images[x][GUARD + start..GUARD + start + 8]
-                            .copy_from_slice(&original.to_ne_bytes());
+                        images[x][GUARD + start..GUARD + start + 8].copy_from_slice(&original.to_ne_bytes());
                     }
                 }
                 ops[x].push(op);
@@ -519,18 +448,8 @@ impl PairPlan {
         let [r0, r1] = recvs;
         PairPlan {
             ends: [
-                EndpointPlan {
-                    initial: i0,
-                    expected: e0,
-                    ops: o0,
-                    recvs: r0,
-                },
-                EndpointPlan {
-                    initial: i1,
-                    expected: e1,
-                    ops: o1,
-                    recvs: r1,
-                },
+                EndpointPlan { initial: i0, expected: e0, ops: o0, recvs: r0 },
+                EndpointPlan { initial: i1, expected: e1, ops: o1, recvs: r1 },
             ],
         }
     }
@@ -552,11 +471,7 @@ fn pieces_at(start: usize, sizes: &[usize]) -> Vec<(u64, u32)> {
 /// The first byte where two images differ, described for a failure message.
 pub fn first_difference(actual: &[u8], expected: &[u8]) -> Option<String> {
     let at = actual.iter().zip(expected).position(|(a, e)| a != e)?;
-    let zone = if at < GUARD || at >= expected.len() - GUARD {
-        "guard (unregistered)"
-    } else {
-        "region"
-    };
+    let zone = if at < GUARD || at >= expected.len() - GUARD { "guard (unregistered)" } else { "region" };
     let differing = actual.iter().zip(expected).filter(|(a, e)| a != e).count();
     Some(format!(
         "byte {at} ({zone}, region offset {}) is {:#04x}, expected {:#04x}; {differing} bytes differ",

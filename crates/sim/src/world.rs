@@ -38,26 +38,13 @@ impl World {
         let hosts = (0..hosts)
             .map(|i| {
                 let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + i as u8));
-                let device = Device::new(TransportConfig {
-                    local_addr: ip,
-                    ..config.clone()
-                });
-                Host {
-                    device,
-                    addr: SocketAddr::new(ip, ROCEV2_UDP_PORT),
-                    up: true,
-                }
+                let device = Device::new(TransportConfig { local_addr: ip, ..config.clone() });
+                Host { device, addr: SocketAddr::new(ip, ROCEV2_UDP_PORT), up: true }
             })
             .collect::<Vec<_>>();
         let network = Network::new(faults, seed ^ 0x9e37_79b9_7f4a_7c15, hosts.len());
         let trace = std::env::var_os("SOFTRNIC_SIM_TRACE").is_some();
-        World {
-            now: Instant::ZERO,
-            hosts,
-            network,
-            buf: vec![0; MAX_DATAGRAM_LEN],
-            trace,
-        }
+        World { now: Instant::ZERO, hosts, network, buf: vec![0; MAX_DATAGRAM_LEN], trace }
     }
 
     pub fn device(&mut self, host: usize) -> &mut Device {
@@ -73,12 +60,7 @@ impl World {
     /// nothing is left to happen: no packet in flight, no timer armed.
     pub fn step(&mut self) -> bool {
         self.flush();
-        let next_timer = self
-            .hosts
-            .iter_mut()
-            .filter(|h| h.up)
-            .filter_map(|h| h.device.poll_timeout())
-            .min();
+        let next_timer = self.hosts.iter_mut().filter(|h| h.up).filter_map(|h| h.device.poll_timeout()).min();
         let next = match (self.network.next_arrival(), next_timer) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => match a.or(b) {
@@ -89,19 +71,10 @@ impl World {
         self.now = self.now.max(next);
         while let Some(packet) = self.network.pop_due(self.now) {
             if self.trace {
-                println!(
-                    "{:>12?} deliver {}",
-                    self.now - Instant::ZERO,
-                    describe(&packet)
-                );
+                println!("{:>12?} deliver {}", self.now - Instant::ZERO, describe(&packet));
             }
-            if let Some(host) = self
-                .hosts
-                .iter_mut()
-                .find(|h| h.addr.ip() == packet.to.ip() && h.up)
-            {
-                host.device
-                    .handle_datagram(self.now, packet.from, &packet.bytes);
+            if let Some(host) = self.hosts.iter_mut().find(|h| h.addr.ip() == packet.to.ip() && h.up) {
+                host.device.handle_datagram(self.now, packet.from, &packet.bytes);
             }
         }
         for host in self.hosts.iter_mut().filter(|h| h.up) {
@@ -123,11 +96,7 @@ impl World {
                     bytes: self.buf[..t.len].to_vec(),
                 };
                 if self.trace {
-                    println!(
-                        "{:>12?} send    {}",
-                        self.now - Instant::ZERO,
-                        describe(&packet)
-                    );
+                    println!("{:>12?} send    {}", self.now - Instant::ZERO, describe(&packet));
                 }
                 self.network.send(self.now, index, packet);
             }
@@ -136,11 +105,7 @@ impl World {
 
     /// Steps until `done` holds or nothing is left to happen; returns
     /// whether `done` held.
-    pub fn run_until(
-        &mut self,
-        mut done: impl FnMut(&mut World) -> bool,
-        max_steps: usize,
-    ) -> bool {
+    pub fn run_until(&mut self, mut done: impl FnMut(&mut World) -> bool, max_steps: usize) -> bool {
         for _ in 0..max_steps {
             if done(self) {
                 return true;
@@ -159,12 +124,7 @@ fn describe(packet: &InFlight) -> String {
     match PacketRepr::parse(&packet.bytes) {
         Ok(p) => {
             let bth = p.headers.bth;
-            let aeth = p
-                .headers
-                .ext
-                .aeth
-                .map(|a| format!(" {:?}", a.syndrome))
-                .unwrap_or_default();
+            let aeth = p.headers.ext.aeth.map(|a| format!(" {:?}", a.syndrome)).unwrap_or_default();
             format!(
                 "{} -> {} qp {:#x} {:?} psn {}{}{} len {}",
                 packet.from.ip(),
@@ -177,10 +137,6 @@ fn describe(packet: &InFlight) -> String {
                 p.payload.len()
             )
         }
-        Err(e) => format!(
-            "{} -> {} unparsable ({e})",
-            packet.from.ip(),
-            packet.to.ip()
-        ),
+        Err(e) => format!("{} -> {} unparsable ({e})", packet.from.ip(), packet.to.ip()),
     }
 }

@@ -1,41 +1,407 @@
-//! Every operation on a perfect network, checked byte for byte, and then
-//! the recovery paths one at a time on purpose.
+//! Every operation on a perfect network, checked byte for byte; then each
+//! recovery path driven on purpose: RNR, retransmission, a peer that dies.
 
-use softrnic_sim::harness::{Pair, PairOptions};
-use softrnic_transport::{RemoteAddr, SendOp, WcOpcode, WcStatus};
-
-fn fill(pair: &Pair, host: usize, offset: usize, bytes: &[u8]) {
-    pair.side(host).buffer.write(offset, bytes);
-}
+use softrnic_sim::Faults;
+use softrnic_sim::harness::{IOVA, Pair, PairOptions, QKEY};
+use softrnic_transport::{
+    Payload, Psn, QpAttr, QpState, QpType, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, UdDestination,
+    WcOpcode, WcStatus,
+};
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt)).collect()
+}
+
+fn remote(pair: &Pair, host: usize, offset: u64) -> RemoteAddr {
+    RemoteAddr { addr: IOVA + offset, rkey: pair.side(host).mr.rkey }
+}
+
+fn bytes(pair: &Pair, host: usize, offset: usize, len: usize) -> Vec<u8> {
+    pair.side(host).buffer.to_vec()[offset..offset + len].to_vec()
 }
 
 #[test]
 fn send_lands_in_the_posted_receive() {
     let mut pair = Pair::new(PairOptions::default());
     let data = pattern(3000, 7);
-    fill(&pair, 0, 0, &data);
+    pair.a.buffer.write(0, &data);
     pair.post_recv(1, 77, 8192, 4096);
-    pair.post(
-        0,
-        1,
-        SendOp::Send { imm: Some(0xabcd) },
-        pair.a.gather(0, 3000),
-    );
+    pair.post(0, 1, SendOp::Send { imm: Some(0xabcd) }, pair.a.gather(0, 3000));
     let sent = pair.wait(0, 1);
     let received = pair.wait(1, 1);
-    assert_eq!(sent.len(), 1);
-    assert_eq!(
-        (sent[0].wr_id, sent[0].status, sent[0].opcode),
-        (1, WcStatus::Success, WcOpcode::Send)
-    );
-    assert_eq!(received[0].wr_id, 77);
-    assert_eq!(received[0].status, WcStatus::Success);
+    assert_eq!((sent[0].wr_id, sent[0].status, sent[0].opcode), (1, WcStatus::Success, WcOpcode::Send));
+    assert_eq!(sent[0].byte_len, 3000);
+    assert_eq!((received[0].wr_id, received[0].status, received[0].opcode), (77, WcStatus::Success, WcOpcode::Recv));
     assert_eq!(received[0].byte_len, 3000);
     assert_eq!(received[0].imm_data, Some(0xabcd));
-    assert_eq!(&pair.b.buffer.to_vec()[8192..8192 + 3000], &data[..]);
+    assert_eq!(bytes(&pair, 1, 8192, 3000), data);
+    assert_eq!(bytes(&pair, 1, 8192 + 3000, 16), vec![0; 16], "bytes past the message are untouched");
+}
+
+#[test]
+fn send_gathers_and_scatters_across_sges_and_inline_data() {
+    let mut pair = Pair::new(PairOptions::default());
+    pair.a.buffer.write(0, b"hello, ");
+    pair.a.buffer.write(100, b"world");
+    let sges = vec![pair.a.sge(0, 7), pair.a.sge(100, 5)];
+    let recv = RecvWorkRequest { wr_id: 5, sges: vec![pair.b.sge(1000, 4), pair.b.sge(2000, 20)] };
+    let (now, qpn) = (pair.world.now, pair.b.qpn);
+    pair.world.device(1).post_recv(now, qpn, recv).unwrap();
+    pair.post_recv(1, 6, 3000, 64);
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Gather(sges));
+    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"inline!".to_vec()));
+    let [a, b] = pair.settle();
+    assert_eq!(a.len(), 2);
+    assert_eq!(b.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(), vec![(5, 12), (6, 7)]);
+    assert_eq!(bytes(&pair, 1, 1000, 4), b"hell");
+    assert_eq!(bytes(&pair, 1, 2000, 8), b"o, world");
+    assert_eq!(bytes(&pair, 1, 3000, 7), b"inline!");
+}
+
+#[test]
+fn rdma_write_with_and_without_immediate() {
+    let mut pair = Pair::new(PairOptions::default());
+    let data = pattern(5000, 3);
+    pair.a.buffer.write(0, &data);
+    pair.post(0, 1, SendOp::Write { remote: remote(&pair, 1, 10_000), imm: None }, pair.a.gather(0, 5000));
+    pair.post_recv(1, 9, 0, 0);
+    pair.post(0, 2, SendOp::Write { remote: remote(&pair, 1, 20_000), imm: Some(42) }, pair.a.gather(0, 100));
+    let [a, b] = pair.settle();
+    assert_eq!(
+        a.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcOpcode::RdmaWrite, WcStatus::Success), (2, WcOpcode::RdmaWrite, WcStatus::Success)]
+    );
+    assert_eq!(b.len(), 1, "only the write with immediate consumes a receive");
+    assert_eq!((b[0].wr_id, b[0].opcode, b[0].byte_len, b[0].imm_data), (9, WcOpcode::RecvRdmaWithImm, 100, Some(42)));
+    assert_eq!(bytes(&pair, 1, 10_000, 5000), data);
+    assert_eq!(bytes(&pair, 1, 20_000, 100), data[..100]);
+}
+
+#[test]
+fn rdma_read_of_many_packets() {
+    let mut pair = Pair::new(PairOptions::default());
+    let data = pattern(10_000, 9);
+    pair.b.buffer.write(30_000, &data);
+    pair.post(0, 1, SendOp::Read { remote: remote(&pair, 1, 30_000) }, pair.a.gather(500, 10_000));
+    let [a, b] = pair.settle();
+    assert_eq!((a[0].status, a[0].opcode, a[0].byte_len), (WcStatus::Success, WcOpcode::RdmaRead, 10_000));
+    assert!(b.is_empty(), "a READ completes nothing at the responder");
+    assert_eq!(bytes(&pair, 0, 500, 10_000), data);
+}
+
+#[test]
+fn atomics_compare_swap_and_fetch_add() {
+    let mut pair = Pair::new(PairOptions::default());
+    pair.b.buffer.write(64, &100u64.to_ne_bytes());
+    let target = remote(&pair, 1, 64);
+    pair.post(0, 1, SendOp::FetchAdd { remote: target, add: 5 }, pair.a.gather(0, 8));
+    pair.post(0, 2, SendOp::CompareSwap { remote: target, compare: 105, swap: 7 }, pair.a.gather(8, 8));
+    pair.post(0, 3, SendOp::CompareSwap { remote: target, compare: 105, swap: 9 }, pair.a.gather(16, 8));
+    let [a, _] = pair.settle();
+    assert!(a.iter().all(|c| c.status == WcStatus::Success));
+    assert_eq!(
+        a.iter().map(|c| c.opcode).collect::<Vec<_>>(),
+        vec![WcOpcode::FetchAdd, WcOpcode::CompSwap, WcOpcode::CompSwap]
+    );
+    let word = |pair: &Pair, host, at| u64::from_ne_bytes(bytes(pair, host, at, 8).try_into().unwrap());
+    assert_eq!(word(&pair, 0, 0), 100, "fetch-and-add returns the old value");
+    assert_eq!(word(&pair, 0, 8), 105, "the swap saw the sum");
+    assert_eq!(word(&pair, 0, 16), 7, "the second swap failed and returned the current value");
+    assert_eq!(word(&pair, 1, 64), 7);
+}
+
+#[test]
+fn zero_length_operations_complete() {
+    let mut pair = Pair::new(PairOptions::default());
+    pair.post_recv(1, 1, 0, 0);
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Gather(vec![]));
+    pair.post(0, 2, SendOp::Write { remote: RemoteAddr { addr: 0, rkey: 0xdead }, imm: None }, Payload::Gather(vec![]));
+    pair.post(0, 3, SendOp::Read { remote: RemoteAddr { addr: 0, rkey: 0xdead } }, Payload::Gather(vec![]));
+    let [a, b] = pair.settle();
+    assert_eq!(
+        a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]
+    );
+    assert_eq!((b[0].byte_len, b[0].status), (0, WcStatus::Success));
+}
+
+#[test]
+fn send_with_invalidate_reports_the_rkey() {
+    let mut pair = Pair::new(PairOptions::default());
+    pair.post_recv(1, 1, 0, 64);
+    pair.post(0, 1, SendOp::SendWithInvalidate { rkey: 0x1234 }, Payload::Inline(b"x".to_vec()));
+    let [_, b] = pair.settle();
+    assert_eq!(b[0].invalidated_rkey, Some(0x1234));
+}
+
+#[test]
+fn unsignalled_requests_complete_silently_in_order() {
+    let mut pair = Pair::new(PairOptions::default());
+    for id in 0..5 {
+        let mut wr = SendWorkRequest::new(
+            id,
+            SendOp::Write { remote: remote(&pair, 1, id * 8), imm: None },
+            Payload::Inline(vec![id as u8; 8]),
+        );
+        wr.signaled = id == 4;
+        pair.post_wr(0, wr);
+    }
+    let [a, _] = pair.settle();
+    assert_eq!(a.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![4]);
+    assert_eq!(bytes(&pair, 1, 0, 40), (0..5u8).flat_map(|i| [i; 8]).collect::<Vec<_>>());
+    let qpn = pair.a.qpn;
+    assert_eq!(pair.world.device(0).qp(qpn).unwrap().send_queue_len(), 0);
+}
+
+#[test]
+fn receiver_not_ready_is_retried_until_a_receive_is_posted() {
+    let mut pair = Pair::new(PairOptions { min_rnr_timer: 1, ..PairOptions::default() });
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"early".to_vec()));
+    // Let the sender meet a few RNR NAKs before the receive appears.
+    for _ in 0..20 {
+        pair.world.step();
+    }
+    assert!(pair.world.device(1).counters().rnr_naks_sent > 0);
+    pair.post_recv(1, 2, 0, 64);
+    let [a, b] = pair.settle();
+    assert_eq!((a[0].wr_id, a[0].status), (1, WcStatus::Success));
+    assert_eq!((b[0].wr_id, b[0].byte_len), (2, 5));
+    assert_eq!(bytes(&pair, 1, 0, 5), b"early");
+}
+
+#[test]
+fn rnr_retries_run_out() {
+    let mut pair = Pair::new(PairOptions { rnr_retry: 2, ..PairOptions::default() });
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"nobody listens".to_vec()));
+    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"queued".to_vec()));
+    let [a, _] = pair.settle();
+    assert_eq!(
+        a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::RnrRetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(pair.state(0), QpState::Error);
+    assert_eq!(pair.world.device(0).counters().rnr_naks_received, 3, "the first NAK and two retries");
+}
+
+#[test]
+fn a_dead_peer_exhausts_retries_and_flushes_everything() {
+    let mut pair = Pair::new(PairOptions { retry_cnt: 3, ..PairOptions::default() });
+    pair.post_recv(0, 100, 0, 64);
+    pair.world.hosts[1].up = false;
+    for id in 0..3 {
+        pair.post(0, id, SendOp::Write { remote: remote(&pair, 1, 0), imm: None }, Payload::Inline(vec![1; 16]));
+    }
+    let [a, _] = pair.settle();
+    let statuses: Vec<_> = a.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            (0, WcStatus::RetryExcErr),
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr),
+            (100, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(pair.state(0), QpState::Error);
+    assert_eq!(pair.world.device(0).counters().timeouts, 4, "the first try and three retries");
+    // Work posted to a QP in error completes at once, flushed.
+    pair.post(0, 7, SendOp::Send { imm: None }, Payload::Inline(vec![]));
+    let [a, _] = pair.settle();
+    assert_eq!((a[0].wr_id, a[0].status), (7, WcStatus::WrFlushErr));
+}
+
+#[test]
+fn a_peer_that_dies_mid_transfer_fails_the_transfer() {
+    let mut pair = Pair::new(PairOptions { retry_cnt: 2, ..PairOptions::default() });
+    let data = pattern(60_000, 1);
+    pair.a.buffer.write(0, &data);
+    pair.post(0, 1, SendOp::Write { remote: remote(&pair, 1, 0), imm: None }, pair.a.gather(0, 60_000));
+    for _ in 0..10 {
+        pair.world.step();
+    }
+    pair.world.hosts[1].up = false;
+    let [a, _] = pair.settle();
+    assert_eq!((a[0].wr_id, a[0].status), (1, WcStatus::RetryExcErr));
+    assert_eq!(pair.state(0), QpState::Error);
+}
+
+#[test]
+fn heavy_loss_is_recovered_by_retransmission() {
+    let faults = Faults { loss: 0.2, ..Faults::NONE };
+    let mut pair =
+        Pair::new(PairOptions { faults, seed: 7, mtu: softrnic_transport::Mtu::Mtu256, ..PairOptions::default() });
+    let data = pattern(40_000, 5);
+    pair.a.buffer.write(0, &data);
+    pair.b.buffer.write(0, &data);
+    pair.post(0, 1, SendOp::Write { remote: remote(&pair, 1, 20_000), imm: None }, pair.a.gather(0, 40_000));
+    pair.post(0, 2, SendOp::Read { remote: remote(&pair, 1, 0) }, pair.a.gather(40_000, 20_000));
+    let [a, _] = pair.settle();
+    assert_eq!(
+        a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(bytes(&pair, 1, 20_000, 40_000), data);
+    assert_eq!(bytes(&pair, 0, 40_000, 20_000), data[..20_000]);
+    assert!(pair.world.device(0).counters().retransmitted_packets > 0);
+    assert!(pair.world.network.stats.dropped > 0);
+}
+
+#[test]
+fn psns_wrap_around_2_pow_24() {
+    let mut pair = Pair::new(PairOptions { mtu: softrnic_transport::Mtu::Mtu256, ..PairOptions::default() });
+    // Reconnect both QPs with PSNs a few packets before the wrap.
+    let now = pair.world.now;
+    for (host, peer) in [(0usize, 1usize), (1, 0)] {
+        let (qpn, peer_qpn, peer_ip) = (pair.side(host).qpn, pair.side(peer).qpn, pair.world.ip(peer));
+        let device = pair.world.device(host);
+        device.modify_qp(now, qpn, &QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
+        for attr in [
+            QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                access: Some(softrnic_transport::Access::REMOTE),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                remote_addr: Some(peer_ip),
+                path_mtu: Some(softrnic_transport::Mtu::Mtu256),
+                dest_qpn: Some(peer_qpn),
+                rq_psn: Some(Psn::new(0xff_fff0)),
+                max_dest_rd_atomic: Some(4),
+                min_rnr_timer: Some(1),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(Psn::new(0xff_fff0)),
+                timeout: Some(10),
+                retry_cnt: Some(7),
+                rnr_retry: Some(7),
+                max_rd_atomic: Some(4),
+                ..QpAttr::default()
+            },
+        ] {
+            device.modify_qp(now, qpn, &attr).unwrap();
+        }
+    }
+    let data = pattern(256 * 40, 11);
+    pair.a.buffer.write(0, &data);
+    pair.post(0, 1, SendOp::Write { remote: remote(&pair, 1, 0), imm: None }, pair.a.gather(0, data.len() as u32));
+    let [a, _] = pair.settle();
+    assert_eq!(a[0].status, WcStatus::Success);
+    assert_eq!(bytes(&pair, 1, 0, data.len()), data);
+}
+
+#[test]
+fn the_state_machine_guards_posting_and_flushes_on_error() {
+    let mut pair = Pair::new(PairOptions::default());
+    let (now, qpn) = (pair.world.now, pair.a.qpn);
+    let device = pair.world.device(0);
+    let err = device.modify_qp(now, qpn, &QpAttr { state: Some(QpState::Rtr), ..QpAttr::default() }).unwrap_err();
+    assert!(err.to_string().contains("from Rts to Rtr"), "{err}");
+    device.post_recv(now, qpn, RecvWorkRequest { wr_id: 1, sges: vec![] }).unwrap();
+    device.post_recv(now, qpn, RecvWorkRequest { wr_id: 2, sges: vec![] }).unwrap();
+    device.modify_qp(now, qpn, &QpAttr { state: Some(QpState::Error), ..QpAttr::default() }).unwrap();
+    let [a, _] = pair.settle();
+    assert_eq!(
+        a.iter().map(|c| (c.wr_id, c.status, c.opcode)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::WrFlushErr, WcOpcode::Recv), (2, WcStatus::WrFlushErr, WcOpcode::Recv)]
+    );
+    // RESET, then INIT: sends are refused until RTS.
+    let device = pair.world.device(0);
+    device.modify_qp(now, qpn, &QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
+    device
+        .modify_qp(
+            now,
+            qpn,
+            &QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                access: Some(softrnic_transport::Access::REMOTE),
+                ..QpAttr::default()
+            },
+        )
+        .unwrap();
+    let err = device
+        .post_send(now, qpn, SendWorkRequest::new(3, SendOp::Send { imm: None }, Payload::Inline(vec![])))
+        .unwrap_err();
+    assert!(err.to_string().contains("move it to RTS"), "{err}");
+    assert_eq!(err.errno(), 22);
+}
+
+#[test]
+fn full_queues_are_refused_with_enomem() {
+    let mut pair = Pair::new(PairOptions::default());
+    let (now, qpn) = (pair.world.now, pair.b.qpn);
+    let device = pair.world.device(1);
+    for id in 0..128 {
+        device.post_recv(now, qpn, RecvWorkRequest { wr_id: id, sges: vec![] }).unwrap();
+    }
+    let err = device.post_recv(now, qpn, RecvWorkRequest { wr_id: 999, sges: vec![] }).unwrap_err();
+    assert_eq!(err.errno(), 12, "{err}");
+}
+
+#[test]
+fn completion_notification_fires_when_armed() {
+    let mut pair = Pair::new(PairOptions::default());
+    let cq = pair.b.cq;
+    pair.world.device(1).request_notify_cq(cq, false).unwrap();
+    pair.post_recv(1, 1, 0, 64);
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"ping".to_vec()));
+    pair.settle();
+    assert_eq!(pair.world.device(1).poll_cq_notification(), Some(cq));
+    assert_eq!(pair.world.device(1).poll_cq_notification(), None);
+}
+
+fn ud_pair() -> Pair {
+    Pair::new(PairOptions { qp_type: QpType::Ud, ..PairOptions::default() })
+}
+
+fn ud_send(pair: &mut Pair, wr_id: u64, data: &[u8], qkey: u32) {
+    let dest = UdDestination { addr: pair.world.ip(1), qpn: pair.b.qpn, qkey };
+    let mut wr = SendWorkRequest::new(wr_id, SendOp::Send { imm: Some(5) }, Payload::Inline(data.to_vec()));
+    wr.ud = Some(dest);
+    pair.post_wr(0, wr);
+}
+
+#[test]
+fn ud_datagrams_arrive_behind_a_grh() {
+    let mut pair = ud_pair();
+    pair.post_recv(1, 1, 0, 40 + 64);
+    ud_send(&mut pair, 9, b"datagram", QKEY);
+    let [a, b] = pair.settle();
+    assert_eq!((a[0].wr_id, a[0].status), (9, WcStatus::Success));
+    let c = b[0];
+    assert_eq!((c.status, c.byte_len, c.src_qp, c.grh, c.imm_data), (WcStatus::Success, 48, pair.a.qpn, true, Some(5)));
+    assert_eq!(c.source, Some(pair.world.ip(0)));
+    let grh = bytes(&pair, 1, 0, 40);
+    assert_eq!(grh[20], 0x45, "an IPv4 header in the last 20 bytes of the GRH");
+    assert_eq!(&grh[32..36], &[127, 0, 0, 2], "source address");
+    assert_eq!(bytes(&pair, 1, 40, 8), b"datagram");
+}
+
+#[test]
+fn ud_drops_wrong_qkeys_and_unexpected_datagrams() {
+    let mut pair = ud_pair();
+    ud_send(&mut pair, 1, b"no receive posted", QKEY);
+    ud_send(&mut pair, 2, b"wrong key", QKEY ^ 1);
+    let [a, b] = pair.settle();
+    assert_eq!(a.len(), 2, "UD sends complete when sent");
+    assert!(b.is_empty());
+    let counters = pair.world.device(1).counters();
+    assert_eq!((counters.rx_no_receive_posted, counters.rx_qkey_violations), (1, 1));
+}
+
+#[test]
+fn ud_messages_longer_than_the_mtu_fail_locally() {
+    let mut pair = ud_pair();
+    let mut wr = SendWorkRequest::new(1, SendOp::Send { imm: None }, pair.a.gather(0, 5000));
+    wr.ud = Some(UdDestination { addr: pair.world.ip(1), qpn: pair.b.qpn, qkey: QKEY });
+    pair.post_wr(0, wr);
+    let [a, _] = pair.settle();
+    assert_eq!(a[0].status, WcStatus::LocLenErr);
+    assert_eq!(pair.state(0), QpState::Sqe);
 }

@@ -9,10 +9,7 @@
 use softrnic_sim::scenario::{self, Limits};
 
 fn env(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| {
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name} must be a number, not {v:?}"))
-    })
+    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name} must be a number, not {v:?}")))
 }
 
 #[test]
@@ -35,9 +32,9 @@ fn random_workloads_survive_a_hostile_network() {
                 totals[4] += outcome.duplicates;
                 totals[5] += outcome.icrc_drops;
             }
-            Err(failure) => panic!(
-                "{failure}\nreplay with: SOFTRNIC_SIM_SEED={seed} cargo test -p softrnic-sim --test simulation"
-            ),
+            Err(failure) => {
+                panic!("{failure}\nreplay with: SOFTRNIC_SIM_SEED={seed} cargo test -p softrnic-sim --test simulation")
+            }
         }
     }
     println!(
@@ -52,19 +49,13 @@ fn random_workloads_survive_a_hostile_network() {
     );
     // The faults must actually have exercised the recovery paths.
     if seeds.len() >= 100 {
-        assert!(
-            totals.iter().all(|&t| t > 0),
-            "some recovery path never ran: {totals:?}"
-        );
+        assert!(totals.iter().all(|&t| t > 0), "some recovery path never ran: {totals:?}");
     }
 }
 
 #[test]
 fn a_perfect_network_needs_no_recovery() {
-    let limits = Limits {
-        max_fault: 0.0,
-        ..Limits::default()
-    };
+    let limits = Limits { max_fault: 0.0, ..Limits::default() };
     for seed in 0..50 {
         let outcome = scenario::run(seed, limits).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(outcome.network.dropped, 0);

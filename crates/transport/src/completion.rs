@@ -207,14 +207,8 @@ impl CompletionQueues {
     /// Arms the queue to notify on its next completion (or next solicited
     /// one).
     pub fn request_notify(&mut self, cq: CqId, solicited_only: bool) -> crate::Result<()> {
-        let queue = self
-            .get_mut(cq)
-            .ok_or(crate::VerbsError::NotFound("completion queue"))?;
-        queue.armed = if solicited_only {
-            Armed::SolicitedOnly
-        } else {
-            Armed::NextCompletion
-        };
+        let queue = self.get_mut(cq).ok_or(crate::VerbsError::NotFound("completion queue"))?;
+        queue.armed = if solicited_only { Armed::SolicitedOnly } else { Armed::NextCompletion };
         Ok(())
     }
 
@@ -229,10 +223,7 @@ impl CompletionQueues {
     }
 
     pub fn len(&self, cq: CqId) -> usize {
-        self.queues
-            .get(cq.0 as usize)
-            .and_then(Option::as_ref)
-            .map_or(0, |q| q.entries.len())
+        self.queues.get(cq.0 as usize).and_then(Option::as_ref).map_or(0, |q| q.entries.len())
     }
 }
 
@@ -271,13 +262,7 @@ mod tests {
         cqs.request_notify(cq, true).unwrap();
         cqs.push(cq, done(3));
         assert_eq!(cqs.poll_notification(), None);
-        cqs.push(
-            cq,
-            Completion {
-                solicited: true,
-                ..done(4)
-            },
-        );
+        cqs.push(cq, Completion { solicited: true, ..done(4) });
         assert_eq!(cqs.poll_notification(), Some(cq));
     }
 }

@@ -182,23 +182,13 @@ impl Device {
         self.memory.pd_users(init.pd, 1)?;
         self.cqs.add_user(init.send_cq, 1);
         self.cqs.add_user(init.recv_cq, 1);
-        self.qps.insert(
-            qpn,
-            QpSlot {
-                qp: QueuePair::new(qpn, init),
-                ready: false,
-                scheduled: None,
-            },
-        );
+        self.qps.insert(qpn, QpSlot { qp: QueuePair::new(qpn, init), ready: false, scheduled: None });
         Ok(qpn)
     }
 
     /// Destroys a QP; its outstanding work requests vanish without completions.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
-        let slot = self
-            .qps
-            .remove(&qpn)
-            .ok_or(VerbsError::NotFound("queue pair"))?;
+        let slot = self.qps.remove(&qpn).ok_or(VerbsError::NotFound("queue pair"))?;
         let init = *slot.qp.init_attr();
         self.memory.pd_users(init.pd, -1)?;
         self.cqs.add_user(init.send_cq, -1);
@@ -230,10 +220,7 @@ impl Device {
         qpn: u32,
         f: impl FnOnce(&mut QueuePair, &mut Ctx) -> Result<()>,
     ) -> Result<()> {
-        let slot = self
-            .qps
-            .get_mut(&qpn)
-            .ok_or(VerbsError::NotFound("queue pair"))?;
+        let slot = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("queue pair"))?;
         let mut ctx = ctx!(self, now);
         let out = f(&mut slot.qp, &mut ctx);
         self.reschedule(qpn);
@@ -272,12 +259,8 @@ impl Device {
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) {
         self.counters.rx_packets += 1;
         self.counters.rx_bytes += datagram.len() as u64;
-        let flow = UdpFlow {
-            src: from.ip(),
-            dst: self.config.local_addr,
-            src_port: from.port(),
-            dst_port: ROCEV2_UDP_PORT,
-        };
+        let flow =
+            UdpFlow { src: from.ip(), dst: self.config.local_addr, src_port: from.port(), dst_port: ROCEV2_UDP_PORT };
         if flow.verify(datagram).is_err() {
             self.counters.rx_icrc_errors += 1;
             return;

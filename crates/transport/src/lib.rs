@@ -26,6 +26,4 @@ pub use memory::{Access, DmaBuffer, MrKeys, PdId};
 pub use qp::{Mtu, QpAttr, QpCaps, QpInitAttr, QpState, QpType, Transmit};
 pub use softrnic_wire::Psn;
 pub use time::Instant;
-pub use work_request::{
-    Payload, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, UdDestination,
-};
+pub use work_request::{Payload, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, UdDestination};

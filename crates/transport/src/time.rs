@@ -28,10 +28,7 @@ impl Instant {
 impl Add<Duration> for Instant {
     type Output = Instant;
     fn add(self, rhs: Duration) -> Instant {
-        Instant(
-            self.0
-                .saturating_add(u64::try_from(rhs.as_nanos()).unwrap_or(u64::MAX)),
-        )
+        Instant(self.0.saturating_add(u64::try_from(rhs.as_nanos()).unwrap_or(u64::MAX)))
     }
 }
 

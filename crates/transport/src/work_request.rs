@@ -26,18 +26,11 @@ pub enum SendOp {
     /// SEND that asks the responder to invalidate `rkey`.
     SendWithInvalidate { rkey: u32 },
     /// RDMA WRITE, optionally with immediate data (which consumes a receive).
-    Write {
-        remote: RemoteAddr,
-        imm: Option<u32>,
-    },
+    Write { remote: RemoteAddr, imm: Option<u32> },
     /// RDMA READ into the local scatter list.
     Read { remote: RemoteAddr },
     /// 64-bit compare-and-swap; the original value lands in the local SGE.
-    CompareSwap {
-        remote: RemoteAddr,
-        compare: u64,
-        swap: u64,
-    },
+    CompareSwap { remote: RemoteAddr, compare: u64, swap: u64 },
     /// 64-bit fetch-and-add; the original value lands in the local SGE.
     FetchAdd { remote: RemoteAddr, add: u64 },
 }
@@ -45,10 +38,7 @@ pub enum SendOp {
 impl SendOp {
     /// Does the NIC write the result into local memory (READ, ATOMIC)?
     pub fn writes_locally(&self) -> bool {
-        matches!(
-            self,
-            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
-        )
+        matches!(self, SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
 
     pub fn is_atomic(&self) -> bool {
@@ -120,15 +110,7 @@ pub struct SendWorkRequest {
 impl SendWorkRequest {
     /// A signalled request with no flags.
     pub fn new(wr_id: u64, op: SendOp, payload: Payload) -> SendWorkRequest {
-        SendWorkRequest {
-            wr_id,
-            op,
-            payload,
-            signaled: true,
-            fence: false,
-            solicited: false,
-            ud: None,
-        }
+        SendWorkRequest { wr_id, op, payload, signaled: true, fence: false, solicited: false, ud: None }
     }
 }
 

@@ -116,10 +116,7 @@ pub struct Repr {
 impl Repr {
     pub fn parse<T: AsRef<[u8]>>(header: &Header<T>) -> Result<Repr> {
         header.check_len()?;
-        Ok(Repr {
-            syndrome: Syndrome::from_byte(header.syndrome_byte())?,
-            msn: header.msn(),
-        })
+        Ok(Repr { syndrome: Syndrome::from_byte(header.syndrome_byte())?, msn: header.msn() })
     }
 
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, header: &mut Header<T>) {
@@ -131,8 +128,8 @@ impl Repr {
 /// End-to-end credits for each 5-bit credit code (IBTA table 45); the code
 /// 31 means "unlimited".
 const CREDITS: [u32; 31] = [
-    0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
-    2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+    0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144,
+    8192, 12288, 16384, 24576, 32768,
 ];
 
 /// The largest credit code that does not promise more than `credits`
@@ -149,8 +146,8 @@ pub fn credits_of_code(code: u8) -> Option<u32> {
 /// Minimum RNR NAK wait for each 5-bit timer code, in units of 10 µs
 /// (IBTA table 45, "RNR NAK timer field"); code 0 is the longest.
 const RNR_TIMER_10US: [u32; 32] = [
-    65536, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
-    2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152,
+    65536, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
+    6144, 8192, 12288, 16384, 24576, 32768, 49152,
 ];
 
 /// The minimum wait an RNR NAK timer code asks for, in nanoseconds.
@@ -167,18 +164,9 @@ mod tests {
         assert_eq!(Syndrome::Nak(NakCode::PsnSequenceError).to_byte(), 0x60);
         assert_eq!(Syndrome::Nak(NakCode::InvalidRequest).to_byte(), 0x61);
         assert_eq!(Syndrome::Nak(NakCode::RemoteAccessError).to_byte(), 0x62);
-        assert_eq!(
-            Syndrome::Nak(NakCode::RemoteOperationalError).to_byte(),
-            0x63
-        );
+        assert_eq!(Syndrome::Nak(NakCode::RemoteOperationalError).to_byte(), 0x63);
         assert_eq!(Syndrome::RnrNak { timer: 14 }.to_byte(), 0x2e);
-        assert_eq!(
-            Syndrome::Ack {
-                credit_code: CREDITS_UNLIMITED
-            }
-            .to_byte(),
-            0x1f
-        );
+        assert_eq!(Syndrome::Ack { credit_code: CREDITS_UNLIMITED }.to_byte(), 0x1f);
         for byte in 0..=0x7fu8 {
             if let Ok(s) = Syndrome::from_byte(byte) {
                 assert_eq!(s.to_byte(), byte);
@@ -192,14 +180,8 @@ mod tests {
     #[test]
     fn parses_and_emits_literal_bytes() {
         let bytes = [0x62u8, 0x00, 0x01, 0x02];
-        let repr = Repr {
-            syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
-            msn: 0x102,
-        };
-        assert_eq!(
-            Repr::parse(&Header::new_checked(&bytes[..]).unwrap()),
-            Ok(repr)
-        );
+        let repr = Repr { syndrome: Syndrome::Nak(NakCode::RemoteAccessError), msn: 0x102 };
+        assert_eq!(Repr::parse(&Header::new_checked(&bytes[..]).unwrap()), Ok(repr));
         let mut out = [0u8; 4];
         repr.emit(&mut Header::new_unchecked(&mut out[..]));
         assert_eq!(out, bytes);

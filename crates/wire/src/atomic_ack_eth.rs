@@ -35,10 +35,7 @@ mod tests {
     #[test]
     fn literal_bytes() {
         let bytes = [0x01u8, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef];
-        assert_eq!(
-            parse(&Header::new_unchecked(&bytes[..])),
-            Ok(0x0123_4567_89ab_cdef)
-        );
+        assert_eq!(parse(&Header::new_unchecked(&bytes[..])), Ok(0x0123_4567_89ab_cdef));
         let mut out = [0u8; 8];
         Header::new_unchecked(&mut out[..]).set_original(0x0123_4567_89ab_cdef);
         assert_eq!(out, bytes);

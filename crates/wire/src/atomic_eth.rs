@@ -90,16 +90,8 @@ mod tests {
             0, 0, 0, 0, 0, 0, 0, 0x2a, // swap/add
             0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe, // compare
         ];
-        let repr = Repr {
-            virtual_address: 0x1008,
-            rkey: 0x301,
-            swap_or_add: 42,
-            compare: u64::MAX - 1,
-        };
-        assert_eq!(
-            Repr::parse(&Header::new_checked(&bytes[..]).unwrap()),
-            Ok(repr)
-        );
+        let repr = Repr { virtual_address: 0x1008, rkey: 0x301, swap_or_add: 42, compare: u64::MAX - 1 };
+        assert_eq!(Repr::parse(&Header::new_checked(&bytes[..]).unwrap()), Ok(repr));
         let mut out = [0u8; 28];
         repr.emit(&mut Header::new_unchecked(&mut out[..]));
         assert_eq!(out, bytes);

@@ -63,10 +63,7 @@ impl<T: AsRef<[u8]>> Header<T> {
         self.bytes()[field::FLAGS] & TVER_MASK
     }
     pub fn pkey(&self) -> u16 {
-        u16::from_be_bytes([
-            self.bytes()[field::PKEY.start],
-            self.bytes()[field::PKEY.start + 1],
-        ])
+        u16::from_be_bytes([self.bytes()[field::PKEY.start], self.bytes()[field::PKEY.start + 1]])
     }
     pub fn fecn(&self) -> bool {
         self.bytes()[field::ECN] & FECN != 0
@@ -197,9 +194,7 @@ mod tests {
     use super::*;
 
     // RC SEND_ONLY to QP 0x11, PSN 0x123456, AckReq set, default P_Key.
-    const BYTES: [u8; 12] = [
-        0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x12, 0x34, 0x56,
-    ];
+    const BYTES: [u8; 12] = [0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x12, 0x34, 0x56];
 
     fn repr() -> Repr {
         Repr {
@@ -245,32 +240,18 @@ mod tests {
         };
         let mut bytes = [0u8; 12];
         r.emit(&mut Header::new_unchecked(&mut bytes[..]));
-        assert_eq!(
-            bytes,
-            [
-                0x09, 0xf0, 0x80, 0x01, 0xc0, 0xab, 0xcd, 0xef, 0x00, 0xfe, 0xdc, 0xba
-            ]
-        );
+        assert_eq!(bytes, [0x09, 0xf0, 0x80, 0x01, 0xc0, 0xab, 0xcd, 0xef, 0x00, 0xfe, 0xdc, 0xba]);
         assert_eq!(Repr::parse(&Header::new_unchecked(&bytes[..])), Ok(r));
     }
 
     #[test]
     fn rejects_short_buffers_versions_and_opcodes() {
-        assert_eq!(
-            Header::new_checked(&BYTES[..11]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(Header::new_checked(&BYTES[..11]).unwrap_err(), Error::Truncated);
         let mut bytes = BYTES;
         bytes[1] = 0x01;
-        assert_eq!(
-            Repr::parse(&Header::new_unchecked(&bytes[..])),
-            Err(Error::UnsupportedVersion(1))
-        );
+        assert_eq!(Repr::parse(&Header::new_unchecked(&bytes[..])), Err(Error::UnsupportedVersion(1)));
         bytes[1] = 0;
         bytes[0] = 0x15;
-        assert_eq!(
-            Repr::parse(&Header::new_unchecked(&bytes[..])),
-            Err(Error::UnknownOpcode(0x15))
-        );
+        assert_eq!(Repr::parse(&Header::new_unchecked(&bytes[..])), Err(Error::UnknownOpcode(0x15)));
     }
 }

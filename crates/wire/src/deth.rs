@@ -45,10 +45,7 @@ pub struct Repr {
 impl Repr {
     pub fn parse<T: AsRef<[u8]>>(header: &Header<T>) -> Result<Repr> {
         header.check_len()?;
-        Ok(Repr {
-            qkey: header.qkey(),
-            src_qpn: header.src_qpn(),
-        })
+        Ok(Repr { qkey: header.qkey(), src_qpn: header.src_qpn() })
     }
 
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, header: &mut Header<T>) {
@@ -64,14 +61,8 @@ mod tests {
     #[test]
     fn parses_and_emits_literal_bytes() {
         let bytes = [0x11u8, 0x11, 0x11, 0x11, 0x00, 0x00, 0x01, 0x2c];
-        let repr = Repr {
-            qkey: 0x1111_1111,
-            src_qpn: 0x12c,
-        };
-        assert_eq!(
-            Repr::parse(&Header::new_checked(&bytes[..]).unwrap()),
-            Ok(repr)
-        );
+        let repr = Repr { qkey: 0x1111_1111, src_qpn: 0x12c };
+        assert_eq!(Repr::parse(&Header::new_checked(&bytes[..]).unwrap()), Ok(repr));
         let mut out = [0xffu8; 8];
         repr.emit(&mut Header::new_unchecked(&mut out[..]));
         assert_eq!(out, bytes);

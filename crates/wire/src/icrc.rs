@@ -50,8 +50,7 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> 
             hasher.update(&masked[..ihl]);
         }
         6 => {
-            let mut masked: [u8; IPV6_HEADER_LEN] =
-                ip_header.try_into().map_err(|_| Error::Truncated)?;
+            let mut masked: [u8; IPV6_HEADER_LEN] = ip_header.try_into().map_err(|_| Error::Truncated)?;
             mask_ipv6(&mut masked);
             hasher.update(&masked);
         }
@@ -94,27 +93,19 @@ pub struct UdpFlow {
 impl UdpFlow {
     /// The same flow seen from the other end.
     pub fn reversed(self) -> UdpFlow {
-        UdpFlow {
-            src: self.dst,
-            dst: self.src,
-            src_port: self.dst_port,
-            dst_port: self.src_port,
-        }
+        UdpFlow { src: self.dst, dst: self.src, src_port: self.dst_port, dst_port: self.src_port }
     }
 
     /// The ICRC of `roce` (BTH through pad) in this flow.
     pub fn icrc(&self, roce: &[u8]) -> Result<u32> {
-        let udp_len =
-            u16::try_from(UDP_HEADER_LEN + roce.len() + ICRC_LEN).map_err(|_| Error::Truncated)?;
+        let udp_len = u16::try_from(UDP_HEADER_LEN + roce.len() + ICRC_LEN).map_err(|_| Error::Truncated)?;
         let mut udp = [0u8; UDP_HEADER_LEN];
         udp[0..2].copy_from_slice(&self.src_port.to_be_bytes());
         udp[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
         udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
         match (self.src, self.dst) {
             (IpAddr::V4(src), IpAddr::V4(dst)) => {
-                let total = (IPV4_HEADER_LEN as u16)
-                    .checked_add(udp_len)
-                    .ok_or(Error::Truncated)?;
+                let total = (IPV4_HEADER_LEN as u16).checked_add(udp_len).ok_or(Error::Truncated)?;
                 let mut ip = [0u8; IPV4_HEADER_LEN];
                 ip[0] = 0x45;
                 ip[2..4].copy_from_slice(&total.to_be_bytes());
@@ -154,11 +145,7 @@ impl UdpFlow {
             return Err(Error::Truncated);
         }
         let carried = u32::from_le_bytes(packet[body..].try_into().expect("4 bytes"));
-        if self.icrc(&packet[..body])? == carried {
-            Ok(())
-        } else {
-            Err(Error::BadIcrc)
-        }
+        if self.icrc(&packet[..body])? == carried { Ok(()) } else { Err(Error::BadIcrc) }
     }
 }
 
@@ -168,10 +155,7 @@ mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
     }
 
     /// IPv4 10.0.0.1 -> 10.0.0.2, UDP 49152 -> 4791, RC SEND_ONLY to QP 0x11,
@@ -199,10 +183,7 @@ mod tests {
         bytes[28 + 4] = 0x40; // BECN
         let (ip, rest) = bytes.split_at(20);
         let (udp, roce) = rest.split_at(8);
-        assert_eq!(
-            compute(ip, udp, &roce[..roce.len() - 4]).unwrap(),
-            0x32cb_fc32
-        );
+        assert_eq!(compute(ip, udp, &roce[..roce.len() - 4]).unwrap(), 0x32cb_fc32);
     }
 
     #[test]
@@ -214,11 +195,7 @@ mod tests {
             let (ip, rest) = flipped.split_at(20);
             let (udp, roce) = rest.split_at(8);
             // Byte 4 of the IPv4 header is the ID; 28.. is the BTH onward.
-            assert_ne!(
-                compute(ip, udp, &roce[..roce.len() - 4]).unwrap(),
-                0x32cb_fc32,
-                "byte {index}"
-            );
+            assert_ne!(compute(ip, udp, &roce[..roce.len() - 4]).unwrap(), 0x32cb_fc32, "byte {index}");
         }
     }
 
@@ -268,29 +245,16 @@ mod tests {
         udp[0..2].copy_from_slice(&4791u16.to_be_bytes());
         udp[2..4].copy_from_slice(&4791u16.to_be_bytes());
         udp[4..6].copy_from_slice(&((8 + roce.len() + 4) as u16).to_be_bytes());
-        assert_eq!(
-            compute(&ip, &udp, &roce).unwrap(),
-            flow.icrc(&roce).unwrap()
-        );
+        assert_eq!(compute(&ip, &udp, &roce).unwrap(), flow.icrc(&roce).unwrap());
     }
 
     #[test]
     fn mixed_families_and_short_inputs_are_errors() {
-        let flow = UdpFlow {
-            src: Ipv4Addr::LOCALHOST.into(),
-            dst: Ipv6Addr::LOCALHOST.into(),
-            src_port: 1,
-            dst_port: 2,
-        };
+        let flow =
+            UdpFlow { src: Ipv4Addr::LOCALHOST.into(), dst: Ipv6Addr::LOCALHOST.into(), src_port: 1, dst_port: 2 };
         assert_eq!(flow.icrc(&[0u8; 12]), Err(Error::Reserved));
-        assert_eq!(
-            compute(&[0x45; 19], &[0; 8], &[0; 12]),
-            Err(Error::Truncated)
-        );
+        assert_eq!(compute(&[0x45; 19], &[0; 8], &[0; 12]), Err(Error::Truncated));
         assert_eq!(compute(&[], &[0; 8], &[0; 12]), Err(Error::Truncated));
-        assert_eq!(
-            compute(&[0x45; 20], &[0; 7], &[0; 12]),
-            Err(Error::Truncated)
-        );
+        assert_eq!(compute(&[0x45; 20], &[0; 7], &[0; 12]), Err(Error::Truncated));
     }
 }

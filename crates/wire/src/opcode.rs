@@ -122,9 +122,7 @@ impl Opcode {
             reserved: 0,
         };
         match self {
-            RcSendFirst | RcSendMiddle | RcSendLast | RcSendOnly | RcWriteMiddle | RcWriteLast => {
-                l.payload = true
-            }
+            RcSendFirst | RcSendMiddle | RcSendLast | RcSendOnly | RcWriteMiddle | RcWriteLast => l.payload = true,
             RcSendLastImm | RcSendOnlyImm | RcWriteLastImm => {
                 l.immdt = true;
                 l.payload = true;
@@ -188,20 +186,18 @@ impl Opcode {
         match self {
             RcSendFirst | RcWriteFirst | RcReadResponseFirst => Some(Position::First),
             RcSendMiddle | RcWriteMiddle | RcReadResponseMiddle => Some(Position::Middle),
-            RcSendLast | RcSendLastImm | RcSendLastInv | RcWriteLast | RcWriteLastImm
-            | RcReadResponseLast => Some(Position::Last),
-            RcSendOnly | RcSendOnlyImm | RcSendOnlyInv | RcWriteOnly | RcWriteOnlyImm
-            | RcReadResponseOnly | RcReadRequest | RcCompareSwap | RcFetchAdd | UdSendOnly
-            | UdSendOnlyImm => Some(Position::Only),
+            RcSendLast | RcSendLastImm | RcSendLastInv | RcWriteLast | RcWriteLastImm | RcReadResponseLast => {
+                Some(Position::Last)
+            }
+            RcSendOnly | RcSendOnlyImm | RcSendOnlyInv | RcWriteOnly | RcWriteOnlyImm | RcReadResponseOnly
+            | RcReadRequest | RcCompareSwap | RcFetchAdd | UdSendOnly | UdSendOnlyImm => Some(Position::Only),
             RcAck | RcAtomicAck | Cnp => None,
         }
     }
 
     /// Is this a SEND of any kind (RC or UD)?
     pub const fn is_send(self) -> bool {
-        (self as u8) <= 0x05
-            || matches!(self, Opcode::RcSendLastInv | Opcode::RcSendOnlyInv)
-            || self.is_ud()
+        (self as u8) <= 0x05 || matches!(self, Opcode::RcSendLastInv | Opcode::RcSendOnlyInv) || self.is_ud()
     }
 
     /// Is this an RDMA WRITE packet?
@@ -240,11 +236,7 @@ impl TryFrom<u8> for Opcode {
     type Error = Error;
 
     fn try_from(value: u8) -> Result<Self, Error> {
-        Opcode::ALL
-            .iter()
-            .copied()
-            .find(|op| *op as u8 == value)
-            .ok_or(Error::UnknownOpcode(value))
+        Opcode::ALL.iter().copied().find(|op| *op as u8 == value).ok_or(Error::UnknownOpcode(value))
     }
 }
 

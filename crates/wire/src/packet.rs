@@ -140,9 +140,7 @@ impl Headers {
     pub fn emit_packet(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
         let start = self.len();
         let end = start.checked_add(payload.len()).ok_or(Error::Truncated)?;
-        buf.get_mut(start..end)
-            .ok_or(Error::Truncated)?
-            .copy_from_slice(payload);
+        buf.get_mut(start..end).ok_or(Error::Truncated)?.copy_from_slice(payload);
         self.emit_around_payload(buf, payload.len())
     }
 }
@@ -153,10 +151,7 @@ impl<'a> PacketRepr<'a> {
         let bth = bth::Repr::parse(&bth::Header::new_checked(datagram)?)?;
         let layout = bth.opcode.layout();
         let header_len = bth::Header::<&[u8]>::LEN + bth.opcode.extension_len();
-        let body_len = datagram
-            .len()
-            .checked_sub(header_len + ICRC_LEN)
-            .ok_or(Error::Truncated)?;
+        let body_len = datagram.len().checked_sub(header_len + ICRC_LEN).ok_or(Error::Truncated)?;
         let pad = usize::from(bth.pad_count);
         if body_len % 4 != 0 || pad > body_len || (!layout.payload && body_len != 0) {
             return Err(Error::BadPadding);
@@ -165,15 +160,11 @@ impl<'a> PacketRepr<'a> {
         let mut ext = Extensions::default();
         let mut at = bth::Header::<&[u8]>::LEN;
         if layout.deth {
-            ext.deth = Some(deth::Repr::parse(&deth::Header::new_checked(
-                &datagram[at..],
-            )?)?);
+            ext.deth = Some(deth::Repr::parse(&deth::Header::new_checked(&datagram[at..])?)?);
             at += deth::Header::<&[u8]>::LEN;
         }
         if layout.reth {
-            ext.reth = Some(reth::Repr::parse(&reth::Header::new_checked(
-                &datagram[at..],
-            )?)?);
+            ext.reth = Some(reth::Repr::parse(&reth::Header::new_checked(&datagram[at..])?)?);
             at += reth::Header::<&[u8]>::LEN;
         }
         if layout.atomic_eth {
@@ -182,9 +173,7 @@ impl<'a> PacketRepr<'a> {
             at += atomic_eth::Header::<&[u8]>::LEN;
         }
         if layout.aeth {
-            ext.aeth = Some(aeth::Repr::parse(&aeth::Header::new_checked(
-                &datagram[at..],
-            )?)?);
+            ext.aeth = Some(aeth::Repr::parse(&aeth::Header::new_checked(&datagram[at..])?)?);
             at += aeth::Header::<&[u8]>::LEN;
         }
         if layout.atomic_ack_eth {
@@ -201,10 +190,7 @@ impl<'a> PacketRepr<'a> {
         }
 
         let payload = &datagram[header_len..header_len + body_len - pad];
-        Ok(PacketRepr {
-            headers: Headers { bth, ext },
-            payload,
-        })
+        Ok(PacketRepr { headers: Headers { bth, ext }, payload })
     }
 
     /// Writes the packet into `buf`, returning its length.
@@ -243,11 +229,7 @@ mod tests {
         let headers = Headers {
             bth: bth(Opcode::RcWriteOnlyImm),
             ext: Extensions {
-                reth: Some(reth::Repr {
-                    virtual_address: 0x1000,
-                    rkey: 0x55,
-                    dma_length: 3,
-                }),
+                reth: Some(reth::Repr { virtual_address: 0x1000, rkey: 0x55, dma_length: 3 }),
                 immediate: Some(0xcafe_f00d),
                 ..Extensions::default()
             },
@@ -274,10 +256,7 @@ mod tests {
         let headers = Headers {
             bth: bth(Opcode::RcAtomicAck),
             ext: Extensions {
-                aeth: Some(aeth::Repr {
-                    syndrome: aeth::Syndrome::Ack { credit_code: 0x1f },
-                    msn: 9,
-                }),
+                aeth: Some(aeth::Repr { syndrome: aeth::Syndrome::Ack { credit_code: 0x1f }, msn: 9 }),
                 atomic_ack: Some(0x0102_0304_0506_0708),
                 ..Extensions::default()
             },
@@ -286,35 +265,20 @@ mod tests {
         let len = headers.emit_packet(&mut buf, &[]).unwrap();
         assert_eq!(len, 12 + 4 + 8 + 4);
         assert_eq!(&buf[12..24], &[0x1f, 0, 0, 9, 1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(
-            PacketRepr::parse(&buf[..len]).unwrap().headers.ext,
-            headers.ext
-        );
+        assert_eq!(PacketRepr::parse(&buf[..len]).unwrap().headers.ext, headers.ext);
     }
 
     #[test]
     fn rejects_missing_or_extra_headers_on_emit() {
-        let headers = Headers {
-            bth: bth(Opcode::RcWriteOnly),
-            ext: Extensions::default(),
-        };
-        assert_eq!(
-            headers.emit_packet(&mut [0u8; 64], b"x"),
-            Err(Error::Reserved)
-        );
-        let ack = Headers {
-            bth: bth(Opcode::RcAck),
-            ext: Extensions::default(),
-        };
+        let headers = Headers { bth: bth(Opcode::RcWriteOnly), ext: Extensions::default() };
+        assert_eq!(headers.emit_packet(&mut [0u8; 64], b"x"), Err(Error::Reserved));
+        let ack = Headers { bth: bth(Opcode::RcAck), ext: Extensions::default() };
         assert_eq!(ack.emit_packet(&mut [0u8; 64], &[]), Err(Error::Reserved));
     }
 
     #[test]
     fn rejects_inconsistent_padding_and_truncation() {
-        let headers = Headers {
-            bth: bth(Opcode::RcSendOnly),
-            ext: Extensions::default(),
-        };
+        let headers = Headers { bth: bth(Opcode::RcSendOnly), ext: Extensions::default() };
         let mut buf = [0u8; 32];
         let len = headers.emit_packet(&mut buf, b"hello").unwrap();
         assert_eq!(len, 12 + 8 + 4);

@@ -47,11 +47,7 @@ impl Psn {
     /// (-2^23, 2^23]: positive when `self` comes after `earlier`.
     pub const fn distance_from(self, earlier: Psn) -> i32 {
         let d = self.0.wrapping_sub(earlier.0) & Self::MASK;
-        if d > Self::HALF {
-            d as i32 - Self::MODULUS as i32
-        } else {
-            d as i32
-        }
+        if d > Self::HALF { d as i32 - Self::MODULUS as i32 } else { d as i32 }
     }
 
     /// Is `self` strictly before `other` on the circle?

@@ -53,11 +53,7 @@ pub struct Repr {
 impl Repr {
     pub fn parse<T: AsRef<[u8]>>(header: &Header<T>) -> Result<Repr> {
         header.check_len()?;
-        Ok(Repr {
-            virtual_address: header.virtual_address(),
-            rkey: header.rkey(),
-            dma_length: header.dma_length(),
-        })
+        Ok(Repr { virtual_address: header.virtual_address(), rkey: header.rkey(), dma_length: header.dma_length() })
     }
 
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, header: &mut Header<T>) {
@@ -71,22 +67,13 @@ impl Repr {
 mod tests {
     use super::*;
 
-    const BYTES: [u8; 16] = [
-        0x00, 0x00, 0x7f, 0x12, 0x34, 0x56, 0x78, 0x00, 0xde, 0xad, 0xbe, 0xef, 0x00, 0x01, 0x00,
-        0x00,
-    ];
-    const REPR: Repr = Repr {
-        virtual_address: 0x7f12_3456_7800,
-        rkey: 0xdead_beef,
-        dma_length: 65536,
-    };
+    const BYTES: [u8; 16] =
+        [0x00, 0x00, 0x7f, 0x12, 0x34, 0x56, 0x78, 0x00, 0xde, 0xad, 0xbe, 0xef, 0x00, 0x01, 0x00, 0x00];
+    const REPR: Repr = Repr { virtual_address: 0x7f12_3456_7800, rkey: 0xdead_beef, dma_length: 65536 };
 
     #[test]
     fn parses_and_emits_literal_bytes() {
-        assert_eq!(
-            Repr::parse(&Header::new_checked(&BYTES[..]).unwrap()),
-            Ok(REPR)
-        );
+        assert_eq!(Repr::parse(&Header::new_checked(&BYTES[..]).unwrap()), Ok(REPR));
         let mut bytes = [0u8; 16];
         REPR.emit(&mut Header::new_unchecked(&mut bytes[..]));
         assert_eq!(bytes, BYTES);

@@ -39,21 +39,13 @@ impl DmaBuffer {
     /// A zero-filled buffer of `len` bytes, aligned to a cache line.
     pub fn new(len: usize) -> DmaBuffer {
         if len == 0 {
-            return DmaBuffer {
-                ptr: NonNull::dangling(),
-                len: 0,
-                owned: None,
-            };
+            return DmaBuffer { ptr: NonNull::dangling(), len: 0, owned: None };
         }
         let layout = Layout::from_size_align(len, ALIGN).expect("buffer size overflows");
         // SAFETY: `layout` has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        DmaBuffer {
-            ptr,
-            len,
-            owned: Some(layout),
-        }
+        DmaBuffer { ptr, len, owned: Some(layout) }
     }
 
     /// A buffer initialised with `bytes`.
@@ -70,11 +62,7 @@ impl DmaBuffer {
     /// as the returned buffer (and every region made from it) lives.
     pub unsafe fn from_raw_parts(ptr: *mut u8, len: usize) -> DmaBuffer {
         let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
-        DmaBuffer {
-            ptr,
-            len,
-            owned: None,
-        }
+        DmaBuffer { ptr, len, owned: None }
     }
 
     pub fn len(&self) -> usize {
@@ -92,11 +80,7 @@ impl DmaBuffer {
 
     fn check(&self, offset: usize, len: usize) {
         let end = offset.checked_add(len).expect("range overflows");
-        assert!(
-            end <= self.len,
-            "access {offset}..{end} outside buffer of {} bytes",
-            self.len
-        );
+        assert!(end <= self.len, "access {offset}..{end} outside buffer of {} bytes", self.len);
     }
 
     /// Copies bytes starting at `offset` into `dst`.
@@ -104,13 +88,7 @@ impl DmaBuffer {
         self.check(offset, dst.len());
         // SAFETY: the range lies inside the buffer (checked above), and
         // `dst` cannot overlap it because it is a live `&mut` of its own.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr().add(offset),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        }
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) }
     }
 
     /// Copies `src` into the buffer starting at `offset`.
@@ -146,12 +124,7 @@ impl DmaBuffer {
             let cell = unsafe { AtomicU64::from_ptr(ptr.cast::<u64>()) };
             let mut current = cell.load(Ordering::Acquire);
             loop {
-                match cell.compare_exchange_weak(
-                    current,
-                    op(current),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
+                match cell.compare_exchange_weak(current, op(current), Ordering::AcqRel, Ordering::Acquire) {
                     Ok(previous) => return previous,
                     Err(actual) => current = actual,
                 }
@@ -178,10 +151,7 @@ impl Drop for DmaBuffer {
 
 impl std::fmt::Debug for DmaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DmaBuffer")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
-            .finish()
+        f.debug_struct("DmaBuffer").field("ptr", &self.ptr).field("len", &self.len).finish()
     }
 }
 

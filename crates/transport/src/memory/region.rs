@@ -22,9 +22,7 @@ bitflags::bitflags! {
 
 impl Access {
     /// Every remote permission.
-    pub const REMOTE: Access = Access::REMOTE_WRITE
-        .union(Access::REMOTE_READ)
-        .union(Access::REMOTE_ATOMIC);
+    pub const REMOTE: Access = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
 }
 
 /// The keys of a registered region. softrnic uses one key for both.

@@ -5,12 +5,7 @@ use super::{Access, AccessFault, MemoryTable, PdId};
 use crate::work_request::Sge;
 
 /// Checks every element of a list and returns the list's total length.
-pub(crate) fn validate_list(
-    table: &MemoryTable,
-    pd: PdId,
-    sges: &[Sge],
-    need: Access,
-) -> Result<u64, AccessFault> {
+pub(crate) fn validate_list(table: &MemoryTable, pd: PdId, sges: &[Sge], need: Access) -> Result<u64, AccessFault> {
     let mut total = 0u64;
     for sge in sges {
         table.check(pd, sge.lkey, sge.addr, sge.length as usize, need)?;
@@ -48,11 +43,7 @@ fn walk<'t>(
         done += take;
         skip = 0;
     }
-    if done == len {
-        Ok(())
-    } else {
-        Err(AccessFault::OutOfBounds)
-    }
+    if done == len { Ok(()) } else { Err(AccessFault::OutOfBounds) }
 }
 
 /// Copies message bytes `[offset, offset + dst.len())` out of a gather list.
@@ -64,29 +55,13 @@ pub(crate) fn gather(
     dst: &mut [u8],
 ) -> Result<(), AccessFault> {
     let len = dst.len();
-    walk(table, pd, sges, offset, len, Access::empty(), |view, at| {
-        view.read(&mut dst[at..at + view.len()])
-    })
+    walk(table, pd, sges, offset, len, Access::empty(), |view, at| view.read(&mut dst[at..at + view.len()]))
 }
 
 /// Copies `src` into message bytes `[offset, offset + src.len())` of a
 /// scatter list, which must grant local write.
-pub(crate) fn scatter(
-    table: &MemoryTable,
-    pd: PdId,
-    sges: &[Sge],
-    offset: u64,
-    src: &[u8],
-) -> Result<(), AccessFault> {
-    walk(
-        table,
-        pd,
-        sges,
-        offset,
-        src.len(),
-        Access::LOCAL_WRITE,
-        |view, at| view.write(&src[at..at + view.len()]),
-    )
+pub(crate) fn scatter(table: &MemoryTable, pd: PdId, sges: &[Sge], offset: u64, src: &[u8]) -> Result<(), AccessFault> {
+    walk(table, pd, sges, offset, src.len(), Access::LOCAL_WRITE, |view, at| view.write(&src[at..at + view.len()]))
 }
 
 #[cfg(test)]
@@ -100,25 +75,11 @@ mod tests {
         let mut table = MemoryTable::new();
         let pd = table.alloc_pd();
         let buffer = Arc::new(DmaBuffer::from_bytes(b"0123456789abcdef"));
-        let keys = table
-            .register(pd, buffer.clone(), 0, 16, 100, Access::LOCAL_WRITE)
-            .unwrap();
+        let keys = table.register(pd, buffer.clone(), 0, 16, 100, Access::LOCAL_WRITE).unwrap();
         let sges = [
-            Sge {
-                addr: 102,
-                length: 3,
-                lkey: keys.lkey,
-            }, // "234"
-            Sge {
-                addr: 110,
-                length: 0,
-                lkey: 0,
-            },
-            Sge {
-                addr: 110,
-                length: 4,
-                lkey: keys.lkey,
-            }, // "abcd"
+            Sge { addr: 102, length: 3, lkey: keys.lkey }, // "234"
+            Sge { addr: 110, length: 0, lkey: 0 },
+            Sge { addr: 110, length: 4, lkey: keys.lkey }, // "abcd"
         ];
         assert_eq!(validate_list(&table, pd, &sges, Access::LOCAL_WRITE), Ok(7));
         let mut out = [0u8; 4];
@@ -134,9 +95,6 @@ mod tests {
                 .map(|(i, &c)| if i == 4 { b'X' } else { c })
                 .collect::<Vec<_>>()
         );
-        assert_eq!(
-            gather(&table, pd, &sges, 5, &mut out),
-            Err(AccessFault::OutOfBounds)
-        );
+        assert_eq!(gather(&table, pd, &sges, 5, &mut out), Err(AccessFault::OutOfBounds));
     }
 }

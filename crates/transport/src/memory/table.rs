@@ -29,11 +29,7 @@ pub struct MemoryView<'a> {
 }
 
 impl<'a> MemoryView<'a> {
-    const EMPTY: MemoryView<'static> = MemoryView {
-        buffer: None,
-        offset: 0,
-        len: 0,
-    };
+    const EMPTY: MemoryView<'static> = MemoryView { buffer: None, offset: 0, len: 0 };
 
     pub fn len(&self) -> usize {
         self.len
@@ -63,9 +59,7 @@ impl<'a> MemoryView<'a> {
     /// value they held.
     pub fn atomic_update(&self, op: impl Fn(u64) -> u64) -> u64 {
         assert_eq!(self.len, 8);
-        self.buffer
-            .map(|b| b.atomic_update(self.offset, op))
-            .unwrap_or(0)
+        self.buffer.map(|b| b.atomic_update(self.offset, op)).unwrap_or(0)
     }
 }
 
@@ -148,12 +142,8 @@ impl MemoryTable {
             return Err(VerbsError::invalid("iova + length overflows"));
         }
         // Verbs: remote write or atomic access needs local write too.
-        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
-            && !access.contains(Access::LOCAL_WRITE)
-        {
-            return Err(VerbsError::invalid(
-                "REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well",
-            ));
+        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(VerbsError::invalid("REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well"));
         }
         let index = match self.free_slots.pop() {
             Some(index) => index,
@@ -166,28 +156,15 @@ impl MemoryTable {
         let slot = &mut self.slots[index];
         slot.generation = slot.generation.wrapping_add(1);
         let key = ((index as u32) << 8) | u32::from(slot.generation);
-        let keys = MrKeys {
-            lkey: key,
-            rkey: key,
-        };
-        slot.region = Some(MemoryRegion {
-            pd,
-            iova,
-            len: len as u64,
-            access,
-            keys,
-            buffer,
-            offset,
-        });
+        let keys = MrKeys { lkey: key, rkey: key };
+        slot.region = Some(MemoryRegion { pd, iova, len: len as u64, access, keys, buffer, offset });
         self.pd_users(pd, 1)?;
         Ok(keys)
     }
 
     pub fn deregister(&mut self, lkey: u32) -> Result<()> {
         let index = (lkey >> 8) as usize;
-        let region = self
-            .lookup(lkey)
-            .ok_or(VerbsError::NotFound("memory region"))?;
+        let region = self.lookup(lkey).ok_or(VerbsError::NotFound("memory region"))?;
         let pd = region.pd;
         self.slots[index].region = None;
         self.free_slots.push(index);
@@ -218,23 +195,15 @@ impl MemoryTable {
         if region.pd != pd {
             return Err(AccessFault::WrongPd);
         }
-        let start = addr
-            .checked_sub(region.iova)
-            .ok_or(AccessFault::OutOfBounds)?;
-        let end = start
-            .checked_add(len as u64)
-            .ok_or(AccessFault::OutOfBounds)?;
+        let start = addr.checked_sub(region.iova).ok_or(AccessFault::OutOfBounds)?;
+        let end = start.checked_add(len as u64).ok_or(AccessFault::OutOfBounds)?;
         if end > region.len {
             return Err(AccessFault::OutOfBounds);
         }
         if !region.access.contains(need) {
             return Err(AccessFault::NotPermitted);
         }
-        Ok(MemoryView {
-            buffer: Some(&region.buffer),
-            offset: region.offset + start as usize,
-            len,
-        })
+        Ok(MemoryView { buffer: Some(&region.buffer), offset: region.offset + start as usize, len })
     }
 
     /// Checks a remote access: like [`Self::check`], but a region registered
@@ -247,11 +216,7 @@ impl MemoryTable {
         len: usize,
         need: Access,
     ) -> core::result::Result<MemoryView<'_>, AccessFault> {
-        if len > 0
-            && self
-                .lookup(rkey)
-                .is_some_and(|r| !r.access.intersects(Access::REMOTE))
-        {
+        if len > 0 && self.lookup(rkey).is_some_and(|r| !r.access.intersects(Access::REMOTE)) {
             return Err(AccessFault::InvalidKey);
         }
         self.check(pd, rkey, addr, len, need)
@@ -273,67 +238,23 @@ mod tests {
     #[test]
     fn checks_key_pd_bounds_and_access() {
         let (mut table, pd, keys) = table_with_region(Access::LOCAL_WRITE | Access::REMOTE_READ);
-        assert!(
-            table
-                .check(pd, keys.lkey, 0x1000, 32, Access::empty())
-                .is_ok()
-        );
-        assert_eq!(
-            table
-                .check(pd, keys.lkey ^ 1, 0x1000, 1, Access::empty())
-                .unwrap_err(),
-            AccessFault::InvalidKey
-        );
+        assert!(table.check(pd, keys.lkey, 0x1000, 32, Access::empty()).is_ok());
+        assert_eq!(table.check(pd, keys.lkey ^ 1, 0x1000, 1, Access::empty()).unwrap_err(), AccessFault::InvalidKey);
         let other = table.alloc_pd();
-        assert_eq!(
-            table
-                .check(other, keys.lkey, 0x1000, 1, Access::empty())
-                .unwrap_err(),
-            AccessFault::WrongPd
-        );
-        assert_eq!(
-            table
-                .check(pd, keys.lkey, 0xfff, 1, Access::empty())
-                .unwrap_err(),
-            AccessFault::OutOfBounds
-        );
-        assert_eq!(
-            table
-                .check(pd, keys.lkey, 0x1001, 32, Access::empty())
-                .unwrap_err(),
-            AccessFault::OutOfBounds
-        );
-        assert_eq!(
-            table
-                .check(pd, keys.lkey, u64::MAX, 2, Access::empty())
-                .unwrap_err(),
-            AccessFault::OutOfBounds
-        );
-        assert_eq!(
-            table
-                .check(pd, keys.rkey, 0x1000, 8, Access::REMOTE_WRITE)
-                .unwrap_err(),
-            AccessFault::NotPermitted
-        );
-        assert!(
-            table.check(pd, 0xdead, 0, 0, Access::REMOTE_WRITE).is_ok(),
-            "zero length needs no key"
-        );
+        assert_eq!(table.check(other, keys.lkey, 0x1000, 1, Access::empty()).unwrap_err(), AccessFault::WrongPd);
+        assert_eq!(table.check(pd, keys.lkey, 0xfff, 1, Access::empty()).unwrap_err(), AccessFault::OutOfBounds);
+        assert_eq!(table.check(pd, keys.lkey, 0x1001, 32, Access::empty()).unwrap_err(), AccessFault::OutOfBounds);
+        assert_eq!(table.check(pd, keys.lkey, u64::MAX, 2, Access::empty()).unwrap_err(), AccessFault::OutOfBounds);
+        assert_eq!(table.check(pd, keys.rkey, 0x1000, 8, Access::REMOTE_WRITE).unwrap_err(), AccessFault::NotPermitted);
+        assert!(table.check(pd, 0xdead, 0, 0, Access::REMOTE_WRITE).is_ok(), "zero length needs no key");
         table.deregister(keys.lkey).unwrap();
-        assert_eq!(
-            table
-                .check(pd, keys.lkey, 0x1000, 1, Access::empty())
-                .unwrap_err(),
-            AccessFault::InvalidKey
-        );
+        assert_eq!(table.check(pd, keys.lkey, 0x1000, 1, Access::empty()).unwrap_err(), AccessFault::InvalidKey);
     }
 
     #[test]
     fn views_address_the_registered_part_of_the_buffer() {
         let (table, pd, keys) = table_with_region(Access::LOCAL_WRITE);
-        let view = table
-            .check(pd, keys.lkey, 0x1004, 4, Access::LOCAL_WRITE)
-            .unwrap();
+        let view = table.check(pd, keys.lkey, 0x1004, 4, Access::LOCAL_WRITE).unwrap();
         view.write(b"wxyz");
         let region = table.lookup(keys.lkey).unwrap();
         assert_eq!(&region.buffer().to_vec()[20..24], b"wxyz");
@@ -343,16 +264,7 @@ mod tests {
     fn stale_keys_do_not_name_reused_slots() {
         let (mut table, pd, keys) = table_with_region(Access::LOCAL_WRITE);
         table.deregister(keys.lkey).unwrap();
-        let again = table
-            .register(
-                pd,
-                Arc::new(DmaBuffer::new(8)),
-                0,
-                8,
-                0,
-                Access::LOCAL_WRITE,
-            )
-            .unwrap();
+        let again = table.register(pd, Arc::new(DmaBuffer::new(8)), 0, 8, 0, Access::LOCAL_WRITE).unwrap();
         assert_ne!(again.lkey, keys.lkey);
         assert!(table.lookup(keys.lkey).is_none());
     }
@@ -362,34 +274,12 @@ mod tests {
         let mut table = MemoryTable::new();
         let pd = table.alloc_pd();
         let buffer = Arc::new(DmaBuffer::new(8));
-        assert!(
-            table
-                .register(pd, buffer.clone(), 4, 8, 0, Access::empty())
-                .is_err()
-        );
-        assert!(
-            table
-                .register(pd, buffer.clone(), 0, 8, 0, Access::REMOTE_WRITE)
-                .is_err()
-        );
-        assert!(
-            table
-                .register(PdId(9), buffer.clone(), 0, 8, 0, Access::empty())
-                .is_err()
-        );
-        let keys = table
-            .register(pd, buffer, 0, 8, 0, Access::empty())
-            .unwrap();
-        assert_eq!(
-            table.dealloc_pd(pd),
-            Err(VerbsError::Busy("protection domain"))
-        );
-        assert_eq!(
-            table
-                .check_remote(pd, keys.rkey, 0, 8, Access::empty())
-                .unwrap_err(),
-            AccessFault::InvalidKey
-        );
+        assert!(table.register(pd, buffer.clone(), 4, 8, 0, Access::empty()).is_err());
+        assert!(table.register(pd, buffer.clone(), 0, 8, 0, Access::REMOTE_WRITE).is_err());
+        assert!(table.register(PdId(9), buffer.clone(), 0, 8, 0, Access::empty()).is_err());
+        let keys = table.register(pd, buffer, 0, 8, 0, Access::empty()).unwrap();
+        assert_eq!(table.dealloc_pd(pd), Err(VerbsError::Busy("protection domain")));
+        assert_eq!(table.check_remote(pd, keys.rkey, 0, 8, Access::empty()).unwrap_err(), AccessFault::InvalidKey);
         table.deregister(keys.lkey).unwrap();
         table.dealloc_pd(pd).unwrap();
     }

@@ -52,15 +52,7 @@ impl Mtu {
 
     /// The MTU of exactly `bytes` bytes, if it is one of the five.
     pub fn from_bytes(bytes: u32) -> Option<Mtu> {
-        [
-            Mtu::Mtu256,
-            Mtu::Mtu512,
-            Mtu::Mtu1024,
-            Mtu::Mtu2048,
-            Mtu::Mtu4096,
-        ]
-        .into_iter()
-        .find(|m| m.bytes() == bytes)
+        [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096].into_iter().find(|m| m.bytes() == bytes)
     }
 }
 
@@ -76,13 +68,7 @@ pub struct QpCaps {
 
 impl Default for QpCaps {
     fn default() -> Self {
-        QpCaps {
-            max_send_wr: 256,
-            max_recv_wr: 256,
-            max_send_sge: 16,
-            max_recv_sge: 16,
-            max_inline_data: 256,
-        }
+        QpCaps { max_send_wr: 256, max_recv_wr: 256, max_send_sge: 16, max_recv_sge: 16, max_inline_data: 256 }
     }
 }
 
@@ -198,43 +184,20 @@ impl QpAttr {
                 | (Sqe, Rts)
         );
         if !allowed {
-            return Err(VerbsError::invalid(format!(
-                "a QP cannot move from {from:?} to {to:?}"
-            )));
+            return Err(VerbsError::invalid(format!("a QP cannot move from {from:?} to {to:?}")));
         }
         match (qp_type, from, to) {
             (QpType::Rc, Reset, Init) => require!(self, from, to, pkey_index, port, access),
             (QpType::Ud, Reset, Init) => require!(self, from, to, pkey_index, port, qkey),
             (QpType::Rc, Init, Rtr) => {
-                require!(
-                    self,
-                    from,
-                    to,
-                    remote_addr,
-                    path_mtu,
-                    dest_qpn,
-                    rq_psn,
-                    max_dest_rd_atomic,
-                    min_rnr_timer
-                )
+                require!(self, from, to, remote_addr, path_mtu, dest_qpn, rq_psn, max_dest_rd_atomic, min_rnr_timer)
             }
-            (QpType::Rc, Rtr, Rts) => require!(
-                self,
-                from,
-                to,
-                sq_psn,
-                timeout,
-                retry_cnt,
-                rnr_retry,
-                max_rd_atomic
-            ),
+            (QpType::Rc, Rtr, Rts) => require!(self, from, to, sq_psn, timeout, retry_cnt, rnr_retry, max_rd_atomic),
             (QpType::Ud, Rtr, Rts) => require!(self, from, to, sq_psn),
             _ => {}
         }
         let range = |name: &str, value: Option<u32>, max: u32| match value {
-            Some(v) if v > max => Err(VerbsError::invalid(format!(
-                "{name} = {v} is out of range 0..={max}"
-            ))),
+            Some(v) if v > max => Err(VerbsError::invalid(format!("{name} = {v} is out of range 0..={max}"))),
             _ => Ok(()),
         };
         range("retry_cnt", self.retry_cnt.map(u32::from), 7)?;
@@ -242,16 +205,8 @@ impl QpAttr {
         range("timeout", self.timeout.map(u32::from), 31)?;
         range("min_rnr_timer", self.min_rnr_timer.map(u32::from), 31)?;
         range("dest_qp_num", self.dest_qpn, (1 << 24) - 1)?;
-        range(
-            "max_rd_atomic",
-            self.max_rd_atomic.map(u32::from),
-            u32::from(MAX_RD_ATOMIC),
-        )?;
-        range(
-            "max_dest_rd_atomic",
-            self.max_dest_rd_atomic.map(u32::from),
-            u32::from(MAX_RD_ATOMIC),
-        )?;
+        range("max_rd_atomic", self.max_rd_atomic.map(u32::from), u32::from(MAX_RD_ATOMIC))?;
+        range("max_dest_rd_atomic", self.max_dest_rd_atomic.map(u32::from), u32::from(MAX_RD_ATOMIC))?;
         range("port_num", self.port.map(u32::from), 1)?;
         if self.port == Some(0) {
             return Err(VerbsError::invalid("port_num must be 1"));
@@ -265,17 +220,8 @@ impl QpAttr {
         macro_rules! copy {
             ($($field:ident),+) => { $(if let Some(v) = self.$field { attrs.$field = v; })+ };
         }
-        copy!(
-            access, pkey_index, port, qkey, path_mtu, dest_qpn, rq_psn, sq_psn
-        );
-        copy!(
-            max_dest_rd_atomic,
-            max_rd_atomic,
-            min_rnr_timer,
-            timeout,
-            retry_cnt,
-            rnr_retry
-        );
+        copy!(access, pkey_index, port, qkey, path_mtu, dest_qpn, rq_psn, sq_psn);
+        copy!(max_dest_rd_atomic, max_rd_atomic, min_rnr_timer, timeout, retry_cnt, rnr_retry);
         if self.remote_addr.is_some() {
             attrs.remote_addr = self.remote_addr;
         }
@@ -296,62 +242,29 @@ mod tests {
 
     #[test]
     fn transitions_need_their_attributes() {
-        let to_init = QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(1),
-            ..QpAttr::default()
-        };
+        let to_init = QpAttr { state: Some(QpState::Init), pkey_index: Some(0), port: Some(1), ..QpAttr::default() };
         let err = to_init.validate(QpType::Rc, QpState::Reset).unwrap_err();
         assert!(err.to_string().contains("`access`"), "{err}");
-        let ok = QpAttr {
-            access: Some(Access::empty()),
-            ..to_init
-        };
+        let ok = QpAttr { access: Some(Access::empty()), ..to_init };
         assert_eq!(ok.validate(QpType::Rc, QpState::Reset), Ok(QpState::Init));
-        assert!(
-            ok.validate(QpType::Ud, QpState::Reset).is_err(),
-            "UD needs a qkey"
-        );
+        assert!(ok.validate(QpType::Ud, QpState::Reset).is_err(), "UD needs a qkey");
 
-        let to_rts = QpAttr {
-            state: Some(QpState::Rts),
-            ..QpAttr::default()
-        };
-        assert!(
-            to_rts.validate(QpType::Rc, QpState::Init).is_err(),
-            "INIT cannot go straight to RTS"
-        );
-        assert!(
-            to_rts.validate(QpType::Rc, QpState::Rtr).is_err(),
-            "RTS needs timeouts"
-        );
+        let to_rts = QpAttr { state: Some(QpState::Rts), ..QpAttr::default() };
+        assert!(to_rts.validate(QpType::Rc, QpState::Init).is_err(), "INIT cannot go straight to RTS");
+        assert!(to_rts.validate(QpType::Rc, QpState::Rtr).is_err(), "RTS needs timeouts");
         assert_eq!(
-            QpAttr {
-                state: Some(QpState::Error),
-                ..QpAttr::default()
-            }
-            .validate(QpType::Rc, QpState::Rts),
+            QpAttr { state: Some(QpState::Error), ..QpAttr::default() }.validate(QpType::Rc, QpState::Rts),
             Ok(QpState::Error)
         );
     }
 
     #[test]
     fn values_are_range_checked() {
-        let attr = QpAttr {
-            retry_cnt: Some(8),
-            ..QpAttr::default()
-        };
+        let attr = QpAttr { retry_cnt: Some(8), ..QpAttr::default() };
         assert!(attr.validate(QpType::Rc, QpState::Rts).is_err());
-        let attr = QpAttr {
-            dest_qpn: Some(1 << 24),
-            ..QpAttr::default()
-        };
+        let attr = QpAttr { dest_qpn: Some(1 << 24), ..QpAttr::default() };
         assert!(attr.validate(QpType::Rc, QpState::Init).is_err());
-        let attr = QpAttr {
-            max_rd_atomic: Some(MAX_RD_ATOMIC + 1),
-            ..QpAttr::default()
-        };
+        let attr = QpAttr { max_rd_atomic: Some(MAX_RD_ATOMIC + 1), ..QpAttr::default() };
         assert!(attr.validate(QpType::Rc, QpState::Rts).is_err());
     }
 }

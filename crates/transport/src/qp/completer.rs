@@ -42,8 +42,7 @@ impl QueuePair {
         let psn = bth.psn;
         // Only PSNs from the last acknowledged one to the last sent one
         // mean anything; anything else is a stale duplicate.
-        let in_window =
-            self.req.una.sub(1).is_at_or_before(psn) && psn.is_before(self.req.sent_end);
+        let in_window = self.req.una.sub(1).is_at_or_before(psn) && psn.is_before(self.req.sent_end);
         if !in_window {
             ctx.counters.rx_stale_responses += 1;
             return;
@@ -69,11 +68,7 @@ impl QueuePair {
             _ => ctx.counters.rx_malformed += 1,
         }
         if self.req.una != una_before {
-            if self
-                .req
-                .recovering_from
-                .is_some_and(|p| p.is_before(self.req.una))
-            {
+            if self.req.recovering_from.is_some_and(|p| p.is_before(self.req.una)) {
                 self.req.recovering_from = None;
             }
             self.req.retries_left = self.attrs.retry_cnt;
@@ -181,14 +176,11 @@ impl QueuePair {
         let opcode = packet.headers.bth.opcode;
         let ends = opcode.position().is_some_and(Position::ends_message);
         let is_last = k + 1 == wqe.npsn;
-        if !opcode.is_read_response() || (is_last && !ends) || packet.payload.len() != expected_len
-        {
+        if !opcode.is_read_response() || (is_last && !ends) || packet.payload.len() != expected_len {
             self.fail_at(psn, WcStatus::BadRespErr);
             return;
         }
-        let Payload::Gather(sges) = &wqe.wr.payload else {
-            unreachable!("READ into inline data")
-        };
+        let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("READ into inline data") };
         if scatter(ctx.memory, self.init.pd, sges, offset, packet.payload).is_err() {
             self.fail_at(psn, WcStatus::LocProtErr);
             return;
@@ -211,9 +203,7 @@ impl QueuePair {
             self.fail_at(psn, WcStatus::BadRespErr);
             return;
         }
-        let Payload::Gather(sges) = &wqe.wr.payload else {
-            unreachable!("ATOMIC into inline data")
-        };
+        let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("ATOMIC into inline data") };
         // The original value lands in local memory in host byte order.
         if scatter(ctx.memory, self.init.pd, sges, 0, &original.to_ne_bytes()).is_err() {
             self.fail_at(psn, WcStatus::LocProtErr);
@@ -227,10 +217,7 @@ impl QueuePair {
 
     /// Fails the request that `psn` belongs to (or the oldest one).
     fn fail_at(&mut self, psn: Psn, status: WcStatus) {
-        let index = self
-            .sq
-            .iter()
-            .position(|w| w.status.is_none() && w.index_of(psn).is_some());
+        let index = self.sq.iter().position(|w| w.status.is_none() && w.index_of(psn).is_some());
         let index = index.or_else(|| self.sq.iter().position(|w| w.status.is_none()));
         if let Some(index) = index {
             self.sq[index].status = Some(status);

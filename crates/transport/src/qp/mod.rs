@@ -182,9 +182,7 @@ impl QueuePair {
                 )));
             }
             Payload::Inline(_) if wr.op.writes_locally() => {
-                return Err(VerbsError::invalid(
-                    "READ and ATOMIC results cannot go to inline data",
-                ));
+                return Err(VerbsError::invalid("READ and ATOMIC results cannot go to inline data"));
             }
             _ => {}
         }
@@ -192,9 +190,7 @@ impl QueuePair {
             return Err(VerbsError::invalid("a message is at most 2 GiB"));
         }
         if wr.op.is_atomic() && wr.payload.len() != 8 {
-            return Err(VerbsError::invalid(
-                "an ATOMIC's local buffer must be exactly 8 bytes",
-            ));
+            return Err(VerbsError::invalid("an ATOMIC's local buffer must be exactly 8 bytes"));
         }
         match self.init.qp_type {
             QpType::Ud => {
@@ -227,10 +223,7 @@ impl QueuePair {
                 )));
             }
             QpState::Error => {
-                self.complete_recv(
-                    ctx,
-                    Completion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn),
-                );
+                self.complete_recv(ctx, Completion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn));
                 return Ok(());
             }
             _ => {}
@@ -274,11 +267,9 @@ impl QueuePair {
                 let responder_first = self.responder_first;
                 self.responder_first = !responder_first;
                 if responder_first {
-                    self.poll_response(ctx, buf)
-                        .or_else(|| self.poll_request(ctx, buf))
+                    self.poll_response(ctx, buf).or_else(|| self.poll_request(ctx, buf))
                 } else {
-                    self.poll_request(ctx, buf)
-                        .or_else(|| self.poll_response(ctx, buf))
+                    self.poll_request(ctx, buf).or_else(|| self.poll_response(ctx, buf))
                 }
             }
         }
@@ -316,14 +307,8 @@ impl QueuePair {
             };
             self.complete_send(ctx, &wqe, status);
         }
-        for recv in self
-            .resp
-            .abandon()
-            .into_iter()
-            .chain(self.rq.drain(..).collect::<Vec<_>>())
-        {
-            let flushed =
-                Completion::new(recv.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+        for recv in self.resp.abandon().into_iter().chain(self.rq.drain(..).collect::<Vec<_>>()) {
+            let flushed = Completion::new(recv.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
             ctx.cqs.push(self.init.recv_cq, flushed);
         }
     }

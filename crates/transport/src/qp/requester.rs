@@ -101,20 +101,14 @@ impl QueuePair {
         }
         // The next chunk of a long READ waits until the previous one has
         // been answered in full.
-        if is_new
-            && self.req.cursor_pkt > 0
-            && matches!(wqe.wr.op, SendOp::Read { .. })
-            && self.req.una != psn
-        {
+        if is_new && self.req.cursor_pkt > 0 && matches!(wqe.wr.op, SendOp::Read { .. }) && self.req.una != psn {
             return None;
         }
 
         let read_chunk = self.read_chunk(ctx, index);
         let built = match wqe.wr.op {
             SendOp::Read { .. } => self.build_read_request(buf, index, psn, read_chunk),
-            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
-                self.build_atomic(buf, index, psn)
-            }
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => self.build_atomic(buf, index, psn),
             _ => self.build_send_or_write(ctx, buf, index, psn),
         };
         let len = match built {
@@ -128,11 +122,7 @@ impl QueuePair {
         let wqe = &self.sq[index];
         // PSNs this packet accounts for: a READ request stands for all the
         // responses it asks for.
-        let span = if matches!(wqe.wr.op, SendOp::Read { .. }) {
-            read_chunk
-        } else {
-            1
-        };
+        let span = if matches!(wqe.wr.op, SendOp::Read { .. }) { read_chunk } else { 1 };
         let end = psn.add(span);
         if self.req.sent_end.is_before(end) {
             self.req.sent_end = end;
@@ -170,11 +160,7 @@ impl QueuePair {
             return false;
         }
         if let Payload::Gather(sges) = &wqe.wr.payload {
-            let need = if wqe.wr.op.writes_locally() {
-                Access::LOCAL_WRITE
-            } else {
-                Access::empty()
-            };
+            let need = if wqe.wr.op.writes_locally() { Access::LOCAL_WRITE } else { Access::empty() };
             if validate_list(ctx.memory, self.init.pd, sges, need).is_err() {
                 self.fail_locally(ctx, index, WcStatus::LocProtErr);
                 return false;
@@ -211,13 +197,7 @@ impl QueuePair {
         }
     }
 
-    fn build_send_or_write(
-        &self,
-        ctx: &mut Ctx,
-        buf: &mut [u8],
-        index: usize,
-        psn: Psn,
-    ) -> Result<usize, WcStatus> {
+    fn build_send_or_write(&self, ctx: &mut Ctx, buf: &mut [u8], index: usize, psn: Psn) -> Result<usize, WcStatus> {
         let wqe = &self.sq[index];
         let mtu = u64::from(self.mtu());
         let k = self.req.cursor_pkt;
@@ -233,29 +213,16 @@ impl QueuePair {
         };
         let mut ext = Extensions::default();
         let opcode = match wqe.wr.op {
-            SendOp::Send { imm: None } => pick(
-                Opcode::RcSendOnly,
-                Opcode::RcSendFirst,
-                Opcode::RcSendMiddle,
-                Opcode::RcSendLast,
-            ),
+            SendOp::Send { imm: None } => {
+                pick(Opcode::RcSendOnly, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLast)
+            }
             SendOp::Send { imm: Some(imm) } => {
                 ext.immediate = last.then_some(imm);
-                pick(
-                    Opcode::RcSendOnlyImm,
-                    Opcode::RcSendFirst,
-                    Opcode::RcSendMiddle,
-                    Opcode::RcSendLastImm,
-                )
+                pick(Opcode::RcSendOnlyImm, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLastImm)
             }
             SendOp::SendWithInvalidate { rkey } => {
                 ext.invalidate_rkey = last.then_some(rkey);
-                pick(
-                    Opcode::RcSendOnlyInv,
-                    Opcode::RcSendFirst,
-                    Opcode::RcSendMiddle,
-                    Opcode::RcSendLastInv,
-                )
+                pick(Opcode::RcSendOnlyInv, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLastInv)
             }
             SendOp::Write { remote, imm } => {
                 ext.reth = first.then_some(reth::Repr {
@@ -265,12 +232,7 @@ impl QueuePair {
                 });
                 ext.immediate = if last { imm } else { None };
                 match imm {
-                    None => pick(
-                        Opcode::RcWriteOnly,
-                        Opcode::RcWriteFirst,
-                        Opcode::RcWriteMiddle,
-                        Opcode::RcWriteLast,
-                    ),
+                    None => pick(Opcode::RcWriteOnly, Opcode::RcWriteFirst, Opcode::RcWriteMiddle, Opcode::RcWriteLast),
                     Some(_) => pick(
                         Opcode::RcWriteOnlyImm,
                         Opcode::RcWriteFirst,
@@ -284,27 +246,18 @@ impl QueuePair {
         // Ask for an ACK at the end of the message, every few packets of a
         // long one, and when this packet fills the window.
         let interval = ctx.config.ack_request_interval.max(1);
-        let window_full =
-            psn.distance_from(self.req.una) + 1 >= ctx.config.max_inflight_packets as i32;
+        let window_full = psn.distance_from(self.req.una) + 1 >= ctx.config.max_inflight_packets as i32;
         let ack_request = last || (k + 1) % interval == 0 || window_full;
-        let headers = Headers {
-            bth: self.bth(opcode, psn, ack_request, wqe.wr.solicited && last),
-            ext,
-        };
+        let headers = Headers { bth: self.bth(opcode, psn, ack_request, wqe.wr.solicited && last), ext };
         let start = headers.len();
-        let body = buf
-            .get_mut(start..start + payload_len)
-            .ok_or(WcStatus::LocLenErr)?;
+        let body = buf.get_mut(start..start + payload_len).ok_or(WcStatus::LocLenErr)?;
         match &wqe.wr.payload {
-            Payload::Inline(bytes) => {
-                body.copy_from_slice(&bytes[offset as usize..offset as usize + payload_len])
+            Payload::Inline(bytes) => body.copy_from_slice(&bytes[offset as usize..offset as usize + payload_len]),
+            Payload::Gather(sges) => {
+                gather(ctx.memory, self.init.pd, sges, offset, body).map_err(|_| WcStatus::LocProtErr)?
             }
-            Payload::Gather(sges) => gather(ctx.memory, self.init.pd, sges, offset, body)
-                .map_err(|_| WcStatus::LocProtErr)?,
         }
-        headers
-            .emit_around_payload(buf, payload_len)
-            .map_err(|_| WcStatus::LocLenErr)
+        headers.emit_around_payload(buf, payload_len).map_err(|_| WcStatus::LocLenErr)
     }
 
     /// Responses the next READ request of the request at `index` asks
@@ -320,17 +273,9 @@ impl QueuePair {
         chunk_end - k
     }
 
-    fn build_read_request(
-        &self,
-        buf: &mut [u8],
-        index: usize,
-        psn: Psn,
-        chunk: u32,
-    ) -> Result<usize, WcStatus> {
+    fn build_read_request(&self, buf: &mut [u8], index: usize, psn: Psn, chunk: u32) -> Result<usize, WcStatus> {
         let wqe = &self.sq[index];
-        let SendOp::Read { remote } = wqe.wr.op else {
-            unreachable!()
-        };
+        let SendOp::Read { remote } = wqe.wr.op else { unreachable!() };
         // Resuming at response k asks only for the data not yet received,
         // and a long READ asks for one window of responses at a time.
         let mtu = u64::from(self.mtu());
@@ -344,23 +289,14 @@ impl QueuePair {
             }),
             ..Extensions::default()
         };
-        let headers = Headers {
-            bth: self.bth(Opcode::RcReadRequest, psn, true, false),
-            ext,
-        };
-        headers
-            .emit_around_payload(buf, 0)
-            .map_err(|_| WcStatus::LocLenErr)
+        let headers = Headers { bth: self.bth(Opcode::RcReadRequest, psn, true, false), ext };
+        headers.emit_around_payload(buf, 0).map_err(|_| WcStatus::LocLenErr)
     }
 
     fn build_atomic(&self, buf: &mut [u8], index: usize, psn: Psn) -> Result<usize, WcStatus> {
         let wqe = &self.sq[index];
         let (opcode, remote, swap_or_add, compare) = match wqe.wr.op {
-            SendOp::CompareSwap {
-                remote,
-                compare,
-                swap,
-            } => (Opcode::RcCompareSwap, remote, swap, compare),
+            SendOp::CompareSwap { remote, compare, swap } => (Opcode::RcCompareSwap, remote, swap, compare),
             SendOp::FetchAdd { remote, add } => (Opcode::RcFetchAdd, remote, add, 0),
             _ => unreachable!(),
         };
@@ -373,13 +309,8 @@ impl QueuePair {
             }),
             ..Extensions::default()
         };
-        let headers = Headers {
-            bth: self.bth(opcode, psn, true, false),
-            ext,
-        };
-        headers
-            .emit_around_payload(buf, 0)
-            .map_err(|_| WcStatus::LocLenErr)
+        let headers = Headers { bth: self.bth(opcode, psn, true, false), ext };
+        headers.emit_around_payload(buf, 0).map_err(|_| WcStatus::LocLenErr)
     }
 
     pub(super) fn arm_retry_timer(&mut self, now: Instant) {

@@ -24,17 +24,8 @@ use crate::work_request::RecvWorkRequest;
 /// A message whose first packet has executed and whose last has not.
 #[derive(Debug)]
 enum Message {
-    Send {
-        recv: RecvWorkRequest,
-        capacity: u64,
-        offset: u64,
-    },
-    Write {
-        va: u64,
-        rkey: u32,
-        len: u64,
-        offset: u64,
-    },
+    Send { recv: RecvWorkRequest, capacity: u64, offset: u64 },
+    Write { va: u64, rkey: u32, len: u64, offset: u64 },
 }
 
 /// A READ being answered, one response packet at a time.
@@ -88,10 +79,7 @@ pub(super) struct Responder {
 
 impl Responder {
     pub fn start(&mut self, epsn: Psn) {
-        *self = Responder {
-            epsn,
-            ..Responder::default()
-        };
+        *self = Responder { epsn, ..Responder::default() };
     }
 
     pub fn has_output(&self) -> bool {
@@ -119,10 +107,7 @@ impl Responder {
     }
 
     fn reads_and_atomics_pending(&self) -> usize {
-        self.answers
-            .iter()
-            .filter(|a| matches!(a, Answer::Read(_) | Answer::AtomicAck { .. }))
-            .count()
+        self.answers.iter().filter(|a| matches!(a, Answer::Read(_) | Answer::AtomicAck { .. })).count()
     }
 }
 
@@ -139,9 +124,7 @@ impl QueuePair {
                 self.resp.nak_sent = true;
                 ctx.counters.seq_naks_sent += 1;
                 let (epsn, msn) = (self.resp.epsn, self.resp.msn);
-                self.resp
-                    .answers
-                    .push_back(Answer::SequenceNak { psn: epsn, msn });
+                self.resp.answers.push_back(Answer::SequenceNak { psn: epsn, msn });
             }
             ctx.counters.rx_out_of_sequence += 1;
             return;
@@ -168,13 +151,8 @@ impl QueuePair {
             }
             Err(Refusal::Fatal(code, recv_status)) => {
                 ctx.counters.fatal_naks_sent += 1;
-                if let (Some(status), Some(Message::Send { recv, .. })) =
-                    (recv_status, self.resp.current.take())
-                {
-                    self.complete_recv(
-                        ctx,
-                        Completion::new(recv.wr_id, status, WcOpcode::Recv, self.qpn),
-                    );
+                if let (Some(status), Some(Message::Send { recv, .. })) = (recv_status, self.resp.current.take()) {
+                    self.complete_recv(ctx, Completion::new(recv.wr_id, status, WcOpcode::Recv, self.qpn));
                 }
                 self.resp.final_nak = Some((psn, code, self.resp.msn));
                 self.enter_error(ctx);
@@ -193,14 +171,8 @@ impl QueuePair {
             (&self.resp.current, op),
             (
                 Some(Message::Send { .. }),
-                Opcode::RcSendMiddle
-                    | Opcode::RcSendLast
-                    | Opcode::RcSendLastImm
-                    | Opcode::RcSendLastInv
-            ) | (
-                Some(Message::Write { .. }),
-                Opcode::RcWriteMiddle | Opcode::RcWriteLast | Opcode::RcWriteLastImm
-            )
+                Opcode::RcSendMiddle | Opcode::RcSendLast | Opcode::RcSendLastImm | Opcode::RcSendLastInv
+            ) | (Some(Message::Write { .. }), Opcode::RcWriteMiddle | Opcode::RcWriteLast | Opcode::RcWriteLastImm)
         );
         if continues == position.starts_message() {
             return Err(invalid);
@@ -236,72 +208,31 @@ impl QueuePair {
         }
     }
 
-    fn execute_send(
-        &mut self,
-        ctx: &mut Ctx,
-        packet: &PacketRepr,
-        position: Position,
-    ) -> Result<(), Refusal> {
+    fn execute_send(&mut self, ctx: &mut Ctx, packet: &PacketRepr, position: Position) -> Result<(), Refusal> {
         if position.starts_message() {
             let recv = self.rq.pop_front().ok_or(Refusal::ReceiverNotReady)?;
-            let capacity =
-                match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE) {
-                    Ok(capacity) => capacity,
-                    Err(_) => {
-                        self.resp.current = Some(Message::Send {
-                            recv,
-                            capacity: 0,
-                            offset: 0,
-                        });
-                        return Err(Refusal::Fatal(
-                            NakCode::RemoteOperationalError,
-                            Some(WcStatus::LocProtErr),
-                        ));
-                    }
-                };
-            self.resp.current = Some(Message::Send {
-                recv,
-                capacity,
-                offset: 0,
-            });
+            let capacity = match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE) {
+                Ok(capacity) => capacity,
+                Err(_) => {
+                    self.resp.current = Some(Message::Send { recv, capacity: 0, offset: 0 });
+                    return Err(Refusal::Fatal(NakCode::RemoteOperationalError, Some(WcStatus::LocProtErr)));
+                }
+            };
+            self.resp.current = Some(Message::Send { recv, capacity, offset: 0 });
         }
-        let Some(Message::Send {
-            recv,
-            capacity,
-            offset,
-        }) = &mut self.resp.current
-        else {
-            unreachable!()
-        };
+        let Some(Message::Send { recv, capacity, offset }) = &mut self.resp.current else { unreachable!() };
         let len = packet.payload.len() as u64;
         if *offset + len > *capacity {
-            return Err(Refusal::Fatal(
-                NakCode::InvalidRequest,
-                Some(WcStatus::LocLenErr),
-            ));
+            return Err(Refusal::Fatal(NakCode::InvalidRequest, Some(WcStatus::LocLenErr)));
         }
-        if scatter(
-            ctx.memory,
-            self.init.pd,
-            &recv.sges,
-            *offset,
-            packet.payload,
-        )
-        .is_err()
-        {
-            return Err(Refusal::Fatal(
-                NakCode::RemoteOperationalError,
-                Some(WcStatus::LocProtErr),
-            ));
+        if scatter(ctx.memory, self.init.pd, &recv.sges, *offset, packet.payload).is_err() {
+            return Err(Refusal::Fatal(NakCode::RemoteOperationalError, Some(WcStatus::LocProtErr)));
         }
         *offset += len;
         if position.ends_message() {
-            let Some(Message::Send { recv, offset, .. }) = self.resp.current.take() else {
-                unreachable!()
-            };
+            let Some(Message::Send { recv, offset, .. }) = self.resp.current.take() else { unreachable!() };
             let ext = &packet.headers.ext;
-            let mut completion =
-                Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+            let mut completion = Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
             completion.byte_len = offset as u32;
             completion.imm_data = ext.immediate;
             completion.invalidated_rkey = ext.invalidate_rkey;
@@ -312,12 +243,7 @@ impl QueuePair {
         Ok(())
     }
 
-    fn execute_write(
-        &mut self,
-        ctx: &mut Ctx,
-        packet: &PacketRepr,
-        position: Position,
-    ) -> Result<(), Refusal> {
+    fn execute_write(&mut self, ctx: &mut Ctx, packet: &PacketRepr, position: Position) -> Result<(), Refusal> {
         let ext = &packet.headers.ext;
         // A WRITE with immediate consumes a receive; check before touching
         // memory so that the retry after an RNR NAK starts clean.
@@ -325,48 +251,21 @@ impl QueuePair {
             return Err(Refusal::ReceiverNotReady);
         }
         if position.starts_message() {
-            let reth = ext
-                .reth
-                .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+            let reth = ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
             let len = u64::from(reth.dma_length);
             ctx.memory
-                .check_remote(
-                    self.init.pd,
-                    reth.rkey,
-                    reth.virtual_address,
-                    len as usize,
-                    Access::REMOTE_WRITE,
-                )
+                .check_remote(self.init.pd, reth.rkey, reth.virtual_address, len as usize, Access::REMOTE_WRITE)
                 .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
-            self.resp.current = Some(Message::Write {
-                va: reth.virtual_address,
-                rkey: reth.rkey,
-                len,
-                offset: 0,
-            });
+            self.resp.current = Some(Message::Write { va: reth.virtual_address, rkey: reth.rkey, len, offset: 0 });
         }
-        let Some(Message::Write {
-            va,
-            rkey,
-            len,
-            offset,
-        }) = &mut self.resp.current
-        else {
-            unreachable!()
-        };
+        let Some(Message::Write { va, rkey, len, offset }) = &mut self.resp.current else { unreachable!() };
         let payload_len = packet.payload.len() as u64;
         if *offset + payload_len > *len {
             return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
         }
         let view = ctx
             .memory
-            .check_remote(
-                self.init.pd,
-                *rkey,
-                va.wrapping_add(*offset),
-                payload_len as usize,
-                Access::REMOTE_WRITE,
-            )
+            .check_remote(self.init.pd, *rkey, va.wrapping_add(*offset), payload_len as usize, Access::REMOTE_WRITE)
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
         view.write(packet.payload);
         *offset += payload_len;
@@ -378,12 +277,8 @@ impl QueuePair {
             }
             if let Some(imm) = ext.immediate {
                 let recv = self.rq.pop_front().expect("checked above");
-                let mut completion = Completion::new(
-                    recv.wr_id,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    self.qpn,
-                );
+                let mut completion =
+                    Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
                 completion.byte_len = len as u32;
                 completion.imm_data = Some(imm);
                 completion.solicited = packet.headers.bth.solicited;
@@ -395,14 +290,8 @@ impl QueuePair {
     }
 
     fn execute_read(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<u32, Refusal> {
-        let reth = packet
-            .headers
-            .ext
-            .reth
-            .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
-        if self.resp.reads_and_atomics_pending()
-            >= usize::from(self.attrs.max_dest_rd_atomic.max(1))
-        {
+        let reth = packet.headers.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+        if self.resp.reads_and_atomics_pending() >= usize::from(self.attrs.max_dest_rd_atomic.max(1)) {
             return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
         }
         let response = self.read_response(ctx, packet.headers.bth.psn, reth)?;
@@ -412,42 +301,18 @@ impl QueuePair {
     }
 
     /// Checks a READ's target and plans its responses.
-    fn read_response(
-        &self,
-        ctx: &Ctx,
-        psn: Psn,
-        reth: softrnic_wire::reth::Repr,
-    ) -> Result<ReadResponse, Refusal> {
+    fn read_response(&self, ctx: &Ctx, psn: Psn, reth: softrnic_wire::reth::Repr) -> Result<ReadResponse, Refusal> {
         let len = u64::from(reth.dma_length);
         ctx.memory
-            .check_remote(
-                self.init.pd,
-                reth.rkey,
-                reth.virtual_address,
-                len as usize,
-                Access::REMOTE_READ,
-            )
+            .check_remote(self.init.pd, reth.rkey, reth.virtual_address, len as usize, Access::REMOTE_READ)
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
         let count = len.div_ceil(u64::from(self.mtu())).max(1) as u32;
-        Ok(ReadResponse {
-            first_psn: psn,
-            va: reth.virtual_address,
-            rkey: reth.rkey,
-            len,
-            next: 0,
-            count,
-        })
+        Ok(ReadResponse { first_psn: psn, va: reth.virtual_address, rkey: reth.rkey, len, next: 0, count })
     }
 
     fn execute_atomic(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<(), Refusal> {
-        let atomic = packet
-            .headers
-            .ext
-            .atomic_eth
-            .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
-        if self.resp.reads_and_atomics_pending()
-            >= usize::from(self.attrs.max_dest_rd_atomic.max(1))
-        {
+        let atomic = packet.headers.ext.atomic_eth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+        if self.resp.reads_and_atomics_pending() >= usize::from(self.attrs.max_dest_rd_atomic.max(1)) {
             return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
         }
         if atomic.virtual_address % 8 != 0 {
@@ -455,22 +320,10 @@ impl QueuePair {
         }
         let view = ctx
             .memory
-            .check_remote(
-                self.init.pd,
-                atomic.rkey,
-                atomic.virtual_address,
-                8,
-                Access::REMOTE_ATOMIC,
-            )
+            .check_remote(self.init.pd, atomic.rkey, atomic.virtual_address, 8, Access::REMOTE_ATOMIC)
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
         let original = if packet.headers.bth.opcode == Opcode::RcCompareSwap {
-            view.atomic_update(|v| {
-                if v == atomic.compare {
-                    atomic.swap_or_add
-                } else {
-                    v
-                }
-            })
+            view.atomic_update(|v| if v == atomic.compare { atomic.swap_or_add } else { v })
         } else {
             view.atomic_update(|v| v.wrapping_add(atomic.swap_or_add))
         };
@@ -482,9 +335,7 @@ impl QueuePair {
         }
         self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
         let msn = self.resp.msn;
-        self.resp
-            .answers
-            .push_back(Answer::AtomicAck { psn, msn, original });
+        self.resp.answers.push_back(Answer::AtomicAck { psn, msn, original });
         Ok(())
     }
 
@@ -509,9 +360,7 @@ impl QueuePair {
                 // stream still queued for the same READ is replaced, not
                 // sent alongside.
                 let same_read = self.resp.answers.iter().position(|a| match a {
-                    Answer::Read(r) => {
-                        r.first_psn.is_at_or_before(psn) && psn.is_before(r.first_psn.add(r.count))
-                    }
+                    Answer::Read(r) => r.first_psn.is_at_or_before(psn) && psn.is_before(r.first_psn.add(r.count)),
                     _ => false,
                 });
                 match same_read {
@@ -523,9 +372,7 @@ impl QueuePair {
                 let replay = self.resp.atomic_replay.iter().find(|(p, _)| *p == psn);
                 if let Some(&(_, original)) = replay {
                     let msn = self.resp.msn;
-                    self.resp
-                        .answers
-                        .push_back(Answer::AtomicAck { psn, msn, original });
+                    self.resp.answers.push_back(Answer::AtomicAck { psn, msn, original });
                 }
             }
             // SEND and WRITE: acknowledge everything received so far.
@@ -533,13 +380,7 @@ impl QueuePair {
         }
     }
 
-    fn answer_headers(
-        &self,
-        opcode: Opcode,
-        psn: Psn,
-        syndrome: Option<Syndrome>,
-        msn: u32,
-    ) -> Headers {
+    fn answer_headers(&self, opcode: Opcode, psn: Psn, syndrome: Option<Syndrome>, msn: u32) -> Headers {
         Headers {
             bth: bth::Repr {
                 opcode,
@@ -553,18 +394,13 @@ impl QueuePair {
                 ack_request: false,
                 psn,
             },
-            ext: Extensions {
-                aeth: syndrome.map(|syndrome| aeth::Repr { syndrome, msn }),
-                ..Extensions::default()
-            },
+            ext: Extensions { aeth: syndrome.map(|syndrome| aeth::Repr { syndrome, msn }), ..Extensions::default() },
         }
     }
 
     /// End-to-end credits to advertise: the receive queue's depth.
     fn credits(&self) -> Syndrome {
-        Syndrome::Ack {
-            credit_code: aeth::credit_code(self.rq.len() as u32),
-        }
+        Syndrome::Ack { credit_code: aeth::credit_code(self.rq.len() as u32) }
     }
 
     /// Builds the next answer packet.
@@ -575,29 +411,16 @@ impl QueuePair {
         let dst = self.attrs.remote_addr?;
         let answer = *self.resp.answers.front()?;
         let (headers, payload_len) = match answer {
-            Answer::Ack { psn, msn } => (
-                self.answer_headers(Opcode::RcAck, psn, Some(self.credits()), msn),
-                0,
-            ),
-            Answer::SequenceNak { psn, msn } => (
-                self.answer_headers(
-                    Opcode::RcAck,
-                    psn,
-                    Some(Syndrome::Nak(NakCode::PsnSequenceError)),
-                    msn,
-                ),
-                0,
-            ),
+            Answer::Ack { psn, msn } => (self.answer_headers(Opcode::RcAck, psn, Some(self.credits()), msn), 0),
+            Answer::SequenceNak { psn, msn } => {
+                (self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::Nak(NakCode::PsnSequenceError)), msn), 0)
+            }
             Answer::RnrNak { psn, msn } => {
                 let timer = self.attrs.min_rnr_timer;
-                (
-                    self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::RnrNak { timer }), msn),
-                    0,
-                )
+                (self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::RnrNak { timer }), msn), 0)
             }
             Answer::AtomicAck { psn, msn, original } => {
-                let mut headers =
-                    self.answer_headers(Opcode::RcAtomicAck, psn, Some(self.credits()), msn);
+                let mut headers = self.answer_headers(Opcode::RcAtomicAck, psn, Some(self.credits()), msn);
                 headers.ext.atomic_ack = Some(original);
                 (headers, 0)
             }
@@ -605,11 +428,8 @@ impl QueuePair {
                 Ok(built) => built,
                 Err(_) => {
                     // The region went away under a READ in progress.
-                    self.resp.final_nak = Some((
-                        read.first_psn.add(read.next),
-                        NakCode::RemoteAccessError,
-                        self.resp.msn,
-                    ));
+                    self.resp.final_nak =
+                        Some((read.first_psn.add(read.next), NakCode::RemoteAccessError, self.resp.msn));
                     self.enter_error(ctx);
                     return self.poll_final_nak(ctx, buf);
                 }
@@ -643,12 +463,7 @@ impl QueuePair {
             (false, true) => Opcode::RcReadResponseLast,
         };
         let syndrome = (opcode != Opcode::RcReadResponseMiddle).then(|| self.credits());
-        let headers = self.answer_headers(
-            opcode,
-            read.first_psn.add(read.next),
-            syndrome,
-            self.resp.msn,
-        );
+        let headers = self.answer_headers(opcode, read.first_psn.add(read.next), syndrome, self.resp.msn);
         let start = headers.len();
         let view = ctx.memory.check_remote(
             self.init.pd,

@@ -25,19 +25,8 @@ pub(super) struct SendWqe {
 impl SendWqe {
     pub fn new(wr: SendWorkRequest, mtu: u32) -> SendWqe {
         let len = wr.payload.len();
-        let npsn = if wr.op.is_atomic() {
-            1
-        } else {
-            len.div_ceil(u64::from(mtu)).max(1) as u32
-        };
-        SendWqe {
-            wr,
-            len,
-            npsn,
-            first_psn: None,
-            status: None,
-            responses: 0,
-        }
+        let npsn = if wr.op.is_atomic() { 1 } else { len.div_ceil(u64::from(mtu)).max(1) as u32 };
+        SendWqe { wr, len, npsn, first_psn: None, status: None, responses: 0 }
     }
 
     pub fn is_read_or_atomic(&self) -> bool {

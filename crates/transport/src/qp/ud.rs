@@ -26,19 +26,9 @@ impl QueuePair {
         }
         let wqe = self.sq.front()?;
         let dest = wqe.wr.ud.expect("checked at post");
-        let SendOp::Send { imm } = wqe.wr.op else {
-            unreachable!("checked at post")
-        };
-        let qkey = if dest.qkey & QKEY_FROM_QP != 0 {
-            self.attrs.qkey
-        } else {
-            dest.qkey
-        };
-        let opcode = if imm.is_some() {
-            Opcode::UdSendOnlyImm
-        } else {
-            Opcode::UdSendOnly
-        };
+        let SendOp::Send { imm } = wqe.wr.op else { unreachable!("checked at post") };
+        let qkey = if dest.qkey & QKEY_FROM_QP != 0 { self.attrs.qkey } else { dest.qkey };
+        let opcode = if imm.is_some() { Opcode::UdSendOnlyImm } else { Opcode::UdSendOnly };
         let psn = self.req.next_psn;
         let headers = Headers {
             bth: bth::Repr {
@@ -54,10 +44,7 @@ impl QueuePair {
                 psn,
             },
             ext: Extensions {
-                deth: Some(deth::Repr {
-                    qkey,
-                    src_qpn: self.qpn,
-                }),
+                deth: Some(deth::Repr { qkey, src_qpn: self.qpn }),
                 immediate: imm,
                 ..Extensions::default()
             },
@@ -72,14 +59,8 @@ impl QueuePair {
                     buf[start..start + len].copy_from_slice(bytes);
                     Ok(())
                 }
-                Payload::Gather(sges) => gather(
-                    ctx.memory,
-                    self.init.pd,
-                    sges,
-                    0,
-                    &mut buf[start..start + len],
-                )
-                .map_err(|_| WcStatus::LocProtErr),
+                Payload::Gather(sges) => gather(ctx.memory, self.init.pd, sges, 0, &mut buf[start..start + len])
+                    .map_err(|_| WcStatus::LocProtErr),
             }
         };
         let wqe = self.sq.pop_front().expect("front exists");
@@ -95,21 +76,14 @@ impl QueuePair {
         self.req.next_psn = psn.next();
         let len = headers.emit_around_payload(buf, len).ok()?;
         self.complete_send(ctx, &wqe, WcStatus::Success);
-        Some(Transmit {
-            dst: dest.addr,
-            len,
-        })
+        Some(Transmit { dst: dest.addr, len })
     }
 
     pub(super) fn ud_receive(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &PacketRepr) {
-        if !matches!(
-            self.state,
-            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-        ) {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
             return;
         }
-        let (Some(deth), true) = (packet.headers.ext.deth, packet.headers.bth.opcode.is_ud())
-        else {
+        let (Some(deth), true) = (packet.headers.ext.deth, packet.headers.bth.opcode.is_ud()) else {
             ctx.counters.rx_dropped_foreign += 1;
             return;
         };
@@ -123,29 +97,15 @@ impl QueuePair {
             return;
         };
         let total = GRH_LEN + packet.payload.len();
-        let mut completion =
-            Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
-        let status = match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE)
-        {
+        let mut completion = Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+        let status = match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE) {
             Err(_) => WcStatus::LocProtErr,
             Ok(capacity) if capacity < total as u64 => WcStatus::LocLenErr,
             Ok(_) => {
                 let grh = grh(src, ctx.config.local_addr, packet.payload.len());
-                let placed =
-                    scatter(ctx.memory, self.init.pd, &recv.sges, 0, &grh).and_then(|()| {
-                        scatter(
-                            ctx.memory,
-                            self.init.pd,
-                            &recv.sges,
-                            GRH_LEN as u64,
-                            packet.payload,
-                        )
-                    });
-                if placed.is_ok() {
-                    WcStatus::Success
-                } else {
-                    WcStatus::LocProtErr
-                }
+                let placed = scatter(ctx.memory, self.init.pd, &recv.sges, 0, &grh)
+                    .and_then(|()| scatter(ctx.memory, self.init.pd, &recv.sges, GRH_LEN as u64, packet.payload));
+                if placed.is_ok() { WcStatus::Success } else { WcStatus::LocProtErr }
             }
         };
         completion.status = status;

@@ -1,0 +1,330 @@
+//! Protection: every access with the wrong key, outside its region, without
+//! the access right, misaligned, or too big for its receive gets the NAK
+//! and the completion statuses the IBTA prescribes on both sides, and the
+//! memory it aimed at is untouched.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use softrnic_sim::harness::{IOVA, Pair, PairOptions};
+use softrnic_transport::{
+    Access, Completion, DmaBuffer, Payload, QpAttr, QpState, RecvWorkRequest, RemoteAddr, SendOp, Sge, WcStatus,
+};
+use softrnic_wire::icrc::UdpFlow;
+use softrnic_wire::packet::{Extensions, Headers};
+use softrnic_wire::{Opcode, Psn, ROCEV2_UDP_PORT, atomic_eth, bth, reth};
+
+const FILL: u8 = 0x5a;
+
+/// A pair whose responder (host 1) has its region filled with [`FILL`].
+fn pair_with(options: PairOptions) -> Pair {
+    let pair = Pair::new(options);
+    pair.b.buffer.fill(FILL);
+    pair
+}
+
+fn pair() -> Pair {
+    pair_with(PairOptions::default())
+}
+
+fn untouched(pair: &Pair, host: usize) -> bool {
+    pair.side(host).buffer.to_vec().iter().all(|&b| b == FILL)
+}
+
+fn statuses(completions: &[Completion]) -> Vec<(u64, WcStatus)> {
+    completions.iter().map(|c| (c.wr_id, c.status)).collect()
+}
+
+/// Posts one request from host 0 and a receive on host 1, runs to the end,
+/// and checks the requester's status, the responder's QP state and that
+/// the responder's memory is untouched.
+fn expect_remote_failure(mut pair: Pair, op: SendOp, payload: Payload, status: WcStatus) -> Pair {
+    pair.post_recv(1, 50, 0, 16);
+    pair.post(0, 1, op, payload);
+    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"after".to_vec()));
+    let [a, b] = pair.settle();
+    assert_eq!(statuses(&a), vec![(1, status), (2, WcStatus::WrFlushErr)]);
+    assert_eq!(statuses(&b), vec![(50, WcStatus::WrFlushErr)], "the responder's QP is in error and flushed");
+    assert_eq!((pair.state(0), pair.state(1)), (QpState::Error, QpState::Error));
+    assert!(untouched(&pair, 1), "the target memory changed");
+    pair
+}
+
+fn remote(pair: &Pair, offset: u64) -> RemoteAddr {
+    RemoteAddr { addr: IOVA + offset, rkey: pair.b.mr.rkey }
+}
+
+#[test]
+fn write_with_a_wrong_rkey() {
+    let pair = pair();
+    let target = RemoteAddr { rkey: pair.b.mr.rkey ^ 0x100, ..remote(&pair, 0) };
+    let pair = expect_remote_failure(
+        pair,
+        SendOp::Write { remote: target, imm: None },
+        Payload::Inline(vec![1; 8]),
+        WcStatus::RemAccessErr,
+    );
+    assert_eq!(pair.world.hosts[1].device.counters().fatal_naks_sent, 1);
+}
+
+#[test]
+fn write_out_of_bounds() {
+    let pair = pair();
+    let end = pair.b.buffer.len() as u64;
+    let target = remote(&pair, end - 4);
+    expect_remote_failure(
+        pair,
+        SendOp::Write { remote: target, imm: None },
+        Payload::Inline(vec![1; 8]),
+        WcStatus::RemAccessErr,
+    );
+}
+
+#[test]
+fn write_below_the_region() {
+    let pair = pair();
+    let target = RemoteAddr { addr: IOVA - 4, rkey: pair.b.mr.rkey };
+    expect_remote_failure(
+        pair,
+        SendOp::Write { remote: target, imm: None },
+        Payload::Inline(vec![1; 8]),
+        WcStatus::RemAccessErr,
+    );
+}
+
+#[test]
+fn read_out_of_bounds_leaves_the_local_buffer_alone() {
+    let mut pair = pair();
+    pair.a.buffer.fill(FILL);
+    let end = pair.b.buffer.len() as u64;
+    let payload = pair.a.gather(0, 64);
+    let target = remote(&pair, end - 32);
+    let pair = expect_remote_failure(pair, SendOp::Read { remote: target }, payload, WcStatus::RemAccessErr);
+    assert!(untouched(&pair, 0));
+}
+
+/// A region on host 1 registered with only `access`, for the access tests.
+fn region_with(pair: &mut Pair, access: Access) -> (Arc<DmaBuffer>, u32) {
+    let buffer = Arc::new(DmaBuffer::new(4096));
+    buffer.fill(FILL);
+    let pd = pair.b.pd;
+    let keys = pair.world.device(1).register_memory(pd, buffer.clone(), 0, 4096, 0x9000_0000, access).unwrap();
+    (buffer, keys.rkey)
+}
+
+#[test]
+fn each_remote_operation_needs_its_access_right() {
+    type MakeOp = fn(RemoteAddr) -> SendOp;
+    let cases: [(Access, MakeOp, &str); 3] = [
+        (
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            |remote| SendOp::Write { remote, imm: None },
+            "write",
+        ),
+        (Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC, |remote| SendOp::Read { remote }, "read"),
+        (
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            |remote| SendOp::FetchAdd { remote, add: 1 },
+            "atomic",
+        ),
+    ];
+    for (access, make, name) in cases {
+        let mut pair = pair();
+        let (buffer, rkey) = region_with(&mut pair, access);
+        let payload = pair.a.gather(0, 8);
+        expect_remote_failure(pair, make(RemoteAddr { addr: 0x9000_0000, rkey }), payload, WcStatus::RemAccessErr);
+        assert!(buffer.to_vec().iter().all(|&b| b == FILL), "{name} touched a region that forbids it");
+    }
+}
+
+#[test]
+fn a_region_without_remote_access_has_no_rkey() {
+    let mut pair = pair();
+    let (buffer, rkey) = region_with(&mut pair, Access::LOCAL_WRITE);
+    let payload = pair.a.gather(0, 8);
+    expect_remote_failure(
+        pair,
+        SendOp::Read { remote: RemoteAddr { addr: 0x9000_0000, rkey } },
+        payload,
+        WcStatus::RemAccessErr,
+    );
+    assert!(buffer.to_vec().iter().all(|&b| b == FILL));
+}
+
+#[test]
+fn an_rkey_from_another_protection_domain_is_refused() {
+    let mut pair = pair();
+    let device = pair.world.device(1);
+    let other_pd = device.alloc_pd();
+    let buffer = Arc::new(DmaBuffer::new(64));
+    buffer.fill(FILL);
+    let keys =
+        device.register_memory(other_pd, buffer.clone(), 0, 64, 0x5000, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
+    let target = RemoteAddr { addr: 0x5000, rkey: keys.rkey };
+    expect_remote_failure(
+        pair,
+        SendOp::Write { remote: target, imm: None },
+        Payload::Inline(vec![1; 8]),
+        WcStatus::RemAccessErr,
+    );
+    assert!(buffer.to_vec().iter().all(|&b| b == FILL));
+}
+
+#[test]
+fn a_deregistered_region_is_gone() {
+    let mut pair = pair();
+    let lkey = pair.b.mr.lkey;
+    pair.world.device(1).deregister_memory(lkey).unwrap();
+    let target = remote(&pair, 0);
+    expect_remote_failure(
+        pair,
+        SendOp::Write { remote: target, imm: None },
+        Payload::Inline(vec![1; 8]),
+        WcStatus::RemAccessErr,
+    );
+}
+
+#[test]
+fn a_qp_without_remote_write_rights_refuses_writes() {
+    let mut pair = pair();
+    let (now, qpn) = (pair.world.now, pair.b.qpn);
+    // Access flags may change in RTS.
+    pair.world
+        .device(1)
+        .modify_qp(
+            now,
+            qpn,
+            &QpAttr { state: Some(QpState::Rts), access: Some(Access::REMOTE_READ), ..QpAttr::default() },
+        )
+        .unwrap();
+    let target = remote(&pair, 0);
+    expect_remote_failure(
+        pair,
+        SendOp::Write { remote: target, imm: None },
+        Payload::Inline(vec![1; 8]),
+        WcStatus::RemInvReqErr,
+    );
+}
+
+#[test]
+fn an_unaligned_atomic_is_an_invalid_request() {
+    let pair = pair();
+    let payload = pair.a.gather(0, 8);
+    let target = remote(&pair, 12);
+    expect_remote_failure(
+        pair,
+        SendOp::CompareSwap { remote: target, compare: 0, swap: 1 },
+        payload,
+        WcStatus::RemInvReqErr,
+    );
+}
+
+#[test]
+fn a_send_larger_than_the_receive() {
+    let mut pair = pair();
+    pair.post_recv(1, 1, 0, 16);
+    pair.post_recv(1, 2, 100, 16);
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(vec![7; 17]));
+    let [a, b] = pair.settle();
+    assert_eq!(statuses(&a), vec![(1, WcStatus::RemInvReqErr)]);
+    assert_eq!(statuses(&b), vec![(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)]);
+    assert!(pair.b.buffer.to_vec()[16..].iter().all(|&b| b == FILL), "nothing past the receive buffer");
+}
+
+#[test]
+fn a_receive_with_a_bad_lkey() {
+    let mut pair = pair();
+    let (now, qpn) = (pair.world.now, pair.b.qpn);
+    let bad = Sge { addr: IOVA, length: 64, lkey: 0xbad };
+    pair.world.device(1).post_recv(now, qpn, RecvWorkRequest { wr_id: 1, sges: vec![bad] }).unwrap();
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(vec![7; 8]));
+    let [a, b] = pair.settle();
+    assert_eq!(statuses(&a), vec![(1, WcStatus::RemOpErr)]);
+    assert_eq!(statuses(&b), vec![(1, WcStatus::LocProtErr)]);
+    assert!(untouched(&pair, 1));
+}
+
+#[test]
+fn local_protection_errors_send_nothing() {
+    // A gather list with a bad lkey, and a READ into memory without LOCAL_WRITE.
+    let mut pair = pair();
+    let bad = Payload::Gather(vec![Sge { addr: IOVA, length: 8, lkey: 0xbad }]);
+    pair.post(0, 1, SendOp::Write { remote: remote(&pair, 0), imm: None }, bad);
+    let [a, _] = pair.settle();
+    assert_eq!(statuses(&a), vec![(1, WcStatus::LocProtErr)]);
+    assert_eq!(pair.world.device(0).counters().tx_packets, 0);
+    assert_eq!(pair.state(0), QpState::Error);
+
+    let mut pair = pair_with(PairOptions { access: Access::REMOTE_READ, ..PairOptions::default() });
+    let into_read_only = pair.a.gather(0, 8);
+    pair.post(0, 1, SendOp::Read { remote: remote(&pair, 0) }, into_read_only);
+    let [a, _] = pair.settle();
+    assert_eq!(statuses(&a), vec![(1, WcStatus::LocProtErr)]);
+}
+
+#[test]
+fn rnr_with_no_receive_posted_and_no_retries() {
+    let mut pair = pair_with(PairOptions { rnr_retry: 0, ..PairOptions::default() });
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(vec![1; 8]));
+    let [a, _] = pair.settle();
+    assert_eq!(statuses(&a), vec![(1, WcStatus::RnrRetryExcErr)]);
+    assert!(untouched(&pair, 1));
+}
+
+/// Writes a hostile packet with a valid ICRC, as if from host 0, to host 1.
+fn inject(pair: &mut Pair, headers: &Headers, payload: &[u8]) {
+    let mut buf = vec![0u8; headers.len() + payload.len() + 8];
+    let len = headers.emit_packet(&mut buf, payload).unwrap();
+    let (from, to) = (pair.world.hosts[0].addr, pair.world.ip(1));
+    UdpFlow { src: from.ip(), dst: to, src_port: from.port(), dst_port: ROCEV2_UDP_PORT }
+        .seal(&mut buf[..len])
+        .unwrap();
+    let now = pair.world.now;
+    pair.world.device(1).handle_datagram(now, from, &buf[..len]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Correctly sealed packets with arbitrary opcodes, PSNs, keys and
+    /// addresses never panic the device and never write outside the
+    /// registered region, whatever they claim.
+    #[test]
+    fn hostile_packets_stay_inside_registered_memory(
+        packets in prop::collection::vec((
+            prop::sample::select(Opcode::ALL.to_vec()), 0u32..64, any::<bool>(),
+            prop_oneof![Just(0u64), 0u64..70_000, any::<u64>()], any::<bool>(), 0u32..5000,
+            prop::collection::vec(any::<u8>(), 0..1100),
+        ), 1..40),
+    ) {
+        let mut pair = Pair::new(PairOptions::default());
+        let guard = Arc::new(DmaBuffer::new(4096));
+        guard.fill(FILL);
+        // A second region without remote rights, which no packet may touch.
+        let pd = pair.b.pd;
+        pair.world.device(1).register_memory(pd, guard.clone(), 0, 4096, 0x9000_0000, Access::LOCAL_WRITE).unwrap();
+        let (qpn, rkey, epsn) = (pair.b.qpn, pair.b.mr.rkey, Psn::new(pair.a.qpn * 1000));
+        for (opcode, psn_offset, right_key, va, relative, len, payload) in packets {
+            let addr = if relative { IOVA.wrapping_add(va) } else { va };
+            let key = if right_key { rkey } else { rkey ^ 0x300 };
+            let layout = opcode.layout();
+            let ext = Extensions {
+                deth: layout.deth.then_some(softrnic_wire::deth::Repr { qkey: 0, src_qpn: 1 }),
+                reth: layout.reth.then_some(reth::Repr { virtual_address: addr, rkey: key, dma_length: len }),
+                atomic_eth: layout.atomic_eth.then_some(atomic_eth::Repr { virtual_address: addr, rkey: key, swap_or_add: 1, compare: 0 }),
+                aeth: layout.aeth.then_some(softrnic_wire::aeth::Repr { syndrome: softrnic_wire::aeth::Syndrome::Ack { credit_code: 0 }, msn: 0 }),
+                atomic_ack: layout.atomic_ack_eth.then_some(0),
+                immediate: layout.immdt.then_some(0),
+                invalidate_rkey: layout.ieth.then_some(key),
+            };
+            let headers = Headers {
+                bth: bth::Repr { opcode, solicited: false, migration: false, pad_count: 0, pkey: 0xffff, fecn: false, becn: false, dest_qpn: qpn, ack_request: true, psn: epsn.add(psn_offset) },
+                ext,
+            };
+            let payload: &[u8] = if layout.payload { &payload } else { &[] };
+            inject(&mut pair, &headers, payload);
+            pair.world.flush();
+        }
+        prop_assert!(guard.to_vec().iter().all(|&b| b == FILL), "a region without remote rights changed");
+    }
+}
