@@ -36,6 +36,7 @@ pub struct Outcome {
     pub network: NetworkStats,
     pub virtual_time: Duration,
     pub retransmitted: u64,
+    pub timeouts: u64,
     pub rnr_naks: u64,
     pub seq_naks: u64,
     pub duplicates: u64,
@@ -55,6 +56,10 @@ struct Live {
     /// Receives this endpoint keeps posted at most; small values make the
     /// peer meet RNR NAKs.
     recv_window: usize,
+    /// A slow application posts at most one receive per period, so that
+    /// SENDs meet RNR NAKs.
+    recv_period: Option<Duration>,
+    next_recv_post: Instant,
     sends_done: Vec<Completion>,
     recvs_done: Vec<Completion>,
 }
@@ -110,8 +115,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     );
 
     for (p, (plan, ends)) in plans.iter().zip(&live).enumerate() {
-        for side in 0..2 {
-            let (end, plan) = (&ends[side], &plan.ends[side]);
+        for (side, (end, plan)) in ends.iter().zip(&plan.ends).enumerate() {
             let who = format!("{context}: pair {p} side {side}");
             let expected_recvs: Vec<_> = plan.recvs.iter().map(|r| r.expect).collect();
             if !finished && std::env::var_os("SOFTRNIC_SIM_TRACE").is_some() {
@@ -131,8 +135,8 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     }
     // Only now has every peer finished writing into every buffer.
     for (p, (plan, ends)) in plans.iter().zip(&live).enumerate() {
-        for side in 0..2 {
-            if let Some(diff) = first_difference(&ends[side].buffer.to_vec(), &plan.ends[side].expected) {
+        for (side, (end, plan)) in ends.iter().zip(&plan.ends).enumerate() {
+            if let Some(diff) = first_difference(&end.buffer.to_vec(), &plan.expected) {
                 return Err(format!("{context}: pair {p} side {side}: memory differs from the oracle: {diff}"));
             }
         }
@@ -143,6 +147,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         network: world.network.stats,
         virtual_time: world.now - Instant::ZERO,
         retransmitted: sum(|c| c.retransmitted_packets),
+        timeouts: sum(|c| c.timeouts),
         rnr_naks: sum(|c| c.rnr_naks_sent),
         seq_naks: sum(|c| c.seq_naks_sent),
         duplicates: sum(|c| c.rx_duplicate_requests + c.rx_duplicate_responses),
@@ -171,6 +176,8 @@ fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut 
         posted_ops: 0,
         posted_recvs: 0,
         recv_window: rng.usize(1..=8),
+        recv_period: rng.bool().then(|| Duration::from_micros(rng.u64(1..=50))),
+        next_recv_post: Instant::ZERO,
         sends_done: Vec::new(),
         recvs_done: Vec::new(),
     }
@@ -246,10 +253,16 @@ fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKey
             end.sends_done.push(c);
         }
     }
-    while end.posted_recvs < plan.recvs.len() && end.posted_recvs - end.recvs_done.len() < end.recv_window {
+    while end.posted_recvs < plan.recvs.len()
+        && end.posted_recvs - end.recvs_done.len() < end.recv_window
+        && now >= end.next_recv_post
+    {
         let wr = plan.recvs[end.posted_recvs].work_request(end.keys);
         device.post_recv(now, end.qpn, wr).expect("post_recv");
         end.posted_recvs += 1;
+        if let Some(period) = end.recv_period {
+            end.next_recv_post = now + period;
+        }
     }
     while end.posted_ops < plan.ops.len() {
         let in_queue = device.qp(end.qpn).map_or(0, |qp| qp.send_queue_len());

@@ -94,7 +94,7 @@ fn write_below_the_region() {
 
 #[test]
 fn read_out_of_bounds_leaves_the_local_buffer_alone() {
-    let mut pair = pair();
+    let pair = pair();
     pair.a.buffer.fill(FILL);
     let end = pair.b.buffer.len() as u64;
     let payload = pair.a.gather(0, 64);

@@ -59,7 +59,10 @@ fn a_perfect_network_needs_no_recovery() {
     for seed in 0..50 {
         let outcome = scenario::run(seed, limits).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(outcome.network.dropped, 0);
-        assert_eq!(outcome.retransmitted, 0, "seed {seed}");
-        assert_eq!(outcome.seq_naks, 0, "seed {seed}");
+        // Only RNR NAKs (a slow receiver) may cause a packet to be resent.
+        assert_eq!((outcome.timeouts, outcome.seq_naks, outcome.duplicates), (0, 0, 0), "seed {seed}");
+        if outcome.rnr_naks == 0 {
+            assert_eq!(outcome.retransmitted, 0, "seed {seed}");
+        }
     }
 }

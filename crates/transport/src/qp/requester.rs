@@ -247,7 +247,7 @@ impl QueuePair {
         // long one, and when this packet fills the window.
         let interval = ctx.config.ack_request_interval.max(1);
         let window_full = psn.distance_from(self.req.una) + 1 >= ctx.config.max_inflight_packets as i32;
-        let ack_request = last || (k + 1) % interval == 0 || window_full;
+        let ack_request = last || (k + 1).is_multiple_of(interval) || window_full;
         let headers = Headers { bth: self.bth(opcode, psn, ack_request, wqe.wr.solicited && last), ext };
         let start = headers.len();
         let body = buf.get_mut(start..start + payload_len).ok_or(WcStatus::LocLenErr)?;
@@ -356,7 +356,7 @@ impl QueuePair {
             self.req.rnr_until = None;
             self.arm_retry_timer(ctx.now);
         }
-        if !self.req.retry_deadline.is_some_and(|t| t <= ctx.now) {
+        if self.req.retry_deadline.is_none_or(|t| t > ctx.now) {
             return;
         }
         self.req.retry_deadline = None;

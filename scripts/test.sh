@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The project's test command: what README.md tells you to run and what CI
+# (.ci/run) runs. Formatting, lints, every test (with thousands of
+# simulation seeds), and a short fuzzing run when cargo-fuzz is installed.
+#
+#   SOFTRNIC_SIM_SEEDS=N   simulation seeds (default 2000)
+#   SOFTRNIC_FUZZ_SECONDS  length of the fuzzing run (default 30; 0 skips it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "formatting"
+cargo fmt --all -- --check
+
+step "lints"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "tests (simulation seeds: ${SOFTRNIC_SIM_SEEDS:=2000})"
+export SOFTRNIC_SIM_SEEDS
+cargo test --workspace --locked
+
+fuzz_seconds=${SOFTRNIC_FUZZ_SECONDS:-30}
+if [ "$fuzz_seconds" -gt 0 ]; then
+    if cargo fuzz --version >/dev/null 2>&1 && cargo +nightly --version >/dev/null 2>&1; then
+        step "fuzzing the packet parser for ${fuzz_seconds}s"
+        (cd fuzz && cargo +nightly fuzz run parse_packet -- -max_total_time="$fuzz_seconds" 2>&1 | tail -n 3)
+    else
+        step "fuzzing skipped: needs cargo-fuzz and a nightly toolchain (cargo install cargo-fuzz)"
+    fi
+fi
