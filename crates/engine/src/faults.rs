@@ -1,0 +1,151 @@
+//! Fault injection in the datapath, for testing and teaching: every
+//! datagram, sent or received, may be dropped, corrupted, duplicated or held
+//! back so that the next one overtakes it.
+//!
+//! Set by `--loss/--reorder/--duplicate/--corrupt` or by the environment
+//! (`SOFTRNIC_LOSS`, `SOFTRNIC_REORDER`, `SOFTRNIC_DUPLICATE`,
+//! `SOFTRNIC_CORRUPT`) for any program using softrnic.
+
+use std::net::SocketAddr;
+
+/// Probabilities, from 0 to 1, applied in each direction.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FaultConfig {
+    pub loss: f64,
+    pub reorder: f64,
+    pub duplicate: f64,
+    pub corrupt: f64,
+}
+
+impl FaultConfig {
+    pub fn is_none(&self) -> bool {
+        self.loss == 0.0 && self.reorder == 0.0 && self.duplicate == 0.0 && self.corrupt == 0.0
+    }
+
+    /// Reads `SOFTRNIC_LOSS` and friends; a value that is not a probability
+    /// is an error that names the variable.
+    pub fn from_env() -> Result<FaultConfig, String> {
+        let read = |name: &str| -> Result<f64, String> {
+            match std::env::var(name) {
+                Err(_) => Ok(0.0),
+                Ok(text) => parse_probability(&text).map_err(|e| format!("{name}: {e}")),
+            }
+        };
+        Ok(FaultConfig {
+            loss: read("SOFTRNIC_LOSS")?,
+            reorder: read("SOFTRNIC_REORDER")?,
+            duplicate: read("SOFTRNIC_DUPLICATE")?,
+            corrupt: read("SOFTRNIC_CORRUPT")?,
+        })
+    }
+}
+
+/// Parses a probability, with an error that says what a valid one is.
+pub fn parse_probability(text: &str) -> Result<f64, String> {
+    let p: f64 =
+        text.trim().parse().map_err(|_| format!("`{text}` is not a number; give a probability such as 0.01"))?;
+    if (0.0..=1.0).contains(&p) { Ok(p) } else { Err(format!("{p} is not a probability; use a value from 0 to 1")) }
+}
+
+/// Counts of what the injector did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    pub dropped: u64,
+    pub corrupted: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+}
+
+/// Applies a [`FaultConfig`] to a stream of datagrams.
+#[derive(Debug)]
+pub struct FaultInjector {
+    config: FaultConfig,
+    rng: fastrand::Rng,
+    /// A datagram held back, released after the next one.
+    held: Option<(SocketAddr, Vec<u8>)>,
+    pub stats: FaultStats,
+}
+
+impl FaultInjector {
+    pub fn new(config: FaultConfig, seed: u64) -> FaultInjector {
+        FaultInjector { config, rng: fastrand::Rng::with_seed(seed), held: None, stats: FaultStats::default() }
+    }
+
+    /// Passes one datagram through the faults; what survives (zero to three
+    /// datagrams, counting a released held one) is appended to `out`.
+    pub fn apply(&mut self, peer: SocketAddr, bytes: &[u8], out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        if self.rng.f64() < self.config.loss {
+            self.stats.dropped += 1;
+            return;
+        }
+        let mut bytes = bytes.to_vec();
+        if !bytes.is_empty() && self.rng.f64() < self.config.corrupt {
+            self.stats.corrupted += 1;
+            let at = self.rng.usize(..bytes.len());
+            bytes[at] ^= 1 << self.rng.u8(..8);
+        }
+        if self.rng.f64() < self.config.duplicate {
+            self.stats.duplicated += 1;
+            out.push((peer, bytes.clone()));
+        }
+        if self.held.is_none() && self.rng.f64() < self.config.reorder {
+            self.stats.reordered += 1;
+            self.held = Some((peer, bytes));
+            return;
+        }
+        out.push((peer, bytes));
+        if let Some(held) = self.held.take() {
+            out.push(held);
+        }
+    }
+
+    /// Releases a held datagram (when traffic pauses, nothing would).
+    pub fn release(&mut self, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        if let Some(held) = self.held.take() {
+            out.push(held);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer() -> SocketAddr {
+        "127.0.0.2:4791".parse().unwrap()
+    }
+
+    #[test]
+    fn no_faults_passes_everything_through() {
+        let mut f = FaultInjector::new(FaultConfig::default(), 1);
+        let mut out = Vec::new();
+        for i in 0..100u8 {
+            f.apply(peer(), &[i], &mut out);
+        }
+        assert_eq!(out.iter().map(|(_, b)| b[0]).collect::<Vec<_>>(), (0..100).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn each_fault_happens_about_as_often_as_asked() {
+        let config = FaultConfig { loss: 0.1, reorder: 0.1, duplicate: 0.1, corrupt: 0.1 };
+        let mut f = FaultInjector::new(config, 7);
+        let mut out = Vec::new();
+        for _ in 0..10_000 {
+            f.apply(peer(), &[0u8; 16], &mut out);
+        }
+        f.release(&mut out);
+        let s = f.stats;
+        for (name, n) in [("dropped", s.dropped), ("corrupted", s.corrupted), ("duplicated", s.duplicated)] {
+            assert!((700..1300).contains(&n), "{name}: {n}");
+        }
+        assert!(s.reordered > 500, "reordered: {}", s.reordered);
+        assert_eq!(out.len() as u64, 10_000 - s.dropped + s.duplicated);
+    }
+
+    #[test]
+    fn probabilities_are_checked() {
+        assert_eq!(parse_probability("0.25"), Ok(0.25));
+        assert!(parse_probability("1.5").unwrap_err().contains("from 0 to 1"));
+        assert!(parse_probability("lots").unwrap_err().contains("not a number"));
+    }
+}

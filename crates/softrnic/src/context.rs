@@ -1,0 +1,52 @@
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use softrnic_engine::{EngineConfig, Nic, NicCounters};
+
+use crate::{CompletionQueue, Error, ProtectionDomain};
+
+/// An open software RNIC.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) nic: Arc<Nic>,
+}
+
+impl Context {
+    /// Opens a device on `addr` with one engine thread and no faults.
+    pub fn open(addr: IpAddr) -> Result<Context, Error> {
+        Context::with_config(EngineConfig::new(addr))
+    }
+
+    pub fn with_config(config: EngineConfig) -> Result<Context, Error> {
+        Ok(Context { nic: Arc::new(Nic::open(config)?) })
+    }
+
+    /// The device's address, which is also its GID.
+    pub fn addr(&self) -> IpAddr {
+        self.nic.addr()
+    }
+
+    pub fn alloc_pd(&self) -> ProtectionDomain {
+        let id = self.nic.with(|d, _| d.alloc_pd());
+        ProtectionDomain { ctx: self.clone(), id: Arc::new(crate::pd::PdHandle { ctx: self.clone(), id }) }
+    }
+
+    /// A completion queue of `capacity` entries.
+    pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue, Error> {
+        let id = self.nic.with(|d, _| d.create_cq(capacity));
+        Ok(CompletionQueue::new(self.clone(), id))
+    }
+
+    pub fn counters(&self) -> NicCounters {
+        self.nic.counters()
+    }
+
+    pub fn engine_threads(&self) -> usize {
+        self.nic.engine_threads()
+    }
+
+    /// Makes progress from the caller's thread; true if anything moved.
+    pub fn progress(&self) -> bool {
+        self.nic.progress()
+    }
+}

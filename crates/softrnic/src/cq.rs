@@ -1,0 +1,99 @@
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softrnic_engine::EventFd;
+use softrnic_engine::eventfd::wait_readable;
+use softrnic_transport::{Completion, CqId};
+
+use crate::{Context, Error};
+
+pub(crate) struct CqHandle {
+    ctx: Context,
+    id: CqId,
+}
+
+impl Drop for CqHandle {
+    fn drop(&mut self) {
+        let id = self.id;
+        let _ = self.ctx.nic.with(|d, _| d.destroy_cq(id));
+    }
+}
+
+/// A completion queue. Polling it also makes the device progress from the
+/// polling thread, so a thread that spins on its CQ sees completions as
+/// soon as the packets behind them arrive.
+pub struct CompletionQueue {
+    ctx: Context,
+    pub(crate) id: CqId,
+    handle: Arc<CqHandle>,
+}
+
+impl CompletionQueue {
+    pub(crate) fn new(ctx: Context, id: CqId) -> CompletionQueue {
+        let handle = Arc::new(CqHandle { ctx: ctx.clone(), id });
+        CompletionQueue { ctx, id, handle }
+    }
+
+    pub(crate) fn handle(&self) -> Arc<CqHandle> {
+        self.handle.clone()
+    }
+
+    /// Moves up to `max` completions into `out`; returns how many.
+    pub fn poll(&self, max: usize, out: &mut Vec<Completion>) -> usize {
+        let id = self.id;
+        let n = self.ctx.nic.with(|d, _| d.poll_cq(id, max, out));
+        if n > 0 {
+            return n;
+        }
+        if self.ctx.nic.progress() { self.ctx.nic.with(|d, _| d.poll_cq(id, max, out)) } else { 0 }
+    }
+
+    /// Polls until a completion arrives or `timeout` passes.
+    pub fn wait(&self, timeout: Duration) -> Result<Completion, Error> {
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::with_capacity(1);
+        loop {
+            if self.poll(1, &mut out) == 1 {
+                return Ok(out[0]);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(timeout));
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// [`CompletionQueue::wait`] with a ten-second limit.
+    pub fn wait_one(&self) -> Result<Completion, Error> {
+        self.wait(Duration::from_secs(10))
+    }
+
+    /// Arms the completion channel for the next completion (or the next
+    /// solicited one), as `ibv_req_notify_cq` does.
+    pub fn request_notify(&self, solicited_only: bool) -> Result<(), Error> {
+        let id = self.id;
+        self.channel()?;
+        Ok(self.ctx.nic.with(|d, _| d.request_notify_cq(id, solicited_only))?)
+    }
+
+    fn channel(&self) -> Result<Arc<EventFd>, Error> {
+        Ok(self.ctx.nic.channel(self.id)?)
+    }
+
+    /// The completion channel's file descriptor, for `poll`/`epoll`.
+    pub fn channel_fd(&self) -> Result<RawFd, Error> {
+        Ok(self.channel()?.as_raw_fd())
+    }
+
+    /// Blocks until the armed notification fires or `timeout` passes;
+    /// returns whether it fired. The engine threads make the progress.
+    pub fn wait_event(&self, timeout: Duration) -> Result<bool, Error> {
+        let channel = self.channel()?;
+        if channel.drain() > 0 {
+            return Ok(true);
+        }
+        wait_readable(&[channel.as_raw_fd()], timeout.as_millis().min(i32::MAX as u128) as i32)?;
+        Ok(channel.drain() > 0)
+    }
+}

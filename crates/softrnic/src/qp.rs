@@ -1,0 +1,139 @@
+use std::sync::Arc;
+
+use softrnic_transport::{Access, Mtu, Psn, QpAttr, QpState, QpType, RecvWorkRequest, SendWorkRequest};
+
+use crate::cq::CqHandle;
+use crate::{Endpoint, Error, MemoryRegion, ProtectionDomain};
+
+/// Connection settings, with perftest's defaults where it has them.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectOptions {
+    pub mtu: Mtu,
+    /// Local ACK timeout, 4.096 µs × 2^timeout.
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    /// 7 retries for ever.
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub access: Access,
+    /// The Q_Key of a UD QP.
+    pub qkey: u32,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            mtu: Mtu::Mtu4096,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 16,
+            access: Access::REMOTE,
+            qkey: 0x1111_1111,
+        }
+    }
+}
+
+/// A queue pair. Posting a send rings the doorbell: the packets leave from
+/// the calling thread.
+pub struct QueuePair {
+    pd: ProtectionDomain,
+    qpn: u32,
+    qp_type: QpType,
+    psn: Psn,
+    // Keeps the CQs alive while the QP uses them.
+    _cqs: [Arc<CqHandle>; 2],
+}
+
+impl QueuePair {
+    pub(crate) fn new(pd: ProtectionDomain, qpn: u32, qp_type: QpType, cqs: [Arc<CqHandle>; 2]) -> QueuePair {
+        // A random initial PSN, as perftest picks one.
+        let psn = Psn::new(fastrand::u32(..));
+        QueuePair { pd, qpn, qp_type, psn, _cqs: cqs }
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The initial send PSN this side will use.
+    pub fn initial_psn(&self) -> Psn {
+        self.psn
+    }
+
+    /// What the peer needs to know to talk to this QP and `mr`.
+    pub fn endpoint(&self, mr: &MemoryRegion) -> Endpoint {
+        Endpoint {
+            gid: self.pd.ctx.addr(),
+            qpn: self.qpn,
+            psn: self.psn,
+            rkey: mr.rkey(),
+            addr: mr.iova(),
+            len: mr.len() as u64,
+        }
+    }
+
+    pub fn state(&self) -> QpState {
+        let qpn = self.qpn;
+        self.pd.ctx.nic.with(|d, _| d.qp(qpn).map(|q| q.state())).unwrap_or(QpState::Error)
+    }
+
+    pub fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
+        let qpn = self.qpn;
+        Ok(self.pd.ctx.nic.with_doorbell(|d, now| d.modify_qp(now, qpn, attr))?)
+    }
+
+    /// Takes the QP from RESET to RTS, connected to `remote` (for UD, just
+    /// to RTS).
+    pub fn connect(&self, remote: &Endpoint, o: &ConnectOptions) -> Result<(), Error> {
+        let init = QpAttr { state: Some(QpState::Init), pkey_index: Some(0), port: Some(1), ..QpAttr::default() };
+        match self.qp_type {
+            QpType::Rc => {
+                self.modify(&QpAttr { access: Some(o.access), ..init })?;
+                self.modify(&QpAttr {
+                    state: Some(QpState::Rtr),
+                    remote_addr: Some(remote.gid),
+                    path_mtu: Some(o.mtu),
+                    dest_qpn: Some(remote.qpn),
+                    rq_psn: Some(remote.psn),
+                    max_dest_rd_atomic: Some(o.max_rd_atomic),
+                    min_rnr_timer: Some(o.min_rnr_timer),
+                    ..QpAttr::default()
+                })?;
+                self.modify(&QpAttr {
+                    state: Some(QpState::Rts),
+                    sq_psn: Some(self.psn),
+                    timeout: Some(o.timeout),
+                    retry_cnt: Some(o.retry_cnt),
+                    rnr_retry: Some(o.rnr_retry),
+                    max_rd_atomic: Some(o.max_rd_atomic),
+                    ..QpAttr::default()
+                })
+            }
+            QpType::Ud => {
+                self.modify(&QpAttr { qkey: Some(o.qkey), ..init })?;
+                self.modify(&QpAttr { state: Some(QpState::Rtr), ..QpAttr::default() })?;
+                self.modify(&QpAttr { state: Some(QpState::Rts), sq_psn: Some(self.psn), ..QpAttr::default() })
+            }
+        }
+    }
+
+    pub fn post_send(&self, wr: SendWorkRequest) -> Result<(), Error> {
+        let qpn = self.qpn;
+        Ok(self.pd.ctx.nic.with_doorbell(|d, now| d.post_send(now, qpn, wr))?)
+    }
+
+    pub fn post_recv(&self, wr: RecvWorkRequest) -> Result<(), Error> {
+        let qpn = self.qpn;
+        Ok(self.pd.ctx.nic.with(|d, now| d.post_recv(now, qpn, wr))?)
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let qpn = self.qpn;
+        let _ = self.pd.ctx.nic.with(|d, _| d.destroy_qp(qpn));
+    }
+}

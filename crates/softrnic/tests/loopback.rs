@@ -1,0 +1,185 @@
+//! End to end over real UDP sockets on loopback: two devices on their own
+//! 127.x addresses, every operation, with and without injected faults,
+//! every byte checked.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use softrnic::{
+    Access, CompletionQueue, ConnectOptions, Context, EngineConfig, FaultConfig, MemoryRegion, Payload, QpCaps,
+    QueuePair, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode, WcStatus,
+};
+
+/// Each test takes its own pair of addresses so tests can run in parallel.
+static NEXT: AtomicU8 = AtomicU8::new(10);
+
+struct Side {
+    ctx: Context,
+    mr: MemoryRegion,
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn side(addr: IpAddr, faults: FaultConfig, len: usize) -> Side {
+    let ctx = Context::with_config(EngineConfig { faults, ..EngineConfig::new(addr) }).expect("open");
+    let pd = ctx.alloc_pd();
+    let mr = pd.register(len, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
+    let cq = ctx.create_cq(1024).unwrap();
+    let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+    Side { ctx, mr, cq, qp }
+}
+
+fn pair(faults: FaultConfig, len: usize) -> (Side, Side) {
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    let a = side(IpAddr::from([127, 0, 1, n]), faults, len);
+    let b = side(IpAddr::from([127, 0, 1, n + 1]), faults, len);
+    // Short timeouts keep faulty runs quick.
+    let options = ConnectOptions { timeout: 10, min_rnr_timer: 1, ..ConnectOptions::default() };
+    a.qp.connect(&b.qp.endpoint(&b.mr), &options).unwrap();
+    b.qp.connect(&a.qp.endpoint(&a.mr), &options).unwrap();
+    (a, b)
+}
+
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(7).wrapping_add(salt) ^ (i >> 8) as u8).collect()
+}
+
+fn wait(cq: &CompletionQueue) -> softrnic::Completion {
+    cq.wait(Duration::from_secs(30)).expect("a completion")
+}
+
+/// Runs every operation once with `faults` and checks every byte.
+fn every_operation(faults: FaultConfig) {
+    const LEN: usize = 1 << 20;
+    let (a, b) = pair(faults, 4 * LEN);
+    let data = pattern(LEN, 3);
+    a.mr.write(0, &data);
+    b.mr.write(LEN, &data);
+
+    // SEND with immediate, 1 MiB, into a posted receive.
+    b.qp.post_recv(RecvWorkRequest { wr_id: 10, sges: vec![b.mr.sge(2 * LEN, LEN as u32)] }).unwrap();
+    a.qp.post_send(SendWorkRequest::new(1, SendOp::Send { imm: Some(7) }, a.mr.gather(0, LEN as u32))).unwrap();
+    let c = wait(&a.cq);
+    assert_eq!((c.wr_id, c.status, c.opcode), (1, WcStatus::Success, WcOpcode::Send));
+    let r = wait(&b.cq);
+    assert_eq!((r.wr_id, r.status, r.byte_len, r.imm_data), (10, WcStatus::Success, LEN as u32, Some(7)));
+    let mut got = vec![0u8; LEN];
+    b.mr.read(2 * LEN, &mut got);
+    assert!(got == data, "SEND data differs");
+
+    // WRITE (the responder's application calls nothing), then READ back.
+    a.qp.post_send(SendWorkRequest::new(
+        2,
+        SendOp::Write { remote: b.mr.remote(3 * LEN), imm: None },
+        a.mr.gather(0, LEN as u32),
+    ))
+    .unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    b.mr.read(3 * LEN, &mut got);
+    assert!(got == data, "WRITE data differs");
+    a.qp.post_send(SendWorkRequest::new(3, SendOp::Read { remote: b.mr.remote(LEN) }, a.mr.gather(LEN, LEN as u32)))
+        .unwrap();
+    let c = wait(&a.cq);
+    assert_eq!((c.status, c.opcode, c.byte_len), (WcStatus::Success, WcOpcode::RdmaRead, LEN as u32));
+    a.mr.read(LEN, &mut got);
+    assert!(got == data, "READ data differs");
+
+    // WRITE with immediate, and both atomics.
+    b.qp.post_recv(RecvWorkRequest { wr_id: 11, sges: vec![] }).unwrap();
+    a.qp.post_send(SendWorkRequest::new(
+        4,
+        SendOp::Write { remote: b.mr.remote(8), imm: Some(9) },
+        Payload::Inline(vec![1; 8]),
+    ))
+    .unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    let r = wait(&b.cq);
+    assert_eq!((r.opcode, r.imm_data, r.byte_len), (WcOpcode::RecvRdmaWithImm, Some(9), 8));
+    b.mr.write(64, &40u64.to_ne_bytes());
+    a.qp.post_send(SendWorkRequest::new(5, SendOp::FetchAdd { remote: b.mr.remote(64), add: 2 }, a.mr.gather(16, 8)))
+        .unwrap();
+    a.qp.post_send(SendWorkRequest::new(
+        6,
+        SendOp::CompareSwap { remote: b.mr.remote(64), compare: 42, swap: 99 },
+        a.mr.gather(24, 8),
+    ))
+    .unwrap();
+    assert_eq!(wait(&a.cq).opcode, WcOpcode::FetchAdd);
+    assert_eq!(wait(&a.cq).opcode, WcOpcode::CompSwap);
+    let mut word = [0u8; 8];
+    a.mr.read(16, &mut word);
+    assert_eq!(u64::from_ne_bytes(word), 40);
+    a.mr.read(24, &mut word);
+    assert_eq!(u64::from_ne_bytes(word), 42);
+    b.mr.read(64, &mut word);
+    assert_eq!(u64::from_ne_bytes(word), 99);
+}
+
+#[test]
+fn every_operation_over_loopback() {
+    every_operation(FaultConfig::default());
+}
+
+#[test]
+fn every_operation_through_injected_faults() {
+    let faults = FaultConfig { loss: 0.02, reorder: 0.02, duplicate: 0.02, corrupt: 0.02 };
+    every_operation(faults);
+}
+
+#[test]
+fn packets_on_the_wire_carry_a_valid_icrc() {
+    let (a, b) = pair(FaultConfig::default(), 4096);
+    b.qp.post_recv(RecvWorkRequest { wr_id: 1, sges: vec![b.mr.sge(0, 64)] }).unwrap();
+    a.qp.post_send(SendWorkRequest::new(1, SendOp::Send { imm: None }, Payload::Inline(b"checked".to_vec()))).unwrap();
+    wait(&a.cq);
+    wait(&b.cq);
+    // Every datagram that arrived passed the receiver's ICRC check.
+    let counters = b.ctx.counters().transport;
+    assert!(counters.rx_packets > 0);
+    assert_eq!(counters.rx_icrc_errors, 0);
+}
+
+#[test]
+fn a_peer_that_disappears_fails_its_work_requests() {
+    let (a, b) = pair(FaultConfig::default(), 4096);
+    let options = ConnectOptions { timeout: 8, retry_cnt: 2, ..ConnectOptions::default() };
+    // Reconnect with a short timeout so the failure comes quickly.
+    a.qp.modify(&softrnic::QpAttr { state: Some(softrnic::QpState::Reset), ..Default::default() }).unwrap();
+    a.qp.connect(&b.qp.endpoint(&b.mr), &options).unwrap();
+    drop(b);
+    for id in 0..3 {
+        a.qp.post_send(SendWorkRequest::new(
+            id,
+            SendOp::Write { remote: a.mr.remote(0), imm: None },
+            Payload::Inline(vec![0; 8]),
+        ))
+        .unwrap();
+    }
+    let statuses: Vec<_> = (0..3).map(|_| wait(&a.cq).status).collect();
+    assert_eq!(statuses, vec![WcStatus::RetryExcErr, WcStatus::WrFlushErr, WcStatus::WrFlushErr]);
+    assert_eq!(a.qp.state(), softrnic::QpState::Error);
+}
+
+#[test]
+fn completion_channel_wakes_a_sleeping_waiter() {
+    let (a, b) = pair(FaultConfig::default(), 4096);
+    b.cq.request_notify(false).unwrap();
+    b.qp.post_recv(RecvWorkRequest { wr_id: 1, sges: vec![b.mr.sge(0, 64)] }).unwrap();
+    a.qp.post_send(SendWorkRequest::new(1, SendOp::Send { imm: None }, Payload::Inline(b"wake".to_vec()))).unwrap();
+    // The receiver does not poll: its engine thread must make the progress.
+    assert!(b.cq.wait_event(Duration::from_secs(10)).unwrap(), "no completion event");
+    assert_eq!(wait(&b.cq).byte_len, 4);
+    drop(a);
+}
+
+#[test]
+fn opening_an_address_twice_or_one_that_is_not_local_says_why() {
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    let addr = IpAddr::from([127, 0, 1, n]);
+    let _first = Context::open(addr).unwrap();
+    let err = Context::open(addr).err().unwrap().to_string();
+    assert!(err.contains("already in use"), "{err}");
+    let err = Context::open("192.0.2.77".parse().unwrap()).err().unwrap().to_string();
+    assert!(err.contains("not an address of this machine"), "{err}");
+}
