@@ -21,12 +21,6 @@ pub struct DemoArgs {
     pub faults: f64,
 }
 
-impl Default for DemoArgs {
-    fn default() -> Self {
-        DemoArgs { seed: 1, runs: 20, faults: 0.05 }
-    }
-}
-
 fn probability(text: &str) -> Result<f64, String> {
     let p: f64 = text.parse().map_err(|_| format!("`{text}` is not a number; give a probability such as 0.01"))?;
     if (0.0..=1.0).contains(&p) { Ok(p) } else { Err(format!("{p} is not a probability; use a value from 0 to 1")) }

@@ -1,11 +1,12 @@
 //! `softrnic`: the command-line face of the software RNIC.
 //!
-//! With no arguments it runs the main job. Until the UDP engine and
-//! `softrnic bench` exist, that is `softrnic demo`: two simulated RNICs
-//! running a mix of every RC operation over a lossy network, verified byte
-//! for byte.
+//! With no arguments it runs the main job: `softrnic bench write_bw`, a
+//! 64 KiB RDMA WRITE bandwidth test between two devices on this machine,
+//! each on its own loopback address.
 
+mod bench;
 mod demo;
+mod devinfo;
 
 use clap::{Parser, Subcommand};
 
@@ -22,13 +23,24 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a perftest-style benchmark (send_bw, write_bw, read_bw,
+    /// atomic_bw, send_lat, write_lat, read_lat, atomic_lat).
+    Bench(bench::params::BenchArgs),
+    /// Show a device's address, GID, limits and counters.
+    Devinfo(devinfo::DevinfoArgs),
     /// Run the transport between two simulated RNICs over a faulty network.
     Demo(demo::DemoArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
-    let result = match cli.command.unwrap_or(Command::Demo(demo::DemoArgs::default())) {
+    let command = cli.command.unwrap_or_else(|| {
+        let args = Cli::parse_from(["softrnic", "bench", "write_bw"]);
+        args.command.expect("bench is a command")
+    });
+    let result = match command {
+        Command::Bench(args) => bench::run(&args),
+        Command::Devinfo(args) => devinfo::run(&args),
         Command::Demo(args) => demo::run(&args),
     };
     if let Err(message) = result {

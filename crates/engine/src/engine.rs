@@ -121,6 +121,8 @@ struct Shared {
     app_active_until: AtomicU64,
     channels: Mutex<HashMap<CqId, Arc<EventFd>>>,
     tx_dropped_by_kernel: AtomicU64,
+    /// When the counters were last published (ns since `epoch`).
+    published_at: AtomicU64,
 }
 
 /// A running software RNIC.
@@ -173,6 +175,7 @@ impl Nic {
             app_active_until: AtomicU64::new(0),
             channels: Mutex::new(HashMap::new()),
             tx_dropped_by_kernel: AtomicU64::new(0),
+            published_at: AtomicU64::new(0),
         });
         let threads = config
             .threads
@@ -237,8 +240,18 @@ impl Nic {
     }
 
     pub fn counters(&self) -> NicCounters {
-        let transport = self.with(|d, _| d.counters().clone());
-        let (injected_tx, injected_rx) = match &self.shared.faults {
+        self.shared.counters()
+    }
+
+    pub fn engine_threads(&self) -> usize {
+        self.threads.len()
+    }
+}
+
+impl Shared {
+    fn counters(&self) -> NicCounters {
+        let transport = self.lock().counters().clone();
+        let (injected_tx, injected_rx) = match &self.faults {
             Some(f) => {
                 let f = f.lock().unwrap_or_else(|e| e.into_inner());
                 (f.tx.stats, f.rx.stats)
@@ -249,12 +262,21 @@ impl Nic {
             transport,
             injected_tx,
             injected_rx,
-            tx_dropped_by_kernel: self.shared.tx_dropped_by_kernel.load(Ordering::Relaxed),
+            tx_dropped_by_kernel: self.tx_dropped_by_kernel.load(Ordering::Relaxed),
         }
     }
 
-    pub fn engine_threads(&self) -> usize {
-        self.threads.len()
+    /// Writes the counters where `softrnic devinfo` finds them, at most
+    /// every 250 ms unless `force`.
+    fn publish_counters(&self, force: bool) {
+        let now = self.now().as_nanos();
+        let last = self.published_at.load(Ordering::Relaxed);
+        if !force && now.saturating_sub(last) < 250_000_000 {
+            return;
+        }
+        self.published_at.store(now, Ordering::Relaxed);
+        let path = crate::counters_file::path(self.socket.local_addr().ip());
+        let _ = crate::counters_file::write(&path, &self.counters());
     }
 }
 
@@ -267,6 +289,7 @@ impl Drop for Nic {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
+        self.shared.publish_counters(true);
     }
 }
 
@@ -453,6 +476,7 @@ impl Shared {
                 std::hint::spin_loop();
                 continue;
             }
+            self.publish_counters(false);
             let timeout = if role == Role::Rx { MAX_SLEEP_MS } else { self.sleep_ms(MAX_SLEEP_MS) };
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             let _ = match role {

@@ -4,6 +4,7 @@
 //!
 //! [`Device`]: softrnic_transport::Device
 
+pub mod counters_file;
 pub mod engine;
 pub mod eventfd;
 pub mod faults;

@@ -151,6 +151,23 @@ impl Exchange {
         }
     }
 
+    /// A line if one has arrived, without waiting.
+    pub fn try_read_line(&mut self) -> Result<Option<String>, Error> {
+        if !self.reader.buffer().contains(&b'\n') {
+            self.writer.set_nonblocking(true)?;
+            let mut byte = [0u8; 1];
+            let ready = self.writer.peek(&mut byte);
+            self.writer.set_nonblocking(false)?;
+            match ready {
+                Ok(0) => return Err(Error::Exchange("the peer closed the connection".into())),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.read_line().map(Some)
+    }
+
     /// Both sides wait here until both have arrived.
     pub fn barrier(&mut self) -> Result<(), Error> {
         self.send_text("sync")?;

@@ -1,0 +1,196 @@
+//! `softrnic bench`: perftest's tests on softrnic.
+//!
+//! With no peer and no `--server`, both ends run in this process, each on
+//! its own loopback address (127.0.0.2 and 127.0.0.3), connected through
+//! the same TCP exchange two hosts would use.
+
+mod bw;
+mod lat;
+pub mod params;
+pub mod report;
+mod session;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::time::Duration;
+
+use softrnic::exchange::Exchange;
+use softrnic::{EngineConfig, FaultConfig};
+
+use params::{BenchArgs, Params};
+use report::Format;
+use session::{End, Session};
+
+pub use params::Test;
+
+/// Runs `softrnic bench` as its flags say.
+pub fn run(args: &BenchArgs) -> Result<(), String> {
+    let params = Params::from_args(args)?;
+    let format = if args.json {
+        Format::Json
+    } else if args.csv {
+        Format::Csv
+    } else {
+        Format::Table
+    };
+    let timeout = Duration::from_secs_f64(args.timeout.max(0.1));
+    match (args.server, args.peer) {
+        (true, Some(_)) => Err("give either --server or a server address, not both".into()),
+        (true, None) => {
+            let addr = local_addr(args, None)?;
+            let listener = TcpListener::bind((addr, args.port)).map_err(|e| {
+                format!("cannot listen on {addr}:{} for the exchange: {e}; pick another with -p", args.port)
+            })?;
+            if format == Format::Table {
+                println!("softrnic bench: waiting for a client on {addr}:{} ...", args.port);
+            }
+            serve(&listener, engine_config(args, addr)?, timeout * 30, format)
+        }
+        (false, Some(peer)) => {
+            let addr = local_addr(args, Some(peer))?;
+            let exchange = Exchange::connect(SocketAddr::new(peer, args.port), timeout).map_err(|e| e.to_string())?;
+            client(exchange, engine_config(args, addr)?, params, timeout, format)
+        }
+        (false, None) => {
+            let client_addr = args.addr.unwrap_or(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+            let server_addr =
+                IpAddr::V4(Ipv4Addr::new(127, 0, 0, if client_addr == IpAddr::from([127, 0, 0, 3]) { 2 } else { 3 }));
+            let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
+            let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+            let server_config = engine_config(args, server_addr)?;
+            let server = std::thread::Builder::new()
+                .name("bench-server".into())
+                .spawn(move || {
+                    serve(&listener, server_config, timeout, Format::Json).map_err(|e| format!("server: {e}"))
+                })
+                .map_err(|e| e.to_string())?;
+            let exchange = Exchange::connect(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port), timeout)
+                .map_err(|e| e.to_string())?;
+            let result = client(exchange, engine_config(args, client_addr)?, params, timeout, format);
+            let server_result = server.join().map_err(|_| "the server thread panicked".to_string())?;
+            result.and(server_result)
+        }
+    }
+}
+
+fn engine_config(args: &BenchArgs, addr: IpAddr) -> Result<EngineConfig, String> {
+    let env = FaultConfig::from_env()?;
+    let faults = FaultConfig {
+        loss: args.loss.unwrap_or(env.loss),
+        reorder: args.reorder.unwrap_or(env.reorder),
+        duplicate: args.duplicate.unwrap_or(env.duplicate),
+        corrupt: args.corrupt.unwrap_or(env.corrupt),
+    };
+    let config = EngineConfig { faults, ..EngineConfig::new(addr) };
+    Ok(config.with_threads(args.engine_threads, args.split_rx_tx))
+}
+
+/// This end's device address: `--addr`, else `SOFTRNIC_ADDR`, else the
+/// address this machine would use to reach the peer.
+fn local_addr(args: &BenchArgs, peer: Option<IpAddr>) -> Result<IpAddr, String> {
+    if let Some(addr) = args.addr {
+        return Ok(addr);
+    }
+    if let Ok(text) = std::env::var("SOFTRNIC_ADDR") {
+        return text.parse().map_err(|_| format!("SOFTRNIC_ADDR={text:?} is not an IP address"));
+    }
+    match peer {
+        // Connecting a UDP socket sends nothing; it only picks the route.
+        Some(peer) => UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
+            .and_then(|s| s.connect((peer, 9)).and_then(|()| s.local_addr()))
+            .map(|a| a.ip())
+            .map_err(|e| format!("no route to {peer}: {e}")),
+        None => {
+            Err("the server needs its device address: give --addr (or SOFTRNIC_ADDR), e.g. --addr 127.0.0.3".into())
+        }
+    }
+}
+
+fn client(
+    mut exchange: Exchange,
+    config: EngineConfig,
+    params: Params,
+    timeout: Duration,
+    format: Format,
+) -> Result<(), String> {
+    exchange.send_text(&params.to_line()).map_err(|e| e.to_string())?;
+    let mut s = Session::open(config, params.clone(), exchange, End::Client, timeout)?;
+    report::banner(&params, format, &s.describe_local(), &s.describe_remote(), s.ctx.engine_threads());
+    report::header(params.test, format);
+    let mut failures = Vec::new();
+    for &size in &params.sizes {
+        s.exchange.barrier().map_err(|e| e.to_string())?;
+        if params.test.is_latency() {
+            let (histogram, failure) = lat::client(&mut s, size)?;
+            let verified = params.verify.then_some(failure.is_none());
+            failures.extend(failure);
+            report::print_lat(
+                &report::LatResult::new(params.test, size, params.mtu.bytes(), histogram, verified),
+                format,
+            );
+        } else {
+            bw::prepare_target(&s, size);
+            let duties = bw::Duties { send: true, receive: params.bidirectional && params.test == Test::SendBw };
+            let outcome = bw::run(&mut s, size, duties)?;
+            let mut failure = outcome.verify_failure.clone();
+            if params.verify {
+                failure = failure.or_else(|| bw::verify_after(&s, size, outcome.peer_sent, true));
+                failure = failure.or_else(|| bw::verify_after(&s, size, outcome.sent, false));
+            }
+            // The server's own verdict on what it received.
+            let verdict = s.exchange.read_line().map_err(|e| e.to_string())?;
+            if let Some(reason) = verdict.strip_prefix("failed ") {
+                failure.get_or_insert_with(|| format!("server: {reason}"));
+            }
+            let verified = params.verify.then_some(failure.is_none());
+            failures.extend(failure);
+            report::print_bw(&bw::result(params.test, &s, size, &outcome, verified), format);
+        }
+    }
+    report::footer(format);
+    if params.verify && format == Format::Table && failures.is_empty() {
+        println!(" Data verification: every byte checked, all correct");
+    }
+    match failures.first() {
+        Some(first) => Err(format!("data verification failed: {first}")),
+        None => Ok(()),
+    }
+}
+
+fn serve(listener: &TcpListener, config: EngineConfig, timeout: Duration, format: Format) -> Result<(), String> {
+    let mut exchange = Exchange::accept(listener, timeout).map_err(|e| e.to_string())?;
+    let params = Params::parse(&exchange.read_line().map_err(|e| e.to_string())?)?;
+    let mut s = Session::open(config, params.clone(), exchange, End::Server, Duration::from_secs(10))?;
+    if format == Format::Table {
+        report::banner(&params, format, &s.describe_local(), &s.describe_remote(), s.ctx.engine_threads());
+    }
+    for &size in &params.sizes {
+        s.exchange.barrier().map_err(|e| e.to_string())?;
+        if params.test.is_latency() {
+            lat::server(&mut s, size)?;
+        } else {
+            bw::prepare_target(&s, size);
+            let duties = bw::Duties { send: params.bidirectional, receive: params.test == Test::SendBw };
+            let outcome = bw::run(&mut s, size, duties)?;
+            let mut failure = outcome.verify_failure.clone();
+            if params.verify {
+                failure = failure.or_else(|| bw::verify_after(&s, size, outcome.peer_sent, true));
+            }
+            let verdict = match &failure {
+                Some(reason) => format!("failed {reason}"),
+                None => "ok".into(),
+            };
+            s.exchange.send_text(&verdict).map_err(|e| e.to_string())?;
+            if format == Format::Table {
+                let what = if params.test == Test::SendBw { "received" } else { "served" };
+                let count = if params.test == Test::SendBw { outcome.received } else { outcome.peer_sent };
+                let checked = match (params.verify, &failure) {
+                    (false, _) => String::new(),
+                    (true, None) => ", every byte verified".into(),
+                    (true, Some(reason)) => format!(", VERIFICATION FAILED: {reason}"),
+                };
+                println!(" {size} B: {what} {count} messages{checked}");
+            }
+        }
+    }
+    Ok(())
+}

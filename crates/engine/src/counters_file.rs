@@ -1,0 +1,60 @@
+//! Where a running device publishes its counters, so that `softrnic
+//! devinfo` in another process can show them: a `key value` text file per
+//! device address in the runtime directory.
+
+use std::fmt::Write as _;
+use std::io;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use crate::NicCounters;
+
+/// `$XDG_RUNTIME_DIR/softrnic/<addr>.counters`, or under `/tmp`.
+pub fn path(addr: IpAddr) -> PathBuf {
+    let base = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    base.join("softrnic").join(format!("{addr}.counters"))
+}
+
+/// The counters as `name value` lines, in a fixed order.
+pub fn render(c: &NicCounters) -> String {
+    let t = &c.transport;
+    let rows: [(&str, u64); 22] = [
+        ("tx_packets", t.tx_packets),
+        ("tx_bytes", t.tx_bytes),
+        ("rx_packets", t.rx_packets),
+        ("rx_bytes", t.rx_bytes),
+        ("retransmitted_packets", t.retransmitted_packets),
+        ("timeouts", t.timeouts),
+        ("rx_icrc_errors", t.rx_icrc_errors),
+        ("rx_malformed", t.rx_malformed),
+        ("rx_unknown_qp", t.rx_unknown_qp),
+        ("rx_out_of_sequence", t.rx_out_of_sequence),
+        ("rx_duplicate_requests", t.rx_duplicate_requests),
+        ("seq_naks_sent", t.seq_naks_sent),
+        ("seq_naks_received", t.seq_naks_received),
+        ("rnr_naks_sent", t.rnr_naks_sent),
+        ("rnr_naks_received", t.rnr_naks_received),
+        ("fatal_naks_sent", t.fatal_naks_sent),
+        ("fatal_naks_received", t.fatal_naks_received),
+        ("rx_cnps", t.rx_cnps),
+        ("tx_dropped_by_kernel", c.tx_dropped_by_kernel),
+        ("injected_drops", c.injected_tx.dropped + c.injected_rx.dropped),
+        ("injected_corruptions", c.injected_tx.corrupted + c.injected_rx.corrupted),
+        ("injected_duplicates", c.injected_tx.duplicated + c.injected_rx.duplicated),
+    ];
+    let mut out = String::new();
+    for (name, value) in rows {
+        let _ = writeln!(out, "{name} {value}");
+    }
+    out
+}
+
+pub fn write(path: &std::path::Path, counters: &NicCounters) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    // Write then rename, so a reader never sees half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, render(counters))?;
+    std::fs::rename(tmp, path)
+}
