@@ -121,6 +121,8 @@ struct Shared {
     app_active_until: AtomicU64,
     channels: Mutex<HashMap<CqId, Arc<EventFd>>>,
     tx_dropped_by_kernel: AtomicU64,
+    /// Print every datagram (`SOFTRNIC_TRACE=1`).
+    trace: bool,
     /// When the counters were last published (ns since `epoch`).
     published_at: AtomicU64,
 }
@@ -175,6 +177,7 @@ impl Nic {
             app_active_until: AtomicU64::new(0),
             channels: Mutex::new(HashMap::new()),
             tx_dropped_by_kernel: AtomicU64::new(0),
+            trace: std::env::var_os("SOFTRNIC_TRACE").is_some(),
             published_at: AtomicU64::new(0),
         });
         let threads = config
@@ -325,6 +328,19 @@ impl Shared {
         SCRATCH.with_borrow_mut(|scratch| {
             let n = self.socket.recv_batch(&mut scratch.rx).unwrap_or(0);
             if n == 0 {
+                // A datagram held back for reordering is delivered once
+                // traffic pauses, or it would never arrive.
+                if let Some(faults) = &self.faults {
+                    scratch.faulty.clear();
+                    faults.lock().unwrap_or_else(|e| e.into_inner()).rx.release(&mut scratch.faulty);
+                    if let Some((from, bytes)) = scratch.faulty.pop() {
+                        let now = self.now();
+                        let mut device = self.lock();
+                        device.handle_datagram(now, from, &bytes);
+                        self.signal_channels(&mut device);
+                        return 1;
+                    }
+                }
                 return 0;
             }
             let now = self.now();
@@ -339,6 +355,9 @@ impl Shared {
                 drop(faults);
                 let mut device = self.lock();
                 for (from, bytes) in &scratch.faulty {
+                    if self.trace {
+                        self.trace("<-", *from, bytes);
+                    }
                     device.handle_datagram(now, *from, bytes);
                 }
                 self.signal_channels(&mut device);
@@ -346,6 +365,9 @@ impl Shared {
                 let mut device = self.lock();
                 for i in 0..n {
                     if let Some((from, bytes)) = scratch.rx.get(i) {
+                        if self.trace {
+                            self.trace("<-", from, bytes);
+                        }
                         device.handle_datagram(now, from, bytes);
                     }
                 }
@@ -412,9 +434,26 @@ impl Shared {
         })
     }
 
+    fn trace(&self, direction: &str, peer: SocketAddr, bytes: &[u8]) {
+        let t = self.now().as_nanos();
+        eprintln!(
+            "{:>10}.{:06} {} {direction} {} {}",
+            t / 1_000_000_000,
+            t / 1000 % 1_000_000,
+            self.socket.local_addr().ip(),
+            peer.ip(),
+            softrnic_wire::packet::summary(bytes)
+        );
+    }
+
     /// Sends a batch; what the kernel refuses is dropped, as a full link
     /// would drop it, and retransmitted by the transport.
     fn send_all(&self, packets: &[(SocketAddr, &[u8])]) {
+        if self.trace {
+            for (dst, bytes) in packets {
+                self.trace("->", *dst, bytes);
+            }
+        }
         let mut sent = 0;
         while sent < packets.len() {
             match self.socket.send_batch(&packets[sent..]) {

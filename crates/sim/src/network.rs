@@ -26,7 +26,11 @@ impl Faults {
     /// A random mix of faults, each at most `max`.
     pub fn random(rng: &mut fastrand::Rng, max: f64) -> Faults {
         let mut pick = || if rng.bool() { rng.f64() * max } else { 0.0 };
-        Faults { loss: pick(), reorder: pick(), duplicate: pick(), corrupt: pick(), ..Faults::NONE }
+        let faults = Faults { loss: pick(), reorder: pick(), duplicate: pick(), corrupt: pick(), ..Faults::NONE };
+        // Sometimes a packet only swaps places with its neighbour, as the
+        // engine's injector does; sometimes it falls far behind.
+        let window = if rng.bool() { Duration::from_nanos(rng.u64(100..=2000)) } else { Duration::from_micros(50) };
+        Faults { reorder_window: window, ..faults }
     }
 }
 

@@ -120,23 +120,5 @@ impl World {
 
 /// One line about a packet, for traces.
 fn describe(packet: &InFlight) -> String {
-    use softrnic_wire::packet::PacketRepr;
-    match PacketRepr::parse(&packet.bytes) {
-        Ok(p) => {
-            let bth = p.headers.bth;
-            let aeth = p.headers.ext.aeth.map(|a| format!(" {:?}", a.syndrome)).unwrap_or_default();
-            format!(
-                "{} -> {} qp {:#x} {:?} psn {}{}{} len {}",
-                packet.from.ip(),
-                packet.to.ip(),
-                bth.dest_qpn,
-                bth.opcode,
-                bth.psn,
-                if bth.ack_request { " A" } else { "" },
-                aeth,
-                p.payload.len()
-            )
-        }
-        Err(e) => format!("{} -> {} unparsable ({e})", packet.from.ip(), packet.to.ip()),
-    }
+    format!("{} -> {} {}", packet.from.ip(), packet.to.ip(), softrnic_wire::packet::summary(&packet.bytes))
 }

@@ -113,6 +113,14 @@ impl QueuePair {
                     _ => WcStatus::RemInvReqErr,
                 };
                 self.fail_at(psn, status);
+                // The responder is in ERR now: READ and ATOMIC responses
+                // still missing before the NAK will never come, so those
+                // requests are flushed rather than retried.
+                for wqe in self.sq.iter_mut().take_while(|w| w.index_of(psn).is_none()) {
+                    if wqe.status.is_none() {
+                        wqe.status = Some(WcStatus::WrFlushErr);
+                    }
+                }
             }
         }
     }

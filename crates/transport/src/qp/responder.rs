@@ -37,6 +37,9 @@ struct ReadResponse {
     len: u64,
     next: u32,
     count: u32,
+    /// Answers a duplicate request: it reuses the original's resource and
+    /// does not count against `max_dest_rd_atomic`.
+    replay: bool,
 }
 
 /// An answer waiting to be sent.
@@ -45,7 +48,7 @@ enum Answer {
     Ack { psn: Psn, msn: u32 },
     SequenceNak { psn: Psn, msn: u32 },
     RnrNak { psn: Psn, msn: u32 },
-    AtomicAck { psn: Psn, msn: u32, original: u64 },
+    AtomicAck { psn: Psn, msn: u32, original: u64, replay: bool },
     Read(ReadResponse),
 }
 
@@ -106,8 +109,14 @@ impl Responder {
         }
     }
 
+    /// READ and ATOMIC requests still holding a responder resource.
     fn reads_and_atomics_pending(&self) -> usize {
-        self.answers.iter().filter(|a| matches!(a, Answer::Read(_) | Answer::AtomicAck { .. })).count()
+        self.answers
+            .iter()
+            .filter(|a| {
+                matches!(a, Answer::Read(ReadResponse { replay: false, .. }) | Answer::AtomicAck { replay: false, .. })
+            })
+            .count()
     }
 }
 
@@ -307,7 +316,15 @@ impl QueuePair {
             .check_remote(self.init.pd, reth.rkey, reth.virtual_address, len as usize, Access::REMOTE_READ)
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
         let count = len.div_ceil(u64::from(self.mtu())).max(1) as u32;
-        Ok(ReadResponse { first_psn: psn, va: reth.virtual_address, rkey: reth.rkey, len, next: 0, count })
+        Ok(ReadResponse {
+            first_psn: psn,
+            va: reth.virtual_address,
+            rkey: reth.rkey,
+            len,
+            next: 0,
+            count,
+            replay: false,
+        })
     }
 
     fn execute_atomic(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<(), Refusal> {
@@ -335,7 +352,7 @@ impl QueuePair {
         }
         self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
         let msn = self.resp.msn;
-        self.resp.answers.push_back(Answer::AtomicAck { psn, msn, original });
+        self.resp.answers.push_back(Answer::AtomicAck { psn, msn, original, replay: false });
         Ok(())
     }
 
@@ -348,9 +365,10 @@ impl QueuePair {
                 let Some(reth) = packet.headers.ext.reth else {
                     return;
                 };
-                let Ok(response) = self.read_response(ctx, psn, reth) else {
+                let Ok(mut response) = self.read_response(ctx, psn, reth) else {
                     return;
                 };
+                response.replay = true;
                 // A repeated READ may only cover PSNs of the original.
                 if self.resp.epsn.is_before(psn.add(response.count)) {
                     ctx.counters.rx_malformed += 1;
@@ -372,7 +390,7 @@ impl QueuePair {
                 let replay = self.resp.atomic_replay.iter().find(|(p, _)| *p == psn);
                 if let Some(&(_, original)) = replay {
                     let msn = self.resp.msn;
-                    self.resp.answers.push_back(Answer::AtomicAck { psn, msn, original });
+                    self.resp.answers.push_back(Answer::AtomicAck { psn, msn, original, replay: true });
                 }
             }
             // SEND and WRITE: acknowledge everything received so far.
@@ -419,7 +437,7 @@ impl QueuePair {
                 let timer = self.attrs.min_rnr_timer;
                 (self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::RnrNak { timer }), msn), 0)
             }
-            Answer::AtomicAck { psn, msn, original } => {
+            Answer::AtomicAck { psn, msn, original, .. } => {
                 let mut headers = self.answer_headers(Opcode::RcAtomicAck, psn, Some(self.credits()), msn);
                 headers.ext.atomic_ack = Some(original);
                 (headers, 0)

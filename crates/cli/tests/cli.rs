@@ -1,0 +1,282 @@
+//! The `softrnic` command end to end: every benchmark with data
+//! verification, with injected faults, bad input, a peer killed mid-run,
+//! and two hosts in network namespaces.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+fn softrnic() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_softrnic"))
+}
+
+/// Distinct loopback addresses and exchange ports, so tests run in parallel.
+static NEXT: AtomicU16 = AtomicU16::new(0);
+
+fn fresh() -> (String, String, u16) {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let third = 200 + (n / 100) as u8;
+    let fourth = (2 * (n % 100) + 2) as u8;
+    (format!("127.0.{third}.{fourth}"), format!("127.0.{third}.{}", fourth + 1), 19000 + n)
+}
+
+fn run(args: &[&str]) -> Output {
+    softrnic().args(args).output().expect("run softrnic")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A loopback run of `test` with verification, as JSON lines.
+fn verified_run(test: &str, extra: &[&str]) -> Vec<serde_json::Value> {
+    let (client, _, _) = fresh();
+    let mut args = vec!["bench", test, "--verify", "--json", "--addr", &client];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    assert!(out.status.success(), "{test} {extra:?} failed:\n{}", text(&out));
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    assert!(!rows.is_empty());
+    for row in &rows {
+        assert_eq!(row["verified"], true, "{test}: {row}");
+    }
+    rows
+}
+
+#[test]
+fn every_bandwidth_test_verifies_its_data() {
+    for test in ["write_bw", "send_bw", "read_bw", "atomic_bw"] {
+        let rows = verified_run(test, &["-n", "300", "-q", "2", "-s", "5000"]);
+        let row = &rows[0];
+        assert!(row["bw_avg_gbps"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["msg_rate_mpps"].as_f64().unwrap() > 0.0);
+        assert_eq!(row["qps"], 2);
+    }
+}
+
+#[test]
+fn every_latency_test_verifies_its_data() {
+    for test in ["send_lat", "write_lat", "read_lat", "atomic_lat"] {
+        let rows = verified_run(test, &["-n", "200"]);
+        let row = &rows[0];
+        for field in ["p5_ns", "p25_ns", "p50_ns", "p75_ns", "p95_ns", "p99_ns", "mean_ns", "stddev_ns", "max_ns"] {
+            assert!(row[field].as_f64().unwrap() > 0.0, "{test}: {field} in {row}");
+        }
+        assert!(row["p5_ns"].as_f64() <= row["p95_ns"].as_f64());
+    }
+}
+
+#[test]
+fn sweeps_bidirectional_and_timed_runs() {
+    let rows = verified_run("write_bw", &["-a", "-n", "20"]);
+    assert_eq!(rows.len(), 23, "2 B to 8 MiB");
+    verified_run("send_bw", &["-b", "-n", "500"]);
+    let rows = verified_run("write_bw", &["-D", "0.5"]);
+    assert!(rows[0]["seconds"].as_f64().unwrap() >= 0.5);
+}
+
+#[test]
+fn injected_faults_still_deliver_verified_data() {
+    let faults = ["--loss", "0.01", "--reorder", "0.01", "--duplicate", "0.01", "--corrupt", "0.01"];
+    for test in ["send_bw", "read_bw", "write_lat", "atomic_bw"] {
+        let mut args = vec!["-n", "200", "-s", "20000"];
+        if test == "atomic_bw" || test == "write_lat" {
+            args = vec!["-n", "200"];
+        }
+        args.extend_from_slice(&faults);
+        verified_run(test, &args);
+    }
+}
+
+#[test]
+fn the_table_output_has_perftest_columns_and_the_percentile_block() {
+    let (client, _, _) = fresh();
+    let out = run(&["bench", "send_lat", "-n", "100", "--addr", &client]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for needle in [
+        "t_typical[usec]",
+        "99% percentile[usec]",
+        "50th percentile (median):",
+        "[Mean    =",
+        "[Buckets =",
+        "SubBuckets     =         2048",
+    ] {
+        assert!(t.contains(needle), "missing {needle:?} in\n{t}");
+    }
+    let (client, _, _) = fresh();
+    let t = text(&run(&["bench", "write_bw", "-n", "100", "--csv", "--addr", &client]));
+    assert!(t.starts_with("test,size,iters,qps,tx_depth,mtu,bw_peak_gbps,bw_avg_gbps,msg_rate_mpps"), "{t}");
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let started = Instant::now();
+    let out = run(args);
+    let t = text(&out);
+    assert!(!out.status.success(), "{args:?} should fail:\n{t}");
+    assert!(t.contains(needle), "{args:?}: expected {needle:?} in:\n{t}");
+    assert!(started.elapsed() < Duration::from_secs(30), "{args:?} took {:?}", started.elapsed());
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_no_hang() {
+    fails_with(&["bench", "write_bw", "--bogus"], "unexpected argument");
+    fails_with(&["bench", "no_such_test"], "invalid value");
+    fails_with(&["bench", "write_bw", "-s", "16M"], "larger than the largest");
+    fails_with(&["bench", "write_bw", "-m", "1500"], "not an IB MTU");
+    fails_with(&["bench", "write_bw", "--loss", "1.5"], "from 0 to 1");
+    fails_with(&["bench", "write_bw", "--addr", "192.0.2.1"], "not an address of this machine");
+    // Nobody listens there: a clear timeout.
+    let (client, server, port) = fresh();
+    fails_with(
+        &["bench", "write_bw", &server, "--addr", &client, "-p", &port.to_string(), "--timeout", "1"],
+        "no softrnic server answered",
+    );
+}
+
+#[test]
+fn a_busy_address_is_reported() {
+    let (client, server, port) = fresh();
+    let mut holder = server_process(&server, port, &["write_bw"]);
+    std::thread::sleep(Duration::from_millis(300));
+    fails_with(
+        &["bench", "write_bw", "--server", "--addr", &server, "-p", &(port + 1000).to_string()],
+        "already in use",
+    );
+    holder.kill().ok();
+    holder.wait().ok();
+    let _ = client;
+}
+
+fn server_process(addr: &str, port: u16, extra: &[&str]) -> Child {
+    let mut args = vec!["bench"];
+    args.extend_from_slice(extra);
+    let port = port.to_string();
+    args.extend_from_slice(&["--server", "--addr", addr, "-p", &port]);
+    softrnic().args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start server")
+}
+
+#[test]
+fn two_processes_talk_over_the_exchange() {
+    let (client, server, port) = fresh();
+    let mut srv = server_process(&server, port, &["send_bw"]);
+    let out = run(&[
+        "bench",
+        "send_bw",
+        &server,
+        "--addr",
+        &client,
+        "-p",
+        &port.to_string(),
+        "-n",
+        "500",
+        "--verify",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(srv.wait().expect("server exits").success());
+}
+
+#[test]
+fn killing_the_server_mid_run_fails_the_client_quickly() {
+    let (client, server, port) = fresh();
+    let mut srv = server_process(&server, port, &["write_bw"]);
+    let started = Instant::now();
+    let mut cli = softrnic()
+        .args(["bench", "write_bw", &server, "--addr", &client, "-p", &port.to_string(), "-D", "20"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    srv.kill().unwrap();
+    srv.wait().unwrap();
+    let out = cli.wait_with_output().unwrap();
+    let t = text(&out);
+    assert!(!out.status.success(), "the client should fail:\n{t}");
+    assert!(t.contains("retry counter exceeded") || t.contains("stopped answering") || t.contains("closed"), "{t}");
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+}
+
+/// Two network namespaces joined by a veth pair, each a host with its own
+/// address, removed again when the test ends.
+struct Namespaces {
+    names: [String; 2],
+}
+
+impl Namespaces {
+    fn create() -> Result<Namespaces, String> {
+        let id = std::process::id();
+        let names = [format!("srnic-a-{id}"), format!("srnic-b-{id}")];
+        let ip = |args: &[&str]| -> Result<(), String> {
+            let out = Command::new("ip").args(args).output().map_err(|e| format!("no `ip` command: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!("ip {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()))
+            }
+        };
+        let ns = Namespaces { names: names.clone() };
+        ip(&["netns", "add", &names[0]])?;
+        ip(&["netns", "add", &names[1]])?;
+        let (va, vb) = (format!("va{id}"), format!("vb{id}"));
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+        ip(&["link", "set", &va, "netns", &names[0]])?;
+        ip(&["link", "set", &vb, "netns", &names[1]])?;
+        for (name, dev, addr) in [(&names[0], &va, "10.79.0.1/24"), (&names[1], &vb, "10.79.0.2/24")] {
+            ip(&["-n", name, "addr", "add", addr, "dev", dev])?;
+            ip(&["-n", name, "link", "set", dev, "up"])?;
+            ip(&["-n", name, "link", "set", "lo", "up"])?;
+        }
+        Ok(ns)
+    }
+
+    fn exec(&self, i: usize) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.names[i], env!("CARGO_BIN_EXE_softrnic")]);
+        c
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
+    }
+}
+
+#[test]
+fn two_hosts_in_network_namespaces() {
+    let is_root = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
+    if !is_root {
+        eprintln!("SKIPPED two_hosts_in_network_namespaces: needs root to create network namespaces");
+        return;
+    }
+    let ns = match Namespaces::create() {
+        Ok(ns) => ns,
+        Err(reason) => {
+            eprintln!("SKIPPED two_hosts_in_network_namespaces: {reason}");
+            return;
+        }
+    };
+    // A veth has a 1500-byte MTU: a 1024-byte path MTU fits, as on RoCE.
+    for test in ["write_bw", "send_lat", "read_bw"] {
+        let mut server = ns
+            .exec(0)
+            .args(["bench", test, "--server", "--addr", "10.79.0.1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = ns
+            .exec(1)
+            .args(["bench", test, "10.79.0.1", "--addr", "10.79.0.2", "-m", "1024", "-n", "300", "--verify", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{test} across namespaces:\n{}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("\"verified\":true"), "{}", text(&out));
+        assert!(server.wait().unwrap().success());
+    }
+}
