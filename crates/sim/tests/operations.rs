@@ -432,19 +432,16 @@ fn many_outstanding_reads_survive_neighbour_swaps_and_loss() {
 #[test]
 fn a_fatal_nak_flushes_older_reads_instead_of_retrying_them() {
     let mut pair = Pair::new(PairOptions::default());
-    // A READ whose responses the network loses, then a WRITE the responder
+    // A READ whose response the network loses, then a WRITE the responder
     // refuses: the READ is flushed at once, not retried until exhausted.
     pair.post(0, 1, SendOp::Read { remote: remote(&pair, 1, 0) }, pair.a.gather(0, 8));
+    pair.world.flush();
+    pair.world.step(); // the READ reaches host 1, which queues its response
+    pair.world.network.faults.loss = 1.0;
+    pair.world.flush(); // the response is lost
+    pair.world.network.faults.loss = 0.0;
     let bad = RemoteAddr { rkey: pair.b.mr.rkey ^ 0x100, ..remote(&pair, 1, 0) };
     pair.post(0, 2, SendOp::Write { remote: bad, imm: None }, Payload::Inline(vec![1; 8]));
-    pair.world.flush();
-    pair.world.network.faults.loss = 0.0;
-    // Drop the READ response on the way back by taking host 0 down while
-    // host 1 answers, then bring it back for the NAK.
-    pair.world.hosts[0].up = false;
-    pair.world.step();
-    pair.world.flush();
-    pair.world.hosts[0].up = true;
     let [a, _] = pair.settle();
     let statuses: Vec<_> = a.iter().map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(statuses, vec![(1, WcStatus::WrFlushErr), (2, WcStatus::RemAccessErr)]);
