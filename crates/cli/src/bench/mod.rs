@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::time::Duration;
 
 use softrnic::exchange::Exchange;
-use softrnic::{EngineConfig, FaultConfig};
+use softrnic::{Context, EngineConfig, FaultConfig};
 
 use params::{BenchArgs, Params};
 use report::Format;
@@ -37,39 +37,55 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         (true, Some(_)) => Err("give either --server or a server address, not both".into()),
         (true, None) => {
             let addr = local_addr(args, None)?;
+            // The device first, so that a busy or foreign address fails at once.
+            let ctx = open(engine_config(args, addr)?)?;
             let listener = TcpListener::bind((addr, args.port)).map_err(|e| {
                 format!("cannot listen on {addr}:{} for the exchange: {e}; pick another with -p", args.port)
             })?;
             if format == Format::Table {
                 println!("softrnic bench: waiting for a client on {addr}:{} ...", args.port);
             }
-            serve(&listener, engine_config(args, addr)?, timeout * 30, format)
+            serve(&listener, ctx, timeout * 30, format)
         }
         (false, Some(peer)) => {
             let addr = local_addr(args, Some(peer))?;
+            let ctx = open(engine_config(args, addr)?)?;
             let exchange = Exchange::connect(SocketAddr::new(peer, args.port), timeout).map_err(|e| e.to_string())?;
-            client(exchange, engine_config(args, addr)?, params, timeout, format)
+            client(exchange, ctx, params, timeout, format)
         }
         (false, None) => {
             let client_addr = args.addr.unwrap_or(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
-            let server_addr =
-                IpAddr::V4(Ipv4Addr::new(127, 0, 0, if client_addr == IpAddr::from([127, 0, 0, 3]) { 2 } else { 3 }));
+            let server_addr = neighbour(client_addr);
             let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
             let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-            let server_config = engine_config(args, server_addr)?;
+            let server_ctx = open(engine_config(args, server_addr)?)?;
+            let client_ctx = open(engine_config(args, client_addr)?)?;
             let server = std::thread::Builder::new()
                 .name("bench-server".into())
-                .spawn(move || {
-                    serve(&listener, server_config, timeout, Format::Json).map_err(|e| format!("server: {e}"))
-                })
+                .spawn(move || serve(&listener, server_ctx, timeout, Format::Json).map_err(|e| format!("server: {e}")))
                 .map_err(|e| e.to_string())?;
             let exchange = Exchange::connect(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port), timeout)
                 .map_err(|e| e.to_string())?;
-            let result = client(exchange, engine_config(args, client_addr)?, params, timeout, format);
+            let result = client(exchange, client_ctx, params, timeout, format);
             let server_result = server.join().map_err(|_| "the server thread panicked".to_string())?;
             result.and(server_result)
         }
     }
+}
+
+/// The server's address in a loopback run: the client's, plus one.
+fn neighbour(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(v4) => {
+            let n = u32::from(v4);
+            IpAddr::V4(Ipv4Addr::from(if n & 0xff == 0xff { n - 1 } else { n + 1 }))
+        }
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) ^ 1)),
+    }
+}
+
+fn open(config: EngineConfig) -> Result<Context, String> {
+    Context::with_config(config).map_err(|e| e.to_string())
 }
 
 fn engine_config(args: &BenchArgs, addr: IpAddr) -> Result<EngineConfig, String> {
@@ -107,13 +123,13 @@ fn local_addr(args: &BenchArgs, peer: Option<IpAddr>) -> Result<IpAddr, String> 
 
 fn client(
     mut exchange: Exchange,
-    config: EngineConfig,
+    ctx: Context,
     params: Params,
     timeout: Duration,
     format: Format,
 ) -> Result<(), String> {
     exchange.send_text(&params.to_line()).map_err(|e| e.to_string())?;
-    let mut s = Session::open(config, params.clone(), exchange, End::Client, timeout)?;
+    let mut s = Session::open(ctx, params.clone(), exchange, End::Client, timeout)?;
     report::banner(&params, format, &s.describe_local(), &s.describe_remote(), s.ctx.engine_threads());
     report::header(params.test, format);
     let mut failures = Vec::new();
@@ -156,10 +172,10 @@ fn client(
     }
 }
 
-fn serve(listener: &TcpListener, config: EngineConfig, timeout: Duration, format: Format) -> Result<(), String> {
+fn serve(listener: &TcpListener, ctx: Context, timeout: Duration, format: Format) -> Result<(), String> {
     let mut exchange = Exchange::accept(listener, timeout).map_err(|e| e.to_string())?;
     let params = Params::parse(&exchange.read_line().map_err(|e| e.to_string())?)?;
-    let mut s = Session::open(config, params.clone(), exchange, End::Server, Duration::from_secs(10))?;
+    let mut s = Session::open(ctx, params.clone(), exchange, End::Server, Duration::from_secs(10))?;
     if format == Format::Table {
         report::banner(&params, format, &s.describe_local(), &s.describe_remote(), s.ctx.engine_threads());
     }

@@ -155,8 +155,9 @@ pub struct BenchArgs {
     /// Accepted for perftest compatibility: bandwidth is always in Gb/s.
     #[arg(long = "report-gbits", alias = "report_gbits", short = 'R')]
     pub report_gbits: bool,
-    /// This end's device address (default 127.0.0.2 for the client and
-    /// 127.0.0.3 for the server of a loopback run, else SOFTRNIC_ADDR).
+    /// This end's device address. A loopback run puts the client here
+    /// (default 127.0.0.2) and the server on the next address (127.0.0.3);
+    /// otherwise the default is SOFTRNIC_ADDR.
     #[arg(long)]
     pub addr: Option<IpAddr>,
     /// TCP port of the out-of-band exchange.

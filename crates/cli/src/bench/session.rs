@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use softrnic::exchange::Exchange;
 use softrnic::{
-    Access, CompletionQueue, ConnectOptions, Context, Endpoint, EngineConfig, MemoryRegion, ProtectionDomain, QpCaps,
-    QueuePair,
+    Access, CompletionQueue, ConnectOptions, Context, Endpoint, MemoryRegion, ProtectionDomain, QpCaps, QueuePair,
 };
 
 use super::params::Params;
@@ -35,13 +34,12 @@ impl Session {
     /// Opens the device, allocates everything, swaps endpoints with the
     /// peer and connects every QP.
     pub fn open(
-        config: EngineConfig,
+        ctx: Context,
         params: Params,
         mut exchange: Exchange,
         end: End,
         timeout: Duration,
     ) -> Result<Session, String> {
-        let ctx = Context::with_config(config).map_err(|e| e.to_string())?;
         let pd = ctx.alloc_pd();
         // Outgoing slots, then as many incoming ones (SEND receives).
         let len = 2 * params.qps * params.qp_stride() + 64;
