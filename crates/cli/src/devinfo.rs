@@ -32,7 +32,7 @@ pub fn run(args: &DevinfoArgs) -> Result<(), String> {
     };
     println!("hca_id: softrnic0");
     println!("\ttransport:\t\t\tInfiniBand (RoCEv2 over UDP, by softrnic)");
-    println!("\tnode_guid:\t\t\t{}", gid(addr).replace(':', "")[16..].to_string());
+    println!("\tnode_guid:\t\t\t{}", &gid(addr).replace(':', "")[16..]);
     println!("\tvendor_part_id:\t\t\t0");
     println!("\tmax_qp:\t\t\t\t{}", (1u32 << 24) - 0x11);
     println!("\tmax_qp_wr:\t\t\t16384");

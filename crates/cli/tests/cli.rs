@@ -184,7 +184,7 @@ fn killing_the_server_mid_run_fails_the_client_quickly() {
     let (client, server, port) = fresh();
     let mut srv = server_process(&server, port, &["write_bw"]);
     let started = Instant::now();
-    let mut cli = softrnic()
+    let cli = softrnic()
         .args(["bench", "write_bw", &server, "--addr", &client, "-p", &port.to_string(), "-D", "20"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -136,14 +136,14 @@ impl RoceSocket {
             };
         }
         let n = n as usize;
-        for i in 0..n {
-            batch.lens[i] = headers[i].msg_len as usize;
+        for (i, header) in headers.iter().enumerate().take(n) {
+            batch.lens[i] = header.msg_len as usize;
             // SAFETY: the kernel wrote a socket address of `msg_namelen`
             // bytes into the storage.
             let addr = unsafe {
                 SockAddr::new(
                     std::mem::replace(&mut batch.names[i], SockAddrStorage::zeroed()),
-                    headers[i].msg_hdr.msg_namelen,
+                    header.msg_hdr.msg_namelen,
                 )
             };
             batch.sources[i] = addr.as_socket();

@@ -204,6 +204,27 @@ impl<'a> PacketRepr<'a> {
     }
 }
 
+/// One line about a datagram, for traces: opcode, QP, PSN, AckReq, AETH
+/// syndrome and payload length.
+pub fn summary(datagram: &[u8]) -> String {
+    match PacketRepr::parse(datagram) {
+        Ok(p) => {
+            let bth = p.headers.bth;
+            let aeth = p.headers.ext.aeth.map(|a| format!(" {:?}", a.syndrome)).unwrap_or_default();
+            format!(
+                "qp {:#x} {:?} psn {}{}{} len {}",
+                bth.dest_qpn,
+                bth.opcode,
+                bth.psn,
+                if bth.ack_request { " A" } else { "" },
+                aeth,
+                p.payload.len()
+            )
+        }
+        Err(e) => format!("unparsable ({e})"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,26 +310,5 @@ mod tests {
         let mut ack = [0u8; 24];
         ack[0] = Opcode::RcAck as u8;
         assert_eq!(PacketRepr::parse(&ack), Err(Error::BadPadding));
-    }
-}
-
-/// One line about a datagram, for traces: opcode, QP, PSN, AckReq, AETH
-/// syndrome and payload length.
-pub fn summary(datagram: &[u8]) -> String {
-    match PacketRepr::parse(datagram) {
-        Ok(p) => {
-            let bth = p.headers.bth;
-            let aeth = p.headers.ext.aeth.map(|a| format!(" {:?}", a.syndrome)).unwrap_or_default();
-            format!(
-                "qp {:#x} {:?} psn {}{}{} len {}",
-                bth.dest_qpn,
-                bth.opcode,
-                bth.psn,
-                if bth.ack_request { " A" } else { "" },
-                aeth,
-                p.payload.len()
-            )
-        }
-        Err(e) => format!("unparsable ({e})"),
     }
 }

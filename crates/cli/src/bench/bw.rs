@@ -62,10 +62,10 @@ pub fn run(s: &mut Session, size: usize, duties: Duties) -> Result<BwOutcome, St
     let mut scratch = vec![0u8; size];
 
     if duties.receive {
-        for q in 0..qps {
-            while (recv_posted[q] as usize) < RX_DEPTH.min(slots) && (timed.is_some() || recv_posted[q] < iters) {
-                post_recv(s, q, recv_posted[q], size, slots)?;
-                recv_posted[q] += 1;
+        for (q, posted) in recv_posted.iter_mut().enumerate() {
+            while (*posted as usize) < RX_DEPTH.min(slots) && (timed.is_some() || *posted < iters) {
+                post_recv(s, q, *posted, size, slots)?;
+                *posted += 1;
             }
         }
     }
@@ -82,7 +82,7 @@ pub fn run(s: &mut Session, size: usize, duties: Duties) -> Result<BwOutcome, St
             for q in 0..qps {
                 while !stop_posting && posted[q] - completed[q] < depth && (timed.is_some() || posted[q] < iters) {
                     let i = posted[q];
-                    let signal = timed.is_some() || (i + 1) % signal_every == 0 || i + 1 == iters;
+                    let signal = timed.is_some() || (i + 1).is_multiple_of(signal_every) || i + 1 == iters;
                     post_send(s, q, i, size, slots, signal, &mut scratch)?;
                     if signal {
                         signalled[q].push_back(i);
@@ -132,10 +132,12 @@ pub fn run(s: &mut Session, size: usize, duties: Duties) -> Result<BwOutcome, St
             s.exchange.send_text(&format!("done {}", out.sent)).map_err(|e| e.to_string())?;
             told_peer = true;
         }
-        if duties.receive && counted.is_none() && peer_done.is_none() {
-            if let Some(line) = s.exchange.try_read_line().map_err(|e| e.to_string())? {
-                peer_done = Some(parse_done(&line)?);
-            }
+        if duties.receive
+            && counted.is_none()
+            && peer_done.is_none()
+            && let Some(line) = s.exchange.try_read_line().map_err(|e| e.to_string())?
+        {
+            peer_done = Some(parse_done(&line)?);
         }
         let receiving_done = !duties.receive || counted.or(peer_done).is_some_and(|n| out.received >= n);
         if sending_done && receiving_done {
