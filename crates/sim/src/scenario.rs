@@ -114,14 +114,18 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         limits.max_steps,
     );
 
+    if !finished && std::env::var_os("SOFTRNIC_SIM_TRACE").is_some() {
+        for (p, ends) in live.iter().enumerate() {
+            for (side, end) in ends.iter().enumerate() {
+                let state = world.device(end.host).qp(end.qpn).map(|qp| format!("{qp:#?}"));
+                println!("pair {p} side {side}: {}", state.unwrap_or_default());
+            }
+        }
+    }
     for (p, (plan, ends)) in plans.iter().zip(&live).enumerate() {
         for (side, (end, plan)) in ends.iter().zip(&plan.ends).enumerate() {
             let who = format!("{context}: pair {p} side {side}");
             let expected_recvs: Vec<_> = plan.recvs.iter().map(|r| r.expect).collect();
-            if !finished && std::env::var_os("SOFTRNIC_SIM_TRACE").is_some() {
-                let state = world.device(end.host).qp(end.qpn).map(|qp| format!("{qp:#?}"));
-                println!("{who}: {state:?}");
-            }
             check_completions(&who, "send", &end.sends_done, &plan.expected_send_completions())?;
             check_completions(&who, "receive", &end.recvs_done, &expected_recvs)?;
             let state = world.device(end.host).qp(end.qpn).map(|qp| qp.state());

@@ -447,3 +447,52 @@ fn a_fatal_nak_flushes_older_reads_instead_of_retrying_them() {
     assert_eq!(statuses, vec![(1, WcStatus::WrFlushErr), (2, WcStatus::RemAccessErr)]);
     assert_eq!(pair.world.device(0).counters().timeouts, 0, "nothing waited for a timer: {statuses:?}");
 }
+
+#[test]
+fn a_stale_sequence_nak_does_not_skip_the_rest_of_a_message() {
+    use softrnic_wire::aeth::{NakCode, Syndrome};
+    use softrnic_wire::icrc::UdpFlow;
+    use softrnic_wire::packet::{Extensions, Headers};
+    use softrnic_wire::{Opcode, ROCEV2_UDP_PORT, aeth, bth};
+
+    let mut pair = Pair::new(PairOptions::default());
+    let first_psn = Psn::new(pair.a.qpn * 1000);
+    pair.post(0, 1, SendOp::Write { remote: remote(&pair, 1, 0), imm: None }, Payload::Inline(vec![1; 8]));
+    pair.settle();
+    let data = pattern(40 * 1024, 9);
+    pair.a.buffer.write(0, &data);
+    pair.post(0, 2, SendOp::Write { remote: remote(&pair, 1, 0), imm: None }, pair.a.gather(0, data.len() as u32));
+    pair.world.flush();
+    // A NAK for the PSN of the first, long acknowledged, WRITE arrives late.
+    let headers = Headers {
+        bth: bth::Repr {
+            opcode: Opcode::RcAck,
+            solicited: false,
+            migration: false,
+            pad_count: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qpn: pair.a.qpn,
+            ack_request: false,
+            psn: first_psn,
+        },
+        ext: Extensions {
+            aeth: Some(aeth::Repr { syndrome: Syndrome::Nak(NakCode::PsnSequenceError), msn: 0 }),
+            ..Extensions::default()
+        },
+    };
+    let mut buf = [0u8; 64];
+    let len = headers.emit_packet(&mut buf, &[]).unwrap();
+    let from = pair.world.hosts[1].addr;
+    let to = pair.world.ip(0);
+    UdpFlow { src: from.ip(), dst: to, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT }
+        .seal(&mut buf[..len])
+        .unwrap();
+    let now = pair.world.now;
+    pair.world.device(0).handle_datagram(now, from, &buf[..len]);
+    let [a, _] = pair.settle();
+    assert_eq!(a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(2, WcStatus::Success)]);
+    assert_eq!(bytes(&pair, 1, 0, data.len()), data);
+    assert_eq!(pair.world.device(0).counters().timeouts, 0, "recovered without waiting for a timer");
+}

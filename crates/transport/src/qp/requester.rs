@@ -329,21 +329,19 @@ impl QueuePair {
         }
     }
 
-    /// Moves the send cursor back so that sending resumes at `psn`.
+    /// Moves the send cursor back so that sending resumes at `psn`, or at
+    /// the start of the first request after it if no request holds it.
     pub(super) fn go_back(&mut self, psn: Psn) {
         for (index, wqe) in self.sq.iter().enumerate() {
-            match wqe.index_of(psn) {
-                Some(k) => {
-                    self.req.cursor = index;
-                    self.req.cursor_pkt = k;
-                    return;
-                }
-                None if wqe.first_psn.is_none() => {
-                    self.req.cursor = index;
-                    self.req.cursor_pkt = 0;
-                    return;
-                }
-                None => {}
+            if let Some(k) = wqe.index_of(psn) {
+                self.req.cursor = index;
+                self.req.cursor_pkt = k;
+                return;
+            }
+            if wqe.first_psn.is_none_or(|first| psn.is_before(first)) {
+                self.req.cursor = index;
+                self.req.cursor_pkt = 0;
+                return;
             }
         }
         self.req.cursor = self.sq.len();
