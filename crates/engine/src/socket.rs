@@ -35,11 +35,25 @@ pub enum BindError {
     Other(IpAddr, io::Error),
 }
 
+/// `UDP_SEGMENT` and `UDP_GRO` from `linux/udp.h` (not in libc for glibc).
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+/// The largest UDP payload one GSO send may carry.
+const GSO_MAX_BYTES: usize = 65_000;
+/// A receive buffer: a whole GRO-coalesced batch, or one datagram.
+const RECV_BUFFER: usize = 65_536;
+/// Room for one `cmsghdr` carrying an `int` (the segment size).
+const CONTROL_LEN: usize = 32;
+
 /// The device's UDP socket.
 #[derive(Debug)]
 pub struct RoceSocket {
     socket: UdpSocket,
     local: SocketAddr,
+    /// The kernel segments runs of equal datagrams for us (UDP GSO).
+    gso: bool,
+    /// The kernel hands us coalesced runs of datagrams (UDP GRO).
+    gro: bool,
 }
 
 impl RoceSocket {
@@ -53,7 +67,7 @@ impl RoceSocket {
         let _ = socket.set_recv_buffer_size(8 << 20);
         let _ = socket.set_send_buffer_size(8 << 20);
         if addr.is_ipv4() {
-            set_dont_fragment(&socket).map_err(other)?;
+            set_int(&socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO).map_err(other)?;
         } else {
             socket.set_only_v6(true).map_err(other)?;
         }
@@ -62,16 +76,29 @@ impl RoceSocket {
             io::ErrorKind::AddrInUse => BindError::InUse(addr),
             _ => other(e),
         })?;
-        Ok(RoceSocket { socket: socket.into(), local })
+        // Offloads where the kernel has them; `SOFTRNIC_NO_GSO` turns them off.
+        let offload = std::env::var_os("SOFTRNIC_NO_GSO").is_none();
+        let gso = offload && set_int(&socket, libc::SOL_UDP, UDP_SEGMENT, 0).is_ok();
+        let gro = offload && set_int(&socket, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        Ok(RoceSocket { socket: socket.into(), local, gso, gro })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local
     }
 
+    /// Whether sends and receives use UDP segmentation offloads.
+    pub fn offloads(&self) -> (bool, bool) {
+        (self.gso, self.gro)
+    }
+
     /// Sends each `(destination, bytes)`; returns how many the kernel took.
     /// A full send buffer stops the batch early (the transport retransmits
     /// what is lost, as it would on a real link).
+    ///
+    /// With GSO, a run of datagrams of one size to one destination (the
+    /// last may be shorter) leaves in one message that the kernel cuts
+    /// back into datagrams.
     pub fn send_batch(&self, packets: &[(SocketAddr, &[u8])]) -> io::Result<usize> {
         let n = packets.len().min(BATCH);
         if n == 0 {
@@ -79,21 +106,63 @@ impl RoceSocket {
         }
         let mut names: [MaybeUninit<SockAddr>; BATCH] = [const { MaybeUninit::uninit() }; BATCH];
         let mut iovecs: [libc::iovec; BATCH] = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
+        let mut controls = [[0u64; CONTROL_LEN / 8]; BATCH];
         // SAFETY: mmsghdr is plain data; all-zero is a valid empty value.
         let mut headers: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-        for (i, (dst, bytes)) in packets[..n].iter().enumerate() {
-            let name = names[i].write(SockAddr::from(*dst));
-            iovecs[i] = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
-            let h = &mut headers[i].msg_hdr;
+        // Datagrams in each message, to turn messages sent into datagrams.
+        let mut counts = [0usize; BATCH];
+        let mut messages = 0;
+        let mut i = 0;
+        while i < n {
+            let (dst, first) = packets[i];
+            let mut end = i + 1;
+            if self.gso {
+                let mut bytes = first.len();
+                while end < n
+                    && packets[end].0 == dst
+                    && packets[end].1.len() <= first.len()
+                    && bytes + packets[end].1.len() <= GSO_MAX_BYTES
+                {
+                    bytes += packets[end].1.len();
+                    end += 1;
+                    // Only the last datagram of a run may be shorter.
+                    if packets[end - 1].1.len() < first.len() {
+                        break;
+                    }
+                }
+            }
+            for (j, (_, bytes)) in packets[i..end].iter().enumerate() {
+                iovecs[i + j] = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
+            }
+            let name = names[messages].write(SockAddr::from(dst));
+            let h = &mut headers[messages].msg_hdr;
             h.msg_name = name.as_ptr() as *mut _;
             h.msg_namelen = name.len();
             h.msg_iov = &mut iovecs[i];
-            h.msg_iovlen = 1;
+            h.msg_iovlen = end - i;
+            if end - i > 1 {
+                let control = &mut controls[messages];
+                h.msg_control = control.as_mut_ptr() as *mut _;
+                h.msg_controllen = CONTROL_LEN;
+                // SAFETY: the control buffer is CONTROL_LEN bytes, aligned
+                // for cmsghdr, enough for one header and a u16.
+                unsafe {
+                    let cmsg = libc::CMSG_FIRSTHDR(h);
+                    (*cmsg).cmsg_level = libc::SOL_UDP;
+                    (*cmsg).cmsg_type = UDP_SEGMENT;
+                    (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut u16, first.len() as u16);
+                    h.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
+                }
+            }
+            counts[messages] = end - i;
+            messages += 1;
+            i = end;
         }
-        // SAFETY: `headers[..n]` point at live addresses and iovecs that
-        // point into `packets`, all of which outlive the call; the kernel
-        // only reads them.
-        let sent = unsafe { libc::sendmmsg(self.fd(), headers.as_mut_ptr(), n as u32, libc::MSG_DONTWAIT) };
+        // SAFETY: `headers[..messages]` point at live addresses, iovecs that
+        // point into `packets`, and control buffers, all of which outlive
+        // the call; the kernel only reads them.
+        let sent = unsafe { libc::sendmmsg(self.fd(), headers.as_mut_ptr(), messages as u32, libc::MSG_DONTWAIT) };
         if sent < 0 {
             let e = io::Error::last_os_error();
             return match e.kind() {
@@ -102,32 +171,38 @@ impl RoceSocket {
                 // timers deal with it.
                 io::ErrorKind::ConnectionRefused
                 | io::ErrorKind::HostUnreachable
-                | io::ErrorKind::NetworkUnreachable => Ok(1),
+                | io::ErrorKind::NetworkUnreachable => Ok(counts[0]),
                 _ => Err(e),
             };
         }
-        Ok(sent as usize)
+        Ok(counts[..sent as usize].iter().sum())
     }
 
-    /// Receives up to [`BATCH`] datagrams into `batch` without blocking.
+    /// Receives up to [`BATCH`] messages into `batch` without blocking;
+    /// returns how many datagrams they held ([`RecvBatch::get`]).
     pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         // SAFETY: mmsghdr is plain data; all-zero is a valid empty value.
         let mut headers: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
         let mut iovecs: [libc::iovec; BATCH] = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
+        let buffer_len = if self.gro { RECV_BUFFER } else { MAX_DATAGRAM_LEN };
         for i in 0..BATCH {
             let buf = &mut batch.buffers[i];
-            iovecs[i] = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buf.len() };
+            iovecs[i] = libc::iovec { iov_base: buf.as_mut_ptr() as *mut _, iov_len: buffer_len };
             let h = &mut headers[i].msg_hdr;
             h.msg_name = &mut batch.names[i] as *mut _ as *mut _;
             h.msg_namelen = batch.names[i].size_of();
             h.msg_iov = &mut iovecs[i];
             h.msg_iovlen = 1;
+            h.msg_control = batch.controls[i].as_mut_ptr() as *mut _;
+            h.msg_controllen = CONTROL_LEN;
         }
-        // SAFETY: every header points at a buffer and an address slot of
-        // `batch` that live across the call and are as long as declared.
+        // SAFETY: every header points at a buffer, an address slot and a
+        // control buffer of `batch` that live across the call and are as
+        // long as declared.
         let n = unsafe {
             libc::recvmmsg(self.fd(), headers.as_mut_ptr(), BATCH as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
         };
+        batch.datagrams.clear();
         if n < 0 {
             let e = io::Error::last_os_error();
             return match e.kind() {
@@ -135,9 +210,8 @@ impl RoceSocket {
                 _ => Err(e),
             };
         }
-        let n = n as usize;
-        for (i, header) in headers.iter().enumerate().take(n) {
-            batch.lens[i] = header.msg_len as usize;
+        for (i, header) in headers.iter_mut().enumerate().take(n as usize) {
+            let len = header.msg_len as usize;
             // SAFETY: the kernel wrote a socket address of `msg_namelen`
             // bytes into the storage.
             let addr = unsafe {
@@ -146,9 +220,29 @@ impl RoceSocket {
                     header.msg_hdr.msg_namelen,
                 )
             };
-            batch.sources[i] = addr.as_socket();
+            let Some(source) = addr.as_socket() else { continue };
+            // A GRO batch says the size of its datagrams in a control message.
+            let mut segment = len;
+            // SAFETY: walks the control messages the kernel wrote, within
+            // `msg_controllen` of the buffer it was given.
+            unsafe {
+                let mut cmsg = libc::CMSG_FIRSTHDR(&header.msg_hdr);
+                while !cmsg.is_null() {
+                    if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == UDP_GRO {
+                        segment = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::c_int) as usize;
+                    }
+                    cmsg = libc::CMSG_NXTHDR(&header.msg_hdr, cmsg);
+                }
+            }
+            let segment = segment.max(1);
+            let mut offset = 0;
+            while offset < len {
+                let size = segment.min(len - offset);
+                batch.datagrams.push((source, i, offset, size));
+                offset += size;
+            }
         }
-        Ok(n)
+        Ok(batch.datagrams.len())
     }
 
     pub fn fd(&self) -> RawFd {
@@ -156,14 +250,13 @@ impl RoceSocket {
     }
 }
 
-fn set_dont_fragment(socket: &Socket) -> io::Result<()> {
-    let value: libc::c_int = libc::IP_PMTUDISC_DO;
+fn set_int(socket: &Socket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: a valid fd, and a pointer to an int of the length given.
     let rc = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
+            level,
+            name,
             &value as *const _ as *const libc::c_void,
             size_of::<libc::c_int>() as libc::socklen_t,
         )
@@ -171,21 +264,22 @@ fn set_dont_fragment(socket: &Socket) -> io::Result<()> {
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
-/// Buffers for one `recvmmsg`.
+/// Buffers for one `recvmmsg`, and where each datagram lies in them.
 pub struct RecvBatch {
     buffers: Vec<Box<[u8]>>,
     names: Vec<SockAddrStorage>,
-    lens: [usize; BATCH],
-    sources: [Option<SocketAddr>; BATCH],
+    controls: Vec<[u64; CONTROL_LEN / 8]>,
+    /// (source, buffer, offset, length) of every datagram received.
+    datagrams: Vec<(SocketAddr, usize, usize, usize)>,
 }
 
 impl Default for RecvBatch {
     fn default() -> Self {
         RecvBatch {
-            buffers: (0..BATCH).map(|_| vec![0u8; MAX_DATAGRAM_LEN].into_boxed_slice()).collect(),
+            buffers: (0..BATCH).map(|_| vec![0u8; RECV_BUFFER].into_boxed_slice()).collect(),
             names: (0..BATCH).map(|_| SockAddrStorage::zeroed()).collect(),
-            lens: [0; BATCH],
-            sources: [None; BATCH],
+            controls: vec![[0; CONTROL_LEN / 8]; BATCH],
+            datagrams: Vec::with_capacity(BATCH * 16),
         }
     }
 }
@@ -193,10 +287,7 @@ impl Default for RecvBatch {
 impl RecvBatch {
     /// The `i`th datagram of the last receive and where it came from.
     pub fn get(&self, i: usize) -> Option<(SocketAddr, &[u8])> {
-        Some((self.sources[i]?, &self.buffers[i][..self.lens[i]]))
-    }
-
-    pub fn get_mut(&mut self, i: usize) -> Option<(SocketAddr, &mut [u8])> {
-        Some((self.sources[i]?, &mut self.buffers[i][..self.lens[i]]))
+        let &(source, buffer, offset, len) = self.datagrams.get(i)?;
+        Some((source, &self.buffers[buffer][offset..offset + len]))
     }
 }

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmarks for BENCHMARKS.md.
+
+Runs softrnic's bench and the peers a user would pick instead, in the same
+run, on loopback:
+
+  - a raw UDP ping-pong with busy polling (sockperf --nonblocked, both ends),
+  - kernel TCP, one stream (iperf3),
+  - UCX over TCP (ucx_perftest with UCX_TLS=tcp: tag_lat, ucp_am_bw, ucp_put_bw),
+
+each RUNS times, and prints the medians and the ratios as a Markdown table.
+
+    scripts/bench.py [--runs 5] [--engine-threads 1]
+
+Installs the peers from Debian's packages when run as root and they are
+missing. Benchmarks are not tests: nothing here asserts a speed.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOFTRNIC = os.path.join(ROOT, "target", "release", "softrnic")
+PEERS = {"sockperf": "sockperf", "iperf3": "iperf3", "ucx_perftest": "ucx-utils"}
+
+
+def sh(args, env=None, timeout=120):
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def install_peers():
+    missing = [pkg for tool, pkg in PEERS.items() if shutil.which(tool) is None]
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        sys.exit(f"missing peers: {' '.join(missing)}; install them with: sudo apt-get install {' '.join(missing)}")
+    subprocess.run(["apt-get", "update", "-qq"], check=True)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+class Server:
+    """A peer's server process, stopped on exit."""
+
+    def __init__(self, args, env=None, settle=0.5):
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        time.sleep(settle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def softrnic(test, size, extra):
+    out = sh([SOFTRNIC, "bench", test, "-s", str(size), "--json", *extra])
+    if out.returncode != 0:
+        raise RuntimeError(f"softrnic bench {test}: {out.stderr.strip()}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def sockperf_p50_us(size):
+    with Server(["sockperf", "server", "-i", "127.0.0.20", "-p", "11111", "--nonblocked"]):
+        out = sh(["sockperf", "ping-pong", "-i", "127.0.0.20", "-p", "11111", "-m", str(size), "-t", "3", "--nonblocked"])
+    return float(re.search(r"percentile 50\.000 =\s+([\d.]+)", out.stdout + out.stderr).group(1))
+
+
+def iperf3_gbps():
+    with Server(["iperf3", "-s", "-B", "127.0.0.21", "-1"]):
+        out = sh(["iperf3", "-c", "127.0.0.21", "-t", "3", "-J"])
+    return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 1e9
+
+
+def ucx(test, size, port):
+    env = {**os.environ, "UCX_TLS": "tcp"}
+    with Server(["ucx_perftest", "-p", str(port)], env=env, settle=1.0):
+        out = sh(["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size), "-n", "100000" if "lat" in test else "200000"], env=env)
+    final = [l for l in out.stdout.splitlines() if l.strip().startswith("Final:")]
+    if not final:
+        raise RuntimeError(f"ucx_perftest {test}: {out.stdout[-300:]} {out.stderr[-300:]}")
+    # Final: iterations, lat 50%ile, lat avg, lat overall, MB/s avg, MB/s overall, msg/s avg, msg/s overall
+    cols = final[0].split()[1:]
+    return {"p50_us": float(cols[1]), "mbps": float(cols[5]), "msg_rate": float(cols[7])}
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--engine-threads", type=int, default=1)
+    a = parser.parse_args()
+    install_peers()
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "softrnic-cli"], cwd=ROOT, check=True)
+    extra = ["--engine-threads", str(a.engine_threads)]
+    r = {k: [] for k in ["lat", "udp", "ucx_lat", "rate", "ucx_rate", "bw", "tcp", "ucx_put"]}
+    for run in range(a.runs):
+        print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+        r["lat"].append(softrnic("send_lat", 64, extra + ["-n", "20000"])["p50_ns"] / 1000)
+        r["udp"].append(sockperf_p50_us(64))
+        r["ucx_lat"].append(ucx("tag_lat", 64, 13337 + run)["p50_us"])
+        r["rate"].append(softrnic("send_bw", 64, extra + ["-n", "200000"])["msg_rate_mpps"] * 1e6)
+        r["ucx_rate"].append(ucx("ucp_am_bw", 64, 13437 + run)["msg_rate"])
+        r["bw"].append(softrnic("write_bw", 65536, extra + ["-n", "20000"])["bw_avg_gbps"])
+        r["tcp"].append(iperf3_gbps())
+        r["ucx_put"].append(ucx("ucp_put_bw", 65536, 13537 + run)["mbps"] * 8 * 1.048576 / 1000)
+    m = {k: median(v) for k, v in r.items()}
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, engine threads {a.engine_threads}:\n")
+    print("| measure | softrnic | peer | peer value | ratio | target |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"| 64 B send_lat p50 | {m['lat']:.2f} µs | raw UDP ping-pong, spinning (sockperf) | {m['udp']:.2f} µs | {m['lat'] / m['udp']:.2f}× | ≤ 1.3× |")
+    print(f"| 64 B send_lat p50 | {m['lat']:.2f} µs | UCX tcp tag_lat | {m['ucx_lat']:.2f} µs | {m['lat'] / m['ucx_lat']:.2f}× | < 1× |")
+    print(f"| 64 B send_bw message rate | {m['rate'] / 1e6:.3f} M/s | UCX tcp ucp_am_bw | {m['ucx_rate'] / 1e6:.3f} M/s | {m['rate'] / m['ucx_rate']:.2f}× | ≥ 1× |")
+    print(f"| 64 KiB write_bw | {m['bw']:.2f} Gb/s | kernel TCP, one stream (iperf3) | {m['tcp']:.2f} Gb/s | {m['bw'] / m['tcp']:.2f}× | ≥ 0.5× |")
+    print(f"| 64 KiB write_bw | {m['bw']:.2f} Gb/s | UCX tcp ucp_put_bw | {m['ucx_put']:.2f} Gb/s | {m['bw'] / m['ucx_put']:.2f}× | |")
+    print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
+
+
+if __name__ == "__main__":
+    main()
