@@ -5,12 +5,12 @@
 //! completion queues and queue pairs, as in libibverbs; objects clean up
 //! when dropped.
 //!
-//! ```no_run
-//! use softrnic::{Access, Context, ConnectOptions, Endpoint, QpCaps, SendOp, SendWorkRequest};
+//! ```
+//! use softrnic::{Access, Context, ConnectOptions, QpCaps, SendOp, SendWorkRequest, WcStatusExt};
 //!
 //! # fn main() -> Result<(), softrnic::Error> {
 //! // Two devices on this machine, each on its own loopback address.
-//! let (a, b) = (Context::open("127.0.0.2".parse()?)?, Context::open("127.0.0.3".parse()?)?);
+//! let (a, b) = (Context::open("127.0.3.2".parse()?)?, Context::open("127.0.3.3".parse()?)?);
 //! let (pd_a, pd_b) = (a.alloc_pd(), b.alloc_pd());
 //! let src = pd_a.register(4096, Access::LOCAL_WRITE)?;
 //! let dst = pd_b.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
