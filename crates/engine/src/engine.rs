@@ -125,6 +125,8 @@ struct Shared {
     trace: bool,
     /// When the counters were last published (ns since `epoch`).
     published_at: AtomicU64,
+    /// When an idle poll last ran the transmit pass (ns since `epoch`).
+    idle_transmit_at: AtomicU64,
 }
 
 /// A running software RNIC.
@@ -152,6 +154,8 @@ thread_local! {
 
 /// How long an application counts as driving progress after it polled.
 const APP_ACTIVE: Duration = Duration::from_millis(2);
+/// How often a poll that finds nothing runs the transmit pass.
+const IDLE_TRANSMIT_NS: u64 = 5_000;
 /// The longest an idle engine thread sleeps without looking around.
 const MAX_SLEEP_MS: i32 = 20;
 
@@ -179,6 +183,7 @@ impl Nic {
             tx_dropped_by_kernel: AtomicU64::new(0),
             trace: std::env::var_os("SOFTRNIC_TRACE").is_some(),
             published_at: AtomicU64::new(0),
+            idle_transmit_at: AtomicU64::new(0),
         });
         let threads = config
             .threads
@@ -223,11 +228,37 @@ impl Nic {
     /// One round of progress from the caller's thread: receive and handle
     /// what has arrived, run timers, send. Returns whether anything moved.
     pub fn progress(&self) -> bool {
+        let received = self.receive();
+        let sent = self.transmit();
+        received + sent > 0
+    }
+
+    /// Receives and handles what has arrived, from the caller's thread;
+    /// returns how many datagrams. Answers it produced (ACKs) wait for
+    /// [`Nic::transmit`] or the next doorbell, so that an application that
+    /// replies at once sends both in one system call.
+    pub fn receive(&self) -> usize {
         let until = self.shared.now().as_nanos() + APP_ACTIVE.as_nanos() as u64;
         self.shared.app_active_until.store(until, Ordering::Relaxed);
-        let received = self.shared.receive();
-        let sent = self.shared.transmit();
-        received + sent > 0
+        self.shared.receive()
+    }
+
+    /// Runs due timers and sends what is pending, from the caller's thread.
+    pub fn transmit(&self) -> usize {
+        self.shared.transmit()
+    }
+
+    /// [`Nic::transmit`] for a poll that found nothing: at most every few
+    /// microseconds, so a spinning poll loop spends its time watching the
+    /// socket. Timers and deferred ACKs lose no more than that.
+    pub fn transmit_when_idle(&self) -> usize {
+        let now = self.shared.now().as_nanos();
+        let last = self.shared.idle_transmit_at.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < IDLE_TRANSMIT_NS {
+            return 0;
+        }
+        self.shared.idle_transmit_at.store(now, Ordering::Relaxed);
+        self.shared.transmit()
     }
 
     /// The completion channel of `cq`: an fd that becomes readable when a

@@ -40,13 +40,24 @@ impl CompletionQueue {
     }
 
     /// Moves up to `max` completions into `out`; returns how many.
+    ///
+    /// With none ready, it receives what has arrived; if that completes
+    /// something, the ACKs it owes leave with the application's next post
+    /// (one system call for both, which a ping-pong feels), else right away.
     pub fn poll(&self, max: usize, out: &mut Vec<Completion>) -> usize {
         let id = self.id;
         let n = self.ctx.nic.with(|d, _| d.poll_cq(id, max, out));
         if n > 0 {
             return n;
         }
-        if self.ctx.nic.progress() { self.ctx.nic.with(|d, _| d.poll_cq(id, max, out)) } else { 0 }
+        if self.ctx.nic.receive() > 0 {
+            let n = self.ctx.nic.with(|d, _| d.poll_cq(id, max, out));
+            if n > 0 {
+                return n;
+            }
+        }
+        self.ctx.nic.transmit_when_idle();
+        0
     }
 
     /// Polls until a completion arrives or `timeout` passes.

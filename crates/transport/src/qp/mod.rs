@@ -264,8 +264,12 @@ impl QueuePair {
         match self.init.qp_type {
             QpType::Ud => self.ud_transmit(ctx, buf),
             QpType::Rc => {
-                let responder_first = self.responder_first;
-                self.responder_first = !responder_first;
+                // Alternate, so a long READ response cannot starve our own
+                // requests; but a bare ACK goes after a request: the pair
+                // then forms one GSO run (the shorter datagram last) and
+                // crosses the kernel as one buffer.
+                let responder_first = self.responder_first && !self.resp.next_is_ack();
+                self.responder_first = !self.responder_first;
                 if responder_first {
                     self.poll_response(ctx, buf).or_else(|| self.poll_request(ctx, buf))
                 } else {

@@ -85,6 +85,11 @@ impl Responder {
         *self = Responder { epsn, ..Responder::default() };
     }
 
+    /// Is the next answer a plain ACK?
+    pub fn next_is_ack(&self) -> bool {
+        matches!(self.answers.front(), Some(Answer::Ack { .. }))
+    }
+
     pub fn has_output(&self) -> bool {
         !self.answers.is_empty() || self.final_nak.is_some()
     }
