@@ -92,6 +92,12 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
             let (me, peer) = (&ends[side], &ends[1 - side]);
             connect(&mut world, me, peer.qpn, mtu, rd_atomic[side], rd_atomic[1 - side], &mut rng)
                 .map_err(|e| format!("{context}: connect: {e}"))?;
+            // Now and then congestion control would pace a QP.
+            if rng.u8(0..10) == 0 {
+                let rate = rng.u64(1..=50) * 1_000_000_000;
+                let now = world.now;
+                world.device(me.host).set_qp_rate_limit(now, me.qpn, Some(rate)).map_err(|e| e.to_string())?;
+            }
         }
         live.push(ends);
     }

@@ -496,3 +496,24 @@ fn a_stale_sequence_nak_does_not_skip_the_rest_of_a_message() {
     assert_eq!(bytes(&pair, 1, 0, data.len()), data);
     assert_eq!(pair.world.device(0).counters().timeouts, 0, "recovered without waiting for a timer");
 }
+
+#[test]
+fn a_rate_limit_paces_requests() {
+    let mut timed = |limit: Option<u64>| {
+        let mut pair = Pair::new(PairOptions { region_len: 1 << 20, ..PairOptions::default() });
+        let (now, qpn) = (pair.world.now, pair.a.qpn);
+        pair.world.device(0).set_qp_rate_limit(now, qpn, limit).unwrap();
+        pair.post(0, 1, SendOp::Write { remote: remote(&pair, 1, 0), imm: None }, pair.a.gather(0, 500_000));
+        let [a, _] = pair.settle();
+        assert_eq!(a[0].status, WcStatus::Success);
+        pair.world.now
+    };
+    let unlimited = timed(None);
+    let at_1_gbps = timed(Some(1_000_000_000));
+    // 500 kB at 1 Gb/s take at least 4 ms; the 100 Gb/s link alone, 40 µs.
+    assert!(at_1_gbps.as_nanos() >= 4_000_000, "{at_1_gbps:?}");
+    assert!(unlimited.as_nanos() < 1_000_000, "{unlimited:?}");
+    let mut pair = Pair::new(PairOptions::default());
+    let (now, qpn) = (pair.world.now, pair.a.qpn);
+    assert!(pair.world.device(0).set_qp_rate_limit(now, qpn, Some(0)).is_err());
+}

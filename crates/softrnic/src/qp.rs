@@ -120,6 +120,13 @@ impl QueuePair {
         }
     }
 
+    /// Limits the rate of this QP's requests in bits per second (the
+    /// pacing hook congestion control drives), or lifts it with `None`.
+    pub fn set_rate_limit(&self, bits_per_second: Option<u64>) -> Result<(), Error> {
+        let qpn = self.qpn;
+        Ok(self.pd.ctx.nic.with_doorbell(|d, now| d.set_qp_rate_limit(now, qpn, bits_per_second))?)
+    }
+
     pub fn post_send(&self, wr: SendWorkRequest) -> Result<(), Error> {
         let qpn = self.qpn;
         Ok(self.pd.ctx.nic.with_doorbell(|d, now| d.post_send(now, qpn, wr))?)

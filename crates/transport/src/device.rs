@@ -204,6 +204,18 @@ impl Device {
         self.with_qp(now, qpn, |qp, ctx| qp.modify(ctx, attr))
     }
 
+    /// Limits the rate of a QP's requests (bits per second), or lifts the
+    /// limit: the hook congestion control drives.
+    pub fn set_qp_rate_limit(&mut self, now: Instant, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {
+        if bits_per_second == Some(0) {
+            return Err(VerbsError::invalid("a rate limit of 0 would stop the QP; give None to lift the limit"));
+        }
+        self.with_qp(now, qpn, |qp, _| {
+            qp.set_rate_limit(bits_per_second);
+            Ok(())
+        })
+    }
+
     pub fn post_send(&mut self, now: Instant, qpn: u32, wr: SendWorkRequest) -> Result<()> {
         self.with_qp(now, qpn, |qp, ctx| qp.post_send(ctx, wr))
     }

@@ -17,6 +17,7 @@
 
 mod attr;
 mod completer;
+mod pacing;
 mod requester;
 mod responder;
 mod send_queue;
@@ -26,6 +27,7 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 
 pub use attr::{MAX_RD_ATOMIC, Mtu, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType};
+pub use pacing::Pacer;
 use softrnic_wire::packet::PacketRepr;
 
 use crate::completion::{Completion, CompletionQueues, WcOpcode, WcStatus};
@@ -72,6 +74,11 @@ pub struct QueuePair {
     /// Which role `poll_transmit` offers the link to first, so that a long
     /// READ response cannot starve this side's own requests.
     responder_first: bool,
+    /// The rate limit congestion control (or the user) set on requests.
+    pacer: Option<Pacer>,
+    /// Set while the pacer, and nothing else, holds a request back: when
+    /// it may go.
+    paced_until: Option<Instant>,
 }
 
 impl QueuePair {
@@ -86,7 +93,20 @@ impl QueuePair {
             req: Requester::default(),
             resp: Responder::default(),
             responder_first: true,
+            pacer: None,
+            paced_until: None,
         }
+    }
+
+    /// Limits the rate of this QP's requests, in bits per second; `None`
+    /// lifts the limit.
+    pub(crate) fn set_rate_limit(&mut self, bits_per_second: Option<u64>) {
+        self.pacer = bits_per_second.map(Pacer::new);
+        self.paced_until = None;
+    }
+
+    pub fn rate_limit(&self) -> Option<u64> {
+        self.pacer.map(|p| p.rate())
     }
 
     pub fn qpn(&self) -> u32 {
@@ -279,12 +299,19 @@ impl QueuePair {
         }
     }
 
-    /// When this QP next needs [`QueuePair::handle_timeout`].
+    /// When this QP next needs [`QueuePair::handle_timeout`]: a timer, or
+    /// the moment its pacer lets a waiting request go.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.req.deadline()
+        match (self.req.deadline(), self.paced_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     pub(crate) fn handle_timeout(&mut self, ctx: &mut Ctx) {
+        if self.paced_until.is_some_and(|t| t <= ctx.now) {
+            self.paced_until = None;
+        }
         self.requester_timeout(ctx);
     }
 

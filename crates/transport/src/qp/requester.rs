@@ -82,6 +82,12 @@ impl QueuePair {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_until.is_some() {
             return None;
         }
+        if let Some(pacer) = self.pacer.filter(|p| !p.may_send(ctx.now)) {
+            if self.req.cursor < self.sq.len() {
+                self.paced_until = Some(pacer.ready_at());
+            }
+            return None;
+        }
         let dst = self.attrs.remote_addr?;
         let index = self.req.cursor;
         let wqe = self.sq.get(index)?;
@@ -138,6 +144,9 @@ impl QueuePair {
         }
         if self.req.retry_deadline.is_none() {
             self.arm_retry_timer(ctx.now);
+        }
+        if let Some(pacer) = &mut self.pacer {
+            pacer.on_send(ctx.now, len);
         }
         Some(Transmit { dst, len })
     }
