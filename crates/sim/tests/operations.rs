@@ -499,7 +499,7 @@ fn a_stale_sequence_nak_does_not_skip_the_rest_of_a_message() {
 
 #[test]
 fn a_rate_limit_paces_requests() {
-    let mut timed = |limit: Option<u64>| {
+    let timed = |limit: Option<u64>| {
         let mut pair = Pair::new(PairOptions { region_len: 1 << 20, ..PairOptions::default() });
         let (now, qpn) = (pair.world.now, pair.a.qpn);
         pair.world.device(0).set_qp_rate_limit(now, qpn, limit).unwrap();
