@@ -465,18 +465,7 @@ fn a_stale_sequence_nak_does_not_skip_the_rest_of_a_message() {
     pair.world.flush();
     // A NAK for the PSN of the first, long acknowledged, WRITE arrives late.
     let headers = Headers {
-        bth: bth::Repr {
-            opcode: Opcode::RcAck,
-            solicited: false,
-            migration: false,
-            pad_count: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qpn: pair.a.qpn,
-            ack_request: false,
-            psn: first_psn,
-        },
+        bth: bth::Repr::new(Opcode::RcAck, pair.a.qpn, first_psn),
         ext: Extensions {
             aeth: Some(aeth::Repr { syndrome: Syndrome::Nak(NakCode::PsnSequenceError), msn: 0 }),
             ..Extensions::default()

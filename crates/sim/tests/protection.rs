@@ -318,7 +318,7 @@ proptest! {
                 invalidate_rkey: layout.ieth.then_some(key),
             };
             let headers = Headers {
-                bth: bth::Repr { opcode, solicited: false, migration: false, pad_count: 0, pkey: 0xffff, fecn: false, becn: false, dest_qpn: qpn, ack_request: true, psn: epsn.add(psn_offset) },
+                bth: bth::Repr { ack_request: true, ..bth::Repr::new(opcode, qpn, epsn.add(psn_offset)) },
                 ext,
             };
             let payload: &[u8] = if layout.payload { &payload } else { &[] };

@@ -148,6 +148,22 @@ pub struct Repr {
 }
 
 impl Repr {
+    /// A BTH in the default partition with every flag clear.
+    pub const fn new(opcode: Opcode, dest_qpn: u32, psn: Psn) -> Repr {
+        Repr {
+            opcode,
+            solicited: false,
+            migration: false,
+            pad_count: 0,
+            pkey: crate::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn,
+            ack_request: false,
+            psn,
+        }
+    }
+
     /// Parses a BTH, rejecting unknown opcodes and transport versions.
     pub fn parse<T: AsRef<[u8]>>(header: &Header<T>) -> Result<Repr> {
         header.check_len()?;

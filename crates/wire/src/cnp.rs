@@ -12,18 +12,7 @@ pub const RESERVED_LEN: usize = 16;
 /// The headers of a CNP to `dest_qpn`.
 pub fn headers(dest_qpn: u32, pkey: u16) -> Headers {
     Headers {
-        bth: bth::Repr {
-            opcode: Opcode::Cnp,
-            solicited: false,
-            migration: false,
-            pad_count: 0,
-            pkey,
-            fecn: false,
-            becn: true,
-            dest_qpn,
-            ack_request: false,
-            psn: Psn::new(0),
-        },
+        bth: bth::Repr { pkey, becn: true, ..bth::Repr::new(Opcode::Cnp, dest_qpn, Psn::new(0)) },
         ext: Extensions::default(),
     }
 }

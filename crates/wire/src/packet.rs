@@ -231,18 +231,7 @@ mod tests {
     use crate::{Opcode, Psn};
 
     fn bth(opcode: Opcode) -> bth::Repr {
-        bth::Repr {
-            opcode,
-            solicited: false,
-            migration: false,
-            pad_count: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qpn: 0x12,
-            ack_request: true,
-            psn: Psn::new(7),
-        }
+        bth::Repr { ack_request: true, ..bth::Repr::new(opcode, 0x12, Psn::new(7)) }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use softrnic_wire::aeth;
 use softrnic_wire::packet::{Extensions, Headers};
-use softrnic_wire::{DEFAULT_PKEY, Opcode, Psn, atomic_eth, bth, reth};
+use softrnic_wire::{Opcode, Psn, atomic_eth, bth, reth};
 
 use super::{Ctx, QpAttributes, QpState, QueuePair, Transmit};
 use crate::completion::WcStatus;
@@ -192,18 +192,7 @@ impl QueuePair {
     }
 
     fn bth(&self, opcode: Opcode, psn: Psn, ack_request: bool, solicited: bool) -> bth::Repr {
-        bth::Repr {
-            opcode,
-            solicited,
-            migration: false,
-            pad_count: 0,
-            pkey: DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qpn: self.attrs.dest_qpn,
-            ack_request,
-            psn,
-        }
+        bth::Repr { ack_request, solicited, ..bth::Repr::new(opcode, self.attrs.dest_qpn, psn) }
     }
 
     fn build_send_or_write(&self, ctx: &mut Ctx, buf: &mut [u8], index: usize, psn: Psn) -> Result<usize, WcStatus> {

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use softrnic_wire::aeth::{self, NakCode, Syndrome};
 use softrnic_wire::opcode::Position;
 use softrnic_wire::packet::{Extensions, Headers, PacketRepr};
-use softrnic_wire::{DEFAULT_PKEY, Opcode, Psn, bth};
+use softrnic_wire::{Opcode, Psn, bth};
 
 use super::{Ctx, MAX_RD_ATOMIC, QpState, QueuePair, Transmit};
 use crate::completion::{Completion, WcOpcode, WcStatus};
@@ -405,18 +405,7 @@ impl QueuePair {
 
     fn answer_headers(&self, opcode: Opcode, psn: Psn, syndrome: Option<Syndrome>, msn: u32) -> Headers {
         Headers {
-            bth: bth::Repr {
-                opcode,
-                solicited: false,
-                migration: false,
-                pad_count: 0,
-                pkey: DEFAULT_PKEY,
-                fecn: false,
-                becn: false,
-                dest_qpn: self.attrs.dest_qpn,
-                ack_request: false,
-                psn,
-            },
+            bth: bth::Repr::new(opcode, self.attrs.dest_qpn, psn),
             ext: Extensions { aeth: syndrome.map(|syndrome| aeth::Repr { syndrome, msn }), ..Extensions::default() },
         }
     }

@@ -6,7 +6,7 @@
 use std::net::IpAddr;
 
 use softrnic_wire::packet::{Extensions, Headers, PacketRepr};
-use softrnic_wire::{DEFAULT_PKEY, Opcode, bth, deth};
+use softrnic_wire::{Opcode, bth, deth};
 
 use super::{Ctx, QpState, QueuePair, Transmit};
 use crate::completion::{Completion, WcOpcode, WcStatus};
@@ -31,18 +31,7 @@ impl QueuePair {
         let opcode = if imm.is_some() { Opcode::UdSendOnlyImm } else { Opcode::UdSendOnly };
         let psn = self.req.next_psn;
         let headers = Headers {
-            bth: bth::Repr {
-                opcode,
-                solicited: wqe.wr.solicited,
-                migration: false,
-                pad_count: 0,
-                pkey: DEFAULT_PKEY,
-                fecn: false,
-                becn: false,
-                dest_qpn: dest.qpn,
-                ack_request: false,
-                psn,
-            },
+            bth: bth::Repr { solicited: wqe.wr.solicited, ..bth::Repr::new(opcode, dest.qpn, psn) },
             ext: Extensions {
                 deth: Some(deth::Repr { qkey, src_qpn: self.qpn }),
                 immediate: imm,
