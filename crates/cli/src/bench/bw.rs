@@ -30,7 +30,7 @@ pub struct BwOutcome {
     pub elapsed: Duration,
     /// (time since start, messages completed) samples, for the peak.
     pub timeline: Vec<(Duration, u64)>,
-    /// `Some(false)` with a reason when a check failed.
+    /// Why a check of the received data failed, if one did.
     pub verify_failure: Option<String>,
 }
 
@@ -57,7 +57,7 @@ pub fn run(s: &mut Session, size: usize, duties: Duties) -> Result<BwOutcome, St
     // from the peer's "done" line.
     let mut peer_done: Option<u64> = None;
     let counted = (timed.is_none()).then_some(iters * qps as u64);
-    let qp_index = |qpn: u32, s: &Session| s.qps.iter().position(|q| q.qpn() == qpn);
+    let qp_index: std::collections::HashMap<u32, usize> = s.qps.iter().enumerate().map(|(i, q)| (q.qpn(), i)).collect();
     let mut out = BwOutcome::default();
     let mut scratch = vec![0u8; size];
 
@@ -97,7 +97,7 @@ pub fn run(s: &mut Session, size: usize, duties: Duties) -> Result<BwOutcome, St
             if c.status != WcStatus::Success {
                 return Err(format!("work request {:#x} on QP {:#x} failed: {}", c.wr_id, c.qp_num, c.status.as_str()));
             }
-            let q = qp_index(c.qp_num, s).ok_or("completion for an unknown QP")?;
+            let q = *qp_index.get(&c.qp_num).ok_or("completion for an unknown QP")?;
             if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
                 if p.verify && out.verify_failure.is_none() {
                     let i = recv_done[q];
