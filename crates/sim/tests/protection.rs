@@ -328,3 +328,24 @@ proptest! {
         prop_assert!(guard.to_vec().iter().all(|&b| b == FILL), "a region without remote rights changed");
     }
 }
+
+#[test]
+fn requests_before_a_fatal_error_still_complete() {
+    // The READ executes before the bad WRITE: its data still comes back,
+    // then the NAK fails the WRITE.
+    let mut pair = pair();
+    pair.b.buffer.write(0, b"readable");
+    pair.post(0, 1, SendOp::Read { remote: remote(&pair, 0) }, pair.a.gather(100, 8));
+    let bad = RemoteAddr { rkey: pair.b.mr.rkey ^ 0x100, ..remote(&pair, 0) };
+    pair.post(0, 2, SendOp::Write { remote: bad, imm: None }, Payload::Inline(vec![1; 8]));
+    // Host 1 handles both requests before it sends anything.
+    pair.world.flush();
+    let (now, later) = (pair.world.now, pair.world.now + std::time::Duration::from_millis(1));
+    while let Some(packet) = pair.world.network.pop_due(later) {
+        pair.world.device(1).handle_datagram(now, packet.from, &packet.bytes);
+    }
+    let [a, _] = pair.settle();
+    assert_eq!(statuses(&a), vec![(1, WcStatus::Success), (2, WcStatus::RemAccessErr)]);
+    assert_eq!(&pair.a.buffer.to_vec()[100..108], b"readable");
+    assert_eq!((pair.state(0), pair.state(1)), (QpState::Error, QpState::Error));
+}

@@ -278,8 +278,10 @@ impl QueuePair {
 
     /// Writes the next packet this QP wants to send into `buf`.
     pub(crate) fn poll_transmit(&mut self, ctx: &mut Ctx, buf: &mut [u8]) -> Option<Transmit> {
-        if let Some(t) = self.poll_final_nak(ctx, buf) {
-            return Some(t);
+        if self.resp.is_draining() {
+            // A fatal error stopped the QP: answer what executed before it,
+            // then NAK.
+            return self.poll_response(ctx, buf);
         }
         match self.init.qp_type {
             QpType::Ud => self.ud_transmit(ctx, buf),

@@ -45,11 +45,31 @@ struct ReadResponse {
 /// An answer waiting to be sent.
 #[derive(Debug, Clone, Copy)]
 enum Answer {
-    Ack { psn: Psn, msn: u32 },
-    SequenceNak { psn: Psn, msn: u32 },
-    RnrNak { psn: Psn, msn: u32 },
-    AtomicAck { psn: Psn, msn: u32, original: u64, replay: bool },
+    Ack {
+        psn: Psn,
+        msn: u32,
+    },
+    SequenceNak {
+        psn: Psn,
+        msn: u32,
+    },
+    RnrNak {
+        psn: Psn,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: Psn,
+        msn: u32,
+        original: u64,
+        replay: bool,
+    },
     Read(ReadResponse),
+    /// The NAK of a fatal error: the last answer the QP sends.
+    FatalNak {
+        psn: Psn,
+        code: NakCode,
+        msn: u32,
+    },
 }
 
 /// Why a request did not execute.
@@ -75,9 +95,9 @@ pub(super) struct Responder {
     answers: VecDeque<Answer>,
     /// Original values of recent ATOMICs, by PSN, to answer duplicates.
     atomic_replay: VecDeque<(Psn, u64)>,
-    /// The NAK that reports a fatal error; it goes out after the QP has
-    /// moved to ERR.
-    final_nak: Option<(Psn, NakCode, u32)>,
+    /// After a fatal error the QP is in ERR, but the answers to requests
+    /// that executed before it still go out, then the NAK.
+    draining: bool,
 }
 
 impl Responder {
@@ -91,13 +111,21 @@ impl Responder {
     }
 
     pub fn has_output(&self) -> bool {
-        !self.answers.is_empty() || self.final_nak.is_some()
+        !self.answers.is_empty()
     }
 
-    /// Drops every answer not yet sent and gives back the receive work
-    /// request of a SEND in progress, for flushing.
+    /// Sending the last answers of a QP that a fatal error stopped?
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Stops answering (unless draining the answers owed before a fatal
+    /// error) and gives back the receive work request of a SEND in
+    /// progress, for flushing.
     pub fn abandon(&mut self) -> Option<RecvWorkRequest> {
-        self.answers.clear();
+        if !self.draining {
+            self.answers.clear();
+        }
         match self.current.take() {
             Some(Message::Send { recv, .. }) => Some(recv),
             _ => None,
@@ -115,6 +143,12 @@ impl Responder {
     }
 
     /// READ and ATOMIC requests still holding a responder resource.
+    /// Ends the QP's answers with the NAK of a fatal error.
+    fn fail(&mut self, psn: Psn, code: NakCode) {
+        self.answers.push_back(Answer::FatalNak { psn, code, msn: self.msn });
+        self.draining = true;
+    }
+
     fn reads_and_atomics_pending(&self) -> usize {
         self.answers
             .iter()
@@ -168,7 +202,7 @@ impl QueuePair {
                 if let (Some(status), Some(Message::Send { recv, .. })) = (recv_status, self.resp.current.take()) {
                     self.complete_recv(ctx, Completion::new(recv.wr_id, status, WcOpcode::Recv, self.qpn));
                 }
-                self.resp.final_nak = Some((psn, code, self.resp.msn));
+                self.resp.fail(psn, code);
                 self.enter_error(ctx);
             }
         }
@@ -417,7 +451,7 @@ impl QueuePair {
 
     /// Builds the next answer packet.
     pub(super) fn poll_response(&mut self, ctx: &mut Ctx, buf: &mut [u8]) -> Option<Transmit> {
-        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) && !self.resp.draining {
             return None;
         }
         let dst = self.attrs.remote_addr?;
@@ -436,17 +470,24 @@ impl QueuePair {
                 headers.ext.atomic_ack = Some(original);
                 (headers, 0)
             }
+            Answer::FatalNak { psn, code, msn } => {
+                (self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::Nak(code)), msn), 0)
+            }
             Answer::Read(read) => match self.read_response_packet(ctx, read, buf) {
                 Ok(built) => built,
                 Err(_) => {
-                    // The region went away under a READ in progress.
-                    self.resp.final_nak =
-                        Some((read.first_psn.add(read.next), NakCode::RemoteAccessError, self.resp.msn));
+                    // The region went away under a READ in progress: the
+                    // READ fails, and nothing after it is answered.
+                    self.resp.answers.clear();
+                    self.resp.fail(read.first_psn.add(read.next), NakCode::RemoteAccessError);
                     self.enter_error(ctx);
-                    return self.poll_final_nak(ctx, buf);
+                    return self.poll_response(ctx, buf);
                 }
             },
         };
+        if matches!(answer, Answer::FatalNak { .. }) {
+            self.resp.draining = false;
+        }
         match self.resp.answers.front_mut() {
             Some(Answer::Read(read)) if read.next + 1 < read.count => read.next += 1,
             _ => {
@@ -486,14 +527,5 @@ impl QueuePair {
         )?;
         view.read(&mut buf[start..start + payload_len]);
         Ok((headers, payload_len))
-    }
-
-    /// The NAK of a fatal error, sent even though the QP is in ERR.
-    pub(super) fn poll_final_nak(&mut self, _ctx: &mut Ctx, buf: &mut [u8]) -> Option<Transmit> {
-        let (psn, code, msn) = self.resp.final_nak.take()?;
-        let dst = self.attrs.remote_addr?;
-        let headers = self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::Nak(code)), msn);
-        let len = headers.emit_around_payload(buf, 0).ok()?;
-        Some(Transmit { dst, len })
     }
 }
