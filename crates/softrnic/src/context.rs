@@ -1,7 +1,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use softrnic_engine::{EngineConfig, Nic, NicCounters};
+use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters};
 
 use crate::{CompletionQueue, Error, ProtectionDomain};
 
@@ -12,9 +12,12 @@ pub struct Context {
 }
 
 impl Context {
-    /// Opens a device on `addr` with one engine thread and no faults.
+    /// Opens a device on `addr` with one engine thread, injecting the
+    /// faults the environment asks for (`SOFTRNIC_LOSS`, `SOFTRNIC_REORDER`,
+    /// `SOFTRNIC_DUPLICATE`, `SOFTRNIC_CORRUPT`), none by default.
     pub fn open(addr: IpAddr) -> Result<Context, Error> {
-        Context::with_config(EngineConfig::new(addr))
+        let faults = FaultConfig::from_env().map_err(Error::Config)?;
+        Context::with_config(EngineConfig { faults, ..EngineConfig::new(addr) })
     }
 
     pub fn with_config(config: EngineConfig) -> Result<Context, Error> {

@@ -15,4 +15,6 @@ pub enum Error {
     Timeout(Duration),
     #[error("exchange with the peer failed: {0}")]
     Exchange(String),
+    #[error("bad configuration: {0}")]
+    Config(String),
 }
