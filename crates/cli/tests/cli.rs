@@ -225,8 +225,12 @@ impl Namespaces {
         ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
         ip(&["link", "set", &va, "netns", &names[0]])?;
         ip(&["link", "set", &vb, "netns", &names[1]])?;
-        for (name, dev, addr) in [(&names[0], &va, "10.79.0.1/24"), (&names[1], &vb, "10.79.0.2/24")] {
-            ip(&["-n", name, "addr", "add", addr, "dev", dev])?;
+        for (name, dev, v4, v6) in
+            [(&names[0], &va, "10.79.0.1/24", "fd79::1/64"), (&names[1], &vb, "10.79.0.2/24", "fd79::2/64")]
+        {
+            ip(&["-n", name, "addr", "add", v4, "dev", dev])?;
+            // No duplicate address detection: the address is usable at once.
+            ip(&["-n", name, "addr", "add", v6, "dev", dev, "nodad"])?;
             ip(&["-n", name, "link", "set", dev, "up"])?;
             ip(&["-n", name, "link", "set", "lo", "up"])?;
         }
@@ -263,17 +267,23 @@ fn two_hosts_in_network_namespaces() {
         }
     };
     // A veth has a 1500-byte MTU: a 1024-byte path MTU fits, as on RoCE.
-    for test in ["write_bw", "send_lat", "read_bw"] {
+    // The last run uses IPv6 addresses as GIDs.
+    for (test, server_addr, client_addr) in [
+        ("write_bw", "10.79.0.1", "10.79.0.2"),
+        ("send_lat", "10.79.0.1", "10.79.0.2"),
+        ("read_bw", "10.79.0.1", "10.79.0.2"),
+        ("send_bw", "fd79::1", "fd79::2"),
+    ] {
         let mut server = ns
             .exec(0)
-            .args(["bench", test, "--server", "--addr", "10.79.0.1"])
+            .args(["bench", test, "--server", "--addr", server_addr])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let out = ns
             .exec(1)
-            .args(["bench", test, "10.79.0.1", "--addr", "10.79.0.2", "-m", "1024", "-n", "300", "--verify", "--json"])
+            .args(["bench", test, server_addr, "--addr", client_addr, "-m", "1024", "-n", "300", "--verify", "--json"])
             .output()
             .unwrap();
         assert!(out.status.success(), "{test} across namespaces:\n{}", text(&out));
