@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use softrnic_transport::{
-    Access, Completion, CqId, DmaBuffer, MrKeys, Mtu, Payload, PdId, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
-    RecvWorkRequest, SendOp, SendWorkRequest, Sge, TransportConfig,
+    Access, Completion, CqId, DmaBuffer, MrKeys, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpState, QpType,
+    RcConnection, RecvWorkRequest, SendOp, SendWorkRequest, Sge, TransportConfig, ud_steps,
 };
 
 use crate::network::Faults;
@@ -109,45 +109,22 @@ impl Pair {
             let peer_ip = self.world.ip(peer.host);
             let device = self.world.device(me.host);
             let steps = match o.qp_type {
-                QpType::Rc => [
-                    QpAttr {
-                        state: Some(QpState::Init),
-                        pkey_index: Some(0),
-                        port: Some(1),
-                        access: Some(Access::REMOTE),
-                        ..QpAttr::default()
-                    },
-                    QpAttr {
-                        state: Some(QpState::Rtr),
-                        remote_addr: Some(peer_ip),
-                        path_mtu: Some(o.mtu),
-                        dest_qpn: Some(peer.qpn),
-                        rq_psn: Some(Psn::new(peer.qpn * 1000)),
-                        max_dest_rd_atomic: Some(16),
-                        min_rnr_timer: Some(o.min_rnr_timer),
-                        ..QpAttr::default()
-                    },
-                    QpAttr {
-                        state: Some(QpState::Rts),
-                        sq_psn: Some(Psn::new(me.qpn * 1000)),
-                        timeout: Some(o.timeout),
-                        retry_cnt: Some(o.retry_cnt),
-                        rnr_retry: Some(o.rnr_retry),
-                        max_rd_atomic: Some(16),
-                        ..QpAttr::default()
-                    },
-                ],
-                QpType::Ud => [
-                    QpAttr {
-                        state: Some(QpState::Init),
-                        pkey_index: Some(0),
-                        port: Some(1),
-                        qkey: Some(QKEY),
-                        ..QpAttr::default()
-                    },
-                    QpAttr { state: Some(QpState::Rtr), ..QpAttr::default() },
-                    QpAttr { state: Some(QpState::Rts), sq_psn: Some(Psn::new(0)), ..QpAttr::default() },
-                ],
+                QpType::Rc => RcConnection {
+                    access: Access::REMOTE,
+                    remote_addr: peer_ip,
+                    dest_qpn: peer.qpn,
+                    rq_psn: Psn::new(peer.qpn * 1000),
+                    sq_psn: Psn::new(me.qpn * 1000),
+                    mtu: o.mtu,
+                    max_dest_rd_atomic: 16,
+                    max_rd_atomic: 16,
+                    min_rnr_timer: o.min_rnr_timer,
+                    timeout: o.timeout,
+                    retry_cnt: o.retry_cnt,
+                    rnr_retry: o.rnr_retry,
+                }
+                .steps(),
+                QpType::Ud => ud_steps(QKEY, Psn::new(0)),
             };
             for attr in steps {
                 device.modify_qp(now, me.qpn, &attr).expect("modify_qp");

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use softrnic_transport::{
-    Access, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
+    Access, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
     TransportConfig, WcStatus,
 };
 
@@ -202,50 +202,28 @@ fn connect(
     peer_max_rd_atomic: u8,
     rng: &mut fastrand::Rng,
 ) -> softrnic_transport::Result<()> {
-    let peer_ip = world.ip(1 - me.host);
     // Both ends agree on PSNs; start near the wrap now and then.
     let psn = |qpn: u32| Psn::new(qpn.wrapping_mul(0x9e37_79b9) ^ 0xff_ff00);
+    let connection = RcConnection {
+        access: Access::REMOTE,
+        remote_addr: world.ip(1 - me.host),
+        dest_qpn: peer_qpn,
+        rq_psn: psn(peer_qpn),
+        sq_psn: psn(me.qpn),
+        mtu,
+        // Our responder must allow as many READ/ATOMIC as the peer issues.
+        max_dest_rd_atomic: peer_max_rd_atomic,
+        max_rd_atomic,
+        min_rnr_timer: rng.u8(1..=4),
+        timeout: rng.u8(8..=12),
+        retry_cnt: 7,
+        rnr_retry: 7,
+    };
     let now = world.now;
-    let device = world.device(me.host);
-    device.modify_qp(
-        now,
-        me.qpn,
-        &QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(Access::REMOTE),
-            ..QpAttr::default()
-        },
-    )?;
-    device.modify_qp(
-        now,
-        me.qpn,
-        &QpAttr {
-            state: Some(QpState::Rtr),
-            remote_addr: Some(peer_ip),
-            path_mtu: Some(mtu),
-            dest_qpn: Some(peer_qpn),
-            rq_psn: Some(psn(peer_qpn)),
-            // Our responder must allow as many READ/ATOMIC as the peer issues.
-            max_dest_rd_atomic: Some(peer_max_rd_atomic),
-            min_rnr_timer: Some(rng.u8(1..=4)),
-            ..QpAttr::default()
-        },
-    )?;
-    device.modify_qp(
-        now,
-        me.qpn,
-        &QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(psn(me.qpn)),
-            timeout: Some(rng.u8(8..=12)),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            max_rd_atomic: Some(max_rd_atomic),
-            ..QpAttr::default()
-        },
-    )
+    for attr in connection.steps() {
+        world.device(me.host).modify_qp(now, me.qpn, &attr)?;
+    }
+    Ok(())
 }
 
 /// Does what an application would: posts receives within its window and

@@ -255,34 +255,21 @@ fn psns_wrap_around_2_pow_24() {
         let (qpn, peer_qpn, peer_ip) = (pair.side(host).qpn, pair.side(peer).qpn, pair.world.ip(peer));
         let device = pair.world.device(host);
         device.modify_qp(now, qpn, &QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
-        for attr in [
-            QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port: Some(1),
-                access: Some(softrnic_transport::Access::REMOTE),
-                ..QpAttr::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rtr),
-                remote_addr: Some(peer_ip),
-                path_mtu: Some(softrnic_transport::Mtu::Mtu256),
-                dest_qpn: Some(peer_qpn),
-                rq_psn: Some(Psn::new(0xff_fff0)),
-                max_dest_rd_atomic: Some(4),
-                min_rnr_timer: Some(1),
-                ..QpAttr::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(Psn::new(0xff_fff0)),
-                timeout: Some(10),
-                retry_cnt: Some(7),
-                rnr_retry: Some(7),
-                max_rd_atomic: Some(4),
-                ..QpAttr::default()
-            },
-        ] {
+        let connection = softrnic_transport::RcConnection {
+            access: softrnic_transport::Access::REMOTE,
+            remote_addr: peer_ip,
+            dest_qpn: peer_qpn,
+            rq_psn: Psn::new(0xff_fff0),
+            sq_psn: Psn::new(0xff_fff0),
+            mtu: softrnic_transport::Mtu::Mtu256,
+            max_dest_rd_atomic: 4,
+            max_rd_atomic: 4,
+            min_rnr_timer: 1,
+            timeout: 10,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        };
+        for attr in connection.steps() {
             device.modify_qp(now, qpn, &attr).unwrap();
         }
     }

@@ -1,6 +1,8 @@
 use std::sync::Arc;
 
-use softrnic_transport::{Access, Mtu, Psn, QpAttr, QpState, QpType, RecvWorkRequest, SendWorkRequest};
+use softrnic_transport::{
+    Access, Mtu, Psn, QpAttr, QpState, QpType, RcConnection, RecvWorkRequest, SendWorkRequest, ud_steps,
+};
 
 use crate::cq::CqHandle;
 use crate::{Endpoint, Error, MemoryRegion, ProtectionDomain};
@@ -88,36 +90,28 @@ impl QueuePair {
     /// Takes the QP from RESET to RTS, connected to `remote` (for UD, just
     /// to RTS).
     pub fn connect(&self, remote: &Endpoint, o: &ConnectOptions) -> Result<(), Error> {
-        let init = QpAttr { state: Some(QpState::Init), pkey_index: Some(0), port: Some(1), ..QpAttr::default() };
-        match self.qp_type {
-            QpType::Rc => {
-                self.modify(&QpAttr { access: Some(o.access), ..init })?;
-                self.modify(&QpAttr {
-                    state: Some(QpState::Rtr),
-                    remote_addr: Some(remote.gid),
-                    path_mtu: Some(o.mtu),
-                    dest_qpn: Some(remote.qpn),
-                    rq_psn: Some(remote.psn),
-                    max_dest_rd_atomic: Some(o.max_rd_atomic),
-                    min_rnr_timer: Some(o.min_rnr_timer),
-                    ..QpAttr::default()
-                })?;
-                self.modify(&QpAttr {
-                    state: Some(QpState::Rts),
-                    sq_psn: Some(self.psn),
-                    timeout: Some(o.timeout),
-                    retry_cnt: Some(o.retry_cnt),
-                    rnr_retry: Some(o.rnr_retry),
-                    max_rd_atomic: Some(o.max_rd_atomic),
-                    ..QpAttr::default()
-                })
+        let steps = match self.qp_type {
+            QpType::Rc => RcConnection {
+                access: o.access,
+                remote_addr: remote.gid,
+                dest_qpn: remote.qpn,
+                rq_psn: remote.psn,
+                sq_psn: self.psn,
+                mtu: o.mtu,
+                max_dest_rd_atomic: o.max_rd_atomic,
+                max_rd_atomic: o.max_rd_atomic,
+                min_rnr_timer: o.min_rnr_timer,
+                timeout: o.timeout,
+                retry_cnt: o.retry_cnt,
+                rnr_retry: o.rnr_retry,
             }
-            QpType::Ud => {
-                self.modify(&QpAttr { qkey: Some(o.qkey), ..init })?;
-                self.modify(&QpAttr { state: Some(QpState::Rtr), ..QpAttr::default() })?;
-                self.modify(&QpAttr { state: Some(QpState::Rts), sq_psn: Some(self.psn), ..QpAttr::default() })
-            }
+            .steps(),
+            QpType::Ud => ud_steps(o.qkey, self.psn),
+        };
+        for attr in &steps {
+            self.modify(attr)?;
         }
+        Ok(())
     }
 
     /// Limits the rate of this QP's requests in bits per second (the

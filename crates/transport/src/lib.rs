@@ -23,7 +23,7 @@ pub use counters::Counters;
 pub use device::{Device, MAX_DATAGRAM_LEN};
 pub use error::{Result, VerbsError};
 pub use memory::{Access, DmaBuffer, MrKeys, PdId};
-pub use qp::{Mtu, QpAttr, QpCaps, QpInitAttr, QpState, QpType, Transmit};
+pub use qp::{Mtu, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Transmit, ud_steps};
 pub use softrnic_wire::Psn;
 pub use time::Instant;
 pub use work_request::{Payload, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, UdDestination};

@@ -149,6 +149,76 @@ impl Default for QpAttributes {
     }
 }
 
+/// What connecting an RC QP to its peer takes: the attributes of the three
+/// `modify_qp` calls that bring it from RESET to RTS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RcConnection {
+    /// What remote peers may do through this QP.
+    pub access: Access,
+    /// The peer's GID (an IP address in RoCEv2) and QP number.
+    pub remote_addr: IpAddr,
+    pub dest_qpn: u32,
+    /// The PSN the peer starts sending with, and ours.
+    pub rq_psn: Psn,
+    pub sq_psn: Psn,
+    pub mtu: Mtu,
+    pub max_dest_rd_atomic: u8,
+    pub max_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+}
+
+impl RcConnection {
+    /// RESET -> INIT, INIT -> RTR, RTR -> RTS.
+    pub fn steps(&self) -> [QpAttr; 3] {
+        [
+            QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                access: Some(self.access),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                remote_addr: Some(self.remote_addr),
+                path_mtu: Some(self.mtu),
+                dest_qpn: Some(self.dest_qpn),
+                rq_psn: Some(self.rq_psn),
+                max_dest_rd_atomic: Some(self.max_dest_rd_atomic),
+                min_rnr_timer: Some(self.min_rnr_timer),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(self.sq_psn),
+                timeout: Some(self.timeout),
+                retry_cnt: Some(self.retry_cnt),
+                rnr_retry: Some(self.rnr_retry),
+                max_rd_atomic: Some(self.max_rd_atomic),
+                ..QpAttr::default()
+            },
+        ]
+    }
+}
+
+/// The three `modify_qp` steps of a UD QP with Q_Key `qkey`.
+pub fn ud_steps(qkey: u32, sq_psn: Psn) -> [QpAttr; 3] {
+    [
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            qkey: Some(qkey),
+            ..QpAttr::default()
+        },
+        QpAttr { state: Some(QpState::Rtr), ..QpAttr::default() },
+        QpAttr { state: Some(QpState::Rts), sq_psn: Some(sq_psn), ..QpAttr::default() },
+    ]
+}
+
 /// Most outstanding READ/ATOMIC requests a QP may allow in either direction.
 pub const MAX_RD_ATOMIC: u8 = 16;
 

@@ -26,7 +26,7 @@ mod ud;
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
-pub use attr::{MAX_RD_ATOMIC, Mtu, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType};
+pub use attr::{MAX_RD_ATOMIC, Mtu, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, ud_steps};
 pub use pacing::Pacer;
 use softrnic_wire::packet::PacketRepr;
 
