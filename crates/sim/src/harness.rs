@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use softrnic_transport::{
     Access, Completion, CqId, DmaBuffer, MrKeys, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpState, QpType,
-    RcConnection, RecvWorkRequest, SendOp, SendWorkRequest, Sge, TransportConfig, ud_steps,
+    RcConnection, RecvWorkRequest, SendOp, SendWorkRequest, Sge, SrqAttr, SrqId, TransportConfig, ud_steps,
 };
 
 use crate::network::Faults;
@@ -24,6 +24,8 @@ pub struct Side {
     pub qpn: u32,
     pub buffer: Arc<DmaBuffer>,
     pub mr: MrKeys,
+    /// The shared receive queue the QP takes receives from, if any.
+    pub srq: Option<SrqId>,
 }
 
 impl Side {
@@ -59,6 +61,8 @@ pub struct PairOptions {
     pub rnr_retry: u8,
     pub min_rnr_timer: u8,
     pub config: TransportConfig,
+    /// Give host 1's QP a shared receive queue (of 64 requests).
+    pub srq: bool,
 }
 
 impl Default for PairOptions {
@@ -75,6 +79,7 @@ impl Default for PairOptions {
             rnr_retry: 7,
             min_rnr_timer: 1,
             config: TransportConfig::default(),
+            srq: false,
         }
     }
 }
@@ -94,9 +99,12 @@ impl Pair {
                 .register_memory(pd, buffer.clone(), 0, options.region_len, IOVA, options.access)
                 .expect("register");
             let caps = QpCaps { max_send_wr: 128, max_recv_wr: 128, ..QpCaps::default() };
-            let init = QpInitAttr { qp_type: options.qp_type, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false };
+            let srq = (options.srq && host == 1)
+                .then(|| device.create_srq(pd, SrqAttr { max_wr: 64, max_sge: 4, limit: 0 }).expect("create_srq"));
+            let init =
+                QpInitAttr { qp_type: options.qp_type, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false, srq };
             let qpn = device.create_qp(init).expect("create_qp");
-            Side { host, pd, cq, qpn, buffer, mr }
+            Side { host, pd, cq, qpn, buffer, mr, srq }
         });
         let mut pair = Pair { world, a, b };
         pair.connect(&options);

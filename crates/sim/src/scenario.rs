@@ -174,7 +174,7 @@ fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut 
         .register_memory(pd, buffer.clone(), GUARD, plan.region_len(), IOVA_BASE, Access::LOCAL_WRITE | Access::REMOTE)
         .expect("register");
     let caps = QpCaps { max_send_wr: rng.u32(1..=64), max_recv_wr: 64, ..QpCaps::default() };
-    let init = QpInitAttr { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false };
+    let init = QpInitAttr { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false, srq: None };
     let qpn = device.create_qp(init).expect("create qp");
     Live {
         host,

@@ -64,7 +64,15 @@ impl ProtectionDomain {
         caps: QpCaps,
         sq_sig_all: bool,
     ) -> Result<QueuePair, Error> {
-        let init = QpInitAttr { qp_type, pd: self.id.id, send_cq: send_cq.id, recv_cq: recv_cq.id, caps, sq_sig_all };
+        let init = QpInitAttr {
+            qp_type,
+            pd: self.id.id,
+            send_cq: send_cq.id,
+            recv_cq: recv_cq.id,
+            caps,
+            sq_sig_all,
+            srq: None,
+        };
         let qpn = self.ctx.nic.with(|d, _| d.create_qp(init))?;
         Ok(QueuePair::new(self.clone(), qpn, qp_type, [send_cq.handle(), recv_cq.handle()]))
     }

@@ -23,8 +23,10 @@ use crate::completion::{Completion, CompletionQueues, CqId};
 use crate::config::TransportConfig;
 use crate::counters::Counters;
 use crate::error::{Result, VerbsError};
+use crate::event::AsyncEvent;
 use crate::memory::{Access, DmaBuffer, MemoryTable, MrKeys, PdId};
 use crate::qp::{Ctx, QpAttr, QpInitAttr, QueuePair, Transmit};
+use crate::srq::{SharedReceiveQueues, SrqAttr, SrqId};
 use crate::time::Instant;
 use crate::work_request::{RecvWorkRequest, SendWorkRequest};
 
@@ -51,6 +53,9 @@ pub struct Device {
     config: TransportConfig,
     memory: MemoryTable,
     cqs: CompletionQueues,
+    srqs: SharedReceiveQueues,
+    /// Asynchronous events not yet taken by `poll_async_event`.
+    events: VecDeque<AsyncEvent>,
     qps: HashMap<u32, QpSlot>,
     next_qpn: u32,
     /// QPs that may have something to send, served round robin.
@@ -66,6 +71,8 @@ macro_rules! ctx {
             now: $now,
             memory: &$self.memory,
             cqs: &mut $self.cqs,
+            srqs: &mut $self.srqs,
+            events: &mut $self.events,
             counters: &mut $self.counters,
             config: &$self.config,
         }
@@ -78,6 +85,8 @@ impl Device {
             config,
             memory: MemoryTable::new(),
             cqs: CompletionQueues::default(),
+            srqs: SharedReceiveQueues::default(),
+            events: VecDeque::new(),
             qps: HashMap::new(),
             next_qpn: FIRST_QPN,
             ready: VecDeque::new(),
@@ -154,9 +163,44 @@ impl Device {
         self.cqs.poll_notification()
     }
 
-    /// A completion queue that overflowed and lost completions.
-    pub fn poll_cq_overflow(&mut self) -> Option<CqId> {
-        self.cqs.poll_overflow()
+    // ----- shared receive queues and asynchronous events -----
+
+    pub fn create_srq(&mut self, pd: PdId, attr: SrqAttr) -> Result<SrqId> {
+        if !self.memory.pd_exists(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        let srq = self.srqs.create(pd, attr)?;
+        self.memory.pd_users(pd, 1)?;
+        Ok(srq)
+    }
+
+    pub fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
+        let pd = self.srqs.pd(srq)?;
+        self.srqs.destroy(srq)?;
+        self.memory.pd_users(pd, -1)
+    }
+
+    /// Posts a receive to a shared receive queue (`ibv_post_srq_recv`).
+    pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWorkRequest) -> Result<()> {
+        self.srqs.post(srq, wr)
+    }
+
+    /// Arms the SRQ's limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`).
+    pub fn modify_srq_limit(&mut self, srq: SrqId, limit: u32) -> Result<()> {
+        self.srqs.set_limit(srq, limit)
+    }
+
+    /// The SRQ's attributes and how many receives it holds.
+    pub fn query_srq(&self, srq: SrqId) -> Result<(SrqAttr, usize)> {
+        self.srqs.query(srq)
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`).
+    pub fn poll_async_event(&mut self) -> Option<AsyncEvent> {
+        if let Some(cq) = self.cqs.poll_overflow() {
+            return Some(AsyncEvent::CqError { cq });
+        }
+        self.events.pop_front()
     }
 
     // ----- queue pairs -----
@@ -168,7 +212,10 @@ impl Device {
         if !self.cqs.exists(init.send_cq) || !self.cqs.exists(init.recv_cq) {
             return Err(VerbsError::NotFound("completion queue"));
         }
-        if init.caps.max_send_wr == 0 && init.caps.max_recv_wr == 0 {
+        if let Some(srq) = init.srq {
+            self.srqs.query(srq)?;
+        }
+        if init.caps.max_send_wr == 0 && init.caps.max_recv_wr == 0 && init.srq.is_none() {
             return Err(VerbsError::invalid("a QP needs a send or a receive queue"));
         }
         let mut qpn = self.next_qpn;
@@ -182,6 +229,9 @@ impl Device {
         self.memory.pd_users(init.pd, 1)?;
         self.cqs.add_user(init.send_cq, 1);
         self.cqs.add_user(init.recv_cq, 1);
+        if let Some(srq) = init.srq {
+            self.srqs.add_user(srq, 1);
+        }
         self.qps.insert(qpn, QpSlot { qp: QueuePair::new(qpn, init), ready: false, scheduled: None });
         Ok(qpn)
     }
@@ -193,6 +243,9 @@ impl Device {
         self.memory.pd_users(init.pd, -1)?;
         self.cqs.add_user(init.send_cq, -1);
         self.cqs.add_user(init.recv_cq, -1);
+        if let Some(srq) = init.srq {
+            self.srqs.add_user(srq, -1);
+        }
         Ok(())
     }
 

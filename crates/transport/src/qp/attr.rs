@@ -9,6 +9,7 @@ use softrnic_wire::Psn;
 use crate::completion::CqId;
 use crate::error::{Result, VerbsError};
 use crate::memory::{Access, PdId};
+use crate::srq::SrqId;
 
 /// The verbs QP state machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -82,6 +83,8 @@ pub struct QpInitAttr {
     pub caps: QpCaps,
     /// Every send request generates a completion (else only signalled ones).
     pub sq_sig_all: bool,
+    /// Take receives from this shared receive queue instead of the QP's own.
+    pub srq: Option<SrqId>,
 }
 
 /// Attributes to change in `modify_qp`; `None` leaves one as it is (the

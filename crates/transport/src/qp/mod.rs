@@ -34,7 +34,9 @@ use crate::completion::{Completion, CompletionQueues, WcOpcode, WcStatus};
 use crate::config::TransportConfig;
 use crate::counters::Counters;
 use crate::error::{Result, VerbsError};
+use crate::event::AsyncEvent;
 use crate::memory::MemoryTable;
+use crate::srq::SharedReceiveQueues;
 use crate::time::Instant;
 use crate::work_request::{Payload, RecvWorkRequest, SendOp, SendWorkRequest};
 use requester::Requester;
@@ -46,6 +48,8 @@ pub(crate) struct Ctx<'a> {
     pub now: Instant,
     pub memory: &'a MemoryTable,
     pub cqs: &'a mut CompletionQueues,
+    pub srqs: &'a mut SharedReceiveQueues,
+    pub events: &'a mut VecDeque<AsyncEvent>,
     pub counters: &'a mut Counters,
     pub config: &'a TransportConfig,
 }
@@ -228,6 +232,12 @@ impl QueuePair {
 
     /// Applies `ibv_post_recv`.
     pub(crate) fn post_recv(&mut self, ctx: &mut Ctx, wr: RecvWorkRequest) -> Result<()> {
+        if let Some(srq) = self.init.srq {
+            return Err(VerbsError::invalid(format!(
+                "QP {:#x} takes its receives from SRQ {}; post them there",
+                self.qpn, srq.0
+            )));
+        }
         if wr.sges.len() > self.init.caps.max_recv_sge as usize {
             return Err(VerbsError::invalid(format!(
                 "{} SGEs exceed max_recv_sge {}",
@@ -343,6 +353,26 @@ impl QueuePair {
         for recv in self.resp.abandon().into_iter().chain(self.rq.drain(..).collect::<Vec<_>>()) {
             let flushed = Completion::new(recv.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
             ctx.cqs.push(self.init.recv_cq, flushed);
+        }
+        // The SRQ's own requests stay for its other QPs.
+        if self.init.srq.is_some() {
+            ctx.events.push_back(AsyncEvent::QpLastWqeReached { qpn: self.qpn });
+        }
+    }
+
+    /// Takes the next receive work request: from the SRQ if the QP has one.
+    fn take_recv(&mut self, ctx: &mut Ctx) -> Option<RecvWorkRequest> {
+        match self.init.srq {
+            Some(srq) => ctx.srqs.take(srq, ctx.events),
+            None => self.rq.pop_front(),
+        }
+    }
+
+    /// Is a receive work request waiting for this QP?
+    fn recv_available(&self, ctx: &Ctx) -> bool {
+        match self.init.srq {
+            Some(srq) => !ctx.srqs.is_empty(srq),
+            None => !self.rq.is_empty(),
         }
     }
 

@@ -18,6 +18,7 @@ use softrnic_wire::{Opcode, Psn, bth};
 
 use super::{Ctx, MAX_RD_ATOMIC, QpState, QueuePair, Transmit};
 use crate::completion::{Completion, WcOpcode, WcStatus};
+use crate::event::AsyncEvent;
 use crate::memory::{Access, AccessFault, scatter, validate_list};
 use crate::work_request::RecvWorkRequest;
 
@@ -203,6 +204,12 @@ impl QueuePair {
                     self.complete_recv(ctx, Completion::new(recv.wr_id, status, WcOpcode::Recv, self.qpn));
                 }
                 self.resp.fail(psn, code);
+                let qpn = self.qpn;
+                ctx.events.push_back(match code {
+                    NakCode::RemoteAccessError => AsyncEvent::QpAccessError { qpn },
+                    NakCode::InvalidRequest => AsyncEvent::QpRequestError { qpn },
+                    _ => AsyncEvent::QpFatal { qpn },
+                });
                 self.enter_error(ctx);
             }
         }
@@ -258,7 +265,7 @@ impl QueuePair {
 
     fn execute_send(&mut self, ctx: &mut Ctx, packet: &PacketRepr, position: Position) -> Result<(), Refusal> {
         if position.starts_message() {
-            let recv = self.rq.pop_front().ok_or(Refusal::ReceiverNotReady)?;
+            let recv = self.take_recv(ctx).ok_or(Refusal::ReceiverNotReady)?;
             let capacity = match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE) {
                 Ok(capacity) => capacity,
                 Err(_) => {
@@ -295,7 +302,7 @@ impl QueuePair {
         let ext = &packet.headers.ext;
         // A WRITE with immediate consumes a receive; check before touching
         // memory so that the retry after an RNR NAK starts clean.
-        if ext.immediate.is_some() && self.rq.is_empty() {
+        if ext.immediate.is_some() && !self.recv_available(ctx) {
             return Err(Refusal::ReceiverNotReady);
         }
         if position.starts_message() {
@@ -324,7 +331,7 @@ impl QueuePair {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
             }
             if let Some(imm) = ext.immediate {
-                let recv = self.rq.pop_front().expect("checked above");
+                let recv = self.take_recv(ctx).expect("checked above");
                 let mut completion =
                     Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
                 completion.byte_len = len as u32;
@@ -444,9 +451,14 @@ impl QueuePair {
         }
     }
 
-    /// End-to-end credits to advertise: the receive queue's depth.
+    /// End-to-end credits to advertise: the receive queue's depth, or
+    /// "unlimited" for a QP on an SRQ, which has no credits of its own.
     fn credits(&self) -> Syndrome {
-        Syndrome::Ack { credit_code: aeth::credit_code(self.rq.len() as u32) }
+        let credit_code = match self.init.srq {
+            Some(_) => aeth::CREDITS_UNLIMITED,
+            None => aeth::credit_code(self.rq.len() as u32),
+        };
+        Syndrome::Ack { credit_code }
     }
 
     /// Builds the next answer packet.

@@ -81,7 +81,7 @@ impl QueuePair {
             return;
         }
         // Datagrams that find no receive posted are dropped, as UD does.
-        let Some(recv) = self.rq.pop_front() else {
+        let Some(recv) = self.take_recv(ctx) else {
             ctx.counters.rx_no_receive_posted += 1;
             return;
         };
