@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use softrnic_transport::{
-    Access, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
-    TransportConfig, WcStatus,
+    Access, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection, SrqAttr,
+    SrqId, TransportConfig, WcStatus,
 };
 
 use crate::network::{Faults, NetworkStats};
@@ -56,6 +56,9 @@ struct Live {
     /// Receives this endpoint keeps posted at most; small values make the
     /// peer meet RNR NAKs.
     recv_window: usize,
+    /// Receives go to this shared receive queue (the QP's alone, so the
+    /// oracle still knows which buffer each message lands in).
+    srq: Option<SrqId>,
     /// A slow application posts at most one receive per period, so that
     /// SENDs meet RNR NAKs.
     recv_period: Option<Duration>,
@@ -174,7 +177,9 @@ fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut 
         .register_memory(pd, buffer.clone(), GUARD, plan.region_len(), IOVA_BASE, Access::LOCAL_WRITE | Access::REMOTE)
         .expect("register");
     let caps = QpCaps { max_send_wr: rng.u32(1..=64), max_recv_wr: 64, ..QpCaps::default() };
-    let init = QpInitAttr { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false, srq: None };
+    let srq = (rng.u8(0..4) == 0)
+        .then(|| device.create_srq(pd, SrqAttr { max_wr: 64, max_sge: 16, limit: 0 }).expect("create_srq"));
+    let init = QpInitAttr { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false, srq };
     let qpn = device.create_qp(init).expect("create qp");
     Live {
         host,
@@ -187,6 +192,7 @@ fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut 
         posted_recvs: 0,
         recv_window: rng.usize(1..=8),
         recv_period: rng.bool().then(|| Duration::from_micros(rng.u64(1..=50))),
+        srq,
         next_recv_post: Instant::ZERO,
         sends_done: Vec::new(),
         recvs_done: Vec::new(),
@@ -246,7 +252,10 @@ fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKey
         && now >= end.next_recv_post
     {
         let wr = plan.recvs[end.posted_recvs].work_request(end.keys);
-        device.post_recv(now, end.qpn, wr).expect("post_recv");
+        match end.srq {
+            Some(srq) => device.post_srq_recv(srq, wr).expect("post_srq_recv"),
+            None => device.post_recv(now, end.qpn, wr).expect("post_recv"),
+        }
         end.posted_recvs += 1;
         if let Some(period) = end.recv_period {
             end.next_recv_post = now + period;
