@@ -111,6 +111,9 @@ struct Faults {
 
 struct Shared {
     device: Mutex<Device>,
+    /// Held from building a batch until it is sent, so that batches of two
+    /// threads never overtake each other on the wire.
+    transmit_order: Mutex<()>,
     socket: RoceSocket,
     epoch: std::time::Instant,
     faults: Option<Mutex<Faults>>,
@@ -172,6 +175,7 @@ impl Nic {
         });
         let shared = Arc::new(Shared {
             device: Mutex::new(Device::new(transport)),
+            transmit_order: Mutex::new(()),
             socket,
             epoch: std::time::Instant::now(),
             faults,
@@ -413,6 +417,7 @@ impl Shared {
     fn transmit(&self) -> usize {
         SCRATCH.with_borrow_mut(|scratch| {
             let mut total = 0;
+            let _in_order = self.transmit_order.lock().unwrap_or_else(|e| e.into_inner());
             loop {
                 scratch.tx_meta.clear();
                 {
