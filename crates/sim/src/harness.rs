@@ -84,6 +84,29 @@ impl Default for PairOptions {
     }
 }
 
+/// Connects QP `qpn` of `host` to `dest_qpn` on the other host, both
+/// starting at PSN `psn`, with the harness's usual limits and timers.
+pub fn connect_rc(world: &mut World, host: usize, qpn: u32, dest_qpn: u32, psn: Psn, mtu: Mtu) {
+    let connection = RcConnection {
+        access: Access::REMOTE,
+        remote_addr: world.ip(1 - host),
+        dest_qpn,
+        rq_psn: psn,
+        sq_psn: psn,
+        mtu,
+        max_dest_rd_atomic: 4,
+        max_rd_atomic: 4,
+        min_rnr_timer: 1,
+        timeout: 10,
+        retry_cnt: 7,
+        rnr_retry: 7,
+    };
+    let now = world.now;
+    for attr in connection.steps() {
+        world.device(host).modify_qp(now, qpn, &attr).expect("modify_qp");
+    }
+}
+
 /// The Q_Key harness UD QPs use.
 pub const QKEY: u32 = 0x1111_1111;
 

@@ -2,7 +2,7 @@
 //! recovery path driven on purpose: RNR, retransmission, a peer that dies.
 
 use softrnic_sim::Faults;
-use softrnic_sim::harness::{IOVA, Pair, PairOptions, QKEY};
+use softrnic_sim::harness::{IOVA, Pair, PairOptions, QKEY, connect_rc};
 use softrnic_transport::{
     Payload, Psn, QpAttr, QpState, QpType, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, UdDestination,
     WcOpcode, WcStatus,
@@ -252,26 +252,10 @@ fn psns_wrap_around_2_pow_24() {
     // Reconnect both QPs with PSNs a few packets before the wrap.
     let now = pair.world.now;
     for (host, peer) in [(0usize, 1usize), (1, 0)] {
-        let (qpn, peer_qpn, peer_ip) = (pair.side(host).qpn, pair.side(peer).qpn, pair.world.ip(peer));
-        let device = pair.world.device(host);
-        device.modify_qp(now, qpn, &QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
-        let connection = softrnic_transport::RcConnection {
-            access: softrnic_transport::Access::REMOTE,
-            remote_addr: peer_ip,
-            dest_qpn: peer_qpn,
-            rq_psn: Psn::new(0xff_fff0),
-            sq_psn: Psn::new(0xff_fff0),
-            mtu: softrnic_transport::Mtu::Mtu256,
-            max_dest_rd_atomic: 4,
-            max_rd_atomic: 4,
-            min_rnr_timer: 1,
-            timeout: 10,
-            retry_cnt: 7,
-            rnr_retry: 7,
-        };
-        for attr in connection.steps() {
-            device.modify_qp(now, qpn, &attr).unwrap();
-        }
+        let (qpn, peer_qpn) = (pair.side(host).qpn, pair.side(peer).qpn);
+        let reset = QpAttr { state: Some(QpState::Reset), ..QpAttr::default() };
+        pair.world.device(host).modify_qp(now, qpn, &reset).unwrap();
+        connect_rc(&mut pair.world, host, qpn, peer_qpn, Psn::new(0xff_fff0), softrnic_transport::Mtu::Mtu256);
     }
     let data = pattern(256 * 40, 11);
     pair.a.buffer.write(0, &data);

@@ -1,9 +1,8 @@
 //! Shared receive queues and asynchronous events.
 
-use softrnic_sim::harness::{IOVA, Pair, PairOptions};
+use softrnic_sim::harness::{IOVA, Pair, PairOptions, connect_rc};
 use softrnic_transport::{
-    Access, AsyncEvent, CqId, Payload, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection, RecvWorkRequest,
-    RemoteAddr, SendOp, WcStatus,
+    AsyncEvent, CqId, Payload, Psn, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest, RemoteAddr, SendOp, WcStatus,
 };
 
 fn srq_pair() -> Pair {
@@ -123,23 +122,7 @@ fn two_qps_share_one_srq() {
         })
         .unwrap();
     for (host, me, peer) in [(0usize, extra0, extra1), (1, extra1, extra0)] {
-        let connection = RcConnection {
-            access: Access::REMOTE,
-            remote_addr: pair.world.ip(1 - host),
-            dest_qpn: peer,
-            rq_psn: Psn::new(500),
-            sq_psn: Psn::new(500),
-            mtu: softrnic_transport::Mtu::Mtu1024,
-            max_dest_rd_atomic: 4,
-            max_rd_atomic: 4,
-            min_rnr_timer: 1,
-            timeout: 10,
-            retry_cnt: 7,
-            rnr_retry: 7,
-        };
-        for attr in connection.steps() {
-            pair.world.device(host).modify_qp(now, me, &attr).unwrap();
-        }
+        connect_rc(&mut pair.world, host, me, peer, Psn::new(500), softrnic_transport::Mtu::Mtu1024);
     }
     for id in 0..4 {
         post_srq(&mut pair, 100 + id, id * 64, 64);
