@@ -27,9 +27,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use softrnic_transport::{CqId, Device, Instant, MAX_DATAGRAM_LEN, TransportConfig};
+use softrnic_transport::{AsyncEvent, CqId, Device, Instant, MAX_DATAGRAM_LEN, TransportConfig};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
+use crate::event_queue::EventQueue;
 use crate::eventfd::{EventFd, wait_readable};
 use crate::faults::{FaultConfig, FaultInjector, FaultStats};
 use crate::socket::{BATCH, BindError, RecvBatch, RoceSocket};
@@ -122,7 +123,10 @@ struct Shared {
     stop: AtomicBool,
     /// Until when (ns since `epoch`) the application drives progress.
     app_active_until: AtomicU64,
-    channels: Mutex<HashMap<CqId, Arc<EventFd>>>,
+    /// The completion channel each CQ notifies, if any.
+    channels: Mutex<HashMap<CqId, Arc<EventQueue<CqId>>>>,
+    /// Asynchronous events the device raised, for `ibv_get_async_event`.
+    async_events: Arc<EventQueue<AsyncEvent>>,
     tx_dropped_by_kernel: AtomicU64,
     /// Print every datagram (`SOFTRNIC_TRACE=1`).
     trace: bool,
@@ -184,6 +188,7 @@ impl Nic {
             stop: AtomicBool::new(false),
             app_active_until: AtomicU64::new(0),
             channels: Mutex::new(HashMap::new()),
+            async_events: Arc::new(EventQueue::new()?),
             tx_dropped_by_kernel: AtomicU64::new(0),
             trace: std::env::var_os("SOFTRNIC_TRACE").is_some(),
             published_at: AtomicU64::new(0),
@@ -265,16 +270,31 @@ impl Nic {
         self.shared.transmit()
     }
 
-    /// The completion channel of `cq`: an fd that becomes readable when a
-    /// notification requested with `request_notify_cq` fires.
-    pub fn channel(&self, cq: CqId) -> std::io::Result<Arc<EventFd>> {
+    /// The completion channel of `cq`, made on first use: it receives `cq`
+    /// each time a notification requested with `request_notify_cq` fires.
+    pub fn channel(&self, cq: CqId) -> std::io::Result<Arc<EventQueue<CqId>>> {
         let mut channels = self.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(fd) = channels.get(&cq) {
-            return Ok(fd.clone());
+        if let Some(channel) = channels.get(&cq) {
+            return Ok(channel.clone());
         }
-        let fd = Arc::new(EventFd::new()?);
-        channels.insert(cq, fd.clone());
-        Ok(fd)
+        let channel = Arc::new(EventQueue::new()?);
+        channels.insert(cq, channel.clone());
+        Ok(channel)
+    }
+
+    /// Makes `cq`'s notifications go to `channel`, which several CQs may
+    /// share (`ibv_create_cq` with a `ibv_comp_channel`); `None` detaches.
+    pub fn set_channel(&self, cq: CqId, channel: Option<Arc<EventQueue<CqId>>>) {
+        let mut channels = self.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+        match channel {
+            Some(channel) => channels.insert(cq, channel),
+            None => channels.remove(&cq),
+        };
+    }
+
+    /// The device's asynchronous events, in the order they happened.
+    pub fn async_events(&self) -> &Arc<EventQueue<AsyncEvent>> {
+        &self.shared.async_events
     }
 
     pub fn counters(&self) -> NicCounters {
@@ -348,12 +368,16 @@ impl Shared {
         }
     }
 
-    /// Tells completion channels whose notification fired.
+    /// Tells completion channels whose notification fired, and queues the
+    /// asynchronous events the device raised.
     fn signal_channels(&self, device: &mut Device) {
         while let Some(cq) = device.poll_cq_notification() {
-            if let Some(fd) = self.channels.lock().unwrap_or_else(|e| e.into_inner()).get(&cq) {
-                fd.signal();
+            if let Some(channel) = self.channels.lock().unwrap_or_else(|e| e.into_inner()).get(&cq) {
+                channel.push(cq);
             }
+        }
+        while let Some(event) = device.poll_async_event() {
+            self.async_events.push(event);
         }
     }
 

@@ -21,6 +21,36 @@ impl EventFd {
         Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
     }
 
+    /// A blocking eventfd in semaphore mode: each read takes one signal,
+    /// and a read with none pending waits (unless the fd's owner sets
+    /// `O_NONBLOCK`, as verbs programs may on a completion channel).
+    pub fn semaphore() -> io::Result<EventFd> {
+        // SAFETY: eventfd has no pointer arguments.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor that nobody else owns.
+        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Takes one signal from a semaphore eventfd, waiting for it if the fd
+    /// blocks.
+    pub fn take_one(&self) -> io::Result<()> {
+        let mut count: u64 = 0;
+        loop {
+            // SAFETY: reads at most 8 bytes into `count`.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), &mut count as *mut u64 as *mut libc::c_void, 8) };
+            if n == 8 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
     /// Adds one to the counter, making the fd readable.
     pub fn signal(&self) {
         let one: u64 = 1;

@@ -6,11 +6,13 @@
 
 pub mod counters_file;
 pub mod engine;
+pub mod event_queue;
 pub mod eventfd;
 pub mod faults;
 pub mod socket;
 
 pub use engine::{EngineConfig, Nic, NicCounters, OpenError, Role};
+pub use event_queue::EventQueue;
 pub use eventfd::EventFd;
 pub use faults::{FaultConfig, FaultStats};
 pub use socket::BindError;

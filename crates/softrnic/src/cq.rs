@@ -2,7 +2,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use softrnic_engine::EventFd;
+use softrnic_engine::EventQueue;
 use softrnic_engine::eventfd::wait_readable;
 use softrnic_transport::{Completion, CqId};
 
@@ -88,7 +88,7 @@ impl CompletionQueue {
         Ok(self.ctx.nic.with(|d, _| d.request_notify_cq(id, solicited_only))?)
     }
 
-    fn channel(&self) -> Result<Arc<EventFd>, Error> {
+    fn channel(&self) -> Result<Arc<EventQueue<CqId>>, Error> {
         Ok(self.ctx.nic.channel(self.id)?)
     }
 
@@ -101,10 +101,10 @@ impl CompletionQueue {
     /// returns whether it fired. The engine threads make the progress.
     pub fn wait_event(&self, timeout: Duration) -> Result<bool, Error> {
         let channel = self.channel()?;
-        if channel.drain() > 0 {
+        if channel.try_pop().is_some() {
             return Ok(true);
         }
         wait_readable(&[channel.as_raw_fd()], timeout.as_millis().min(i32::MAX as u128) as i32)?;
-        Ok(channel.drain() > 0)
+        Ok(channel.try_pop().is_some())
     }
 }

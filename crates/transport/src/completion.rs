@@ -204,6 +204,20 @@ impl CompletionQueues {
         n
     }
 
+    /// Changes how many completions the queue holds; it may not shrink
+    /// below what it holds now (`ibv_resize_cq`).
+    pub fn resize(&mut self, cq: CqId, capacity: usize) -> crate::Result<()> {
+        let queue = self.get_mut(cq).ok_or(crate::VerbsError::NotFound("completion queue"))?;
+        if capacity == 0 || capacity < queue.entries.len() {
+            return Err(crate::VerbsError::invalid(format!(
+                "cannot resize to {capacity} entries while {} wait to be polled",
+                queue.entries.len()
+            )));
+        }
+        queue.capacity = capacity;
+        Ok(())
+    }
+
     /// Arms the queue to notify on its next completion (or next solicited
     /// one).
     pub fn request_notify(&mut self, cq: CqId, solicited_only: bool) -> crate::Result<()> {
@@ -233,6 +247,21 @@ mod tests {
 
     fn done(wr_id: u64) -> Completion {
         Completion::new(wr_id, WcStatus::Success, WcOpcode::Send, 1)
+    }
+
+    #[test]
+    fn resizing_keeps_entries_and_never_drops_below_them() {
+        let mut cqs = CompletionQueues::default();
+        let cq = cqs.create(2);
+        cqs.push(cq, done(1));
+        cqs.push(cq, done(2));
+        assert!(cqs.resize(cq, 1).is_err(), "two entries wait");
+        cqs.resize(cq, 3).unwrap();
+        cqs.push(cq, done(3));
+        assert_eq!(cqs.poll_overflow(), None);
+        let mut out = Vec::new();
+        assert_eq!(cqs.poll(cq, 8, &mut out), 3);
+        assert!(cqs.resize(CqId(99), 4).is_err());
     }
 
     #[test]

@@ -150,6 +150,10 @@ impl Device {
     }
 
     /// Moves up to `max` completions of `cq` into `out`.
+    pub fn resize_cq(&mut self, cq: CqId, capacity: usize) -> Result<()> {
+        self.cqs.resize(cq, capacity)
+    }
+
     pub fn poll_cq(&mut self, cq: CqId, max: usize, out: &mut Vec<Completion>) -> usize {
         self.cqs.poll(cq, max, out)
     }

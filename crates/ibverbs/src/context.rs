@@ -1,0 +1,397 @@
+//! An open device (`ibv_open_device`): a running softrnic NIC behind a
+//! `verbs_context`, and the verbs that query it.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_uint, c_void};
+use std::mem::offset_of;
+use std::sync::Mutex;
+
+use softrnic_engine::{EngineConfig, FaultConfig, Nic};
+use softrnic_transport::{AsyncEvent, CqId, SrqId, TransportConfig};
+
+use crate::abi::*;
+use crate::device::{SoftDevice, device};
+use crate::ffi::{copy_c_string, refuse, refuse_null, set_errno};
+
+/// Most of each resource a device offers (`ibv_device_attr`).
+pub mod limits {
+    pub const MAX_QP: u32 = 1 << 16;
+    pub const MAX_QP_WR: u32 = 1 << 14;
+    pub const MAX_SGE: u32 = 32;
+    pub const MAX_CQ: u32 = 1 << 16;
+    pub const MAX_CQE: u32 = 1 << 20;
+    pub const MAX_MR: u32 = 1 << 24;
+    pub const MAX_PD: u32 = 1 << 16;
+    /// Outstanding READ/ATOMIC requests per QP, each way.
+    pub const MAX_RD_ATOMIC: u32 = 16;
+    pub const MAX_AH: u32 = 1 << 16;
+    pub const MAX_SRQ: u32 = 1 << 16;
+    pub const MAX_INLINE_DATA: u32 = 1024;
+    pub const MAX_MSG_SIZE: u32 = 1 << 31;
+    pub const GID_TABLE_LEN: u32 = 1;
+}
+
+/// The objects an asynchronous event may name, by the transport's
+/// handles, so `ibv_get_async_event` can hand back the program's pointers.
+#[derive(Default)]
+pub struct Objects {
+    pub qps: HashMap<u32, usize>,
+    pub srqs: HashMap<SrqId, usize>,
+    pub cqs: HashMap<CqId, usize>,
+}
+
+/// What `ibv_open_device` returns a pointer into (`vctx.context`).
+#[repr(C)]
+pub struct Context {
+    pub vctx: verbs_context,
+    pub nic: Nic,
+    pub device: &'static SoftDevice,
+    pub objects: Mutex<Objects>,
+}
+
+impl Context {
+    /// The context behind a program's `ibv_context` pointer.
+    ///
+    /// # Safety
+    /// `ctx` must come from [`ibv_open_device`] and not be closed yet.
+    pub unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> &'a Context {
+        // SAFETY: every `ibv_context` softrnic hands out is the
+        // `vctx.context` field of a boxed `Context` (caller's promise).
+        unsafe { &*(ctx.byte_sub(offset_of!(Context, vctx.context)) as *const Context) }
+    }
+
+    pub fn ibv(&self) -> *mut ibv_context {
+        &self.vctx.context as *const ibv_context as *mut ibv_context
+    }
+
+    pub fn objects(&self) -> std::sync::MutexGuard<'_, Objects> {
+        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn extended_ops() -> verbs_context {
+    // SAFETY: `verbs_context` is plain data (pointers, integers, options of
+    // function pointers, pthread objects whose zero value is their static
+    // initialiser on glibc), so all-zero is a valid value.
+    let mut v: verbs_context = unsafe { std::mem::zeroed() };
+    v.query_port = Some(query_port_ex);
+    v.query_device_ex = Some(query_device_ex);
+    v.create_qp_ex = Some(crate::qp::create_qp_ex);
+    v.sz = size_of::<verbs_context>();
+    v.context.ops._compat_query_device = Some(ibv_query_device);
+    v.context.ops.poll_cq = Some(crate::cq::poll_cq);
+    v.context.ops.req_notify_cq = Some(crate::cq::req_notify_cq);
+    v.context.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
+    v.context.ops.post_send = Some(crate::qp::post_send);
+    v.context.ops.post_recv = Some(crate::qp::post_recv);
+    v.context.abi_compat = VERBS_ABI_IS_EXTENDED;
+    v.context.num_comp_vectors = 1;
+    v.context.cmd_fd = -1;
+    v
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ibv_context {
+    let device = match device() {
+        Ok(d) if std::ptr::eq(ibv_device, &d.ibv) => d,
+        _ => return refuse_null("ibv_open_device", libc::ENODEV, "not a softrnic device"),
+    };
+    let faults = match FaultConfig::from_env() {
+        Ok(f) => f,
+        Err(why) => {
+            eprintln!("softrnic: {why}");
+            return refuse_null("ibv_open_device", libc::EINVAL, why);
+        }
+    };
+    let transport = TransportConfig { ud_mtu: device.active_mtu, ..TransportConfig::default() };
+    let config = EngineConfig { faults, transport, ..EngineConfig::new(device.addr) };
+    let nic = match Nic::open(config) {
+        Ok(nic) => nic,
+        Err(why) => {
+            // Programs print only "Couldn't get context"; say what to do.
+            eprintln!("softrnic: cannot open {} on {}: {why}", crate::device::DEVICE_NAME, device.addr);
+            return refuse_null("ibv_open_device", libc::EADDRINUSE, why);
+        }
+    };
+    let ctx = Box::new(Context { vctx: extended_ops(), nic, device, objects: Mutex::default() });
+    let ctx = Box::leak(ctx);
+    ctx.vctx.context.device = ibv_device;
+    ctx.vctx.context.async_fd = std::os::fd::AsRawFd::as_raw_fd(&**ctx.nic.async_events());
+    ctx.ibv()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
+    // SAFETY: the program hands back a context from `ibv_open_device`; the
+    // box was leaked there and is reclaimed exactly once, here.
+    let ctx = unsafe { Box::from_raw(Context::from_ibv(context) as *const Context as *mut Context) };
+    drop(ctx);
+    0
+}
+
+/// `ibv_device_attr` for softrnic0.
+fn device_attr(device: &SoftDevice) -> ibv_device_attr {
+    use limits::*;
+    // SAFETY: `ibv_device_attr` is integers and a char array: all-zero is
+    // valid.
+    let mut a: ibv_device_attr = unsafe { std::mem::zeroed() };
+    copy_c_string(&mut a.fw_ver, concat!("softrnic ", env!("CARGO_PKG_VERSION")));
+    a.node_guid = device.guid_be();
+    a.sys_image_guid = device.guid_be();
+    a.max_mr_size = u64::MAX;
+    a.page_size_cap = !0xfff;
+    a.vendor_id = 0;
+    a.vendor_part_id = 0;
+    a.hw_ver = 1;
+    a.max_qp = MAX_QP as c_int;
+    a.max_qp_wr = MAX_QP_WR as c_int;
+    a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_SYS_IMAGE_GUID;
+    a.max_sge = MAX_SGE as c_int;
+    a.max_sge_rd = MAX_SGE as c_int;
+    a.max_cq = MAX_CQ as c_int;
+    a.max_cqe = MAX_CQE as c_int;
+    a.max_mr = MAX_MR as c_int;
+    a.max_pd = MAX_PD as c_int;
+    a.max_qp_rd_atom = MAX_RD_ATOMIC as c_int;
+    a.max_res_rd_atom = (MAX_RD_ATOMIC * MAX_QP) as c_int;
+    a.max_qp_init_rd_atom = MAX_RD_ATOMIC as c_int;
+    a.atomic_cap = IBV_ATOMIC_HCA;
+    a.max_ah = MAX_AH as c_int;
+    a.max_srq = MAX_SRQ as c_int;
+    a.max_srq_wr = MAX_QP_WR as c_int;
+    a.max_srq_sge = MAX_SGE as c_int;
+    a.max_pkeys = 1;
+    a.local_ca_ack_delay = 15;
+    a.phys_port_cnt = 1;
+    a
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+    if context.is_null() || attr.is_null() {
+        return refuse("ibv_query_device", libc::EINVAL, "NULL argument");
+    }
+    // SAFETY: a live context and a writable attribute struct (caller).
+    unsafe { *attr = device_attr(Context::from_ibv(context).device) };
+    0
+}
+
+unsafe extern "C" fn query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    // SAFETY: `input` is NULL or readable (caller).
+    if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
+        return refuse("ibv_query_device_ex", libc::EINVAL, "unknown comp_mask in the input");
+    }
+    if attr.is_null() || attr_size < size_of::<ibv_device_attr>() {
+        return refuse("ibv_query_device_ex", libc::EINVAL, "attribute buffer too small");
+    }
+    // SAFETY: `attr` has `attr_size` writable bytes (caller), of which we
+    // zero at most our struct's size and write the legacy part.
+    unsafe {
+        std::ptr::write_bytes(attr as *mut u8, 0, attr_size.min(size_of::<ibv_device_attr_ex>()));
+        (*attr).orig_attr = device_attr(Context::from_ibv(context).device);
+        if attr_size >= size_of::<ibv_device_attr_ex>() {
+            (*attr).phys_port_cnt_ex = 1;
+        }
+    }
+    0
+}
+
+fn port_attr(device: &SoftDevice) -> ibv_port_attr {
+    // SAFETY: integers only; all-zero is valid.
+    let mut p: ibv_port_attr = unsafe { std::mem::zeroed() };
+    p.state = IBV_PORT_ACTIVE;
+    p.max_mtu = softrnic_transport::Mtu::Mtu4096 as c_int;
+    p.active_mtu = device.active_mtu as c_int;
+    p.gid_tbl_len = limits::GID_TABLE_LEN as c_int;
+    p.port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
+    p.max_msg_sz = limits::MAX_MSG_SIZE;
+    p.pkey_tbl_len = 1;
+    p.max_vl_num = 1;
+    p.active_width = 2; // 4X
+    p.active_speed = 32; // 25 Gb/s per lane, as EDR reports
+    p.phys_state = 5; // LinkUp
+    p.link_layer = IBV_LINK_LAYER_ETHERNET;
+    p
+}
+
+fn check_port(verb: &str, port: u32) -> Result<(), c_int> {
+    if port == 1 { Ok(()) } else { Err(refuse(verb, libc::EINVAL, format!("port {port} does not exist; softrnic0 has port 1"))) }
+}
+
+unsafe extern "C" fn query_port_ex(context: *mut ibv_context, port: u8, attr: *mut ibv_port_attr, size: usize) -> c_int {
+    if let Err(e) = check_port("ibv_query_port", port.into()) {
+        return e;
+    }
+    // SAFETY: a live context (caller).
+    let p = port_attr(unsafe { Context::from_ibv(context) }.device);
+    // SAFETY: `attr` has `size` writable bytes (caller); we write at most
+    // our struct's size, as the header's version did.
+    unsafe { std::ptr::copy_nonoverlapping(&p as *const _ as *const u8, attr as *mut u8, size.min(size_of_val(&p))) };
+    0
+}
+
+/// The exported `ibv_query_port`, which the header calls only when the
+/// extended op is missing; kept for programs built against old headers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
+    // SAFETY: the same contract, with the legacy struct's size.
+    unsafe { query_port_ex(context, port, attr, size_of::<ibv_port_attr>()) }
+}
+
+fn gid_entry(device: &SoftDevice, index: u32) -> ibv_gid_entry {
+    ibv_gid_entry {
+        gid: device.gid(),
+        gid_index: index,
+        port_num: 1,
+        gid_type: IBV_GID_TYPE_ROCE_V2,
+        ndev_ifindex: device.interface.as_ref().map_or(0, |(_, index)| *index),
+    }
+}
+
+fn check_gid_index(verb: &str, index: i64) -> Result<u32, c_int> {
+    u32::try_from(index).ok().filter(|&i| i < limits::GID_TABLE_LEN).ok_or_else(|| {
+        refuse(verb, libc::EINVAL, format!("GID index {index} does not exist; softrnic0's table has index 0 only"))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_query_gid(context: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+    if check_port("ibv_query_gid", port.into()).is_err() || check_gid_index("ibv_query_gid", index.into()).is_err() {
+        return -1;
+    }
+    // SAFETY: a live context and a writable GID (caller).
+    unsafe { *gid = Context::from_ibv(context).device.gid() };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    context: *mut ibv_context,
+    port: u32,
+    index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    if flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
+        return refuse("ibv_query_gid_ex", libc::EINVAL, "flags must be 0 and the entry full-sized");
+    }
+    if let Err(e) = check_port("ibv_query_gid_ex", port) {
+        return e;
+    }
+    let index = match check_gid_index("ibv_query_gid_ex", index.into()) {
+        Ok(i) => i,
+        Err(e) => return e,
+    };
+    // SAFETY: a live context and a writable entry (caller).
+    unsafe { *entry = gid_entry(Context::from_ibv(context).device, index) };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    context: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    if flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
+        return -(refuse("ibv_query_gid_table", libc::EINVAL, "flags must be 0 and entries full-sized") as isize);
+    }
+    if max_entries < limits::GID_TABLE_LEN as usize {
+        return -(refuse("ibv_query_gid_table", libc::EINVAL, "room for fewer entries than the table has") as isize);
+    }
+    // SAFETY: a live context; `entries` holds `max_entries` entries of
+    // `entry_size` bytes (caller).
+    unsafe {
+        let device = Context::from_ibv(context).device;
+        (entries as *mut u8).cast::<ibv_gid_entry>().write_unaligned(gid_entry(device, 0));
+    }
+    limits::GID_TABLE_LEN as isize
+}
+
+/// `IBVERBS_PRIVATE_34`'s GID type query, which `ibv_devinfo` uses.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_query_gid_type(context: *mut ibv_context, port: u8, index: c_uint, kind: *mut c_int) -> c_int {
+    let _ = context;
+    if check_port("ibv_query_gid_type", port.into()).is_err()
+        || check_gid_index("ibv_query_gid_type", index.into()).is_err()
+    {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: a writable enum (caller).
+    unsafe { *kind = IBV_GID_TYPE_SYSFS_ROCE_V2 };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_query_pkey(context: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+    let _ = context;
+    if check_port("ibv_query_pkey", port.into()).is_err() || index != 0 {
+        return -1;
+    }
+    // SAFETY: a writable pkey (caller). The default P_Key, in network order.
+    unsafe { *pkey = 0xffffu16.to_be() };
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_get_pkey_index(context: *mut ibv_context, port: u8, pkey: u16) -> c_int {
+    let _ = context;
+    if check_port("ibv_get_pkey_index", port.into()).is_ok() && u16::from_be(pkey) & 0x7fff == 0x7fff {
+        0
+    } else {
+        -libc::ENOENT
+    }
+}
+
+// ----- asynchronous events -----
+
+/// The pointer and `ibv_event_type` of an event, or `None` when the object
+/// it names is already gone.
+fn translate(objects: &Objects, event: AsyncEvent) -> Option<(*mut c_void, c_int)> {
+    let qp = |qpn: u32| objects.qps.get(&qpn).map(|&p| p as *mut c_void);
+    Some(match event {
+        AsyncEvent::QpFatal { qpn } => (qp(qpn)?, IBV_EVENT_QP_FATAL),
+        AsyncEvent::QpRequestError { qpn } => (qp(qpn)?, IBV_EVENT_QP_REQ_ERR),
+        AsyncEvent::QpAccessError { qpn } => (qp(qpn)?, IBV_EVENT_QP_ACCESS_ERR),
+        AsyncEvent::QpLastWqeReached { qpn } => (qp(qpn)?, IBV_EVENT_QP_LAST_WQE_REACHED),
+        AsyncEvent::SrqLimitReached { srq } => (*objects.srqs.get(&srq)? as *mut c_void, IBV_EVENT_SRQ_LIMIT_REACHED),
+        AsyncEvent::CqError { cq } => (*objects.cqs.get(&cq)? as *mut c_void, IBV_EVENT_CQ_ERR),
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
+    // SAFETY: a live context (caller).
+    let ctx = unsafe { Context::from_ibv(context) };
+    loop {
+        // Blocks unless the program made `async_fd` non-blocking.
+        let next = match ctx.nic.async_events().pop() {
+            Ok(e) => e,
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                return -1;
+            }
+        };
+        if let Some((element, event_type)) = translate(&ctx.objects(), next) {
+            // SAFETY: a writable event (caller).
+            unsafe { *event = ibv_async_event { element, event_type } };
+            return 0;
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    // Objects are freed by their destroy verbs, which do not wait for
+    // acknowledgements: nothing to count.
+    let _ = event;
+}

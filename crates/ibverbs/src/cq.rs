@@ -1,0 +1,268 @@
+//! Completion queues and completion channels (`ibv_create_cq`,
+//! `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_get_cq_event`).
+//!
+//! A channel is an [`EventQueue`] of CQ handles whose descriptor is the
+//! channel's `fd`: readable while events wait, blocking or not as the
+//! program sets it, exactly as the kernel's completion event file.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+
+use softrnic_engine::EventQueue;
+use softrnic_transport::{Completion, CqId};
+
+use crate::abi::*;
+use crate::context::{Context, limits};
+use crate::ffi::{refuse, refuse_null, set_errno};
+
+#[repr(C)]
+pub struct CompChannel {
+    pub ibv: ibv_comp_channel,
+    pub events: Arc<EventQueue<CqId>>,
+    /// The program's pointer for each CQ attached to the channel.
+    pub cqs: Mutex<HashMap<CqId, usize>>,
+}
+
+#[repr(C)]
+pub struct Cq {
+    pub ibv: ibv_cq,
+    pub id: CqId,
+    /// Completions taken from the device but not yet handed out: polling
+    /// reuses its allocation.
+    scratch: Mutex<Vec<Completion>>,
+}
+
+impl Cq {
+    /// # Safety
+    /// `cq` must come from [`ibv_create_cq`] and not be destroyed.
+    pub unsafe fn from_ibv<'a>(cq: *mut ibv_cq) -> &'a Cq {
+        // SAFETY: `ibv` is the first field of a boxed `Cq` (caller).
+        unsafe { &*(cq as *const Cq) }
+    }
+
+    fn context(&self) -> &Context {
+        // SAFETY: a CQ never outlives its context.
+        unsafe { Context::from_ibv(self.ibv.context) }
+    }
+
+    fn channel(&self) -> Option<&CompChannel> {
+        // SAFETY: a channel outlives the CQs attached to it (destroying it
+        // first fails with EBUSY).
+        (!self.ibv.channel.is_null()).then(|| unsafe { &*(self.ibv.channel as *const CompChannel) })
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+    let events = match EventQueue::new() {
+        Ok(q) => Arc::new(q),
+        Err(e) => return refuse_null("ibv_create_comp_channel", e.raw_os_error().unwrap_or(libc::EMFILE), e),
+    };
+    let ibv = ibv_comp_channel { context, fd: events.as_raw_fd(), refcnt: 0 };
+    Box::into_raw(Box::new(CompChannel { ibv, events, cqs: Mutex::default() })) as *mut ibv_comp_channel
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    // SAFETY: a live channel (caller).
+    if unsafe { (*channel).refcnt } > 0 {
+        return refuse("ibv_destroy_comp_channel", libc::EBUSY, "CQs still use the channel");
+    }
+    // SAFETY: boxed in `ibv_create_comp_channel`, freed once here.
+    drop(unsafe { Box::from_raw(channel as *mut CompChannel) });
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    if context.is_null() {
+        return refuse_null("ibv_create_cq", libc::EINVAL, "NULL context");
+    }
+    if cqe < 1 || cqe as u32 > limits::MAX_CQE {
+        return refuse_null("ibv_create_cq", libc::EINVAL, format!("cqe {cqe} is outside 1..={}", limits::MAX_CQE));
+    }
+    if comp_vector != 0 {
+        return refuse_null("ibv_create_cq", libc::EINVAL, "softrnic0 has one completion vector (0)");
+    }
+    // SAFETY: a live context (caller).
+    let ctx = unsafe { Context::from_ibv(context) };
+    let id = ctx.nic.with(|d, _| d.create_cq(cqe as usize));
+    // SAFETY: all-zero pthread objects are their static initialisers.
+    let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
+    ibv.context = context;
+    ibv.channel = channel;
+    ibv.cq_context = cq_context;
+    ibv.handle = id.0;
+    ibv.cqe = cqe;
+    let cq = Box::into_raw(Box::new(Cq { ibv, id, scratch: Mutex::new(Vec::new()) }));
+    if !channel.is_null() {
+        // SAFETY: a live channel (caller), owned by `CompChannel`.
+        let ch = unsafe { &mut *(channel as *mut CompChannel) };
+        ch.ibv.refcnt += 1;
+        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, cq as usize);
+        ctx.nic.set_channel(id, Some(ch.events.clone()));
+    }
+    ctx.objects().cqs.insert(id, cq as usize);
+    cq as *mut ibv_cq
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    // SAFETY: a live CQ (caller).
+    let c = unsafe { Cq::from_ibv(cq) };
+    let ctx = c.context();
+    let id = c.id;
+    if let Err(e) = ctx.nic.with(|d, _| d.destroy_cq(id)) {
+        return refuse("ibv_destroy_cq", e.errno(), e);
+    }
+    ctx.objects().cqs.remove(&id);
+    if let Some(ch) = c.channel() {
+        ctx.nic.set_channel(id, None);
+        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        // Events the program never collected die with the CQ.
+        ch.events.retain(|&fired| fired != id);
+        // SAFETY: the channel is live; only CQ creation and destruction
+        // touch its count.
+        unsafe { (*(c.ibv.channel)).refcnt -= 1 };
+    }
+    // SAFETY: boxed in `ibv_create_cq`, freed once here.
+    drop(unsafe { Box::from_raw(cq as *mut Cq) });
+    0
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    // SAFETY: a live CQ (caller).
+    let c = unsafe { Cq::from_ibv(cq) };
+    if cqe < 1 || cqe as u32 > limits::MAX_CQE {
+        return refuse("ibv_resize_cq", libc::EINVAL, format!("cqe {cqe} is outside 1..={}", limits::MAX_CQE));
+    }
+    let id = c.id;
+    match c.context().nic.with(|d, _| d.resize_cq(id, cqe as usize)) {
+        Ok(()) => {
+            // SAFETY: the program owns the CQ and is not polling it now
+            // (verbs forbids resizing concurrently with polling).
+            unsafe { (*cq).cqe = cqe };
+            0
+        }
+        Err(e) => refuse("ibv_resize_cq", e.errno(), e),
+    }
+}
+
+/// Writes a completion in `ibv_wc`'s form.
+pub fn to_wc(c: &Completion) -> ibv_wc {
+    let mut flags = 0;
+    let mut imm = 0;
+    if let Some(v) = c.imm_data {
+        flags |= IBV_WC_WITH_IMM;
+        imm = v.to_be();
+    }
+    if let Some(rkey) = c.invalidated_rkey {
+        flags |= IBV_WC_WITH_INV;
+        imm = rkey;
+    }
+    if c.grh {
+        flags |= IBV_WC_GRH;
+    }
+    ibv_wc {
+        wr_id: c.wr_id,
+        status: c.status as c_int,
+        opcode: c.opcode as c_int,
+        vendor_err: 0,
+        byte_len: c.byte_len,
+        imm_data: imm,
+        qp_num: c.qp_num,
+        src_qp: c.src_qp,
+        wc_flags: flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+/// `ops.poll_cq`. With nothing ready it receives what has arrived, so a
+/// program spinning on its CQ drives the NIC itself; ACKs owed then leave
+/// with its next post, or within microseconds if it posts nothing.
+pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
+    if num_entries <= 0 {
+        return 0;
+    }
+    // SAFETY: a live CQ (caller).
+    let c = unsafe { Cq::from_ibv(cq) };
+    let nic = &c.context().nic;
+    let id = c.id;
+    let max = num_entries as usize;
+    let mut out = c.scratch.lock().unwrap_or_else(|e| e.into_inner());
+    out.clear();
+    let mut n = nic.with(|d, _| d.poll_cq(id, max, &mut out));
+    if n == 0 && nic.receive() > 0 {
+        n = nic.with(|d, _| d.poll_cq(id, max, &mut out));
+    }
+    if n == 0 {
+        nic.transmit_when_idle();
+    }
+    for (i, completion) in out.iter().enumerate() {
+        // SAFETY: `wc` has room for `num_entries` entries (caller) and
+        // `i < n <= num_entries`.
+        unsafe { wc.add(i).write(to_wc(completion)) };
+    }
+    n as c_int
+}
+
+/// `ops.req_notify_cq`.
+pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    // SAFETY: a live CQ (caller).
+    let c = unsafe { Cq::from_ibv(cq) };
+    let id = c.id;
+    match c.context().nic.with(|d, _| d.request_notify_cq(id, solicited_only != 0)) {
+        Ok(()) => 0,
+        Err(e) => refuse("ibv_req_notify_cq", e.errno(), e),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: a live channel (caller).
+    let ch = unsafe { &*(channel as *const CompChannel) };
+    loop {
+        // Blocks unless the program made the channel's fd non-blocking.
+        let fired = match ch.events.pop() {
+            Ok(id) => id,
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                return -1;
+            }
+        };
+        let Some(&ptr) = ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).get(&fired) else {
+            continue; // destroyed since it fired
+        };
+        let fired_cq = ptr as *mut ibv_cq;
+        // SAFETY: `fired_cq` is live (destroying it removes it from the
+        // map); the out-pointers are writable (caller).
+        unsafe {
+            *cq = fired_cq;
+            *cq_context = (*fired_cq).cq_context;
+        }
+        return 0;
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
+    // SAFETY: a live CQ (caller); the count is informational, as events
+    // need no acknowledgement before `ibv_destroy_cq` here.
+    unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents) };
+}
