@@ -340,6 +340,9 @@ impl Shared {
 
 impl Drop for Nic {
     fn drop(&mut self) {
+        // ACKs that a last poll owed leave now: the peer must not retry
+        // into a device that is gone.
+        self.shared.transmit();
         self.shared.stop.store(true, Ordering::SeqCst);
         for _ in 0..self.threads.len() {
             self.shared.waker.signal();

@@ -191,6 +191,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let q = unsafe { Qp::from_ibv(qp) };
     let ctx = q.context();
     let qpn = q.qpn();
+    // What the QP still owes the wire (the ACK of a message the program
+    // just polled) leaves before the QP is gone.
+    ctx.nic.transmit();
     if let Err(e) = ctx.nic.with(|d, _| d.destroy_qp(qpn)) {
         return refuse("ibv_destroy_qp", e.errno(), e);
     }

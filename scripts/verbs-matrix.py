@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Runs unmodified RDMA programs over softrnic's libibverbs.so.1.
+
+Debian's ibverbs-utils (ibv_devices, ibv_devinfo, ibv_rc_pingpong) and
+perftest (ib_{send,write,read,atomic}_{bw,lat}), both ends of each pair on
+this machine, each end with its own loopback address (SOFTRNIC_ADDR); then
+the same pairs between two network namespaces joined by a veth pair (as
+root; skipped with the reason otherwise). Prints a table of what passed
+with each program's bandwidth or latency, and exits non-zero when any
+entry fails.
+
+    scripts/verbs-matrix.py [--quick] [--only REGEX] [--markdown] [--no-netns]
+
+Also checks the library's ABI first: every symbol the system's
+libibverbs.so.1 exports, with the same version node.
+
+Installs nothing: .ci/run installs ibverbs-utils and perftest.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 90
+
+
+def build_library():
+    out = subprocess.run([os.path.join(ROOT, "scripts", "build-libibverbs.sh")], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"building libibverbs.so.1 failed:\n{out.stderr}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def exported(path):
+    """{symbol: version} of a shared library's versioned exports."""
+    out = subprocess.run(["objdump", "-T", path], capture_output=True, text=True, check=True).stdout
+    symbols = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 2 or "IBVERBS" not in line or fields[-1].startswith("IBVERBS"):
+            continue
+        version = fields[-2].strip("()")
+        # A symbol in both 1.0 and 1.1: programs bind the default, 1.1.
+        if symbols.get(fields[-1]) != "IBVERBS_1.1":
+            symbols[fields[-1]] = version
+    return symbols
+
+
+def check_abi(libdir):
+    system = "/usr/lib/x86_64-linux-gnu/libibverbs.so.1"
+    if not os.path.exists(system) or shutil.which("objdump") is None:
+        return ("skip", "no system libibverbs.so.1 or objdump to compare with")
+    theirs, ours = exported(system), exported(os.path.join(libdir, "libibverbs.so.1"))
+    wrong = [f"{s}@{v}" for s, v in sorted(theirs.items()) if ours.get(s) != v]
+    if wrong:
+        return ("FAIL", f"missing or misversioned: {' '.join(wrong[:8])}")
+    return ("pass", f"all {len(theirs)} symbols, same versions")
+
+
+class Site:
+    """Where the two ends of a pair run: loopback addresses, or namespaces."""
+
+    def __init__(self, name, server_addr, client_addr, server_ns=None, client_ns=None):
+        self.name, self.server_addr, self.client_addr = name, server_addr, client_addr
+        self.server_ns, self.client_ns = server_ns, client_ns
+
+    def command(self, ns, args):
+        return (["ip", "netns", "exec", ns] if ns else []) + args
+
+    def listening(self, port):
+        """Whether a TCP socket listens on `port` where the server runs."""
+        cmd = self.command(self.server_ns, ["cat", "/proc/net/tcp", "/proc/net/tcp6"])
+        out = subprocess.run(cmd, capture_output=True, text=True).stdout
+        return any(f":{port:04X} " in line and line.split()[3] == "0A" for line in out.splitlines()[1:] if len(line.split()) > 3)
+
+
+def environment(libdir, addr):
+    return {**os.environ, "LD_LIBRARY_PATH": libdir, "SOFTRNIC_ADDR": addr}
+
+
+def run_single(libdir, site, args, expect):
+    env = environment(libdir, site.server_addr)
+    out = subprocess.run(site.command(site.server_ns, args), capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    text = out.stdout + out.stderr
+    if out.returncode != 0 or not re.search(expect, text):
+        return ("FAIL", last_lines(text))
+    return ("pass", re.search(expect, text).group(0).strip())
+
+
+def last_lines(text, n=3):
+    lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+    return " | ".join(lines[-n:]) or "(no output)"
+
+
+def run_pair(libdir, site, program, args, port, parse):
+    """Runs the server, waits for it to listen, runs the client; both must
+    exit 0 and the client's output must parse."""
+    port_flag = ["-p", str(port)]
+    server = subprocess.Popen(
+        site.command(site.server_ns, [program, *args, *port_flag]),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment(libdir, site.server_addr),
+    )
+    deadline = time.time() + 10
+    while not site.listening(port) and time.time() < deadline and server.poll() is None:
+        time.sleep(0.02)
+    try:
+        client = subprocess.run(
+            site.command(site.client_ns, [program, *args, *port_flag, site.server_addr]),
+            capture_output=True, text=True, env=environment(libdir, site.client_addr), timeout=TIMEOUT,
+        )
+        server_out, _ = server.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.communicate()
+        return ("FAIL", f"timed out after {TIMEOUT}s")
+    client_out = client.stdout + client.stderr
+    if client.returncode != 0:
+        return ("FAIL", "client: " + last_lines(client_out))
+    if server.returncode != 0:
+        return ("FAIL", "server: " + last_lines(server_out))
+    figure = parse(client_out)
+    if figure is None:
+        return ("FAIL", "no result in the output: " + last_lines(client_out))
+    return ("pass", figure)
+
+
+def pingpong_figure(text):
+    m = re.search(r"= ([\d.]+) Mbit/sec.*?= ([\d.]+) usec/iter", text, re.S)
+    return m and f"{m.group(2)} µs/iter, {float(m.group(1)) / 1000:.2f} Gb/s"
+
+
+def perftest_rows(text):
+    """The numeric rows of perftest's result table."""
+    rows = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[0].isdigit() and all(re.fullmatch(r"[\d.]+", f) for f in fields[:5]):
+            rows.append(fields)
+    return rows
+
+
+def bw_figure(text):
+    rows = perftest_rows(text)
+    if not rows:
+        return None
+    unit = "Gb/s" if "Gb/sec" in text else "MB/s"
+    best = max(rows, key=lambda r: float(r[3]))
+    return f"{float(best[3]):.2f} {unit} average at {best[0]} B" + (f" ({len(rows)} sizes)" if len(rows) > 1 else "")
+
+
+def lat_figure(text):
+    rows = perftest_rows(text)
+    if not rows:
+        return None
+    first = rows[0]
+    # #bytes #iterations t_min t_max t_typical t_avg ...
+    return f"{first[4]} µs typical at {first[0]} B" + (f" ({len(rows)} sizes)" if len(rows) > 1 else "")
+
+
+def entries(quick):
+    """(name, program, args, parse) for every pair in the matrix."""
+    out = [
+        ("ibv_rc_pingpong -g 0", "ibv_rc_pingpong", ["-g", "0"], pingpong_figure),
+        ("ibv_rc_pingpong -g 0 -e", "ibv_rc_pingpong", ["-g", "0", "-e"], pingpong_figure),
+        ("ibv_rc_pingpong -g 0 -s 65536", "ibv_rc_pingpong", ["-g", "0", "-s", "65536"], pingpong_figure),
+    ]
+    for op in ["send", "write", "read", "atomic"]:
+        bw, lat = f"ib_{op}_bw", f"ib_{op}_lat"
+        out.append((bw, bw, [], bw_figure))
+        out.append((lat, lat, [], lat_figure))
+        if quick:
+            continue
+        all_sizes = [] if op == "atomic" else ["-a", "-n", "200"]
+        if all_sizes:
+            out.append((f"{bw} -a", bw, all_sizes, bw_figure))
+            out.append((f"{lat} -a", lat, all_sizes, lat_figure))
+        out.append((f"{bw} -q 4", bw, ["-q", "4"], bw_figure))
+        out.append((f"{bw} -b", bw, ["-b"], bw_figure))
+        out.append((f"{bw} --report_gbits", bw, ["--report_gbits"], bw_figure))
+    if not quick:
+        out.append(("ib_send_bw -c UD", "ib_send_bw", ["-c", "UD"], bw_figure))
+        out.append(("ib_send_lat -c UD", "ib_send_lat", ["-c", "UD"], lat_figure))
+        out.append(("ib_send_lat -e", "ib_send_lat", ["-e"], lat_figure))
+    return out
+
+
+class Namespaces:
+    """Two network namespaces joined by a veth pair, removed on exit."""
+
+    NAMES = ("srnic-matrix-a", "srnic-matrix-b")
+    ADDRS = ("10.231.0.1", "10.231.0.2")
+
+    def __enter__(self):
+        a, b = self.NAMES
+        self.cleanup()
+        steps = [
+            ["netns", "add", a], ["netns", "add", b],
+            ["link", "add", "srnic-va", "type", "veth", "peer", "name", "srnic-vb"],
+            ["link", "set", "srnic-va", "netns", a], ["link", "set", "srnic-vb", "netns", b],
+            ["-n", a, "addr", "add", f"{self.ADDRS[0]}/24", "dev", "srnic-va"],
+            ["-n", b, "addr", "add", f"{self.ADDRS[1]}/24", "dev", "srnic-vb"],
+            ["-n", a, "link", "set", "srnic-va", "up"], ["-n", b, "link", "set", "srnic-vb", "up"],
+            ["-n", a, "link", "set", "lo", "up"], ["-n", b, "link", "set", "lo", "up"],
+        ]
+        for step in steps:
+            out = subprocess.run(["ip", *step], capture_output=True, text=True)
+            if out.returncode != 0:
+                self.cleanup()
+                raise RuntimeError(f"ip {' '.join(step)}: {out.stderr.strip()}")
+        return Site("netns", self.ADDRS[0], self.ADDRS[1], a, b)
+
+    def __exit__(self, *exc):
+        self.cleanup()
+
+    def cleanup(self):
+        for name in self.NAMES:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def namespaces_unavailable():
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None:
+        return "needs iproute2's ip"
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="each program once, in its default mode")
+    parser.add_argument("--only", help="run only the entries whose name matches this regular expression")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument("--no-netns", action="store_true", help="skip the network-namespace half")
+    args = parser.parse_args()
+
+    missing = [p for p in ["ibv_devinfo", "ibv_rc_pingpong", "ib_write_bw"] if shutil.which(p) is None]
+    if missing:
+        sys.exit(f"missing {' '.join(missing)}: install them with: sudo apt-get install ibverbs-utils perftest")
+    libdir = build_library()
+    results = [("ABI", "libibverbs.so.1 symbols", *check_abi(libdir))]
+    wanted = re.compile(args.only) if args.only else None
+
+    def run_site(site):
+        singles = [("ibv_devices", ["ibv_devices"], r"softrnic0\s+[0-9a-f]{16}"),
+                   ("ibv_devinfo -v", ["ibv_devinfo", "-v"], r"state:\s+PORT_ACTIVE")]
+        for name, argv, expect in singles:
+            if not wanted or wanted.search(name):
+                results.append((site.name, name, *run_single(libdir, site, argv, expect)))
+        for i, (name, program, argv, parse) in enumerate(entries(args.quick)):
+            if wanted and not wanted.search(name):
+                continue
+            verdict = run_pair(libdir, site, program, argv, 18600 + i, parse)
+            results.append((site.name, name, *verdict))
+            print(f"  {site.name:9} {name:32} {verdict[0]}", file=sys.stderr, flush=True)
+
+    run_site(Site("loopback", "127.0.77.1", "127.0.77.2"))
+    reason = "--no-netns given" if args.no_netns else namespaces_unavailable()
+    if reason:
+        results.append(("netns", "all pairs", "skip", reason))
+    else:
+        with Namespaces() as site:
+            run_site(site)
+
+    if args.markdown:
+        print("| Where | Program | Result | Figure |\n|---|---|---|---|")
+        for where, name, verdict, figure in results:
+            print(f"| {where} | `{name}` | {verdict} | {figure} |")
+    else:
+        width = max(len(r[1]) for r in results)
+        for where, name, verdict, figure in results:
+            print(f"{where:9} {name:{width}}  {verdict:4}  {figure}")
+    failed = [r for r in results if r[2] == "FAIL"]
+    passed = sum(1 for r in results if r[2] == "pass")
+    print(f"\n{passed} passed, {len(failed)} failed, {len(results) - passed - len(failed)} skipped")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
