@@ -77,13 +77,7 @@ impl<T> AsRawFd for EventQueue<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eventfd::wait_readable;
-
-    fn readable(fd: RawFd) -> bool {
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one pollfd, passed with its length.
-        unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
-    }
+    use crate::eventfd::{readable, wait_readable};
 
     #[test]
     fn readable_exactly_while_items_remain() {

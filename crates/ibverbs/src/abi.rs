@@ -119,7 +119,7 @@ pub struct ibv_device_attr_ex {
 }
 /// Bytes of `ibv_device_attr_ex` between `comp_mask` and
 /// `phys_port_cnt_ex` (checked against the header in tests).
-pub const ATTR_EX_TAIL: usize = 180;
+pub const ATTR_EX_TAIL: usize = 160;
 
 pub const IBV_PORT_ACTIVE: c_int = 4;
 pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;

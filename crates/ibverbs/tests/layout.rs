@@ -1,0 +1,114 @@
+//! The structures in `abi.rs` against rdma-core's real `<infiniband/verbs.h>`:
+//! a C program compiled with the header prints every size and field offset,
+//! and each must equal Rust's.
+//!
+//! Needs a C compiler and the header (Debian's libibverbs-dev, which CI
+//! installs); without them the test says so and passes vacuously.
+
+use std::mem::{offset_of, size_of};
+use std::process::Command;
+
+use softrnic_ibverbs::abi::*;
+
+/// `(C expression, Rust value)` pairs: sizes and offsets.
+macro_rules! layout {
+    ($( $ty:ident { $($field:ident $(. $sub:ident)*),* } )*) => {{
+        let mut v: Vec<(String, usize)> = Vec::new();
+        $(
+            v.push((format!("sizeof(struct {})", stringify!($ty)), size_of::<$ty>()));
+            $( v.push((
+                format!("offsetof(struct {}, {})", stringify!($ty), stringify!($field $(. $sub)*).replace(' ', "")),
+                offset_of!($ty, $field $(. $sub)*),
+            )); )*
+        )*
+        v
+    }};
+}
+
+#[test]
+fn structures_match_the_real_header() {
+    let header = "/usr/include/infiniband/verbs.h";
+    if !std::path::Path::new(header).exists() {
+        eprintln!("skipped: {header} is missing (apt-get install libibverbs-dev)");
+        return;
+    }
+    let mut checks = layout! {
+        ibv_gid_entry { gid, gid_index, port_num, gid_type, ndev_ifindex }
+        ibv_device_attr { fw_ver, node_guid, sys_image_guid, max_mr_size, page_size_cap, vendor_id, vendor_part_id,
+            hw_ver, max_qp, max_qp_wr, device_cap_flags, max_sge, max_cq, max_cqe, max_mr, max_pd, max_qp_rd_atom,
+            max_res_rd_atom, max_qp_init_rd_atom, atomic_cap, max_ah, max_srq, max_srq_wr, max_srq_sge, max_pkeys,
+            local_ca_ack_delay, phys_port_cnt }
+        ibv_device_attr_ex { orig_attr, comp_mask, phys_port_cnt_ex }
+        ibv_port_attr { state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz, pkey_tbl_len, lid,
+            sm_lid, lmc, max_vl_num, active_width, active_speed, phys_state, link_layer, flags, port_cap_flags2 }
+        ibv_async_event { element, event_type }
+        ibv_wc { wr_id, status, opcode, vendor_err, byte_len, imm_data, qp_num, src_qp, wc_flags, pkey_index,
+            slid, sl, dlid_path_bits }
+        ibv_pd { context, handle }
+        ibv_mr { context, pd, addr, length, handle, lkey, rkey }
+        ibv_global_route { dgid, flow_label, sgid_index, hop_limit, traffic_class }
+        ibv_grh { version_tclass_flow, paylen, next_hdr, hop_limit, sgid, dgid }
+        ibv_ah_attr { grh, dlid, sl, src_path_bits, static_rate, is_global, port_num }
+        ibv_srq_attr { max_wr, max_sge, srq_limit }
+        ibv_srq_init_attr { srq_context, attr }
+        ibv_qp_cap { max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data }
+        ibv_qp_init_attr { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all }
+        ibv_qp_init_attr_ex { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all, comp_mask, pd, xrcd,
+            create_flags, max_tso_header, rwq_ind_tbl, rx_hash_conf, source_qpn, send_ops_flags }
+        ibv_qp_attr { qp_state, cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn, sq_psn, dest_qp_num,
+            qp_access_flags, cap, ah_attr, alt_ah_attr, pkey_index, alt_pkey_index, en_sqd_async_notify,
+            sq_draining, max_rd_atomic, max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry,
+            alt_port_num, alt_timeout, rate_limit }
+        ibv_sge { addr, length, lkey }
+        ibv_send_wr { wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr.rdma.remote_addr,
+            wr.rdma.rkey, wr.atomic.remote_addr, wr.atomic.compare_add, wr.atomic.swap, wr.atomic.rkey, wr.ud.ah,
+            wr.ud.remote_qpn, wr.ud.remote_qkey }
+        ibv_recv_wr { wr_id, next, sg_list, num_sge }
+        ibv_srq { context, srq_context, pd, handle, mutex, cond, events_completed }
+        ibv_qp { context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state, qp_type, mutex, cond,
+            events_completed }
+        ibv_qp_ex { qp_base, comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp, wr_atomic_fetch_add, wr_bind_mw,
+            wr_local_inv, wr_rdma_read, wr_rdma_write, wr_rdma_write_imm, wr_send, wr_send_imm, wr_send_inv,
+            wr_send_tso, wr_set_ud_addr, wr_set_xrc_srqn, wr_set_inline_data, wr_set_inline_data_list, wr_set_sge,
+            wr_set_sge_list, wr_start, wr_complete, wr_abort, wr_atomic_write }
+        ibv_comp_channel { context, fd, refcnt }
+        ibv_cq { context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,
+            async_events_completed }
+        ibv_ah { context, pd, handle }
+        ibv_device { node_type, transport_type, name, dev_name, dev_path, ibdev_path }
+        ibv_context_ops { _compat_query_device, _compat_query_port, alloc_mw, bind_mw, dealloc_mw, poll_cq,
+            req_notify_cq, post_srq_recv, post_send, post_recv, _compat_async_event }
+        ibv_context { device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
+        verbs_context { query_port, create_cq_ex, priv_, query_device_ex, open_qp, create_qp_ex, close_xrcd, sz,
+            context }
+    };
+    // Rust spells two names differently from C.
+    for (expr, _) in &mut checks {
+        *expr = expr.replace("priv_", "priv").replace("sizeof(struct ibv_gid_global)", "");
+    }
+    let mut source = String::from("#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n");
+    for (expr, _) in &checks {
+        source += &format!("    printf(\"%zu\\n\", (size_t)({expr}));\n");
+    }
+    source += "    return 0;\n}\n";
+    let dir = std::env::temp_dir().join(format!("softrnic-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("layout.c"), source).unwrap();
+    let compiled = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .current_dir(&dir)
+        .args(["-o", "layout", "layout.c"])
+        .output()
+        .expect("no C compiler (cc)");
+    assert!(compiled.status.success(), "{}", String::from_utf8_lossy(&compiled.stderr));
+    let run = Command::new(dir.join("layout")).output().unwrap();
+    let c_values: Vec<usize> = String::from_utf8(run.stdout).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let mismatches: Vec<String> = checks
+        .iter()
+        .zip(&c_values)
+        .filter(|((_, rust), c)| rust != *c)
+        .map(|((expr, rust), c)| format!("{expr}: C {c}, Rust {rust}"))
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(c_values.len(), checks.len());
+    assert!(mismatches.is_empty(), "layouts differ from verbs.h:\n{}", mismatches.join("\n"));
+}
