@@ -678,7 +678,12 @@ pub struct verbs_context {
     pub create_cq_ex: AbsentOp,
     pub priv_: *mut c_void,
     pub query_device_ex: Option<
-        unsafe extern "C" fn(*mut ibv_context, *const ibv_query_device_ex_input, *mut ibv_device_attr_ex, usize) -> c_int,
+        unsafe extern "C" fn(
+            *mut ibv_context,
+            *const ibv_query_device_ex_input,
+            *mut ibv_device_attr_ex,
+            usize,
+        ) -> c_int,
     >,
     pub ibv_destroy_flow: AbsentOp,
     pub abi_placeholder2: AbsentOp,

@@ -84,7 +84,12 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_create_ah_from_wc(pd: *mut ibv_pd, wc: *mut ibv_wc, grh: *mut ibv_grh, port: u8) -> *mut ibv_ah {
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    port: u8,
+) -> *mut ibv_ah {
     // SAFETY: all-zero is a valid `ibv_ah_attr`.
     let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
     // SAFETY: forwarded contract; a live PD.

@@ -220,10 +220,19 @@ fn port_attr(device: &SoftDevice) -> ibv_port_attr {
 }
 
 fn check_port(verb: &str, port: u32) -> Result<(), c_int> {
-    if port == 1 { Ok(()) } else { Err(refuse(verb, libc::EINVAL, format!("port {port} does not exist; softrnic0 has port 1"))) }
+    if port == 1 {
+        Ok(())
+    } else {
+        Err(refuse(verb, libc::EINVAL, format!("port {port} does not exist; softrnic0 has port 1")))
+    }
 }
 
-unsafe extern "C" fn query_port_ex(context: *mut ibv_context, port: u8, attr: *mut ibv_port_attr, size: usize) -> c_int {
+unsafe extern "C" fn query_port_ex(
+    context: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    size: usize,
+) -> c_int {
     if let Err(e) = check_port("ibv_query_port", port.into()) {
         return e;
     }
@@ -318,7 +327,12 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
 
 /// `IBVERBS_PRIVATE_34`'s GID type query, which `ibv_devinfo` uses.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_query_gid_type(context: *mut ibv_context, port: u8, index: c_uint, kind: *mut c_int) -> c_int {
+pub unsafe extern "C" fn ibv_query_gid_type(
+    context: *mut ibv_context,
+    port: u8,
+    index: c_uint,
+    kind: *mut c_int,
+) -> c_int {
     let _ = context;
     if check_port("ibv_query_gid_type", port.into()).is_err()
         || check_gid_index("ibv_query_gid_type", index.into()).is_err()

@@ -77,7 +77,14 @@ fn access_of(verb: &str, flags: c_uint) -> Result<Access, c_int> {
 
 /// Registers `[addr, addr + length)` of the program's memory, addressed by
 /// peers from `iova`.
-unsafe fn register(verb: &str, pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_uint) -> *mut ibv_mr {
+unsafe fn register(
+    verb: &str,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
     if pd.is_null() || (addr.is_null() && length > 0) {
         return refuse_null(verb, libc::EINVAL, "NULL PD or address");
     }
@@ -96,15 +103,7 @@ unsafe fn register(verb: &str, pd: *mut ibv_pd, addr: *mut c_void, length: usize
         Ok(k) => k,
         Err(e) => return refuse_null(verb, e.errno(), e),
     };
-    let mr = ibv_mr {
-        context: p.ibv.context,
-        pd,
-        addr,
-        length,
-        handle: keys.lkey,
-        lkey: keys.lkey,
-        rkey: keys.rkey,
-    };
+    let mr = ibv_mr { context: p.ibv.context, pd, addr, length, handle: keys.lkey, lkey: keys.lkey, rkey: keys.rkey };
     Box::into_raw(Box::new(mr))
 }
 

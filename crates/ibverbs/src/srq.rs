@@ -39,7 +39,11 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init
     // SAFETY: a live PD and readable attributes (caller).
     let (p, a) = unsafe { (Pd::from_ibv(pd), &mut *init) };
     if a.attr.max_wr == 0 || a.attr.max_wr > limits::MAX_QP_WR || a.attr.max_sge > limits::MAX_SGE {
-        return refuse_null(VERB, libc::EINVAL, format!("max_wr must be 1..={}, max_sge at most {}", limits::MAX_QP_WR, limits::MAX_SGE));
+        return refuse_null(
+            VERB,
+            libc::EINVAL,
+            format!("max_wr must be 1..={}, max_sge at most {}", limits::MAX_QP_WR, limits::MAX_SGE),
+        );
     }
     let attr = SrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge.max(1), limit: a.attr.srq_limit };
     let ctx = p.context();
@@ -107,7 +111,11 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
 }
 
 /// `ops.post_srq_recv`.
-pub unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
+pub unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
     // SAFETY: a live SRQ (caller).
     let s = unsafe { Srq::from_ibv(srq) };
     let id = s.id;

@@ -51,7 +51,12 @@ pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_read_sysfs_file(dir: *const c_char, file: *const c_char, buf: *mut c_char, size: usize) -> c_int {
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    dir: *const c_char,
+    file: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+) -> c_int {
     if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
         set_errno(libc::EINVAL);
         return -1;

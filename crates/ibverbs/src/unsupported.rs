@@ -95,7 +95,13 @@ pub extern "C" fn verbs_set_ops(_context: *mut c_void, _ops: *const c_void) {}
 pub extern "C" fn verbs_uninit_context(_context: *mut c_void) {}
 
 #[unsafe(no_mangle)]
-pub extern "C" fn verbs_init_cq(_cq: *mut c_void, _context: *mut c_void, _channel: *mut c_void, _cq_context: *mut c_void) {}
+pub extern "C" fn verbs_init_cq(
+    _cq: *mut c_void,
+    _context: *mut c_void,
+    _channel: *mut c_void,
+    _cq_context: *mut c_void,
+) {
+}
 
 #[unsafe(no_mangle)]
 pub extern "C" fn __ioctl_final_num_attrs(_num_attrs: u32, _link: *mut c_void) {}

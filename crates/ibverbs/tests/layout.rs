@@ -86,7 +86,8 @@ fn structures_match_the_real_header() {
     for (expr, _) in &mut checks {
         *expr = expr.replace("priv_", "priv").replace("sizeof(struct ibv_gid_global)", "");
     }
-    let mut source = String::from("#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n");
+    let mut source =
+        String::from("#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n");
     for (expr, _) in &checks {
         source += &format!("    printf(\"%zu\\n\", (size_t)({expr}));\n");
     }

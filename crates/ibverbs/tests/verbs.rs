@@ -1,0 +1,557 @@
+//! The C API as a verbs program uses it, called through the exported
+//! functions and the context's ops exactly as `<infiniband/verbs.h>`'s
+//! inline functions call them: devices and ports, RC operations with both
+//! posting APIs, completion channels, asynchronous events, and errors.
+//!
+//! One process has one softrnic0 on one address, so every test shares one
+//! context and connects pairs of QPs on it to each other.
+
+use std::ffi::{CStr, c_int, c_void};
+use std::ptr::null_mut;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use softrnic_ibverbs::abi::*;
+use softrnic_ibverbs::{ah, context, cq, device, memory, qp, srq, unsupported};
+
+const ADDR: &str = "127.0.5.1";
+/// An address where nobody listens: a peer that died.
+const DEAD_ADDR: &str = "127.0.5.99";
+
+struct Fixture {
+    ctx: usize,
+    pd: usize,
+}
+
+fn fixture() -> (*mut ibv_context, *mut ibv_pd) {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    let f = FIXTURE.get_or_init(|| {
+        // SAFETY: set once, before the first device lookup reads it; no
+        // other thread of this test binary reads the environment.
+        unsafe { std::env::set_var("SOFTRNIC_ADDR", ADDR) };
+        // SAFETY: the verbs' own sequence: list, open, allocate.
+        unsafe {
+            let mut n = 0;
+            let list = device::ibv_get_device_list(&mut n);
+            assert_eq!(n, 1);
+            let ctx = context::ibv_open_device(*list);
+            assert!(!ctx.is_null(), "open failed");
+            device::ibv_free_device_list(list);
+            let pd = memory::ibv_alloc_pd(ctx);
+            Fixture { ctx: ctx as usize, pd: pd as usize }
+        }
+    });
+    (f.ctx as *mut ibv_context, f.pd as *mut ibv_pd)
+}
+
+fn errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap()
+}
+
+fn gid_of(addr: &str) -> ibv_gid {
+    let v4: std::net::Ipv4Addr = addr.parse().unwrap();
+    ibv_gid { raw: v4.to_ipv6_mapped().octets() }
+}
+
+/// A registered buffer that outlives the test.
+struct Buffer {
+    bytes: Vec<u8>,
+    mr: *mut ibv_mr,
+}
+
+fn buffer(len: usize) -> Buffer {
+    let (_, pd) = fixture();
+    let mut bytes = vec![0u8; len];
+    let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    // SAFETY: the buffer lives as long as the region (both in `Buffer`).
+    let mr = unsafe { memory::ibv_reg_mr(pd, bytes.as_mut_ptr() as *mut c_void, len, access as c_int) };
+    assert!(!mr.is_null());
+    Buffer { bytes, mr }
+}
+
+impl Buffer {
+    fn sge(&self, offset: usize, len: u32) -> ibv_sge {
+        // SAFETY: a live MR.
+        ibv_sge { addr: self.bytes.as_ptr() as u64 + offset as u64, length: len, lkey: unsafe { (*self.mr).lkey } }
+    }
+    fn rkey(&self) -> u32 {
+        // SAFETY: a live MR.
+        unsafe { (*self.mr).rkey }
+    }
+    fn addr(&self) -> u64 {
+        self.bytes.as_ptr() as u64
+    }
+    /// Reads what the NIC wrote (volatile: the NIC is another agent).
+    fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        // SAFETY: in bounds of the live buffer.
+        (offset..offset + len).map(|i| unsafe { std::ptr::read_volatile(self.bytes.as_ptr().add(i)) }).collect()
+    }
+}
+
+fn create_cq(channel: *mut ibv_comp_channel) -> *mut ibv_cq {
+    let (ctx, _) = fixture();
+    // SAFETY: a live context.
+    let cq = unsafe { cq::ibv_create_cq(ctx, 64, 0x5eed as *mut c_void, channel, 0) };
+    assert!(!cq.is_null());
+    cq
+}
+
+fn create_qp(cq: *mut ibv_cq, qp_type: c_int) -> *mut ibv_qp {
+    let (_, pd) = fixture();
+    let mut init = ibv_qp_init_attr {
+        qp_context: null_mut(),
+        send_cq: cq,
+        recv_cq: cq,
+        srq: null_mut(),
+        cap: ibv_qp_cap { max_send_wr: 32, max_recv_wr: 32, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 64 },
+        qp_type,
+        sq_sig_all: 1,
+    };
+    // SAFETY: live PD and CQ.
+    let qp = unsafe { qp::ibv_create_qp(pd, &mut init) };
+    assert!(!qp.is_null(), "create_qp: errno {}", errno());
+    qp
+}
+
+fn zeroed_attr() -> ibv_qp_attr {
+    // SAFETY: plain data.
+    unsafe { std::mem::zeroed() }
+}
+
+/// RESET -> INIT -> RTR -> RTS towards `remote_qpn` at `remote`.
+fn connect(q: *mut ibv_qp, remote: &str, remote_qpn: u32, timeout: u8, retry: u8) {
+    let mut a = zeroed_attr();
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags =
+        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    // SAFETY: a live QP and attributes.
+    let rc =
+        unsafe { qp::ibv_modify_qp(q, &mut a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) };
+    assert_eq!(rc, 0);
+    let mut a = zeroed_attr();
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = 3;
+    a.dest_qp_num = remote_qpn;
+    a.max_dest_rd_atomic = 4;
+    a.min_rnr_timer = 1;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.port_num = 1;
+    a.ah_attr.grh.dgid = gid_of(remote);
+    let mask = IBV_QP_STATE
+        | IBV_QP_AV
+        | IBV_QP_PATH_MTU
+        | IBV_QP_DEST_QPN
+        | IBV_QP_RQ_PSN
+        | IBV_QP_MAX_DEST_RD_ATOMIC
+        | IBV_QP_MIN_RNR_TIMER;
+    // SAFETY: as above.
+    assert_eq!(unsafe { qp::ibv_modify_qp(q, &mut a, mask) }, 0);
+    let mut a = zeroed_attr();
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = timeout;
+    a.retry_cnt = retry;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 4;
+    let mask =
+        IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
+    // SAFETY: as above.
+    assert_eq!(unsafe { qp::ibv_modify_qp(q, &mut a, mask) }, 0);
+    // SAFETY: a live QP.
+    assert_eq!(unsafe { (*q).state }, IBV_QPS_RTS, "verbs keeps ibv_qp.state current");
+}
+
+/// Two RC QPs on the fixture's device, connected to each other.
+fn rc_pair() -> (*mut ibv_qp, *mut ibv_qp, *mut ibv_cq, *mut ibv_cq) {
+    let (cq_a, cq_b) = (create_cq(null_mut()), create_cq(null_mut()));
+    let (a, b) = (create_qp(cq_a, IBV_QPT_RC), create_qp(cq_b, IBV_QPT_RC));
+    // SAFETY: live QPs.
+    let (qpn_a, qpn_b) = unsafe { ((*a).qp_num, (*b).qp_num) };
+    connect(a, ADDR, qpn_b, 14, 7);
+    connect(b, ADDR, qpn_a, 14, 7);
+    (a, b, cq_a, cq_b)
+}
+
+/// Polls through the context's ops, as `ibv_poll_cq` does.
+fn poll_one(cq: *mut ibv_cq) -> ibv_wc {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // SAFETY: plain data.
+    let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: a live CQ whose context's ops are softrnic's.
+        let n = unsafe { ((*(*cq).context).ops.poll_cq.unwrap())(cq, 1, &mut wc) };
+        if n == 1 {
+            return wc;
+        }
+        assert!(Instant::now() < deadline, "no completion within 10 s");
+    }
+}
+
+fn post_send(q: *mut ibv_qp, wr: &mut ibv_send_wr) -> c_int {
+    let mut bad = null_mut();
+    // SAFETY: a live QP and a valid request.
+    unsafe { ((*(*q).context).ops.post_send.unwrap())(q, wr, &mut bad) }
+}
+
+fn post_recv(q: *mut ibv_qp, sge: &mut ibv_sge, wr_id: u64) {
+    let mut wr = ibv_recv_wr { wr_id, next: null_mut(), sg_list: sge, num_sge: 1 };
+    let mut bad = null_mut();
+    // SAFETY: a live QP and a valid request.
+    assert_eq!(unsafe { ((*(*q).context).ops.post_recv.unwrap())(q, &mut wr, &mut bad) }, 0);
+}
+
+fn send_wr(wr_id: u64, opcode: c_int, sge: &mut ibv_sge) -> ibv_send_wr {
+    // SAFETY: plain data.
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = wr_id;
+    wr.opcode = opcode;
+    wr.sg_list = sge;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr
+}
+
+#[test]
+fn the_device_its_port_and_gid_table() {
+    let (ctx, _) = fixture();
+    // SAFETY: the verbs' calls on a live context, with outputs on the stack.
+    unsafe {
+        let name = CStr::from_ptr(device::ibv_get_device_name((*ctx).device));
+        assert_eq!(name.to_str().unwrap(), "softrnic0");
+        let mut port: ibv_port_attr = std::mem::zeroed();
+        assert_eq!(context::ibv_query_port(ctx, 1, &mut port), 0);
+        assert_eq!(port.state, IBV_PORT_ACTIVE);
+        assert_eq!(port.link_layer, IBV_LINK_LAYER_ETHERNET);
+        assert_eq!(port.gid_tbl_len, 1);
+        assert_eq!(context::ibv_query_port(ctx, 2, &mut port), libc::EINVAL);
+        let mut gid = ibv_gid { raw: [0; 16] };
+        assert_eq!(context::ibv_query_gid(ctx, 1, 0, &mut gid), 0);
+        assert_eq!(gid.raw, gid_of(ADDR).raw);
+        assert_eq!(context::ibv_query_gid(ctx, 1, 1, &mut gid), -1, "index 1 does not exist");
+        let mut entry: ibv_gid_entry = std::mem::zeroed();
+        assert_eq!(context::_ibv_query_gid_ex(ctx, 1, 0, &mut entry, 0, size_of::<ibv_gid_entry>()), 0);
+        assert_eq!(entry.gid_type, IBV_GID_TYPE_ROCE_V2);
+        assert_eq!(context::_ibv_query_gid_ex(ctx, 1, 3, &mut entry, 0, size_of::<ibv_gid_entry>()), libc::EINVAL);
+        let mut attr: ibv_device_attr = std::mem::zeroed();
+        assert_eq!(context::ibv_query_device(ctx, &mut attr), 0);
+        assert_eq!(attr.atomic_cap, IBV_ATOMIC_HCA);
+        assert_eq!(attr.phys_port_cnt, 1);
+        // The extended context the header's inline functions look for.
+        assert_eq!((*ctx).abi_compat, VERBS_ABI_IS_EXTENDED);
+    }
+}
+
+#[test]
+fn rc_operations_through_ibv_post_send() {
+    let (a, b, cq_a, cq_b) = rc_pair();
+    let (src, dst) = (buffer(4096), buffer(4096));
+    // SEND with immediate into a posted receive.
+    post_recv(b, &mut dst.sge(0, 4096), 7);
+    // SAFETY: the source buffer is ours to fill before posting.
+    unsafe { std::ptr::copy_nonoverlapping(b"hello verbs".as_ptr(), src.bytes.as_ptr() as *mut u8, 11) };
+    let mut sge = src.sge(0, 11);
+    let mut wr = send_wr(1, IBV_WR_SEND_WITH_IMM, &mut sge);
+    wr.imm_data = 0x1234_5678u32.to_be();
+    assert_eq!(post_send(a, &mut wr), 0);
+    let sent = poll_one(cq_a);
+    assert_eq!((sent.wr_id, sent.status, sent.opcode), (1, 0, 0));
+    let got = poll_one(cq_b);
+    assert_eq!((got.wr_id, got.status, got.byte_len), (7, 0, 11));
+    assert_eq!(got.opcode, 128, "IBV_WC_RECV");
+    assert_ne!(got.wc_flags & IBV_WC_WITH_IMM, 0);
+    assert_eq!(u32::from_be(got.imm_data), 0x1234_5678);
+    // SAFETY: a live QP.
+    assert_eq!(got.qp_num, unsafe { (*b).qp_num });
+    assert_eq!(dst.read(0, 11), b"hello verbs");
+
+    // RDMA WRITE (inline), then READ it back.
+    let payload = *b"written inline";
+    let mut inline = ibv_sge { addr: payload.as_ptr() as u64, length: payload.len() as u32, lkey: 0 };
+    let mut wr = send_wr(2, IBV_WR_RDMA_WRITE, &mut inline);
+    wr.send_flags |= IBV_SEND_INLINE;
+    wr.wr.rdma = ibv_send_wr_rdma { remote_addr: dst.addr() + 100, rkey: dst.rkey() };
+    assert_eq!(post_send(a, &mut wr), 0);
+    assert_eq!(poll_one(cq_a).status, 0);
+    assert_eq!(dst.read(100, payload.len()), payload);
+    let mut sge = src.sge(200, payload.len() as u32);
+    let mut wr = send_wr(3, IBV_WR_RDMA_READ, &mut sge);
+    wr.wr.rdma = ibv_send_wr_rdma { remote_addr: dst.addr() + 100, rkey: dst.rkey() };
+    assert_eq!(post_send(a, &mut wr), 0);
+    let read = poll_one(cq_a);
+    assert_eq!((read.wr_id, read.status, read.opcode), (3, 0, 2));
+    assert_eq!(src.read(200, payload.len()), payload);
+
+    // FETCH_AND_ADD then COMPARE_AND_SWAP on an aligned word.
+    let mut sge = src.sge(512, 8);
+    let mut wr = send_wr(4, IBV_WR_ATOMIC_FETCH_AND_ADD, &mut sge);
+    wr.wr.atomic = ibv_send_wr_atomic { remote_addr: dst.addr() + 1024, compare_add: 5, swap: 0, rkey: dst.rkey() };
+    assert_eq!(post_send(a, &mut wr), 0);
+    assert_eq!(poll_one(cq_a).status, 0);
+    let mut wr = send_wr(5, IBV_WR_ATOMIC_CMP_AND_SWP, &mut sge);
+    wr.wr.atomic = ibv_send_wr_atomic { remote_addr: dst.addr() + 1024, compare_add: 5, swap: 99, rkey: dst.rkey() };
+    assert_eq!(post_send(a, &mut wr), 0);
+    assert_eq!(poll_one(cq_a).status, 0);
+    assert_eq!(src.read(512, 8), 5u64.to_ne_bytes(), "the swap returns the original value");
+    assert_eq!(dst.read(1024, 8), 99u64.to_ne_bytes());
+}
+
+#[test]
+fn rc_operations_through_the_wr_builder_of_ibv_qp_ex() {
+    let (a, _b, cq_a, _) = rc_pair();
+    let (src, dst) = (buffer(256), buffer(256));
+    // SAFETY: filling our own source buffer.
+    unsafe { std::ptr::write_bytes(src.bytes.as_ptr() as *mut u8, 0xab, 64) };
+    // SAFETY: the builder's documented sequence on a live QP.
+    unsafe {
+        let qx = qp::ibv_qp_to_qp_ex(a);
+        ((*qx).wr_start.unwrap())(qx);
+        (*qx).wr_id = 10;
+        (*qx).wr_flags = IBV_SEND_SIGNALED;
+        ((*qx).wr_rdma_write.unwrap())(qx, dst.rkey(), dst.addr());
+        ((*qx).wr_set_sge.unwrap())(qx, (*src.mr).lkey, src.addr(), 64);
+        (*qx).wr_id = 11;
+        ((*qx).wr_rdma_write.unwrap())(qx, dst.rkey(), dst.addr() + 128);
+        let mut text = *b"inline!";
+        ((*qx).wr_set_inline_data.unwrap())(qx, text.as_mut_ptr() as *mut c_void, text.len());
+        text.fill(0); // copied at the call, so reuse is safe
+        assert_eq!(((*qx).wr_complete.unwrap())(qx), 0);
+        // A setter with no request begun is reported by wr_complete.
+        ((*qx).wr_start.unwrap())(qx);
+        ((*qx).wr_set_sge.unwrap())(qx, 0, 0, 0);
+        assert_eq!(((*qx).wr_complete.unwrap())(qx), libc::EINVAL);
+    }
+    assert_eq!(poll_one(cq_a).wr_id, 10);
+    assert_eq!(poll_one(cq_a).wr_id, 11);
+    assert_eq!(dst.read(0, 64), vec![0xab; 64]);
+    assert_eq!(dst.read(128, 7), b"inline!");
+}
+
+#[test]
+fn completion_channels_block_wake_and_honour_nonblocking_fds() {
+    let (ctx, _) = fixture();
+    // SAFETY: a live context.
+    let channel = unsafe { cq::ibv_create_comp_channel(ctx) };
+    let cq_b = create_cq(channel);
+    let cq_a = create_cq(null_mut());
+    let (a, b) = (create_qp(cq_a, IBV_QPT_RC), create_qp(cq_b, IBV_QPT_RC));
+    // SAFETY: live QPs.
+    let (qpn_a, qpn_b) = unsafe { ((*a).qp_num, (*b).qp_num) };
+    connect(a, ADDR, qpn_b, 14, 7);
+    connect(b, ADDR, qpn_a, 14, 7);
+    let (src, dst) = (buffer(64), buffer(64));
+    // SAFETY: channel and CQ are live; the fd is the channel's.
+    unsafe {
+        let fd = (*channel).fd;
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        let (mut got_cq, mut got_ctx) = (null_mut(), null_mut());
+        assert_eq!(cq::ibv_get_cq_event(channel, &mut got_cq, &mut got_ctx), -1);
+        assert_eq!(errno(), libc::EAGAIN, "a non-blocking channel with no event");
+        libc::fcntl(fd, libc::F_SETFL, flags);
+        assert_eq!(((*(*cq_b).context).ops.req_notify_cq.unwrap())(cq_b, 0), 0);
+    }
+    post_recv(b, &mut dst.sge(0, 64), 1);
+    let sender = {
+        let (a, sge) = (a as usize, src.sge(0, 8));
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let mut sge = sge;
+            let mut wr = send_wr(1, IBV_WR_SEND, &mut sge);
+            assert_eq!(post_send(a as *mut ibv_qp, &mut wr), 0);
+        })
+    };
+    // SAFETY: as above; this read blocks until the engine delivers.
+    unsafe {
+        let (mut got_cq, mut got_ctx) = (null_mut(), null_mut());
+        assert_eq!(cq::ibv_get_cq_event(channel, &mut got_cq, &mut got_ctx), 0);
+        assert_eq!(got_cq, cq_b);
+        assert_eq!(got_ctx, 0x5eed as *mut c_void);
+        cq::ibv_ack_cq_events(cq_b, 1);
+        assert_eq!((*cq_b).comp_events_completed, 1);
+        assert_eq!(cq::ibv_destroy_comp_channel(channel), libc::EBUSY, "a CQ still uses it");
+    }
+    sender.join().unwrap();
+    assert_eq!(poll_one(cq_b).status, 0);
+    assert_eq!(poll_one(cq_a).status, 0);
+}
+
+#[test]
+fn a_bad_rkey_fails_the_requester_and_raises_an_async_event_on_the_responder() {
+    let (ctx, _) = fixture();
+    let (a, b, cq_a, _) = rc_pair();
+    let src = buffer(64);
+    let mut sge = src.sge(0, 8);
+    let mut wr = send_wr(9, IBV_WR_RDMA_WRITE, &mut sge);
+    wr.wr.rdma = ibv_send_wr_rdma { remote_addr: 0x1000, rkey: 0xdead_0000 };
+    assert_eq!(post_send(a, &mut wr), 0);
+    let failed = poll_one(cq_a);
+    assert_eq!((failed.wr_id, failed.status), (9, 10), "IBV_WC_REM_ACCESS_ERR");
+    // SAFETY: a live context; the event names a live QP. Other tests may
+    // raise events of their own on the shared context, so look for ours.
+    unsafe {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut event: ibv_async_event = std::mem::zeroed();
+            assert_eq!(context::ibv_get_async_event(ctx, &mut event), 0);
+            context::ibv_ack_async_event(&mut event);
+            if event.element == b as *mut c_void {
+                assert_eq!(event.event_type, IBV_EVENT_QP_ACCESS_ERR);
+                break;
+            }
+            assert!(Instant::now() < deadline);
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_never_answers_ends_in_retry_exceeded_then_flushes() {
+    let cq = create_cq(null_mut());
+    let q = create_qp(cq, IBV_QPT_RC);
+    // timeout 8: 4.096 µs * 2^8 ~ 1 ms per try; two retries.
+    connect(q, DEAD_ADDR, 0x99, 8, 2);
+    let src = buffer(64);
+    for wr_id in [1, 2] {
+        let mut sge = src.sge(0, 8);
+        assert_eq!(post_send(q, &mut send_wr(wr_id, IBV_WR_SEND, &mut sge)), 0);
+    }
+    let first = poll_one(cq);
+    assert_eq!((first.wr_id, first.status), (1, 12), "IBV_WC_RETRY_EXC_ERR");
+    let second = poll_one(cq);
+    assert_eq!((second.wr_id, second.status), (2, 5), "IBV_WC_WR_FLUSH_ERR");
+    let mut attr = zeroed_attr();
+    // SAFETY: plain data out of a live QP.
+    let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { qp::ibv_query_qp(q, &mut attr, IBV_QP_STATE, &mut init) }, 0);
+    assert_eq!(attr.qp_state, IBV_QPS_ERR);
+    assert_eq!(init.send_cq, cq);
+}
+
+#[test]
+fn errors_follow_the_verbs_conventions() {
+    let (_, pd) = fixture();
+    let cq = create_cq(null_mut());
+    // UC is refused with EOPNOTSUPP and NULL.
+    let mut init = ibv_qp_init_attr {
+        qp_context: null_mut(),
+        send_cq: cq,
+        recv_cq: cq,
+        srq: null_mut(),
+        cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+        qp_type: IBV_QPT_UC,
+        sq_sig_all: 0,
+    };
+    // SAFETY: live PD and CQ; attributes on the stack.
+    unsafe {
+        assert!(qp::ibv_create_qp(pd, &mut init).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        init.qp_type = IBV_QPT_RC;
+        init.cap.max_send_wr = 1 << 20;
+        assert!(qp::ibv_create_qp(pd, &mut init).is_null());
+        assert_eq!(errno(), libc::EINVAL, "more WRs than max_qp_wr");
+    }
+    // RTR without a GRH is what RoCE refuses.
+    let q = create_qp(cq, IBV_QPT_RC);
+    let mut a = zeroed_attr();
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    // SAFETY: a live QP.
+    unsafe {
+        assert_eq!(
+            qp::ibv_modify_qp(q, &mut a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+            0
+        );
+        let mut a = zeroed_attr();
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = 3;
+        a.ah_attr.port_num = 1;
+        let mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+        assert_eq!(qp::ibv_modify_qp(q, &mut a, mask | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), libc::EINVAL);
+        // RTS straight from INIT skips a state.
+        a.qp_state = IBV_QPS_RTS;
+        assert_eq!(qp::ibv_modify_qp(q, &mut a, IBV_QP_STATE), libc::EINVAL);
+        assert_eq!((*q).state, IBV_QPS_INIT, "a refused transition changes nothing");
+        // Memory windows are not supported.
+        let mut word = 0u64;
+        let mr = memory::ibv_reg_mr(pd, &mut word as *mut u64 as *mut c_void, 8, IBV_ACCESS_MW_BIND as c_int);
+        assert!(mr.is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        // Unsupported verbs answer EOPNOTSUPP, never success.
+        assert_eq!(unsupported::ibv_attach_mcast(), libc::EOPNOTSUPP);
+        assert!(unsupported::ibv_import_device().is_null());
+        // An AH needs the GRH too.
+        let mut ah_attr: ibv_ah_attr = std::mem::zeroed();
+        ah_attr.port_num = 1;
+        assert!(ah::ibv_create_ah(pd, &mut ah_attr).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        // A CQ in use cannot go.
+        assert_eq!(cq::ibv_destroy_cq(cq), libc::EBUSY);
+        assert_eq!(qp::ibv_destroy_qp(q), 0);
+    }
+}
+
+#[test]
+fn srq_receives_and_ud_sends_with_an_address_handle() {
+    let (_, pd) = fixture();
+    let cq = create_cq(null_mut());
+    // SAFETY: the verbs' calls on live objects; attributes on the stack.
+    unsafe {
+        let mut srq_init =
+            ibv_srq_init_attr { srq_context: null_mut(), attr: ibv_srq_attr { max_wr: 16, max_sge: 1, srq_limit: 0 } };
+        let s = srq::ibv_create_srq(pd, &mut srq_init);
+        assert!(!s.is_null());
+        let mut got = ibv_srq_attr { max_wr: 0, max_sge: 0, srq_limit: 0 };
+        assert_eq!(srq::ibv_query_srq(s, &mut got), 0);
+        assert_eq!(got.max_wr, 16);
+        assert_eq!(srq::ibv_destroy_srq(s), 0);
+    }
+    // UD: a send to our own UD QP through an AH, with the GRH in front.
+    let (a, b) = (create_qp(cq, IBV_QPT_UD), create_qp(cq, IBV_QPT_UD));
+    for q in [a, b] {
+        let mut attr = zeroed_attr();
+        attr.qp_state = IBV_QPS_INIT;
+        attr.port_num = 1;
+        attr.qkey = 0x1111;
+        // SAFETY: a live QP.
+        unsafe {
+            assert_eq!(
+                qp::ibv_modify_qp(q, &mut attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
+                0
+            );
+            attr.qp_state = IBV_QPS_RTR;
+            assert_eq!(qp::ibv_modify_qp(q, &mut attr, IBV_QP_STATE), 0);
+            attr.qp_state = IBV_QPS_RTS;
+            assert_eq!(qp::ibv_modify_qp(q, &mut attr, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+        }
+    }
+    let (src, dst) = (buffer(128), buffer(128));
+    post_recv(b, &mut dst.sge(0, 128), 77);
+    // SAFETY: the verbs' calls on live objects.
+    unsafe {
+        let mut ah_attr: ibv_ah_attr = std::mem::zeroed();
+        ah_attr.is_global = 1;
+        ah_attr.port_num = 1;
+        ah_attr.grh.dgid = gid_of(ADDR);
+        let ah = ah::ibv_create_ah(pd, &mut ah_attr);
+        assert!(!ah.is_null());
+        std::ptr::copy_nonoverlapping(b"datagram".as_ptr(), src.bytes.as_ptr() as *mut u8, 8);
+        let mut sge = src.sge(0, 8);
+        let mut wr = send_wr(5, IBV_WR_SEND, &mut sge);
+        wr.wr.ud = ibv_send_wr_ud { ah, remote_qpn: (*b).qp_num, remote_qkey: 0x1111 };
+        assert_eq!(post_send(a, &mut wr), 0);
+        let mut seen = [poll_one(cq), poll_one(cq)];
+        seen.sort_by_key(|w| w.wr_id);
+        assert_eq!((seen[0].wr_id, seen[0].status), (5, 0));
+        let recv = seen[1];
+        assert_eq!((recv.wr_id, recv.status, recv.byte_len), (77, 0, 40 + 8));
+        assert_ne!(recv.wc_flags & IBV_WC_GRH, 0);
+        assert_eq!(dst.read(40, 8), b"datagram");
+        // The reply's AH comes from the completion and the GRH.
+        let mut wc = recv;
+        let reply = ah::ibv_create_ah_from_wc(pd, &mut wc, dst.bytes.as_ptr() as *mut ibv_grh, 1);
+        assert!(!reply.is_null());
+        assert_eq!(ah::Ah::from_ibv(reply).dest, ADDR.parse::<std::net::IpAddr>().unwrap());
+        assert_eq!(ah::ibv_destroy_ah(reply), 0);
+        assert_eq!(ah::ibv_destroy_ah(ah), 0);
+    }
+}
