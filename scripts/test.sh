@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command: what README.md tells you to run and what CI
 # (.ci/run) runs. Formatting, lints, every test (with thousands of
-# simulation seeds), and a short fuzzing run when cargo-fuzz is installed.
+# simulation seeds), the matrix of verbs programs over softrnic's
+# libibverbs.so.1, and a short fuzzing run when cargo-fuzz is installed.
 #
 #   SOFTRNIC_SIM_SEEDS=N   simulation seeds (default 2000)
 #   SOFTRNIC_FUZZ_SECONDS  length of the fuzzing run (default 30; 0 skips it)
@@ -19,6 +20,15 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "tests (simulation seeds: ${SOFTRNIC_SIM_SEEDS:=2000})"
 export SOFTRNIC_SIM_SEEDS
 cargo test --workspace --locked
+
+# Unmodified RDMA programs over the drop-in libibverbs.so.1, both ends on
+# loopback and (as root) between two network namespaces.
+if command -v ibv_rc_pingpong >/dev/null 2>&1 && command -v ib_write_bw >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then
+    step "verbs programs over libibverbs.so.1 (scripts/verbs-matrix.py)"
+    scripts/verbs-matrix.py
+else
+    step "verbs programs skipped: needs python3, ibverbs-utils and perftest (sudo apt-get install ibverbs-utils perftest)"
+fi
 
 fuzz_seconds=${SOFTRNIC_FUZZ_SECONDS:-30}
 if [ "$fuzz_seconds" -gt 0 ]; then
