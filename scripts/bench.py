@@ -9,8 +9,10 @@ run, on loopback:
   - UCX over TCP (ucx_perftest with UCX_TLS=tcp: tag_lat, ucp_am_bw, ucp_put_bw),
 
 each RUNS times, and prints the medians and the ratios as a Markdown table.
+With --perftest it runs Debian's perftest over softrnic's drop-in
+libibverbs.so.1 beside `softrnic bench` on the same tests instead.
 
-    scripts/bench.py [--runs 5] [--engine-threads 1]
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--perftest]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -91,6 +93,48 @@ def ucx(test, size, port):
     return {"p50_us": float(cols[1]), "mbps": float(cols[5]), "msg_rate": float(cols[7])}
 
 
+def perftest(program, args, port):
+    """Runs a perftest pair over softrnic's libibverbs.so.1 (both ends on
+    loopback addresses); returns the client's first result row."""
+    libdir = os.path.join(ROOT, "target", "softrnic", "lib")
+    env = lambda addr: {**os.environ, "LD_LIBRARY_PATH": libdir, "SOFTRNIC_ADDR": addr}
+    server = subprocess.Popen([program, *args, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env("127.0.0.30"))
+    time.sleep(0.5)
+    try:
+        out = sh([program, *args, "-p", str(port), "127.0.0.30"], env=env("127.0.0.31"))
+    finally:
+        server.wait(timeout=30)
+    rows = [l.split() for l in out.stdout.splitlines() if l.split() and l.split()[0].isdigit() and len(l.split()) >= 4]
+    if out.returncode != 0 or not rows:
+        raise RuntimeError(f"{program}: {out.stdout[-300:]} {out.stderr[-300:]}")
+    return [float(x) for x in rows[0]]
+
+
+def perftest_main(a, extra):
+    """perftest over libibverbs.so.1 beside `softrnic bench`, same tests."""
+    subprocess.run([os.path.join(ROOT, "scripts", "build-libibverbs.sh")], check=True, stdout=subprocess.DEVNULL)
+    r = {k: [] for k in ["pt_lat", "sr_lat", "pt_rate", "sr_rate", "pt_bw", "sr_bw"]}
+    for run in range(a.runs):
+        print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+        # ib_send_lat: #bytes #iterations t_min t_max t_typical ...; t_typical is the median.
+        r["pt_lat"].append(perftest("ib_send_lat", ["-s", "64", "-n", "20000"], 18700 + run)[4])
+        r["sr_lat"].append(softrnic("send_lat", 64, extra + ["-n", "20000"])["p50_ns"] / 1000)
+        # ib_*_bw --report_gbits: #bytes #iterations BW_peak BW_average MsgRate.
+        r["pt_rate"].append(perftest("ib_send_bw", ["-s", "64", "-n", "200000", "--report_gbits"], 18800 + run)[4] * 1e6)
+        r["sr_rate"].append(softrnic("send_bw", 64, extra + ["-n", "200000"])["msg_rate_mpps"] * 1e6)
+        r["pt_bw"].append(perftest("ib_write_bw", ["-s", "65536", "-n", "20000", "--report_gbits"], 18900 + run)[3])
+        r["sr_bw"].append(softrnic("write_bw", 65536, extra + ["-n", "20000"])["bw_avg_gbps"])
+    m = {k: median(v) for k, v in r.items()}
+    ratio = lambda a, b: median([x / y for x, y in zip(r[a], r[b])])
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores:\n")
+    print("| measure | perftest over libibverbs.so.1 | softrnic bench | ratio (median of per-run ratios) |")
+    print("| --- | --- | --- | --- |")
+    print(f"| 64 B send_lat p50 (`ib_send_lat -s 64`) | {m['pt_lat']:.2f} µs | {m['sr_lat']:.2f} µs | {ratio('pt_lat', 'sr_lat'):.2f}× |")
+    print(f"| 64 B send_bw message rate (`ib_send_bw -s 64`) | {m['pt_rate'] / 1e6:.3f} M/s | {m['sr_rate'] / 1e6:.3f} M/s | {ratio('pt_rate', 'sr_rate'):.2f}× |")
+    print(f"| 64 KiB write_bw (`ib_write_bw -s 65536`) | {m['pt_bw']:.2f} Gb/s | {m['sr_bw']:.2f} Gb/s | {ratio('pt_bw', 'sr_bw'):.2f}× |")
+    print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -99,10 +143,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--engine-threads", type=int, default=1)
+    parser.add_argument("--perftest", action="store_true", help="perftest over libibverbs.so.1 beside softrnic bench")
     a = parser.parse_args()
-    install_peers()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "softrnic-cli"], cwd=ROOT, check=True)
     extra = ["--engine-threads", str(a.engine_threads)]
+    if a.perftest:
+        if shutil.which("ib_send_lat") is None:
+            sys.exit("perftest is missing: sudo apt-get install perftest")
+        return perftest_main(a, extra)
+    install_peers()
     r = {k: [] for k in ["lat", "udp", "ucx_lat", "rate", "ucx_rate", "bw", "tcp", "ucx_put"]}
     for run in range(a.runs):
         print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)

@@ -161,6 +161,8 @@ thread_local! {
 
 /// How long an application counts as driving progress after it polled.
 const APP_ACTIVE: Duration = Duration::from_millis(2);
+/// Asynchronous events kept for a program that does not read them.
+const MAX_QUEUED_ASYNC_EVENTS: usize = 4096;
 /// How long a datagram may wait for an active application to poll before
 /// an engine thread receives it.
 const APP_TAKEOVER: Duration = Duration::from_micros(20);
@@ -387,7 +389,7 @@ impl Shared {
             }
         }
         while let Some(event) = device.poll_async_event() {
-            self.async_events.push(event);
+            self.async_events.push_bounded(event, MAX_QUEUED_ASYNC_EVENTS);
         }
     }
 

@@ -32,6 +32,16 @@ impl<T> EventQueue<T> {
         self.signals.signal();
     }
 
+    /// [`EventQueue::push`], dropping the oldest item first when `cap` are
+    /// queued: a program that never reads its events must not grow the
+    /// queue without end.
+    pub fn push_bounded(&self, item: T, cap: usize) {
+        if self.len() >= cap {
+            let _ = self.try_pop();
+        }
+        self.push(item);
+    }
+
     /// The next item, if one is queued; never waits for one.
     pub fn try_pop(&self) -> Option<T> {
         let item = self.items.lock().unwrap_or_else(|e| e.into_inner()).pop_front()?;
@@ -103,6 +113,16 @@ mod tests {
         assert_eq!(q.len(), 2);
         assert_eq!(q.pop().unwrap(), 1);
         assert_eq!(q.pop().unwrap(), 3);
+        assert!(!readable(q.as_raw_fd()));
+    }
+
+    #[test]
+    fn a_bounded_push_drops_the_oldest() {
+        let q = EventQueue::new().unwrap();
+        for i in 0..5 {
+            q.push_bounded(i, 3);
+        }
+        assert_eq!((q.try_pop(), q.try_pop(), q.try_pop(), q.try_pop()), (Some(2), Some(3), Some(4), None));
         assert!(!readable(q.as_raw_fd()));
     }
 

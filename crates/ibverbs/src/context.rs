@@ -245,11 +245,12 @@ unsafe extern "C" fn query_port_ex(
 }
 
 /// The exported `ibv_query_port`, which the header calls only when the
-/// extended op is missing; kept for programs built against old headers.
+/// extended op is missing, and programs built against old headers call
+/// with the shorter `struct _compat_ibv_port_attr` (no `port_cap_flags2`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
-    // SAFETY: the same contract, with the legacy struct's size.
-    unsafe { query_port_ex(context, port, attr, size_of::<ibv_port_attr>()) }
+    // SAFETY: the same contract, with the compat struct's size.
+    unsafe { query_port_ex(context, port, attr, std::mem::offset_of!(ibv_port_attr, port_cap_flags2)) }
 }
 
 fn gid_entry(device: &SoftDevice, index: u32) -> ibv_gid_entry {
