@@ -568,12 +568,14 @@ pub unsafe fn post_recv_chain(
     0
 }
 
-/// `ops.post_recv`.
+/// `ops.post_recv`. A receive sends nothing, so it rings no doorbell: an
+/// ACK the last poll owes waits for the program's next send and leaves in
+/// the same system call (a ping-pong posts its receive, then its send).
 pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
     // SAFETY: a live QP (caller).
     let q = unsafe { Qp::from_ibv(qp) };
     let qpn = q.qpn();
-    q.context().nic.with_doorbell(|d, now| {
+    q.context().nic.with(|d, now| {
         // SAFETY: forwarded contract.
         unsafe { post_recv_chain("ibv_post_recv", wr, bad_wr, |r| d.post_recv(now, qpn, r)) }
     })
