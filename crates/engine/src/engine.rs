@@ -31,7 +31,7 @@ use softrnic_transport::{AsyncEvent, CqId, Device, Instant, MAX_DATAGRAM_LEN, Tr
 use softrnic_wire::ROCEV2_UDP_PORT;
 
 use crate::event_queue::EventQueue;
-use crate::eventfd::{EventFd, readable, wait_readable, wait_readable_for};
+use crate::eventfd::{EventFd, wait_readable};
 use crate::faults::{FaultConfig, FaultInjector, FaultStats};
 use crate::socket::{BATCH, BindError, RecvBatch, RoceSocket};
 
@@ -163,13 +163,6 @@ thread_local! {
 const APP_ACTIVE: Duration = Duration::from_millis(2);
 /// Asynchronous events kept for a program that does not read them.
 const MAX_QUEUED_ASYNC_EVENTS: usize = 4096;
-/// How long a datagram may wait for an active application to poll before
-/// an engine thread receives it.
-const APP_TAKEOVER: Duration = Duration::from_micros(20);
-/// How long an engine thread leaves the socket to an application that
-/// took a datagram the thread woke for: at first, and at most.
-const APP_BACKOFF_MIN: Duration = Duration::from_micros(200);
-const APP_BACKOFF_MAX: Duration = Duration::from_millis(20);
 /// How often a poll that finds nothing runs the transmit pass.
 const IDLE_TRANSMIT_NS: u64 = 5_000;
 /// The longest an idle engine thread sleeps without looking around.
@@ -539,21 +532,6 @@ impl Shared {
         }
     }
 
-    /// After the socket turned readable while the application was active:
-    /// whether the application stayed away for [`APP_TAKEOVER`] since, so
-    /// the engine thread should receive instead.
-    fn app_left_datagrams_waiting(&self) -> bool {
-        let seen = self.app_active_until.load(Ordering::Relaxed);
-        let since = std::time::Instant::now();
-        while since.elapsed() < APP_TAKEOVER {
-            if self.app_active_until.load(Ordering::Relaxed) != seen {
-                return false;
-            }
-            std::hint::spin_loop();
-        }
-        true
-    }
-
     fn app_active(&self) -> bool {
         self.now().as_nanos() < self.app_active_until.load(Ordering::Relaxed)
     }
@@ -573,36 +551,14 @@ impl Shared {
     /// An engine thread's life.
     fn run(self: Arc<Self>, role: Role, spin: Duration) {
         let mut idle_since: Option<std::time::Instant> = None;
-        let mut watch_socket_from = std::time::Instant::now();
-        let mut backoff = APP_BACKOFF_MIN;
         let socket: RawFd = self.socket.fd();
         let waker: RawFd = self.waker.as_raw_fd();
         while !self.stop.load(Ordering::Relaxed) {
             if self.app_active() {
                 // The application polls: stay out of its way, but keep the
-                // timers honest in case it stops, and take datagrams it
-                // leaves waiting (a program may spin on memory, not on its
-                // CQ, as ib_write_lat does).
-                // After a false alarm (the application took the datagram)
-                // the socket goes unwatched for a while, so that a busy
-                // ping-pong does not wake this thread on every packet.
-                // Each false alarm in a row doubles the pause.
-                let now = std::time::Instant::now();
-                let watch_socket = role != Role::Tx && now >= watch_socket_from;
-                let fds: &[RawFd] = if watch_socket { &[socket, waker] } else { &[waker] };
-                let timeout = if watch_socket { Duration::from_millis(1) } else { watch_socket_from - now };
-                let _ = wait_readable_for(fds, timeout.min(Duration::from_millis(1)));
+                // timers honest in case it stops.
+                let _ = wait_readable(&[waker], 1);
                 self.waker.drain();
-                if watch_socket && readable(socket) {
-                    if self.app_left_datagrams_waiting() {
-                        backoff = APP_BACKOFF_MIN;
-                        self.receive();
-                        self.transmit();
-                    } else {
-                        watch_socket_from = std::time::Instant::now() + backoff;
-                        backoff = (backoff * 2).min(APP_BACKOFF_MAX);
-                    }
-                }
                 continue;
             }
             let mut worked = 0;

@@ -89,30 +89,6 @@ pub fn wait_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<()> {
     Ok(())
 }
 
-/// [`wait_readable`] with a timeout finer than a millisecond.
-pub fn wait_readable_for(fds: &[RawFd], timeout: std::time::Duration) -> io::Result<()> {
-    let mut pollfds: Vec<libc::pollfd> =
-        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
-    // SAFETY: the array and the timespec live across the call; no signal
-    // mask is passed.
-    let rc = unsafe { libc::ppoll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, &ts, std::ptr::null()) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-    Ok(())
-}
-
-/// Whether `fd` is readable right now.
-pub fn readable(fd: RawFd) -> bool {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: one pollfd, passed with its length; no waiting.
-    unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
