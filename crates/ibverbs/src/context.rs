@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::mem::offset_of;
 use std::sync::Mutex;
 
-use softrnic_engine::{EngineConfig, FaultConfig, Nic};
+use softrnic_engine::{BindError, EngineConfig, FaultConfig, Nic, OpenError};
 use softrnic_transport::{AsyncEvent, CqId, SrqId, TransportConfig};
 
 use crate::abi::*;
@@ -110,7 +110,12 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
         Err(why) => {
             // Programs print only "Couldn't get context"; say what to do.
             eprintln!("softrnic: cannot open {} on {}: {why}", crate::device::DEVICE_NAME, device.addr);
-            return refuse_null("ibv_open_device", libc::EADDRINUSE, why);
+            let errno = match &why {
+                OpenError::Bind(BindError::NotLocal(_)) => libc::EADDRNOTAVAIL,
+                OpenError::Bind(BindError::InUse(_)) => libc::EADDRINUSE,
+                OpenError::Bind(BindError::Other(_, e)) | OpenError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            };
+            return refuse_null("ibv_open_device", errno, why);
         }
     };
     let ctx = Box::new(Context { vctx: extended_ops(), nic, device, objects: Mutex::default() });
