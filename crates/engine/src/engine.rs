@@ -254,6 +254,14 @@ impl Nic {
         self.shared.receive()
     }
 
+    /// Destroys a QP after sending what it still owes the wire (the ACK of
+    /// a message the application just polled), so its peer never retries
+    /// into a QP that is gone.
+    pub fn destroy_qp(&self, qpn: u32) -> softrnic_transport::Result<()> {
+        self.shared.transmit();
+        self.with(|d, _| d.destroy_qp(qpn))
+    }
+
     /// Runs due timers and sends what is pending, from the caller's thread.
     pub fn transmit(&self) -> usize {
         self.shared.transmit()

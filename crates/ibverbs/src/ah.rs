@@ -4,7 +4,6 @@ use std::ffi::c_int;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::abi::*;
-use crate::context::Context;
 use crate::device::gid_of;
 use crate::ffi::{refuse, refuse_null};
 use crate::qp::destination_of;
@@ -57,13 +56,12 @@ fn source_of_grh(grh: &[u8; 40]) -> IpAddr {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_init_ah_from_wc(
-    context: *mut ibv_context,
+    _context: *mut ibv_context,
     port: u8,
     wc: *mut ibv_wc,
     grh: *mut ibv_grh,
     attr: *mut ibv_ah_attr,
 ) -> c_int {
-    let _ = context;
     // SAFETY: a readable completion (caller).
     let wc = unsafe { &*wc };
     if wc.wc_flags & IBV_WC_GRH == 0 || grh.is_null() {
@@ -94,9 +92,7 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
     // SAFETY: forwarded contract; a live PD.
     unsafe {
-        let context = (*pd).context;
-        let _ = Context::from_ibv(context);
-        let rc = ibv_init_ah_from_wc(context, port, wc, grh, &mut attr);
+        let rc = ibv_init_ah_from_wc((*pd).context, port, wc, grh, &mut attr);
         if rc != 0 {
             return refuse_null("ibv_create_ah_from_wc", rc, "no usable GRH");
         }

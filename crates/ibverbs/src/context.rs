@@ -334,12 +334,11 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
 /// `IBVERBS_PRIVATE_34`'s GID type query, which `ibv_devinfo` uses.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_query_gid_type(
-    context: *mut ibv_context,
+    _context: *mut ibv_context,
     port: u8,
     index: c_uint,
     kind: *mut c_int,
 ) -> c_int {
-    let _ = context;
     if check_port("ibv_query_gid_type", port.into()).is_err()
         || check_gid_index("ibv_query_gid_type", index.into()).is_err()
     {
@@ -352,8 +351,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_query_pkey(context: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
-    let _ = context;
+pub unsafe extern "C" fn ibv_query_pkey(_context: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
     if check_port("ibv_query_pkey", port.into()).is_err() || index != 0 {
         return -1;
     }
@@ -363,8 +361,7 @@ pub unsafe extern "C" fn ibv_query_pkey(context: *mut ibv_context, port: u8, ind
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ibv_get_pkey_index(context: *mut ibv_context, port: u8, pkey: u16) -> c_int {
-    let _ = context;
+pub unsafe extern "C" fn ibv_get_pkey_index(_context: *mut ibv_context, port: u8, pkey: u16) -> c_int {
     if check_port("ibv_get_pkey_index", port.into()).is_ok() && u16::from_be(pkey) & 0x7fff == 0x7fff {
         0
     } else {

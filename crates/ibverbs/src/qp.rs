@@ -150,7 +150,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
 }
 
 /// `verbs_context::create_qp_ex`, behind the header's `ibv_create_qp_ex`.
-pub unsafe extern "C" fn create_qp_ex(context: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
+pub unsafe extern "C" fn create_qp_ex(_context: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
     const VERB: &str = "ibv_create_qp_ex";
     // SAFETY: readable attributes (caller).
     let a = unsafe { &mut *attr };
@@ -171,12 +171,10 @@ pub unsafe extern "C" fn create_qp_ex(context: *mut ibv_context, attr: *mut ibv_
             format!("send_ops_flags {:#x} are not supported", a.send_ops_flags & !qp_ex::SUPPORTED_SEND_OPS),
         );
     }
-    // SAFETY: the context is live; `ibv_qp_init_attr_ex` begins with the
-    // fields of `ibv_qp_init_attr` (checked in tests/layout.rs).
-    unsafe {
-        let _ = Context::from_ibv(context);
-        create(VERB, a.pd, attr as *mut ibv_qp_init_attr)
-    }
+    // SAFETY: `ibv_qp_init_attr_ex` begins with the fields of
+    // `ibv_qp_init_attr` (checked in tests/layout.rs); the PD belongs to
+    // `context`.
+    unsafe { create(VERB, a.pd, attr as *mut ibv_qp_init_attr) }
 }
 
 #[unsafe(no_mangle)]
@@ -191,10 +189,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let q = unsafe { Qp::from_ibv(qp) };
     let ctx = q.context();
     let qpn = q.qpn();
-    // What the QP still owes the wire (the ACK of a message the program
-    // just polled) leaves before the QP is gone.
-    ctx.nic.transmit();
-    if let Err(e) = ctx.nic.with(|d, _| d.destroy_qp(qpn)) {
+    if let Err(e) = ctx.nic.destroy_qp(qpn) {
         return refuse("ibv_destroy_qp", e.errno(), e);
     }
     ctx.objects().qps.remove(&qpn);

@@ -135,6 +135,6 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let qpn = self.qpn;
-        let _ = self.pd.ctx.nic.with(|d, _| d.destroy_qp(qpn));
+        let _ = self.pd.ctx.nic.destroy_qp(qpn);
     }
 }
