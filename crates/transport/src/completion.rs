@@ -2,6 +2,8 @@
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Completion status, with the values of `enum ibv_wc_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -112,74 +114,72 @@ enum Armed {
     SolicitedOnly,
 }
 
+/// What became of a completion handed to [`CompletionQueue::push`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Pushed {
+    /// Stored; nobody asked to be told.
+    Stored,
+    /// Stored, and the armed notification fired: tell the completion
+    /// channel.
+    Notify,
+    /// The queue was full: the completion is lost and, the first time,
+    /// the device raises `IBV_EVENT_CQ_ERR`.
+    Overflowed,
+    /// The queue overflowed before; dropped without a second event.
+    Dropped,
+}
+
 #[derive(Debug)]
-struct CompletionQueue {
+struct CqState {
     entries: VecDeque<Completion>,
     capacity: usize,
     armed: Armed,
     overflowed: bool,
-    /// QPs that post to this queue; a queue in use cannot be destroyed.
-    users: u32,
 }
 
-/// Every completion queue of a device.
-#[derive(Debug, Default)]
-pub struct CompletionQueues {
-    queues: Vec<Option<CompletionQueue>>,
-    /// Queues whose armed notification fired, for the engine to signal.
-    notifications: VecDeque<CqId>,
-    /// Queues that overflowed since the last look (`IBV_EVENT_CQ_ERR`).
-    overflows: VecDeque<CqId>,
+/// A completion queue. QPs of any shard push into it and application
+/// threads poll it at the same time, so its entries sit behind their own
+/// lock: the only lock a completion and a poll share, as the rxe driver's
+/// `cq_lock` is.
+#[derive(Debug)]
+pub struct CompletionQueue {
+    id: CqId,
+    state: Mutex<CqState>,
+    /// Which shards have QPs that post here (bit `i` for shard `i`): the
+    /// ones a thread polling this queue drives.
+    shards: AtomicU64,
 }
 
-impl CompletionQueues {
-    pub fn create(&mut self, capacity: usize) -> CqId {
-        self.queues.push(Some(CompletionQueue {
-            entries: VecDeque::with_capacity(capacity.min(4096)),
-            capacity: capacity.max(1),
-            armed: Armed::No,
-            overflowed: false,
-            users: 0,
-        }));
-        CqId(self.queues.len() as u32 - 1)
-    }
-
-    fn get_mut(&mut self, cq: CqId) -> Option<&mut CompletionQueue> {
-        self.queues.get_mut(cq.0 as usize).and_then(Option::as_mut)
-    }
-
-    pub fn exists(&self, cq: CqId) -> bool {
-        matches!(self.queues.get(cq.0 as usize), Some(Some(_)))
-    }
-
-    pub fn destroy(&mut self, cq: CqId) -> crate::Result<()> {
-        match self.queues.get_mut(cq.0 as usize) {
-            Some(slot @ Some(_)) if slot.as_ref().is_some_and(|q| q.users == 0) => {
-                *slot = None;
-                Ok(())
-            }
-            Some(Some(_)) => Err(crate::VerbsError::Busy("completion queue")),
-            _ => Err(crate::VerbsError::NotFound("completion queue")),
+impl CompletionQueue {
+    fn new(id: CqId, capacity: usize) -> CompletionQueue {
+        CompletionQueue {
+            id,
+            state: Mutex::new(CqState {
+                entries: VecDeque::with_capacity(capacity.min(4096)),
+                capacity: capacity.max(1),
+                armed: Armed::No,
+                overflowed: false,
+            }),
+            shards: AtomicU64::new(0),
         }
     }
 
-    pub(crate) fn add_user(&mut self, cq: CqId, delta: i32) {
-        if let Some(q) = self.get_mut(cq) {
-            q.users = q.users.saturating_add_signed(delta);
-        }
+    pub fn id(&self) -> CqId {
+        self.id
     }
 
-    /// Adds a completion; a full queue drops it and reports an overflow.
-    pub(crate) fn push(&mut self, cq: CqId, completion: Completion) {
-        let Some(queue) = self.queues.get_mut(cq.0 as usize).and_then(Option::as_mut) else {
-            return;
-        };
+    fn lock(&self) -> MutexGuard<'_, CqState> {
+        // The state is consistent between calls; a panic elsewhere must
+        // not wedge the queue.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a completion; a full queue drops it.
+    pub(crate) fn push(&self, completion: Completion) -> Pushed {
+        let mut queue = self.lock();
         if queue.entries.len() >= queue.capacity {
-            if !queue.overflowed {
-                queue.overflowed = true;
-                self.overflows.push_back(cq);
-            }
-            return;
+            return if std::mem::replace(&mut queue.overflowed, true) { Pushed::Dropped } else { Pushed::Overflowed };
         }
         queue.entries.push_back(completion);
         let fire = match queue.armed {
@@ -190,15 +190,15 @@ impl CompletionQueues {
         };
         if fire {
             queue.armed = Armed::No;
-            self.notifications.push_back(cq);
+            Pushed::Notify
+        } else {
+            Pushed::Stored
         }
     }
 
     /// Moves up to `max` completions into `out`; returns how many.
-    pub fn poll(&mut self, cq: CqId, max: usize, out: &mut Vec<Completion>) -> usize {
-        let Some(queue) = self.get_mut(cq) else {
-            return 0;
-        };
+    pub fn poll(&self, max: usize, out: &mut Vec<Completion>) -> usize {
+        let mut queue = self.lock();
         let n = max.min(queue.entries.len());
         out.extend(queue.entries.drain(..n));
         n
@@ -206,8 +206,8 @@ impl CompletionQueues {
 
     /// Changes how many completions the queue holds; it may not shrink
     /// below what it holds now (`ibv_resize_cq`).
-    pub fn resize(&mut self, cq: CqId, capacity: usize) -> crate::Result<()> {
-        let queue = self.get_mut(cq).ok_or(crate::VerbsError::NotFound("completion queue"))?;
+    pub fn resize(&self, capacity: usize) -> crate::Result<()> {
+        let mut queue = self.lock();
         if capacity == 0 || capacity < queue.entries.len() {
             return Err(crate::VerbsError::invalid(format!(
                 "cannot resize to {capacity} entries while {} wait to be polled",
@@ -220,24 +220,79 @@ impl CompletionQueues {
 
     /// Arms the queue to notify on its next completion (or next solicited
     /// one).
-    pub fn request_notify(&mut self, cq: CqId, solicited_only: bool) -> crate::Result<()> {
-        let queue = self.get_mut(cq).ok_or(crate::VerbsError::NotFound("completion queue"))?;
-        queue.armed = if solicited_only { Armed::SolicitedOnly } else { Armed::NextCompletion };
-        Ok(())
+    pub fn request_notify(&self, solicited_only: bool) {
+        self.lock().armed = if solicited_only { Armed::SolicitedOnly } else { Armed::NextCompletion };
     }
 
-    /// A queue whose armed notification fired.
-    pub fn poll_notification(&mut self) -> Option<CqId> {
-        self.notifications.pop_front()
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
     }
 
-    /// A queue that overflowed.
-    pub fn poll_overflow(&mut self) -> Option<CqId> {
-        self.overflows.pop_front()
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
-    pub fn len(&self, cq: CqId) -> usize {
-        self.queues.get(cq.0 as usize).and_then(Option::as_ref).map_or(0, |q| q.entries.len())
+    /// Removes the completions of QP `qpn` (a QP moved to RESET or
+    /// destroyed takes its completions with it, as hardware and rxe do).
+    pub(crate) fn discard_qp(&self, qpn: u32) {
+        self.lock().entries.retain(|c| c.qp_num != qpn);
+    }
+
+    /// The shards whose QPs post here, as a bit set.
+    pub fn shards(&self) -> u64 {
+        self.shards.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn add_shard(&self, shard: usize) {
+        self.shards.fetch_or(1 << (shard % 64), Ordering::AcqRel);
+    }
+}
+
+/// Every completion queue of a device, by handle: the registry verbs
+/// create and destroy through. Queue pairs hold their queues directly.
+#[derive(Debug, Default)]
+pub struct CompletionQueues {
+    queues: Vec<Option<Registered>>,
+}
+
+#[derive(Debug)]
+struct Registered {
+    queue: Arc<CompletionQueue>,
+    /// QPs that post to this queue; a queue in use cannot be destroyed.
+    users: u32,
+}
+
+impl CompletionQueues {
+    pub fn create(&mut self, capacity: usize) -> Arc<CompletionQueue> {
+        let id = CqId(self.queues.len() as u32);
+        let queue = Arc::new(CompletionQueue::new(id, capacity));
+        self.queues.push(Some(Registered { queue: queue.clone(), users: 0 }));
+        queue
+    }
+
+    pub fn get(&self, cq: CqId) -> Option<&Arc<CompletionQueue>> {
+        self.queues.get(cq.0 as usize).and_then(Option::as_ref).map(|r| &r.queue)
+    }
+
+    pub fn exists(&self, cq: CqId) -> bool {
+        self.get(cq).is_some()
+    }
+
+    pub fn destroy(&mut self, cq: CqId) -> crate::Result<()> {
+        match self.queues.get_mut(cq.0 as usize) {
+            Some(slot @ Some(_)) if slot.as_ref().is_some_and(|r| r.users == 0) => {
+                *slot = None;
+                Ok(())
+            }
+            Some(Some(_)) => Err(crate::VerbsError::Busy("completion queue")),
+            _ => Err(crate::VerbsError::NotFound("completion queue")),
+        }
+    }
+
+    pub(crate) fn add_user(&mut self, cq: CqId, delta: i32) {
+        if let Some(r) = self.queues.get_mut(cq.0 as usize).and_then(Option::as_mut) {
+            r.users = r.users.saturating_add_signed(delta);
+        }
     }
 }
 
@@ -253,27 +308,24 @@ mod tests {
     fn resizing_keeps_entries_and_never_drops_below_them() {
         let mut cqs = CompletionQueues::default();
         let cq = cqs.create(2);
-        cqs.push(cq, done(1));
-        cqs.push(cq, done(2));
-        assert!(cqs.resize(cq, 1).is_err(), "two entries wait");
-        cqs.resize(cq, 3).unwrap();
-        cqs.push(cq, done(3));
-        assert_eq!(cqs.poll_overflow(), None);
+        assert_eq!(cq.push(done(1)), Pushed::Stored);
+        assert_eq!(cq.push(done(2)), Pushed::Stored);
+        assert!(cq.resize(1).is_err(), "two entries wait");
+        cq.resize(3).unwrap();
+        assert_eq!(cq.push(done(3)), Pushed::Stored);
         let mut out = Vec::new();
-        assert_eq!(cqs.poll(cq, 8, &mut out), 3);
-        assert!(cqs.resize(CqId(99), 4).is_err());
+        assert_eq!(cq.poll(8, &mut out), 3);
+        assert!(cqs.get(CqId(99)).is_none());
     }
 
     #[test]
-    fn polls_in_order_and_reports_overflow() {
+    fn polls_in_order_and_reports_overflow_once() {
         let mut cqs = CompletionQueues::default();
         let cq = cqs.create(2);
-        for id in 0..3 {
-            cqs.push(cq, done(id));
-        }
-        assert_eq!(cqs.poll_overflow(), Some(cq));
+        let pushed: Vec<Pushed> = (0..4).map(|id| cq.push(done(id))).collect();
+        assert_eq!(pushed, [Pushed::Stored, Pushed::Stored, Pushed::Overflowed, Pushed::Dropped]);
         let mut out = Vec::new();
-        assert_eq!(cqs.poll(cq, 8, &mut out), 2);
+        assert_eq!(cq.poll(8, &mut out), 2);
         assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![0, 1]);
     }
 
@@ -281,17 +333,23 @@ mod tests {
     fn notification_fires_once_per_arming() {
         let mut cqs = CompletionQueues::default();
         let cq = cqs.create(8);
-        cqs.push(cq, done(0));
-        assert_eq!(cqs.poll_notification(), None);
-        cqs.request_notify(cq, false).unwrap();
-        cqs.push(cq, done(1));
-        cqs.push(cq, done(2));
-        assert_eq!(cqs.poll_notification(), Some(cq));
-        assert_eq!(cqs.poll_notification(), None);
-        cqs.request_notify(cq, true).unwrap();
-        cqs.push(cq, done(3));
-        assert_eq!(cqs.poll_notification(), None);
-        cqs.push(cq, Completion { solicited: true, ..done(4) });
-        assert_eq!(cqs.poll_notification(), Some(cq));
+        assert_eq!(cq.push(done(0)), Pushed::Stored);
+        cq.request_notify(false);
+        assert_eq!(cq.push(done(1)), Pushed::Notify);
+        assert_eq!(cq.push(done(2)), Pushed::Stored);
+        cq.request_notify(true);
+        assert_eq!(cq.push(done(3)), Pushed::Stored);
+        assert_eq!(cq.push(Completion { solicited: true, ..done(4) }), Pushed::Notify);
+    }
+
+    #[test]
+    fn a_queue_in_use_is_not_destroyed() {
+        let mut cqs = CompletionQueues::default();
+        let cq = cqs.create(1).id();
+        cqs.add_user(cq, 1);
+        assert!(matches!(cqs.destroy(cq), Err(crate::VerbsError::Busy(_))));
+        cqs.add_user(cq, -1);
+        cqs.destroy(cq).unwrap();
+        assert!(matches!(cqs.destroy(cq), Err(crate::VerbsError::NotFound(_))));
     }
 }

@@ -3,6 +3,7 @@
 //! from there in posting order, whichever QP a message arrives on.
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
@@ -24,61 +25,36 @@ pub struct SrqAttr {
 }
 
 #[derive(Debug)]
-struct Srq {
-    pd: PdId,
+struct SrqState {
     attr: SrqAttr,
     wqes: VecDeque<RecvWorkRequest>,
-    /// QPs that take receives from it.
-    users: u32,
 }
 
-/// Every SRQ of a device.
-#[derive(Debug, Default)]
-pub struct SharedReceiveQueues {
-    queues: Vec<Option<Srq>>,
+/// A shared receive queue. QPs of different shards take from it while the
+/// application posts to it, so its requests sit behind their own lock.
+#[derive(Debug)]
+pub struct SharedReceiveQueue {
+    id: SrqId,
+    pd: PdId,
+    state: Mutex<SrqState>,
 }
 
-impl SharedReceiveQueues {
-    pub fn create(&mut self, pd: PdId, attr: SrqAttr) -> Result<SrqId> {
-        if attr.max_wr == 0 {
-            return Err(VerbsError::invalid("an SRQ needs room for at least one receive (max_wr)"));
-        }
-        if attr.limit > attr.max_wr {
-            return Err(VerbsError::invalid(format!("srq_limit {} exceeds max_wr {}", attr.limit, attr.max_wr)));
-        }
-        self.queues.push(Some(Srq { pd, attr, wqes: VecDeque::new(), users: 0 }));
-        Ok(SrqId(self.queues.len() as u32 - 1))
+impl SharedReceiveQueue {
+    pub fn id(&self) -> SrqId {
+        self.id
     }
 
-    fn get(&self, id: SrqId) -> Result<&Srq> {
-        self.queues.get(id.0 as usize).and_then(Option::as_ref).ok_or(VerbsError::NotFound("shared receive queue"))
+    pub fn pd(&self) -> PdId {
+        self.pd
     }
 
-    fn get_mut(&mut self, id: SrqId) -> Result<&mut Srq> {
-        self.queues.get_mut(id.0 as usize).and_then(Option::as_mut).ok_or(VerbsError::NotFound("shared receive queue"))
-    }
-
-    pub fn destroy(&mut self, id: SrqId) -> Result<()> {
-        if self.get(id)?.users > 0 {
-            return Err(VerbsError::Busy("shared receive queue"));
-        }
-        self.queues[id.0 as usize] = None;
-        Ok(())
-    }
-
-    pub fn pd(&self, id: SrqId) -> Result<PdId> {
-        Ok(self.get(id)?.pd)
-    }
-
-    pub(crate) fn add_user(&mut self, id: SrqId, delta: i32) {
-        if let Ok(srq) = self.get_mut(id) {
-            srq.users = srq.users.saturating_add_signed(delta);
-        }
+    fn lock(&self) -> MutexGuard<'_, SrqState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Posts a receive (`ibv_post_srq_recv`).
-    pub fn post(&mut self, id: SrqId, wr: RecvWorkRequest) -> Result<()> {
-        let srq = self.get_mut(id)?;
+    pub fn post(&self, wr: RecvWorkRequest) -> Result<()> {
+        let mut srq = self.lock();
         if wr.sges.len() > srq.attr.max_sge as usize {
             return Err(VerbsError::invalid(format!(
                 "{} SGEs exceed the SRQ's max_sge {}",
@@ -87,15 +63,15 @@ impl SharedReceiveQueues {
             )));
         }
         if srq.wqes.len() >= srq.attr.max_wr as usize {
-            return Err(VerbsError::OutOfResources(format!("SRQ {} is full ({} requests)", id.0, srq.attr.max_wr)));
+            return Err(VerbsError::OutOfResources(format!("SRQ {} is full ({} requests)", self.id.0, srq.attr.max_wr)));
         }
         srq.wqes.push_back(wr);
         Ok(())
     }
 
     /// Arms the limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`).
-    pub fn set_limit(&mut self, id: SrqId, limit: u32) -> Result<()> {
-        let srq = self.get_mut(id)?;
+    pub fn set_limit(&self, limit: u32) -> Result<()> {
+        let mut srq = self.lock();
         if limit > srq.attr.max_wr {
             return Err(VerbsError::invalid(format!("srq_limit {limit} exceeds max_wr {}", srq.attr.max_wr)));
         }
@@ -104,24 +80,74 @@ impl SharedReceiveQueues {
     }
 
     /// The attributes in force and how many receives are posted.
-    pub fn query(&self, id: SrqId) -> Result<(SrqAttr, usize)> {
-        let srq = self.get(id)?;
-        Ok((srq.attr, srq.wqes.len()))
+    pub fn query(&self) -> (SrqAttr, usize) {
+        let srq = self.lock();
+        (srq.attr, srq.wqes.len())
     }
 
-    pub(crate) fn is_empty(&self, id: SrqId) -> bool {
-        self.get(id).map_or(true, |s| s.wqes.is_empty())
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lock().wqes.is_empty()
     }
 
     /// Takes the oldest receive; raises the limit event when it leaves the
     /// queue below an armed limit (which disarms it, as in verbs).
-    pub(crate) fn take(&mut self, id: SrqId, events: &mut VecDeque<AsyncEvent>) -> Option<RecvWorkRequest> {
-        let srq = self.get_mut(id).ok()?;
+    pub(crate) fn take(&self, events: &mut VecDeque<AsyncEvent>) -> Option<RecvWorkRequest> {
+        let mut srq = self.lock();
         let wr = srq.wqes.pop_front()?;
         if srq.attr.limit > 0 && (srq.wqes.len() as u32) < srq.attr.limit {
             srq.attr.limit = 0;
-            events.push_back(AsyncEvent::SrqLimitReached { srq: id });
+            events.push_back(AsyncEvent::SrqLimitReached { srq: self.id });
         }
         Some(wr)
+    }
+}
+
+#[derive(Debug)]
+struct Registered {
+    queue: Arc<SharedReceiveQueue>,
+    /// QPs that take receives from it.
+    users: u32,
+}
+
+/// Every SRQ of a device, by handle; QPs hold theirs directly.
+#[derive(Debug, Default)]
+pub struct SharedReceiveQueues {
+    queues: Vec<Option<Registered>>,
+}
+
+impl SharedReceiveQueues {
+    pub fn create(&mut self, pd: PdId, attr: SrqAttr) -> Result<Arc<SharedReceiveQueue>> {
+        if attr.max_wr == 0 {
+            return Err(VerbsError::invalid("an SRQ needs room for at least one receive (max_wr)"));
+        }
+        if attr.limit > attr.max_wr {
+            return Err(VerbsError::invalid(format!("srq_limit {} exceeds max_wr {}", attr.limit, attr.max_wr)));
+        }
+        let id = SrqId(self.queues.len() as u32);
+        let queue = Arc::new(SharedReceiveQueue { id, pd, state: Mutex::new(SrqState { attr, wqes: VecDeque::new() }) });
+        self.queues.push(Some(Registered { queue: queue.clone(), users: 0 }));
+        Ok(queue)
+    }
+
+    fn registered(&self, id: SrqId) -> Result<&Registered> {
+        self.queues.get(id.0 as usize).and_then(Option::as_ref).ok_or(VerbsError::NotFound("shared receive queue"))
+    }
+
+    pub fn get(&self, id: SrqId) -> Result<&Arc<SharedReceiveQueue>> {
+        Ok(&self.registered(id)?.queue)
+    }
+
+    pub fn destroy(&mut self, id: SrqId) -> Result<()> {
+        if self.registered(id)?.users > 0 {
+            return Err(VerbsError::Busy("shared receive queue"));
+        }
+        self.queues[id.0 as usize] = None;
+        Ok(())
+    }
+
+    pub(crate) fn add_user(&mut self, id: SrqId, delta: i32) {
+        if let Some(r) = self.queues.get_mut(id.0 as usize).and_then(Option::as_mut) {
+            r.users = r.users.saturating_add_signed(delta);
+        }
     }
 }

@@ -63,7 +63,7 @@ impl<'a> MemoryView<'a> {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Slot {
     region: Option<MemoryRegion>,
     /// Bumped on every reuse so that a stale key never names a new region.
@@ -71,7 +71,7 @@ struct Slot {
 }
 
 /// Protection domains and memory regions of one device.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct MemoryTable {
     /// Objects (regions and QPs) that use each protection domain; `None`
     /// once deallocated.

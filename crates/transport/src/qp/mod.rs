@@ -25,18 +25,19 @@ mod ud;
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 pub use attr::{MAX_RD_ATOMIC, Mtu, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, ud_steps};
 pub use pacing::Pacer;
 use softrnic_wire::packet::PacketRepr;
 
-use crate::completion::{Completion, CompletionQueues, WcOpcode, WcStatus};
+use crate::completion::{Completion, CompletionQueue, CqId, Pushed, WcOpcode, WcStatus};
 use crate::config::TransportConfig;
 use crate::counters::Counters;
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::memory::MemoryTable;
-use crate::srq::SharedReceiveQueues;
+use crate::srq::SharedReceiveQueue;
 use crate::time::Instant;
 use crate::work_request::{Payload, RecvWorkRequest, SendOp, SendWorkRequest};
 use requester::Requester;
@@ -47,9 +48,10 @@ use send_queue::SendWqe;
 pub(crate) struct Ctx<'a> {
     pub now: Instant,
     pub memory: &'a MemoryTable,
-    pub cqs: &'a mut CompletionQueues,
-    pub srqs: &'a mut SharedReceiveQueues,
+    /// Asynchronous events raised, for the device to hand on.
     pub events: &'a mut VecDeque<AsyncEvent>,
+    /// Completion queues whose armed notification fired.
+    pub fired_cqs: &'a mut VecDeque<CqId>,
     pub counters: &'a mut Counters,
     pub config: &'a TransportConfig,
 }
@@ -62,11 +64,21 @@ pub struct Transmit {
     pub len: usize,
 }
 
+/// The shared objects a queue pair posts to and takes from, resolved from
+/// the handles in its [`QpInitAttr`] when it is created.
+#[derive(Debug, Clone)]
+pub(crate) struct QpQueues {
+    pub send_cq: Arc<CompletionQueue>,
+    pub recv_cq: Arc<CompletionQueue>,
+    pub srq: Option<Arc<SharedReceiveQueue>>,
+}
+
 /// A queue pair: its state, attributes, queues and the RC roles.
 #[derive(Debug)]
 pub struct QueuePair {
     qpn: u32,
     init: QpInitAttr,
+    queues: QpQueues,
     state: QpState,
     attrs: QpAttributes,
     /// Send work requests not yet completed, oldest first.
@@ -86,10 +98,11 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
-    pub(crate) fn new(qpn: u32, init: QpInitAttr) -> QueuePair {
+    pub(crate) fn new(qpn: u32, init: QpInitAttr, queues: QpQueues) -> QueuePair {
         QueuePair {
             qpn,
             init,
+            queues,
             state: QpState::Reset,
             attrs: QpAttributes::default(),
             sq: VecDeque::new(),
@@ -140,7 +153,10 @@ impl QueuePair {
         let from = self.state;
         match to {
             QpState::Reset => {
-                // RESET discards every queued request without completions.
+                // RESET discards every queued request without completions,
+                // and the completions already queued (as mlx5 and rxe do).
+                self.queues.send_cq.discard_qp(self.qpn);
+                self.queues.recv_cq.discard_qp(self.qpn);
                 self.sq.clear();
                 self.rq.clear();
                 self.req = Requester::default();
@@ -352,7 +368,7 @@ impl QueuePair {
         }
         for recv in self.resp.abandon().into_iter().chain(self.rq.drain(..).collect::<Vec<_>>()) {
             let flushed = Completion::new(recv.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
-            ctx.cqs.push(self.init.recv_cq, flushed);
+            self.complete_recv(ctx, flushed);
         }
         // The SRQ's own requests stay for its other QPs.
         if self.init.srq.is_some() {
@@ -362,16 +378,16 @@ impl QueuePair {
 
     /// Takes the next receive work request: from the SRQ if the QP has one.
     fn take_recv(&mut self, ctx: &mut Ctx) -> Option<RecvWorkRequest> {
-        match self.init.srq {
-            Some(srq) => ctx.srqs.take(srq, ctx.events),
+        match &self.queues.srq {
+            Some(srq) => srq.take(ctx.events),
             None => self.rq.pop_front(),
         }
     }
 
     /// Is a receive work request waiting for this QP?
-    fn recv_available(&self, ctx: &Ctx) -> bool {
-        match self.init.srq {
-            Some(srq) => !ctx.srqs.is_empty(srq),
+    fn recv_available(&self) -> bool {
+        match &self.queues.srq {
+            Some(srq) => !srq.is_empty(),
             None => !self.rq.is_empty(),
         }
     }
@@ -385,11 +401,11 @@ impl QueuePair {
         if status == WcStatus::Success {
             completion.byte_len = wqe.len as u32;
         }
-        ctx.cqs.push(self.init.send_cq, completion);
+        deliver(ctx, &self.queues.send_cq, completion);
     }
 
     fn complete_recv(&self, ctx: &mut Ctx, completion: Completion) {
-        ctx.cqs.push(self.init.recv_cq, completion);
+        deliver(ctx, &self.queues.recv_cq, completion);
     }
 
     /// Number of send work requests not yet completed.
@@ -400,5 +416,15 @@ impl QueuePair {
     /// Number of receive work requests not yet consumed.
     pub fn recv_queue_len(&self) -> usize {
         self.rq.len()
+    }
+}
+
+/// Puts a completion in its queue and records what the device must say
+/// about it: a fired notification, or an overflow (`IBV_EVENT_CQ_ERR`).
+fn deliver(ctx: &mut Ctx, cq: &CompletionQueue, completion: Completion) {
+    match cq.push(completion) {
+        Pushed::Stored | Pushed::Dropped => {}
+        Pushed::Notify => ctx.fired_cqs.push_back(cq.id()),
+        Pushed::Overflowed => ctx.events.push_back(AsyncEvent::CqError { cq: cq.id() }),
     }
 }

@@ -1,0 +1,362 @@
+//! `Shard`: the queue pairs one engine core owns, with their timers and the
+//! queue of those that have something to send, the way a NIC spreads its
+//! QPs over its processing cores.
+//!
+//! A shard is single-threaded state (`&mut self`): whoever drives it holds
+//! it alone. What its QPs share with other shards (completion queues, SRQs)
+//! is reached through handles that carry their own locks; the memory table
+//! is an immutable snapshot the device replaces when it changes. So nothing
+//! on a shard's per-packet path takes a lock that every QP shares.
+//!
+//! ```text
+//!   handle_datagram(now, from, bytes) ──> ICRC, parse, QP by number ──> QP
+//!   post_send / post_recv / modify_qp ─────────────────────────────────> QP
+//!   poll_transmit(now, buf) <── round robin over QPs with output <───── QP
+//!   poll_timeout() / handle_timeout(now) ── per-QP deadlines
+//!   poll_cq_notification() / poll_async_event() <── what the QPs raised
+//! ```
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use softrnic_wire::icrc::UdpFlow;
+use softrnic_wire::packet::PacketRepr;
+use softrnic_wire::{Opcode, ROCEV2_UDP_PORT};
+
+use crate::completion::CqId;
+use crate::config::TransportConfig;
+use crate::counters::Counters;
+use crate::error::{Result, VerbsError};
+use crate::event::AsyncEvent;
+use crate::memory::MemoryTable;
+use crate::qp::{Ctx, QpAttr, QueuePair, Transmit};
+use crate::time::Instant;
+use crate::work_request::{RecvWorkRequest, SendWorkRequest};
+
+/// Bytes a datagram buffer passed to [`Shard::poll_transmit`] must hold:
+/// a 4096-byte payload and the largest set of headers, pad and ICRC.
+pub const MAX_DATAGRAM_LEN: usize = 4096 + 64;
+
+/// The shard that owns queue pair `qpn` among `shards`: the one fact the
+/// QPN allocator, the kernel's steering program and the engine's fallback
+/// router share. It must stay a remainder: classic BPF computes it from
+/// the BTH with one `AND` and one `MOD`.
+pub fn shard_of(qpn: u32, shards: usize) -> usize {
+    (qpn % shards.max(1) as u32) as usize
+}
+
+/// The destination QP of a RoCEv2 datagram, read from its BTH without
+/// parsing the rest, for routing it to its shard.
+pub fn dest_qpn(datagram: &[u8]) -> Option<u32> {
+    softrnic_wire::bth::Header::new_checked(datagram).ok().map(|bth| bth.dest_qpn())
+}
+
+#[derive(Debug)]
+struct QpSlot {
+    qp: QueuePair,
+    /// In the ready queue already.
+    ready: bool,
+    /// The earliest deadline the timer heap holds for this QP. The QP's own
+    /// deadline may since have moved later (every ACK moves the
+    /// retransmission timer); `poll_timeout` then moves the entry, so an
+    /// ACK costs no heap push.
+    scheduled: Option<Instant>,
+}
+
+/// The queue pairs of one engine core.
+#[derive(Debug)]
+pub struct Shard {
+    index: usize,
+    config: TransportConfig,
+    memory: Arc<MemoryTable>,
+    qps: FxHashMap<u32, QpSlot>,
+    /// QPs that may have something to send, served round robin.
+    ready: VecDeque<u32>,
+    /// Timer deadlines; an entry whose QP has since rescheduled is stale.
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    counters: Counters,
+    /// Asynchronous events not yet taken by `poll_async_event`.
+    events: VecDeque<AsyncEvent>,
+    /// Completion queues whose notification fired, not yet taken.
+    fired_cqs: VecDeque<CqId>,
+}
+
+macro_rules! ctx {
+    ($self:ident, $now:expr) => {
+        Ctx {
+            now: $now,
+            memory: &$self.memory,
+            events: &mut $self.events,
+            fired_cqs: &mut $self.fired_cqs,
+            counters: &mut $self.counters,
+            config: &$self.config,
+        }
+    };
+}
+
+impl Shard {
+    /// Shard `index` of a device, seeing `memory`.
+    pub fn new(index: usize, config: TransportConfig, memory: Arc<MemoryTable>) -> Shard {
+        Shard {
+            index,
+            config,
+            memory,
+            qps: FxHashMap::default(),
+            ready: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            counters: Counters::default(),
+            events: VecDeque::new(),
+            fired_cqs: VecDeque::new(),
+        }
+    }
+
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Replaces the memory table this shard checks accesses against. Once
+    /// it returns, the shard no longer sees the old one: a region
+    /// deregistered there is beyond reach.
+    pub fn set_memory(&mut self, memory: Arc<MemoryTable>) {
+        self.memory = memory;
+    }
+
+    // ----- queue pairs -----
+
+    /// Takes ownership of a QP the device created for this shard.
+    pub fn insert_qp(&mut self, qp: QueuePair) {
+        let qpn = qp.qpn();
+        self.qps.insert(qpn, QpSlot { qp, ready: false, scheduled: None });
+    }
+
+    /// Gives a QP back to the device to destroy; its outstanding work
+    /// requests vanish without completions.
+    pub fn remove_qp(&mut self, qpn: u32) -> Result<QueuePair> {
+        self.qps.remove(&qpn).map(|slot| slot.qp).ok_or(VerbsError::NotFound("queue pair"))
+    }
+
+    pub fn qp(&self, qpn: u32) -> Option<&QueuePair> {
+        self.qps.get(&qpn).map(|s| &s.qp)
+    }
+
+    pub fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
+    pub fn modify_qp(&mut self, now: Instant, qpn: u32, attr: &QpAttr) -> Result<()> {
+        self.with_qp(now, qpn, |qp, ctx| qp.modify(ctx, attr))
+    }
+
+    /// Limits the rate of a QP's requests (bits per second), or lifts the
+    /// limit: the hook congestion control drives.
+    pub fn set_qp_rate_limit(&mut self, now: Instant, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {
+        if bits_per_second == Some(0) {
+            return Err(VerbsError::invalid("a rate limit of 0 would stop the QP; give None to lift the limit"));
+        }
+        self.with_qp(now, qpn, |qp, _| {
+            qp.set_rate_limit(bits_per_second);
+            Ok(())
+        })
+    }
+
+    pub fn post_send(&mut self, now: Instant, qpn: u32, wr: SendWorkRequest) -> Result<()> {
+        self.with_qp(now, qpn, |qp, ctx| qp.post_send(ctx, wr))
+    }
+
+    pub fn post_recv(&mut self, now: Instant, qpn: u32, wr: RecvWorkRequest) -> Result<()> {
+        self.with_qp(now, qpn, |qp, ctx| qp.post_recv(ctx, wr))
+    }
+
+    /// Runs `f` on a QP, then brings its place in the ready queue and the
+    /// timer heap up to date.
+    fn with_qp(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        f: impl FnOnce(&mut QueuePair, &mut Ctx) -> Result<()>,
+    ) -> Result<()> {
+        let slot = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        let mut ctx = ctx!(self, now);
+        let out = f(&mut slot.qp, &mut ctx);
+        self.reschedule(qpn);
+        out
+    }
+
+    /// After an event on a QP: queue it for transmission if it may have
+    /// something to send, and make sure the timer heap wakes it in time.
+    fn reschedule(&mut self, qpn: u32) {
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if !slot.ready && slot.qp.wants_to_transmit() {
+            slot.ready = true;
+            self.ready.push_back(qpn);
+        }
+        self.reschedule_timer(qpn);
+    }
+
+    fn reschedule_timer(&mut self, qpn: u32) {
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let Some(at) = slot.qp.poll_timeout() else {
+            return;
+        };
+        if slot.scheduled.is_none_or(|scheduled| at < scheduled) {
+            slot.scheduled = Some(at);
+            self.timers.push(Reverse((at, qpn)));
+        }
+    }
+
+    // ----- the wire -----
+
+    /// Consumes a datagram that arrived on UDP port 4791 from `from`.
+    pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) {
+        self.counters.rx_packets += 1;
+        self.counters.rx_bytes += datagram.len() as u64;
+        let flow =
+            UdpFlow { src: from.ip(), dst: self.config.local_addr, src_port: from.port(), dst_port: ROCEV2_UDP_PORT };
+        if flow.verify(datagram).is_err() {
+            self.counters.rx_icrc_errors += 1;
+            return;
+        }
+        let Ok(packet) = PacketRepr::parse(datagram) else {
+            self.counters.rx_malformed += 1;
+            return;
+        };
+        if packet.headers.bth.opcode == Opcode::Cnp {
+            self.counters.rx_cnps += 1;
+            return;
+        }
+        let qpn = packet.headers.bth.dest_qpn;
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            self.counters.rx_unknown_qp += 1;
+            return;
+        };
+        let mut ctx = ctx!(self, now);
+        slot.qp.handle_packet(&mut ctx, from.ip(), &packet);
+        self.reschedule(qpn);
+    }
+
+    /// Writes the next datagram to send into `buf` (at least
+    /// [`MAX_DATAGRAM_LEN`] bytes), ICRC included.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        assert!(buf.len() >= MAX_DATAGRAM_LEN, "datagram buffer too small");
+        while let Some(qpn) = self.ready.pop_front() {
+            let Some(slot) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            slot.ready = false;
+            let mut ctx = ctx!(self, now);
+            let transmit = slot.qp.poll_transmit(&mut ctx, buf);
+            let Some(t) = transmit else {
+                // Nothing to send after all (its window, a fence or the
+                // READ limit holds it back): it leaves the ready queue
+                // until a packet, a timer or a post gives it a reason to
+                // come back.
+                self.reschedule_timer(qpn);
+                continue;
+            };
+            self.reschedule(qpn);
+            let flow =
+                UdpFlow { src: self.config.local_addr, dst: t.dst, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT };
+            if flow.seal(&mut buf[..t.len]).is_err() {
+                // Address families differ: nothing can carry it.
+                self.counters.rx_dropped_foreign += 1;
+                continue;
+            }
+            self.counters.tx_packets += 1;
+            self.counters.tx_bytes += t.len as u64;
+            return Some(t);
+        }
+        None
+    }
+
+    /// Whether any QP may have something to send.
+    pub fn wants_to_transmit(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// When [`Shard::handle_timeout`] should next run: the earliest
+    /// deadline of any QP. Heap entries that deadlines have since left
+    /// behind are put right here, where it costs one push per sleep rather
+    /// than one per ACK.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((at, qpn))) = self.timers.peek() {
+            let Some(slot) = self.qps.get_mut(&qpn).filter(|slot| slot.scheduled == Some(at)) else {
+                // The QP is gone, or an earlier entry superseded this one.
+                self.timers.pop();
+                continue;
+            };
+            match slot.qp.poll_timeout() {
+                Some(due) if due <= at => return Some(due),
+                moved => {
+                    self.timers.pop();
+                    slot.scheduled = moved;
+                    if let Some(due) = moved {
+                        self.timers.push(Reverse((due, qpn)));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Runs every QP timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(at) = self.poll_timeout() {
+            if at > now {
+                break;
+            }
+            let Reverse((_, qpn)) = self.timers.pop().expect("peeked");
+            let Some(slot) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            slot.scheduled = None;
+            let mut ctx = ctx!(self, now);
+            slot.qp.handle_timeout(&mut ctx);
+            self.reschedule(qpn);
+        }
+    }
+
+    // ----- what the QPs raised -----
+
+    /// A completion queue whose requested notification has fired.
+    pub fn poll_cq_notification(&mut self) -> Option<CqId> {
+        self.fired_cqs.pop_front()
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`).
+    pub fn poll_async_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_of_is_the_remainder_the_steering_program_computes() {
+        assert_eq!(shard_of(0x11, 1), 0);
+        assert_eq!(shard_of(0x11, 4), 1);
+        assert_eq!(shard_of(0x12, 4), 2);
+        assert_eq!(shard_of(0xff_ffff, 8), 7);
+        assert_eq!(shard_of(5, 0), 0, "no shards counts as one");
+    }
+
+    #[test]
+    fn dest_qpn_reads_the_bth() {
+        let mut bth = [0u8; 12];
+        bth[5..8].copy_from_slice(&[0x12, 0x34, 0x56]);
+        assert_eq!(dest_qpn(&bth), Some(0x12_3456));
+        assert_eq!(dest_qpn(&bth[..7]), None, "too short for a BTH");
+    }
+}
