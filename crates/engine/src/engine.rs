@@ -1,41 +1,48 @@
-//! `Nic`: a software RNIC at run time. It owns a transport
-//! [`Device`](softrnic_transport::Device) behind a lock, the UDP socket, and
-//! the engine threads that move packets between them.
+//! `Nic`: a software RNIC at run time, sharded like a NIC's cores.
 //!
-//! Progress comes from two places:
+//! ```text
+//!   verbs on device-wide objects ──> Control (one lock; never on the data path)
+//!                                      │ memory snapshots, QPs
+//!                                      v
+//!   post / poll ──────────────> shard 0 │ shard 1 │ ...   (one lock each)
+//!                                 │           │
+//!   kernel: SO_REUSEPORT group, cBPF on the BTH's destination QP
+//!                                 │           │
+//!                              socket 0    socket 1    (UDP 4791 of the device's address)
+//! ```
 //!
-//! - **the application's own thread.** Posting rings the doorbell: the
-//!   caller's thread sends what the post produced at once. Polling a CQ
-//!   first receives and handles whatever has arrived. A thread that spins on
-//!   its CQ therefore never pays for waking another one (about 23 µs on a
-//!   VM, against about 3 µs for a spin).
-//! - **engine threads**, so that a responder progresses when its application
-//!   calls nothing (one-sided operations), and timers fire. An engine thread
-//!   spins while there is work, backs off to `poll(2)` on the socket and a
-//!   wake-up eventfd when idle, and steps aside while the application is
-//!   driving progress itself.
-//!
-//! How many engine threads there are, and whether each does both directions
-//! or only receives or only sends, is [`EngineConfig`].
+//! Each shard owns a set of QPs (QP `n` lives on shard `n % shards`), their
+//! timers and a socket; the kernel steers every datagram to the socket of
+//! the shard that owns its destination QP. A shard is driven by its engine
+//! thread or by an application thread that posts or polls, one at a time
+//! under the shard's own lock: no lock is shared by all QPs on the data
+//! path, and each QP's packets stay in order by construction. Completion
+//! queues and SRQs may be shared by QPs of several shards; each has its own
+//! lock. How progress is made is [`progress`](crate::progress).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, RawFd};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use softrnic_transport::{AsyncEvent, CqId, Device, Instant, MAX_DATAGRAM_LEN, TransportConfig};
-use softrnic_wire::ROCEV2_UDP_PORT;
+use softrnic_transport::memory::MemoryRegion;
+use softrnic_transport::qp::QpAttributes;
+use softrnic_transport::{
+    Access, AsyncEvent, Completion, CompletionQueue, Control, CqId, DmaBuffer, Instant, MrKeys, PdId, QpAttr,
+    QpInitAttr, QpState, RecvWorkRequest, Result, SendWorkRequest, Shard, SharedReceiveQueue, SrqAttr, SrqId,
+    TransportConfig, shard_of,
+};
 
 use crate::event_queue::EventQueue;
-use crate::eventfd::{EventFd, wait_readable};
-use crate::faults::{FaultConfig, FaultInjector, FaultStats};
-use crate::socket::{BATCH, BindError, RecvBatch, RoceSocket};
+use crate::faults::{FaultConfig, FaultStats};
+use crate::progress::{self, Pass};
+use crate::shard::{EngineShard, PassContext, ShardState};
+use crate::socket::{BindError, RoceSocket};
+use crate::trace::Tracer;
 
-/// What an engine thread does.
+/// What an engine thread does for its shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// Receives, runs timers and sends.
@@ -51,11 +58,14 @@ pub enum Role {
 pub struct EngineConfig {
     /// The device's address: its GID, and where it listens on UDP 4791.
     pub addr: IpAddr,
-    /// The engine threads and what each does; empty means that only the
-    /// application's threads make progress.
-    pub threads: Vec<Role>,
+    /// Engine threads, one per shard; 0 gives one shard that only the
+    /// application's threads drive.
+    pub engine_threads: usize,
+    /// Give each shard a receiving and a sending thread (the SwRDMA
+    /// design) instead of one that does both.
+    pub split_rx_tx: bool,
     pub faults: FaultConfig,
-    /// Seed of the fault injector, for repeatable runs.
+    /// Seed of the fault injectors, for repeatable runs.
     pub fault_seed: u64,
     pub transport: TransportConfig,
     /// How long an idle engine thread spins before it blocks.
@@ -63,11 +73,12 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    /// One engine thread doing both directions, no faults.
+    /// One shard with one engine thread, no faults.
     pub fn new(addr: IpAddr) -> EngineConfig {
         EngineConfig {
             addr,
-            threads: vec![Role::Both],
+            engine_threads: 1,
+            split_rx_tx: false,
             faults: FaultConfig::default(),
             fault_seed: 1,
             transport: TransportConfig::default(),
@@ -75,27 +86,59 @@ impl EngineConfig {
         }
     }
 
-    /// `n` engine threads: with `split`, half receive and half send.
+    /// `n` shards, each with an engine thread (with `split`, two: one
+    /// receiving, one sending).
     pub fn with_threads(mut self, n: usize, split: bool) -> EngineConfig {
-        self.threads = if split && n >= 2 {
-            (0..n).map(|i| if i % 2 == 0 { Role::Rx } else { Role::Tx }).collect()
-        } else {
-            vec![Role::Both; n]
-        };
+        self.engine_threads = n;
+        self.split_rx_tx = split;
         self
     }
+
+    /// [`EngineConfig::new`] with the engine threads `SOFTRNIC_ENGINE_THREADS`
+    /// asks for, if set.
+    pub fn from_env(addr: IpAddr) -> std::result::Result<EngineConfig, String> {
+        let config = EngineConfig::new(addr);
+        match std::env::var("SOFTRNIC_ENGINE_THREADS") {
+            Err(_) => Ok(config),
+            Ok(text) => match text.parse::<usize>() {
+                Ok(n) if n <= MAX_SHARDS => Ok(config.with_threads(n, false)),
+                _ => Err(format!(
+                    "SOFTRNIC_ENGINE_THREADS={text}: give a number of engine threads from 0 to {MAX_SHARDS}"
+                )),
+            },
+        }
+    }
+
+    fn shards(&self) -> usize {
+        self.engine_threads.max(1)
+    }
+
+    fn roles(&self) -> Vec<(usize, Role)> {
+        (0..self.engine_threads)
+            .flat_map(|shard| {
+                let roles: &[Role] = if self.split_rx_tx { &[Role::Rx, Role::Tx] } else { &[Role::Both] };
+                roles.iter().map(move |&role| (shard, role))
+            })
+            .collect()
+    }
 }
+
+/// The most shards a device may have: a completion queue records the
+/// shards that feed it in a 64-bit set.
+pub const MAX_SHARDS: usize = 64;
 
 /// Why a NIC could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error(transparent)]
     Bind(#[from] BindError),
+    #[error("{0}")]
+    Config(String),
     #[error("cannot start the engine: {0}")]
     Io(#[from] std::io::Error),
 }
 
-/// What a NIC counted, for `devinfo`.
+/// What a NIC counted, for `devinfo` and for tests.
 #[derive(Debug, Clone, Default)]
 pub struct NicCounters {
     pub transport: softrnic_transport::Counters,
@@ -103,187 +146,164 @@ pub struct NicCounters {
     pub injected_rx: FaultStats,
     /// Datagrams the kernel would not take (send buffer full).
     pub tx_dropped_by_kernel: u64,
+    /// Datagrams a shard received for another shard's QP and handed on.
+    pub rx_missteered: u64,
 }
 
-struct Faults {
-    tx: FaultInjector,
-    rx: FaultInjector,
-}
-
-struct Shared {
-    device: Mutex<Device>,
-    /// Held from building a batch until it is sent, so that batches of two
-    /// threads never overtake each other on the wire.
-    transmit_order: Mutex<()>,
-    socket: RoceSocket,
+/// The state every thread of a NIC shares.
+pub(crate) struct Core {
+    control: Mutex<Control>,
+    pub(crate) shards: Box<[EngineShard]>,
+    /// Where the next QP goes (round robin over shards).
+    next_shard: AtomicUsize,
     epoch: std::time::Instant,
-    faults: Option<Mutex<Faults>>,
-    waker: EventFd,
-    sleepers: AtomicUsize,
     stop: AtomicBool,
-    /// Until when (ns since `epoch`) the application drives progress.
-    app_active_until: AtomicU64,
     /// The completion channel each CQ notifies, if any.
     channels: Mutex<HashMap<CqId, Arc<EventQueue<CqId>>>>,
     /// Asynchronous events the device raised, for `ibv_get_async_event`.
     async_events: Arc<EventQueue<AsyncEvent>>,
     tx_dropped_by_kernel: AtomicU64,
-    /// Print every datagram (`SOFTRNIC_TRACE=1`).
-    trace: bool,
+    pub(crate) missteered: AtomicU64,
+    /// Prints every datagram (`SOFTRNIC_TRACE=1`).
+    tracer: Option<Tracer>,
     /// When the counters were last published (ns since `epoch`).
     published_at: AtomicU64,
-    /// When an idle poll last ran the transmit pass (ns since `epoch`).
-    idle_transmit_at: AtomicU64,
 }
 
 /// A running software RNIC.
 pub struct Nic {
-    shared: Arc<Shared>,
+    core: Arc<Core>,
     threads: Vec<JoinHandle<()>>,
 }
 
-/// Buffers an engine or application thread reuses for every batch.
-struct Scratch {
-    rx: RecvBatch,
-    tx: Vec<Box<[u8]>>,
-    tx_meta: Vec<(SocketAddr, usize)>,
-    faulty: Vec<(SocketAddr, Vec<u8>)>,
-}
-
-thread_local! {
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
-        rx: RecvBatch::default(),
-        tx: (0..BATCH).map(|_| vec![0u8; MAX_DATAGRAM_LEN].into_boxed_slice()).collect(),
-        tx_meta: Vec::with_capacity(BATCH),
-        faulty: Vec::new(),
-    });
-}
-
-/// How long an application counts as driving progress after it polled.
-const APP_ACTIVE: Duration = Duration::from_millis(2);
 /// Asynchronous events kept for a program that does not read them.
 const MAX_QUEUED_ASYNC_EVENTS: usize = 4096;
-/// How often a poll that finds nothing runs the transmit pass.
-const IDLE_TRANSMIT_NS: u64 = 5_000;
-/// The longest an idle engine thread sleeps without looking around.
-const MAX_SLEEP_MS: i32 = 20;
 
 impl Nic {
-    /// Binds the device's socket and starts its engine threads.
-    pub fn open(config: EngineConfig) -> Result<Nic, OpenError> {
-        let socket = RoceSocket::bind(config.addr)?;
+    /// Binds the device's sockets and starts its engine threads.
+    pub fn open(config: EngineConfig) -> std::result::Result<Nic, OpenError> {
+        let shards = config.shards();
+        if shards > MAX_SHARDS {
+            return Err(OpenError::Config(format!(
+                "{} engine threads asked for; a device has at most {MAX_SHARDS}",
+                config.engine_threads
+            )));
+        }
+        let sockets = RoceSocket::bind_group(config.addr, shards)?;
         let transport = TransportConfig { local_addr: config.addr, ..config.transport.clone() };
-        let faults = (!config.faults.is_none()).then(|| {
-            Mutex::new(Faults {
-                tx: FaultInjector::new(config.faults, config.fault_seed),
-                rx: FaultInjector::new(config.faults, config.fault_seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        let control = Control::new(transport.clone(), shards);
+        let shards = sockets
+            .into_iter()
+            .enumerate()
+            .map(|(i, socket)| {
+                let shard = Shard::new(i, transport.clone(), control.memory().clone());
+                EngineShard::new(i, shard, socket, config.faults, config.fault_seed)
             })
-        });
-        let shared = Arc::new(Shared {
-            device: Mutex::new(Device::new(transport)),
-            transmit_order: Mutex::new(()),
-            socket,
-            epoch: std::time::Instant::now(),
-            faults,
-            waker: EventFd::new()?,
-            sleepers: AtomicUsize::new(0),
+            .collect::<std::io::Result<Box<[_]>>>()?;
+        let epoch = std::time::Instant::now();
+        let core = Arc::new(Core {
+            control: Mutex::new(control),
+            shards,
+            next_shard: AtomicUsize::new(0),
+            epoch,
             stop: AtomicBool::new(false),
-            app_active_until: AtomicU64::new(0),
             channels: Mutex::new(HashMap::new()),
             async_events: Arc::new(EventQueue::new()?),
             tx_dropped_by_kernel: AtomicU64::new(0),
-            trace: std::env::var_os("SOFTRNIC_TRACE").is_some(),
+            missteered: AtomicU64::new(0),
+            tracer: std::env::var_os("SOFTRNIC_TRACE").map(|_| Tracer { local: config.addr, epoch }),
             published_at: AtomicU64::new(0),
-            idle_transmit_at: AtomicU64::new(0),
         });
-        let threads = config
-            .threads
-            .iter()
-            .enumerate()
-            .map(|(i, &role)| {
-                let shared = shared.clone();
-                let spin = config.spin;
-                std::thread::Builder::new()
-                    .name(format!("softrnic-{role:?}-{i}").to_lowercase())
-                    .spawn(move || shared.run(role, spin))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Nic { shared, threads })
+        let mut nic = Nic { core, threads: Vec::new() };
+        for (shard, role) in config.roles() {
+            let core = nic.core.clone();
+            let spin = config.spin;
+            let thread = std::thread::Builder::new()
+                .name(format!("softrnic-{shard}-{role:?}").to_lowercase())
+                .spawn(move || progress::run(&core, shard, role, spin))?;
+            nic.threads.push(thread);
+        }
+        Ok(nic)
     }
 
     pub fn addr(&self) -> IpAddr {
-        self.shared.socket.local_addr().ip()
+        self.core.shards[0].socket().local_addr().ip()
     }
 
     /// The transport's clock: time since the NIC opened.
     pub fn now(&self) -> Instant {
-        self.shared.now()
+        self.core.now()
     }
 
-    /// Runs `f` on the device (verbs that produce no packets: queries,
-    /// registration, polling).
-    pub fn with<T>(&self, f: impl FnOnce(&mut Device, Instant) -> T) -> T {
-        let mut device = self.shared.lock();
-        f(&mut device, self.shared.now())
+    pub fn shards(&self) -> usize {
+        self.core.shards.len()
     }
 
-    /// Runs `f` on the device and rings the doorbell: whatever it made the
-    /// device want to send leaves from the caller's thread right away.
-    pub fn with_doorbell<T>(&self, f: impl FnOnce(&mut Device, Instant) -> T) -> T {
-        let out = self.with(f);
-        self.shared.transmit();
-        self.shared.wake();
-        out
+    pub fn engine_threads(&self) -> usize {
+        self.threads.len()
     }
 
-    /// One round of progress from the caller's thread: receive and handle
-    /// what has arrived, run timers, send. Returns whether anything moved.
-    pub fn progress(&self) -> bool {
-        let received = self.receive();
-        let sent = self.transmit();
-        received + sent > 0
+    /// Whether the sockets use UDP segmentation offloads (GSO, GRO).
+    pub fn offloads(&self) -> (bool, bool) {
+        self.core.shards[0].socket().offloads()
     }
 
-    /// Receives and handles what has arrived, from the caller's thread;
-    /// returns how many datagrams. Answers it produced (ACKs) wait for
-    /// [`Nic::transmit`] or the next doorbell, so that an application that
-    /// replies at once sends both in one system call.
-    pub fn receive(&self) -> usize {
-        let until = self.shared.now().as_nanos() + APP_ACTIVE.as_nanos() as u64;
-        self.shared.app_active_until.store(until, Ordering::Relaxed);
-        self.shared.receive()
+    // ----- protection domains and memory -----
+
+    pub fn alloc_pd(&self) -> PdId {
+        self.core.control(|c| c.alloc_pd())
     }
 
-    /// Destroys a QP after sending what it still owes the wire (the ACK of
-    /// a message the application just polled), so its peer never retries
-    /// into a QP that is gone.
-    pub fn destroy_qp(&self, qpn: u32) -> softrnic_transport::Result<()> {
-        self.shared.transmit();
-        self.with(|d, _| d.destroy_qp(qpn))
+    pub fn dealloc_pd(&self, pd: PdId) -> Result<()> {
+        self.core.control(|c| c.dealloc_pd(pd))
     }
 
-    /// Runs due timers and sends what is pending, from the caller's thread.
-    pub fn transmit(&self) -> usize {
-        self.shared.transmit()
+    /// Registers `len` bytes of `buffer` from `offset`, addressed from `iova`.
+    pub fn register_memory(
+        &self,
+        pd: PdId,
+        buffer: Arc<DmaBuffer>,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys> {
+        self.core.control(|c| c.register_memory(pd, buffer, offset, len, iova, access))
     }
 
-    /// [`Nic::transmit`] for a poll that found nothing: at most every few
-    /// microseconds, so a spinning poll loop spends its time watching the
-    /// socket. Timers and deferred ACKs lose no more than that.
-    pub fn transmit_when_idle(&self) -> usize {
-        let now = self.shared.now().as_nanos();
-        let last = self.shared.idle_transmit_at.load(Ordering::Relaxed);
-        if now.saturating_sub(last) < IDLE_TRANSMIT_NS {
-            return 0;
-        }
-        self.shared.idle_transmit_at.store(now, Ordering::Relaxed);
-        self.shared.transmit()
+    /// Deregisters a region. When it returns, no shard can reach the
+    /// region's memory any more: the program may free it.
+    pub fn deregister_memory(&self, lkey: u32) -> Result<()> {
+        self.core.control(|c| c.deregister_memory(lkey))
+    }
+
+    /// The region `key` names, if any.
+    pub fn memory_region(&self, key: u32) -> Option<MemoryRegion> {
+        self.core.control(|c| c.memory().lookup(key).cloned())
+    }
+
+    // ----- completion queues and SRQs -----
+
+    pub fn create_cq(&self, capacity: usize) -> Arc<CompletionQueue> {
+        self.core.control(|c| c.create_cq(capacity))
+    }
+
+    pub fn destroy_cq(&self, cq: CqId) -> Result<()> {
+        self.core.control(|c| c.destroy_cq(cq))?;
+        self.set_channel(cq, None);
+        Ok(())
+    }
+
+    /// `ibv_poll_cq`: moves up to `max` completions into `out`. With none
+    /// ready, the calling thread drives the shards that feed the queue.
+    pub fn poll_cq(&self, cq: &CompletionQueue, max: usize, out: &mut Vec<Completion>) -> usize {
+        self.core.poll_cq(cq, max, out)
     }
 
     /// The completion channel of `cq`, made on first use: it receives `cq`
-    /// each time a notification requested with `request_notify_cq` fires.
+    /// each time a notification requested with `request_notify` fires.
     pub fn channel(&self, cq: CqId) -> std::io::Result<Arc<EventQueue<CqId>>> {
-        let mut channels = self.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let mut channels = self.core.channels.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(channel) = channels.get(&cq) {
             return Ok(channel.clone());
         }
@@ -295,56 +315,136 @@ impl Nic {
     /// Makes `cq`'s notifications go to `channel`, which several CQs may
     /// share (`ibv_create_cq` with a `ibv_comp_channel`); `None` detaches.
     pub fn set_channel(&self, cq: CqId, channel: Option<Arc<EventQueue<CqId>>>) {
-        let mut channels = self.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let mut channels = self.core.channels.lock().unwrap_or_else(|e| e.into_inner());
         match channel {
             Some(channel) => channels.insert(cq, channel),
             None => channels.remove(&cq),
         };
     }
 
+    pub fn create_srq(&self, pd: PdId, attr: SrqAttr) -> Result<Arc<SharedReceiveQueue>> {
+        self.core.control(|c| c.create_srq(pd, attr))
+    }
+
+    pub fn destroy_srq(&self, srq: SrqId) -> Result<()> {
+        self.core.control(|c| c.destroy_srq(srq))
+    }
+
+    // ----- queue pairs -----
+
+    /// Creates a QP on the next shard, round robin.
+    pub fn create_qp(&self, init: QpInitAttr) -> Result<u32> {
+        let shard = self.core.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards();
+        self.core
+            .control(|c| {
+                let qp = c.create_qp(init, shard)?;
+                let qpn = qp.qpn();
+                Ok((qpn, qp))
+            })
+            .map(|(qpn, qp)| {
+                self.core.shards[shard].lock().transport.insert_qp(qp);
+                qpn
+            })
+    }
+
+    /// Destroys a QP after sending what it still owes the wire (the ACK of
+    /// a message the application just polled), so its peer never retries
+    /// into a QP that is gone. Its outstanding requests vanish.
+    pub fn destroy_qp(&self, qpn: u32) -> Result<()> {
+        let shard = self.core.shard(qpn);
+        let guard = shard.lock();
+        self.core.drive(shard, guard, Pass::TRANSMIT);
+        let qp = shard.lock().transport.remove_qp(qpn)?;
+        self.core.control(|c| c.destroy_qp(qp))
+    }
+
+    /// The QP's state and attributes (`ibv_query_qp`).
+    pub fn query_qp(&self, qpn: u32) -> Option<(QpState, QpAttributes)> {
+        let guard = self.core.shard(qpn).lock();
+        guard.transport.qp(qpn).map(|qp| (qp.state(), *qp.attributes()))
+    }
+
+    /// `ibv_modify_qp`; returns the state the QP is in afterwards.
+    pub fn modify_qp(&self, qpn: u32, attr: &QpAttr) -> Result<QpState> {
+        self.with_qp(qpn, |shard, now| {
+            shard.modify_qp(now, qpn, attr)?;
+            Ok(shard.qp(qpn).map_or(QpState::Error, |qp| qp.state()))
+        })
+    }
+
+    /// Limits the rate of a QP's requests (bits per second), or lifts it.
+    pub fn set_qp_rate_limit(&self, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {
+        self.with_qp(qpn, |shard, now| shard.set_qp_rate_limit(now, qpn, bits_per_second))
+    }
+
+    /// Posts one send request and rings the doorbell.
+    pub fn post_send(&self, qpn: u32, wr: SendWorkRequest) -> Result<()> {
+        self.send_queue(qpn).post(wr)
+    }
+
+    /// The send queue of `qpn`, for posting a chain of requests under one
+    /// lock; dropping it rings the doorbell once for them all.
+    pub fn send_queue(&self, qpn: u32) -> SendQueue<'_> {
+        let shard = self.core.shard(qpn);
+        SendQueue { core: &self.core, shard, guard: Some(shard.lock()), qpn }
+    }
+
+    /// Posts a receive request. It sends nothing, so it rings no doorbell:
+    /// an ACK the last poll owes waits for the next send and leaves in the
+    /// same system call (a ping-pong posts its receive, then its send).
+    pub fn post_recv(&self, qpn: u32, wr: RecvWorkRequest) -> Result<()> {
+        let now = self.now();
+        self.core.shard(qpn).lock().transport.post_recv(now, qpn, wr)
+    }
+
+    /// Runs `f` on the shard that owns `qpn`, then rings the doorbell.
+    fn with_qp<T>(&self, qpn: u32, f: impl FnOnce(&mut Shard, Instant) -> Result<T>) -> Result<T> {
+        let shard = self.core.shard(qpn);
+        let mut guard = shard.lock();
+        let out = f(&mut guard.transport, self.now());
+        self.core.ring_doorbell(shard, guard);
+        out
+    }
+
+    // ----- progress, events, counters -----
+
+    /// One round of progress on every shard from the caller's thread:
+    /// receive, run timers, send. Returns whether anything moved.
+    pub fn progress(&self) -> bool {
+        self.core.progress_all() > 0
+    }
+
     /// The device's asynchronous events, in the order they happened.
     pub fn async_events(&self) -> &Arc<EventQueue<AsyncEvent>> {
-        &self.shared.async_events
+        &self.core.async_events
     }
 
     pub fn counters(&self) -> NicCounters {
-        self.shared.counters()
-    }
-
-    pub fn engine_threads(&self) -> usize {
-        self.threads.len()
+        self.core.counters()
     }
 }
 
-impl Shared {
-    fn counters(&self) -> NicCounters {
-        let transport = self.lock().counters().clone();
-        let (injected_tx, injected_rx) = match &self.faults {
-            Some(f) => {
-                let f = f.lock().unwrap_or_else(|e| e.into_inner());
-                (f.tx.stats, f.rx.stats)
-            }
-            None => Default::default(),
-        };
-        NicCounters {
-            transport,
-            injected_tx,
-            injected_rx,
-            tx_dropped_by_kernel: self.tx_dropped_by_kernel.load(Ordering::Relaxed),
-        }
-    }
+/// A QP's send queue, locked for posting; dropping it rings the doorbell.
+pub struct SendQueue<'a> {
+    core: &'a Core,
+    shard: &'a EngineShard,
+    guard: Option<MutexGuard<'a, ShardState>>,
+    qpn: u32,
+}
 
-    /// Writes the counters where `softrnic devinfo` finds them, at most
-    /// every 250 ms unless `force`.
-    fn publish_counters(&self, force: bool) {
-        let now = self.now().as_nanos();
-        let last = self.published_at.load(Ordering::Relaxed);
-        if !force && now.saturating_sub(last) < 250_000_000 {
-            return;
+impl SendQueue<'_> {
+    /// Posts one send request (`ibv_post_send`).
+    pub fn post(&mut self, wr: SendWorkRequest) -> Result<()> {
+        let now = self.core.now();
+        self.guard.as_mut().expect("held until drop").transport.post_send(now, self.qpn, wr)
+    }
+}
+
+impl Drop for SendQueue<'_> {
+    fn drop(&mut self) {
+        if let Some(guard) = self.guard.take() {
+            self.core.ring_doorbell(self.shard, guard);
         }
-        self.published_at.store(now, Ordering::Relaxed);
-        let path = crate::counters_file::path(self.socket.local_addr().ip());
-        let _ = crate::counters_file::write(&path, &self.counters());
     }
 }
 
@@ -352,252 +452,102 @@ impl Drop for Nic {
     fn drop(&mut self) {
         // ACKs that a last poll owed leave now: the peer must not retry
         // into a device that is gone.
-        self.shared.transmit();
-        self.shared.stop.store(true, Ordering::SeqCst);
-        for _ in 0..self.threads.len() {
-            self.shared.waker.signal();
+        for shard in self.core.shards.iter() {
+            self.core.drive(shard, shard.lock(), Pass::TRANSMIT);
+        }
+        self.core.stop.store(true, Ordering::SeqCst);
+        for shard in self.core.shards.iter() {
+            shard.tx_waker.signal();
+            shard.rx_waker.signal();
         }
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
-        self.shared.publish_counters(true);
+        self.core.publish_counters(true);
     }
 }
 
-impl Shared {
-    fn now(&self) -> Instant {
+impl Core {
+    pub(crate) fn now(&self) -> Instant {
         Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Device> {
-        // A panic elsewhere must not wedge the NIC: the device's state is
-        // consistent between calls.
-        self.device.lock().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
     }
 
-    fn wake(&self) {
-        if self.sleepers.load(Ordering::Relaxed) > 0 {
-            self.waker.signal();
+    pub(crate) fn shard(&self, qpn: u32) -> &EngineShard {
+        &self.shards[shard_of(qpn, self.shards.len())]
+    }
+
+    /// Runs a control verb. A change to the memory table reaches every
+    /// shard before the verb returns: once a region is deregistered, no
+    /// shard can touch its memory.
+    fn control<T>(&self, f: impl FnOnce(&mut Control) -> T) -> T {
+        let mut control = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        let out = f(&mut control);
+        if let Some(memory) = control.take_memory_update() {
+            for shard in self.shards.iter() {
+                shard.lock().transport.set_memory(memory.clone());
+            }
+        }
+        out
+    }
+
+    pub(crate) fn pass_context(&self) -> PassContext<'_> {
+        PassContext {
+            now: self.now(),
+            shards: self.shards.len(),
+            tracer: self.tracer.as_ref(),
+            tx_dropped_by_kernel: &self.tx_dropped_by_kernel,
         }
     }
 
-    /// Tells completion channels whose notification fired, and queues the
-    /// asynchronous events the device raised.
-    fn signal_channels(&self, device: &mut Device) {
-        while let Some(cq) = device.poll_cq_notification() {
-            if let Some(channel) = self.channels.lock().unwrap_or_else(|e| e.into_inner()).get(&cq) {
-                channel.push(cq);
-            }
-        }
-        while let Some(event) = device.poll_async_event() {
-            self.async_events.push_bounded(event, MAX_QUEUED_ASYNC_EVENTS);
+    /// Tells the completion channel of `cq` that its notification fired.
+    pub(crate) fn notify(&self, cq: CqId) {
+        let channel = self.channels.lock().unwrap_or_else(|e| e.into_inner()).get(&cq).cloned();
+        if let Some(channel) = channel {
+            channel.push(cq);
         }
     }
 
-    /// Receives one batch and hands it to the device. Returns how many
-    /// datagrams arrived.
-    fn receive(&self) -> usize {
-        SCRATCH.with_borrow_mut(|scratch| {
-            let n = self.socket.recv_batch(&mut scratch.rx).unwrap_or(0);
-            if n == 0 {
-                // A datagram held back for reordering is delivered once
-                // traffic pauses, or it would never arrive.
-                if let Some(faults) = &self.faults {
-                    scratch.faulty.clear();
-                    faults.lock().unwrap_or_else(|e| e.into_inner()).rx.release(&mut scratch.faulty);
-                    if let Some((from, bytes)) = scratch.faulty.pop() {
-                        let now = self.now();
-                        let mut device = self.lock();
-                        device.handle_datagram(now, from, &bytes);
-                        self.signal_channels(&mut device);
-                        return 1;
-                    }
-                }
-                return 0;
-            }
-            let now = self.now();
-            if let Some(faults) = &self.faults {
-                let mut faults = faults.lock().unwrap_or_else(|e| e.into_inner());
-                scratch.faulty.clear();
-                for i in 0..n {
-                    if let Some((from, bytes)) = scratch.rx.get(i) {
-                        faults.rx.apply(from, bytes, &mut scratch.faulty);
-                    }
-                }
-                drop(faults);
-                let mut device = self.lock();
-                for (from, bytes) in &scratch.faulty {
-                    if self.trace {
-                        self.trace("<-", *from, bytes);
-                    }
-                    device.handle_datagram(now, *from, bytes);
-                }
-                self.signal_channels(&mut device);
-            } else {
-                let mut device = self.lock();
-                for i in 0..n {
-                    if let Some((from, bytes)) = scratch.rx.get(i) {
-                        if self.trace {
-                            self.trace("<-", from, bytes);
-                        }
-                        device.handle_datagram(now, from, bytes);
-                    }
-                }
-                self.signal_channels(&mut device);
-            }
-            n
-        })
+    pub(crate) fn raise(&self, event: AsyncEvent) {
+        self.async_events.push_bounded(event, MAX_QUEUED_ASYNC_EVENTS);
     }
 
-    /// Runs due timers and sends everything the device has to send.
-    /// Returns how many datagrams left.
-    fn transmit(&self) -> usize {
-        SCRATCH.with_borrow_mut(|scratch| {
-            let mut total = 0;
-            let _in_order = self.transmit_order.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                scratch.tx_meta.clear();
-                {
-                    let mut device = self.lock();
-                    let now = self.now();
-                    device.handle_timeout(now);
-                    while scratch.tx_meta.len() < BATCH {
-                        let slot = scratch.tx_meta.len();
-                        match device.poll_transmit(now, &mut scratch.tx[slot]) {
-                            Some(t) => scratch.tx_meta.push((SocketAddr::new(t.dst, ROCEV2_UDP_PORT), t.len)),
-                            None => break,
-                        }
-                    }
-                    self.signal_channels(&mut device);
-                }
-                let count = scratch.tx_meta.len();
-                if count == 0 {
-                    if let Some(faults) = &self.faults {
-                        // A datagram held back for reordering goes out once
-                        // traffic pauses.
-                        scratch.faulty.clear();
-                        faults.lock().unwrap_or_else(|e| e.into_inner()).tx.release(&mut scratch.faulty);
-                        let held: Vec<(SocketAddr, &[u8])> = scratch.faulty.iter().map(|(a, b)| (*a, &b[..])).collect();
-                        self.send_all(&held);
-                    }
-                    break;
-                }
-                if let Some(faults) = &self.faults {
-                    let mut faults = faults.lock().unwrap_or_else(|e| e.into_inner());
-                    scratch.faulty.clear();
-                    for (i, &(dst, len)) in scratch.tx_meta.iter().enumerate() {
-                        faults.tx.apply(dst, &scratch.tx[i][..len], &mut scratch.faulty);
-                    }
-                    drop(faults);
-                    let packets: Vec<(SocketAddr, &[u8])> = scratch.faulty.iter().map(|(a, b)| (*a, &b[..])).collect();
-                    self.send_all(&packets);
-                } else {
-                    let mut packets = [(SocketAddr::new(self.socket.local_addr().ip(), 0), &[][..]); BATCH];
-                    for (i, &(dst, len)) in scratch.tx_meta.iter().enumerate() {
-                        packets[i] = (dst, &scratch.tx[i][..len]);
-                    }
-                    self.send_all(&packets[..count]);
-                }
-                total += count;
-                if count < BATCH {
-                    break;
-                }
-            }
-            total
-        })
-    }
-
-    fn trace(&self, direction: &str, peer: SocketAddr, bytes: &[u8]) {
-        let t = self.now().as_nanos();
-        eprintln!(
-            "{:>10}.{:06} {} {direction} {} {}",
-            t / 1_000_000_000,
-            t / 1000 % 1_000_000,
-            self.socket.local_addr().ip(),
-            peer.ip(),
-            softrnic_wire::packet::summary(bytes)
-        );
-    }
-
-    /// Sends a batch; what the kernel refuses is dropped, as a full link
-    /// would drop it, and retransmitted by the transport.
-    fn send_all(&self, packets: &[(SocketAddr, &[u8])]) {
-        if self.trace {
-            for (dst, bytes) in packets {
-                self.trace("->", *dst, bytes);
-            }
-        }
-        let mut sent = 0;
-        while sent < packets.len() {
-            match self.socket.send_batch(&packets[sent..]) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => sent += n,
-            }
-        }
-        let refused = (packets.len() - sent) as u64;
-        if refused > 0 {
-            self.tx_dropped_by_kernel.fetch_add(refused, Ordering::Relaxed);
+    /// How long until the shard's next timer.
+    pub(crate) fn until_deadline(&self, shard: &EngineShard) -> Duration {
+        match shard.lock().transport.poll_timeout() {
+            None => Duration::MAX,
+            Some(at) => Duration::from_nanos(at.as_nanos().saturating_sub(self.now().as_nanos())),
         }
     }
 
-    fn app_active(&self) -> bool {
-        self.now().as_nanos() < self.app_active_until.load(Ordering::Relaxed)
+    fn counters(&self) -> NicCounters {
+        let mut out = NicCounters {
+            tx_dropped_by_kernel: self.tx_dropped_by_kernel.load(Ordering::Relaxed),
+            rx_missteered: self.missteered.load(Ordering::Relaxed),
+            ..NicCounters::default()
+        };
+        for shard in self.shards.iter() {
+            out.transport += shard.lock().transport.counters();
+            let (tx, rx) = shard.fault_stats();
+            out.injected_tx += tx;
+            out.injected_rx += rx;
+        }
+        out
     }
 
-    /// Milliseconds until the device's next deadline, at most `cap`.
-    fn sleep_ms(&self, cap: i32) -> i32 {
-        let deadline = self.lock().poll_timeout();
-        match deadline {
-            None => cap,
-            Some(at) => {
-                let ns = at.as_nanos().saturating_sub(self.now().as_nanos());
-                (ns.div_ceil(1_000_000) as i32).min(cap)
-            }
+    /// Writes the counters where `softrnic devinfo` finds them, at most
+    /// every 250 ms unless `force`.
+    pub(crate) fn publish_counters(&self, force: bool) {
+        let now = self.now().as_nanos();
+        let last = self.published_at.load(Ordering::Relaxed);
+        if !force && now.saturating_sub(last) < 250_000_000 {
+            return;
         }
-    }
-
-    /// An engine thread's life.
-    fn run(self: Arc<Self>, role: Role, spin: Duration) {
-        let mut idle_since: Option<std::time::Instant> = None;
-        let socket: RawFd = self.socket.fd();
-        let waker: RawFd = self.waker.as_raw_fd();
-        while !self.stop.load(Ordering::Relaxed) {
-            if self.app_active() {
-                // The application polls: stay out of its way, but keep the
-                // timers honest in case it stops.
-                let _ = wait_readable(&[waker], 1);
-                self.waker.drain();
-                continue;
-            }
-            let mut worked = 0;
-            if role != Role::Tx {
-                worked += self.receive();
-            }
-            if role != Role::Rx {
-                worked += self.transmit();
-            } else if worked > 0 {
-                // Handling may have produced answers for the sender threads.
-                self.waker.signal();
-            }
-            if worked > 0 {
-                idle_since = None;
-                continue;
-            }
-            let since = *idle_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() < spin {
-                std::hint::spin_loop();
-                continue;
-            }
-            self.publish_counters(false);
-            let timeout = if role == Role::Rx { MAX_SLEEP_MS } else { self.sleep_ms(MAX_SLEEP_MS) };
-            self.sleepers.fetch_add(1, Ordering::SeqCst);
-            let _ = match role {
-                Role::Tx => wait_readable(&[waker], timeout),
-                _ => wait_readable(&[socket, waker], timeout),
-            };
-            self.sleepers.fetch_sub(1, Ordering::SeqCst);
-            self.waker.drain();
-            idle_since = None;
-        }
+        self.published_at.store(now, Ordering::Relaxed);
+        let path = crate::counters_file::path(self.shards[0].socket().local_addr().ip());
+        let _ = crate::counters_file::write(&path, &self.counters());
     }
 }

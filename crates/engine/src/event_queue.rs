@@ -101,7 +101,7 @@ mod tests {
         assert!(!readable(q.as_raw_fd()));
         q.push(1);
         q.push(2);
-        wait_readable(&[q.as_raw_fd()], 1000).unwrap();
+        wait_readable(&[q.as_raw_fd()], std::time::Duration::from_secs(1)).unwrap();
         assert_eq!(q.pop().unwrap(), 1);
         assert!(readable(q.as_raw_fd()), "one item left");
         assert_eq!(q.try_pop(), Some(2));

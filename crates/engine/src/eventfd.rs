@@ -3,6 +3,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
 
 #[derive(Debug)]
 pub struct EventFd {
@@ -74,12 +75,22 @@ impl AsRawFd for EventFd {
     }
 }
 
-/// Waits until one of `fds` is readable or `timeout_ms` passes.
-pub fn wait_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<()> {
-    let mut pollfds: Vec<libc::pollfd> =
-        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-    // SAFETY: the array lives across the call and its length is passed.
-    let rc = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout_ms) };
+/// Waits until one of `fds` is readable or `timeout` passes (to the
+/// microsecond: `ppoll`, not `poll`'s milliseconds). With no fds it is a
+/// precise sleep.
+pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> io::Result<()> {
+    let mut pollfds = [libc::pollfd { fd: -1, events: libc::POLLIN, revents: 0 }; 4];
+    assert!(fds.len() <= pollfds.len(), "at most four fds");
+    for (slot, &fd) in pollfds.iter_mut().zip(fds) {
+        slot.fd = fd;
+    }
+    let timeout = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: the array and the timespec live across the call, and the
+    // length passed is the number of entries filled in.
+    let rc = unsafe { libc::ppoll(pollfds.as_mut_ptr(), fds.len() as libc::nfds_t, &timeout, std::ptr::null()) };
     if rc < 0 {
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
@@ -99,7 +110,7 @@ mod tests {
         assert_eq!(e.drain(), 0);
         e.signal();
         e.signal();
-        wait_readable(&[e.as_raw_fd()], 1000).unwrap();
+        wait_readable(&[e.as_raw_fd()], Duration::from_secs(1)).unwrap();
         assert_eq!(e.drain(), 2);
         assert_eq!(e.drain(), 0);
     }

@@ -56,6 +56,15 @@ pub struct FaultStats {
     pub reordered: u64,
 }
 
+impl std::ops::AddAssign for FaultStats {
+    fn add_assign(&mut self, other: FaultStats) {
+        self.dropped += other.dropped;
+        self.corrupted += other.corrupted;
+        self.duplicated += other.duplicated;
+        self.reordered += other.reordered;
+    }
+}
+
 /// Applies a [`FaultConfig`] to a stream of datagrams.
 #[derive(Debug)]
 pub struct FaultInjector {

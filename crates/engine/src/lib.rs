@@ -1,17 +1,19 @@
-//! The softrnic NIC at run time: a transport [`Device`] driven over a real
-//! UDP socket on port 4791 by engine threads and by the application's own
-//! polling. See [`engine`] for how progress is made.
-//!
-//! [`Device`]: softrnic_transport::Device
+//! The softrnic NIC at run time: the transport's control plane and shards,
+//! driven over UDP sockets on port 4791 by engine threads (one per shard)
+//! and by the application's own posting and polling. [`engine`] draws the
+//! map; [`progress`] is the policy of who moves packets when.
 
 pub mod counters_file;
 pub mod engine;
 pub mod event_queue;
 pub mod eventfd;
 pub mod faults;
+pub mod progress;
+mod shard;
 pub mod socket;
+mod trace;
 
-pub use engine::{EngineConfig, Nic, NicCounters, OpenError, Role};
+pub use engine::{EngineConfig, MAX_SHARDS, Nic, NicCounters, OpenError, Role, SendQueue};
 pub use event_queue::EventQueue;
 pub use eventfd::EventFd;
 pub use faults::{FaultConfig, FaultStats};

@@ -1,5 +1,11 @@
-//! The datapath: one UDP socket on port 4791 of the device's address, with
+//! The datapath: UDP sockets on port 4791 of the device's address, with
 //! batched sends and receives (`sendmmsg`/`recvmmsg`).
+//!
+//! A device with several shards binds one socket per shard into an
+//! `SO_REUSEPORT` group, and attaches a classic-BPF program that picks the
+//! socket from the destination QP in the BTH: the kernel steers every
+//! datagram to the shard that owns its QP, with no lock and no privileges
+//! ([`steering_program`] computes [`shard_of`]).
 //!
 //! This is one of softrnic's `unsafe` edges: the batch calls take arrays of
 //! C structures that point into our buffers.
@@ -14,7 +20,7 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 
 use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, Socket, Type};
-use softrnic_transport::MAX_DATAGRAM_LEN;
+use softrnic_transport::{MAX_DATAGRAM_LEN, shard_of};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
 /// Datagrams moved per system call at most.
@@ -59,6 +65,40 @@ pub struct RoceSocket {
 impl RoceSocket {
     /// Binds UDP port 4791 of `addr`, non-blocking.
     pub fn bind(addr: IpAddr) -> Result<RoceSocket, BindError> {
+        RoceSocket::bind_one(addr, false)
+    }
+
+    /// Binds `shards` sockets on UDP port 4791 of `addr`, the `i`th
+    /// receiving the datagrams whose destination QP belongs to shard `i`.
+    pub fn bind_group(addr: IpAddr, shards: usize) -> Result<Vec<RoceSocket>, BindError> {
+        if shards <= 1 {
+            return Ok(vec![RoceSocket::bind(addr)?]);
+        }
+        // A group takes any socket of this user that asks to join, so
+        // first make sure nobody holds the port: another device on this
+        // address would otherwise silently share its datagrams with us.
+        drop(RoceSocket::bind(addr)?);
+        let sockets = (0..shards).map(|_| RoceSocket::bind_one(addr, true)).collect::<Result<Vec<_>, _>>()?;
+        let program = steering_program(shards);
+        let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut _ };
+        // SAFETY: a valid fd, and a pointer to a `sock_fprog` whose filter
+        // array lives across the call; the kernel copies it.
+        let rc = unsafe {
+            libc::setsockopt(
+                sockets[0].fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_REUSEPORT_CBPF,
+                &fprog as *const _ as *const libc::c_void,
+                size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(BindError::Other(addr, io::Error::last_os_error()));
+        }
+        Ok(sockets)
+    }
+
+    fn bind_one(addr: IpAddr, reuse_port: bool) -> Result<RoceSocket, BindError> {
         let local = SocketAddr::new(addr, ROCEV2_UDP_PORT);
         let other = |e| BindError::Other(addr, e);
         let socket = Socket::new(Domain::for_address(local), Type::DGRAM, Some(Protocol::UDP)).map_err(other)?;
@@ -70,6 +110,9 @@ impl RoceSocket {
             set_int(&socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO).map_err(other)?;
         } else {
             socket.set_only_v6(true).map_err(other)?;
+        }
+        if reuse_port {
+            socket.set_reuse_port(true).map_err(other)?;
         }
         socket.bind(&SockAddr::from(local)).map_err(|e| match e.kind() {
             io::ErrorKind::AddrNotAvailable => BindError::NotLocal(addr),
@@ -96,9 +139,10 @@ impl RoceSocket {
     /// A full send buffer stops the batch early (the transport retransmits
     /// what is lost, as it would on a real link).
     ///
-    /// With GSO, a run of datagrams of one size to one destination (the
+    /// With GSO, a run of datagrams of one size to one destination QP (the
     /// last may be shorter) leaves in one message that the kernel cuts
-    /// back into datagrams.
+    /// back into datagrams. One QP per run: the receiver's kernel steers
+    /// a whole run by its first datagram.
     pub fn send_batch(&self, packets: &[(SocketAddr, &[u8])]) -> io::Result<usize> {
         let n = packets.len().min(BATCH);
         if n == 0 {
@@ -120,6 +164,7 @@ impl RoceSocket {
                 let mut bytes = first.len();
                 while end < n
                     && packets[end].0 == dst
+                    && same_dest_qp(packets[end].1, first)
                     && packets[end].1.len() <= first.len()
                     && bytes + packets[end].1.len() <= GSO_MAX_BYTES
                 {
@@ -250,6 +295,49 @@ impl RoceSocket {
     }
 }
 
+/// Whether two RoCEv2 datagrams go to the same QP (BTH bytes 5..8).
+fn same_dest_qp(a: &[u8], b: &[u8]) -> bool {
+    a.get(5..8).is_some() && a.get(5..8) == b.get(5..8)
+}
+
+/// The classic-BPF program that steers a datagram to socket
+/// `shard_of(dest_qpn, shards)` of a reuseport group. It runs on the UDP
+/// payload: the BTH's second word holds the destination QP in its low 24
+/// bits. A datagram too short for a BTH aborts the program, and the kernel
+/// then picks a socket by hash; that shard routes it on (or drops it).
+pub fn steering_program(shards: usize) -> [libc::sock_filter; 4] {
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const AND_K: u16 = (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16;
+    const MOD_K: u16 = (libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K) as u16;
+    const RET_A: u16 = (libc::BPF_RET | libc::BPF_A) as u16;
+    let op = |code, k| libc::sock_filter { code, jt: 0, jf: 0, k };
+    [op(LD_W_ABS, 4), op(AND_K, 0x00ff_ffff), op(MOD_K, shards.max(1) as u32), op(RET_A, 0)]
+}
+
+/// What [`steering_program`] computes, run the way the kernel runs it: for
+/// the tests, which prove that it agrees with [`shard_of`].
+pub fn run_steering_program(program: &[libc::sock_filter], payload: &[u8]) -> Option<u32> {
+    let mut a: u32 = 0;
+    for insn in program {
+        match insn.code as u32 {
+            c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => {
+                let at = insn.k as usize;
+                a = u32::from_be_bytes(payload.get(at..at + 4)?.try_into().ok()?);
+            }
+            c if c == libc::BPF_ALU | libc::BPF_AND | libc::BPF_K => a &= insn.k,
+            c if c == libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K => a %= insn.k,
+            c if c == libc::BPF_RET | libc::BPF_A => return Some(a),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// `shard_of` as the steering program sees a datagram.
+pub fn steered_shard(datagram: &[u8], shards: usize) -> Option<usize> {
+    softrnic_transport::dest_qpn(datagram).map(|qpn| shard_of(qpn, shards))
+}
+
 fn set_int(socket: &Socket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: a valid fd, and a pointer to an int of the length given.
     let rc = unsafe {
@@ -289,5 +377,36 @@ impl RecvBatch {
     pub fn get(&self, i: usize) -> Option<(SocketAddr, &[u8])> {
         let &(source, buffer, offset, len) = self.datagrams.get(i)?;
         Some((source, &self.buffers[buffer][offset..offset + len]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_steering_program_computes_shard_of() {
+        for shards in [1, 2, 3, 4, 8, 16] {
+            let program = steering_program(shards);
+            for qpn in [0x11u32, 0x12, 0x13, 0x100, 0xab_cdef, 0xff_ffff] {
+                let mut bth = [0u8; 12];
+                bth[4] = 0xff; // the FECN/BECN byte must not leak into the QPN
+                bth[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+                assert_eq!(run_steering_program(&program, &bth), Some(shard_of(qpn, shards) as u32));
+                assert_eq!(steered_shard(&bth, shards), Some(shard_of(qpn, shards)));
+            }
+            assert_eq!(run_steering_program(&program, &[0u8; 7]), None, "too short: the kernel hashes");
+        }
+    }
+
+    #[test]
+    fn gso_runs_hold_one_destination_qp() {
+        let mut a = [0u8; 12];
+        let mut b = [0u8; 12];
+        a[5..8].copy_from_slice(&[0, 0, 0x11]);
+        b[5..8].copy_from_slice(&[0, 0, 0x12]);
+        assert!(same_dest_qp(&a, &a));
+        assert!(!same_dest_qp(&a, &b));
+        assert!(!same_dest_qp(&a[..4], &a[..4]));
     }
 }

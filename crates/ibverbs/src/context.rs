@@ -96,15 +96,15 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
         Ok(d) if std::ptr::eq(ibv_device, &d.ibv) => d,
         _ => return refuse_null("ibv_open_device", libc::ENODEV, "not a softrnic device"),
     };
-    let faults = match FaultConfig::from_env() {
-        Ok(f) => f,
+    let (faults, config) = match FaultConfig::from_env().and_then(|f| Ok((f, EngineConfig::from_env(device.addr)?))) {
+        Ok(both) => both,
         Err(why) => {
             eprintln!("softrnic: {why}");
             return refuse_null("ibv_open_device", libc::EINVAL, why);
         }
     };
     let transport = TransportConfig { ud_mtu: device.active_mtu, ..TransportConfig::default() };
-    let config = EngineConfig { faults, transport, ..EngineConfig::new(device.addr) };
+    let config = EngineConfig { faults, transport, ..config };
     let nic = match Nic::open(config) {
         Ok(nic) => nic,
         Err(why) => {
@@ -114,6 +114,7 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
                 OpenError::Bind(BindError::NotLocal(_)) => libc::EADDRNOTAVAIL,
                 OpenError::Bind(BindError::InUse(_)) => libc::EADDRINUSE,
                 OpenError::Bind(BindError::Other(_, e)) | OpenError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+                OpenError::Config(_) => libc::EINVAL,
             };
             return refuse_null("ibv_open_device", errno, why);
         }

@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 
 use softrnic_engine::EventQueue;
-use softrnic_transport::{Completion, CqId};
+use softrnic_transport::{Completion, CompletionQueue, CqId};
 
 use crate::abi::*;
 use crate::context::{Context, limits};
@@ -29,6 +29,7 @@ pub struct CompChannel {
 pub struct Cq {
     pub ibv: ibv_cq,
     pub id: CqId,
+    queue: Arc<CompletionQueue>,
     /// Completions taken from the device but not yet handed out: polling
     /// reuses its allocation.
     scratch: Mutex<Vec<Completion>>,
@@ -94,7 +95,8 @@ pub unsafe extern "C" fn ibv_create_cq(
     }
     // SAFETY: a live context (caller).
     let ctx = unsafe { Context::from_ibv(context) };
-    let id = ctx.nic.with(|d, _| d.create_cq(cqe as usize));
+    let queue = ctx.nic.create_cq(cqe as usize);
+    let id = queue.id();
     // SAFETY: all-zero pthread objects are their static initialisers.
     let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
     ibv.context = context;
@@ -102,7 +104,7 @@ pub unsafe extern "C" fn ibv_create_cq(
     ibv.cq_context = cq_context;
     ibv.handle = id.0;
     ibv.cqe = cqe;
-    let cq = Box::into_raw(Box::new(Cq { ibv, id, scratch: Mutex::new(Vec::new()) }));
+    let cq = Box::into_raw(Box::new(Cq { ibv, id, queue, scratch: Mutex::new(Vec::new()) }));
     if !channel.is_null() {
         // SAFETY: a live channel (caller), owned by `CompChannel`.
         let ch = unsafe { &mut *(channel as *mut CompChannel) };
@@ -120,7 +122,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     let c = unsafe { Cq::from_ibv(cq) };
     let ctx = c.context();
     let id = c.id;
-    if let Err(e) = ctx.nic.with(|d, _| d.destroy_cq(id)) {
+    if let Err(e) = ctx.nic.destroy_cq(id) {
         return refuse("ibv_destroy_cq", e.errno(), e);
     }
     ctx.objects().cqs.remove(&id);
@@ -145,8 +147,7 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     if cqe < 1 || cqe as u32 > limits::MAX_CQE {
         return refuse("ibv_resize_cq", libc::EINVAL, format!("cqe {cqe} is outside 1..={}", limits::MAX_CQE));
     }
-    let id = c.id;
-    match c.context().nic.with(|d, _| d.resize_cq(id, cqe as usize)) {
+    match c.queue.resize(cqe as usize) {
         Ok(()) => {
             // SAFETY: the program owns the CQ and is not polling it now
             // (verbs forbids resizing concurrently with polling).
@@ -198,18 +199,9 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
     }
     // SAFETY: a live CQ (caller).
     let c = unsafe { Cq::from_ibv(cq) };
-    let nic = &c.context().nic;
-    let id = c.id;
-    let max = num_entries as usize;
     let mut out = c.scratch.lock().unwrap_or_else(|e| e.into_inner());
     out.clear();
-    let mut n = nic.with(|d, _| d.poll_cq(id, max, &mut out));
-    if n == 0 && nic.receive() > 0 {
-        n = nic.with(|d, _| d.poll_cq(id, max, &mut out));
-    }
-    if n == 0 {
-        nic.transmit_when_idle();
-    }
+    let n = c.context().nic.poll_cq(&c.queue, num_entries as usize, &mut out);
     for (i, completion) in out.iter().enumerate() {
         // SAFETY: `wc` has room for `num_entries` entries (caller) and
         // `i < n <= num_entries`.
@@ -222,11 +214,8 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     // SAFETY: a live CQ (caller).
     let c = unsafe { Cq::from_ibv(cq) };
-    let id = c.id;
-    match c.context().nic.with(|d, _| d.request_notify_cq(id, solicited_only != 0)) {
-        Ok(()) => 0,
-        Err(e) => refuse("ibv_req_notify_cq", e.errno(), e),
-    }
+    c.queue.request_notify(solicited_only != 0);
+    0
 }
 
 #[unsafe(no_mangle)]

@@ -39,7 +39,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
     }
     // SAFETY: a live context (caller).
     let ctx = unsafe { Context::from_ibv(context) };
-    let id = ctx.nic.with(|d, _| d.alloc_pd());
+    let id = ctx.nic.alloc_pd();
     let pd = Box::new(Pd { ibv: ibv_pd { context, handle: id.0 }, id });
     Box::into_raw(pd) as *mut ibv_pd
 }
@@ -49,7 +49,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     // SAFETY: a live PD (caller).
     let p = unsafe { Pd::from_ibv(pd) };
     let id = p.id;
-    if let Err(e) = p.context().nic.with(|d, _| d.dealloc_pd(id)) {
+    if let Err(e) = p.context().nic.dealloc_pd(id) {
         return refuse("ibv_dealloc_pd", e.errno(), e);
     }
     // SAFETY: boxed in `ibv_alloc_pd`, freed once here.
@@ -99,7 +99,7 @@ unsafe fn register(
     // this buffer) from the device before returning.
     let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr as *mut u8, length) });
     let id = p.id;
-    let keys = match p.context().nic.with(|d, _| d.register_memory(id, buffer, 0, length, iova, access)) {
+    let keys = match p.context().nic.register_memory(id, buffer, 0, length, iova, access) {
         Ok(k) => k,
         Err(e) => return refuse_null(verb, e.errno(), e),
     };
@@ -147,7 +147,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     // SAFETY: an MR's PD outlives it.
     let ctx = unsafe { Context::from_ibv(m.context) };
     let lkey = m.lkey;
-    if let Err(e) = ctx.nic.with(|d, _| d.deregister_memory(lkey)) {
+    if let Err(e) = ctx.nic.deregister_memory(lkey) {
         return refuse("ibv_dereg_mr", e.errno(), e);
     }
     // SAFETY: boxed in `register`, freed once here.
@@ -182,7 +182,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     } else {
         // SAFETY: the MR's context is live.
         let ctx = unsafe { Context::from_ibv(old.context) };
-        ctx.nic.with(|d, _| d.memory().lookup(old.lkey).map(|r| r.access.bits())).unwrap_or(0)
+        ctx.nic.memory_region(old.lkey).map_or(0, |r| r.access.bits())
     };
     // SAFETY: forwarded contract.
     let new = unsafe { register("ibv_rereg_mr", pd, addr, length, addr as u64, access) };
@@ -195,9 +195,8 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         let replacement = Box::from_raw(new);
         let ctx = Context::from_ibv(old.context);
         let lkey = old.lkey;
-        if ctx.nic.with(|d, _| d.deregister_memory(lkey)).is_err() {
-            let lkey = replacement.lkey;
-            let _ = ctx.nic.with(|d, _| d.deregister_memory(lkey));
+        if ctx.nic.deregister_memory(lkey).is_err() {
+            let _ = ctx.nic.deregister_memory(replacement.lkey);
             return IBV_REREG_MR_ERR_CMD;
         }
         *old = *replacement;

@@ -111,7 +111,7 @@ unsafe fn create(verb: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *m
     };
     let init = QpInitAttr { qp_type, pd: p.id, send_cq, recv_cq, caps, sq_sig_all: a.sq_sig_all != 0, srq };
     let ctx = p.context();
-    let qpn = match ctx.nic.with(|d, _| d.create_qp(init)) {
+    let qpn = match ctx.nic.create_qp(init) {
         Ok(n) => n,
         Err(e) => return refuse_null(verb, e.errno(), e),
     };
@@ -336,20 +336,17 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
     };
     let qpn = q.qpn();
     let nic = &q.context().nic;
-    let result = nic.with_doorbell(|d, now| {
-        d.modify_qp(now, qpn, &converted)?;
+    let result = nic.modify_qp(qpn, &converted).and_then(|state| {
         if mask & IBV_QP_RATE_LIMIT != 0 {
             let bps = (a.rate_limit != 0).then(|| u64::from(a.rate_limit) * 1000);
-            d.set_qp_rate_limit(now, qpn, bps)?;
+            nic.set_qp_rate_limit(qpn, bps)?;
         }
-        Ok::<_, softrnic_transport::VerbsError>(d.qp(qpn).map(|qp| qp.state()))
+        Ok(state)
     });
     match result {
         Ok(state) => {
-            if let Some(state) = state {
-                // SAFETY: the program's QP; verbs keeps `state` current.
-                unsafe { (*qp).state = state_to_c(state) };
-            }
+            // SAFETY: the program's QP; verbs keeps `state` current.
+            unsafe { (*qp).state = state_to_c(state) };
             0
         }
         Err(e) => refuse(VERB, e.errno(), e),
@@ -367,7 +364,7 @@ pub unsafe extern "C" fn ibv_query_qp(
     // SAFETY: a live QP (caller).
     let q = unsafe { Qp::from_ibv(qp) };
     let qpn = q.qpn();
-    let Some((state, now)) = q.context().nic.with(|d, _| d.qp(qpn).map(|qp| (qp.state(), *qp.attributes()))) else {
+    let Some((state, now)) = q.context().nic.query_qp(qpn) else {
         return refuse("ibv_query_qp", libc::EINVAL, "no such QP");
     };
     // SAFETY: all-zero is a valid `ibv_qp_attr`.
@@ -513,25 +510,24 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr
     // SAFETY: a live QP (caller).
     let q = unsafe { Qp::from_ibv(qp) };
     let qpn = q.qpn();
-    q.context().nic.with_doorbell(|d, now| {
-        let mut next = wr;
-        while !next.is_null() {
-            // SAFETY: the chain is the caller's valid list.
-            let w = unsafe { &*next };
-            // SAFETY: as above.
-            let posted = unsafe { send_wr_of(q, w) }
-                .and_then(|req| d.post_send(now, qpn, req).map_err(|e| refuse("ibv_post_send", e.errno(), e)));
-            if let Err(e) = posted {
-                if !bad_wr.is_null() {
-                    // SAFETY: a writable out-pointer (caller).
-                    unsafe { *bad_wr = next };
-                }
-                return e;
+    let mut send_queue = q.context().nic.send_queue(qpn);
+    let mut next = wr;
+    while !next.is_null() {
+        // SAFETY: the chain is the caller's valid list.
+        let w = unsafe { &*next };
+        // SAFETY: as above.
+        let posted = unsafe { send_wr_of(q, w) }
+            .and_then(|req| send_queue.post(req).map_err(|e| refuse("ibv_post_send", e.errno(), e)));
+        if let Err(e) = posted {
+            if !bad_wr.is_null() {
+                // SAFETY: a writable out-pointer (caller).
+                unsafe { *bad_wr = next };
             }
-            next = w.next;
+            return e;
         }
-        0
-    })
+        next = w.next;
+    }
+    0
 }
 
 /// Posts a chain of receive requests with `post`, reporting the first that
@@ -570,8 +566,7 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr
     // SAFETY: a live QP (caller).
     let q = unsafe { Qp::from_ibv(qp) };
     let qpn = q.qpn();
-    q.context().nic.with(|d, now| {
-        // SAFETY: forwarded contract.
-        unsafe { post_recv_chain("ibv_post_recv", wr, bad_wr, |r| d.post_recv(now, qpn, r)) }
-    })
+    let nic = &q.context().nic;
+    // SAFETY: forwarded contract.
+    unsafe { post_recv_chain("ibv_post_recv", wr, bad_wr, |r| nic.post_recv(qpn, r)) }
 }

@@ -135,14 +135,13 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
             }
             let qpn = q.qpn();
             let pending = &mut b.pending;
-            q.context().nic.with_doorbell(|d, now| {
-                for wr in pending.drain(..) {
-                    if let Err(e) = d.post_send(now, qpn, wr) {
-                        return refuse("ibv_wr_complete", e.errno(), e);
-                    }
+            let mut send_queue = q.context().nic.send_queue(qpn);
+            for wr in pending.drain(..) {
+                if let Err(e) = send_queue.post(wr) {
+                    return refuse("ibv_wr_complete", e.errno(), e);
                 }
-                0
-            })
+            }
+            0
         })
     }
 }

@@ -1,8 +1,9 @@
 //! Shared receive queues (`ibv_create_srq`, `ibv_post_srq_recv`).
 
 use std::ffi::c_int;
+use std::sync::Arc;
 
-use softrnic_transport::{SrqAttr, SrqId};
+use softrnic_transport::{SharedReceiveQueue, SrqAttr, SrqId};
 
 use crate::abi::*;
 use crate::context::{Context, limits};
@@ -14,6 +15,7 @@ use crate::qp::post_recv_chain;
 pub struct Srq {
     pub ibv: ibv_srq,
     pub id: SrqId,
+    queue: Arc<SharedReceiveQueue>,
 }
 
 impl Srq {
@@ -48,8 +50,8 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init
     let attr = SrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge.max(1), limit: a.attr.srq_limit };
     let ctx = p.context();
     let pd_id = p.id;
-    let id = match ctx.nic.with(|d, _| d.create_srq(pd_id, attr)) {
-        Ok(id) => id,
+    let queue = match ctx.nic.create_srq(pd_id, attr) {
+        Ok(queue) => queue,
         Err(e) => return refuse_null(VERB, e.errno(), e),
     };
     // SAFETY: all-zero pthread objects are their static initialisers.
@@ -57,8 +59,9 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init
     ibv.context = ctx.ibv();
     ibv.srq_context = a.srq_context;
     ibv.pd = pd;
+    let id = queue.id();
     ibv.handle = id.0;
-    let srq = Box::into_raw(Box::new(Srq { ibv, id }));
+    let srq = Box::into_raw(Box::new(Srq { ibv, id, queue }));
     ctx.objects().srqs.insert(id, srq as usize);
     srq as *mut ibv_srq
 }
@@ -72,8 +75,7 @@ pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_at
         return refuse(VERB, libc::EOPNOTSUPP, "resizing an SRQ is not supported");
     }
     if mask & IBV_SRQ_LIMIT != 0 {
-        let (id, limit) = (s.id, a.srq_limit);
-        if let Err(e) = s.context().nic.with(|d, _| d.modify_srq_limit(id, limit)) {
+        if let Err(e) = s.queue.set_limit(a.srq_limit) {
             return refuse(VERB, e.errno(), e);
         }
     }
@@ -84,15 +86,10 @@ pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_at
 pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     // SAFETY: a live SRQ (caller).
     let s = unsafe { Srq::from_ibv(srq) };
-    let id = s.id;
-    match s.context().nic.with(|d, _| d.query_srq(id)) {
-        Ok((a, _queued)) => {
-            // SAFETY: writable attributes (caller).
-            unsafe { *attr = ibv_srq_attr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.limit } };
-            0
-        }
-        Err(e) => refuse("ibv_query_srq", e.errno(), e),
-    }
+    let (a, _queued) = s.queue.query();
+    // SAFETY: writable attributes (caller).
+    unsafe { *attr = ibv_srq_attr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.limit } };
+    0
 }
 
 #[unsafe(no_mangle)]
@@ -101,7 +98,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     let s = unsafe { Srq::from_ibv(srq) };
     let ctx = s.context();
     let id = s.id;
-    if let Err(e) = ctx.nic.with(|d, _| d.destroy_srq(id)) {
+    if let Err(e) = ctx.nic.destroy_srq(id) {
         return refuse("ibv_destroy_srq", e.errno(), e);
     }
     ctx.objects().srqs.remove(&id);
@@ -118,9 +115,6 @@ pub unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     // SAFETY: a live SRQ (caller).
     let s = unsafe { Srq::from_ibv(srq) };
-    let id = s.id;
-    s.context().nic.with(|d, _| {
-        // SAFETY: forwarded contract.
-        unsafe { post_recv_chain("ibv_post_srq_recv", wr, bad_wr, |r| d.post_srq_recv(id, r)) }
-    })
+    // SAFETY: forwarded contract.
+    unsafe { post_recv_chain("ibv_post_srq_recv", wr, bad_wr, |r| s.queue.post(r)) }
 }

@@ -12,12 +12,14 @@ pub struct Context {
 }
 
 impl Context {
-    /// Opens a device on `addr` with one engine thread, injecting the
-    /// faults the environment asks for (`SOFTRNIC_LOSS`, `SOFTRNIC_REORDER`,
+    /// Opens a device on `addr` with one engine thread (or the number
+    /// `SOFTRNIC_ENGINE_THREADS` gives), injecting the faults the
+    /// environment asks for (`SOFTRNIC_LOSS`, `SOFTRNIC_REORDER`,
     /// `SOFTRNIC_DUPLICATE`, `SOFTRNIC_CORRUPT`), none by default.
     pub fn open(addr: IpAddr) -> Result<Context, Error> {
         let faults = FaultConfig::from_env().map_err(Error::Config)?;
-        Context::with_config(EngineConfig { faults, ..EngineConfig::new(addr) })
+        let config = EngineConfig::from_env(addr).map_err(Error::Config)?;
+        Context::with_config(EngineConfig { faults, ..config })
     }
 
     pub fn with_config(config: EngineConfig) -> Result<Context, Error> {
@@ -30,14 +32,14 @@ impl Context {
     }
 
     pub fn alloc_pd(&self) -> ProtectionDomain {
-        let id = self.nic.with(|d, _| d.alloc_pd());
+        let id = self.nic.alloc_pd();
         ProtectionDomain { ctx: self.clone(), id: Arc::new(crate::pd::PdHandle { ctx: self.clone(), id }) }
     }
 
     /// A completion queue of `capacity` entries.
     pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue, Error> {
-        let id = self.nic.with(|d, _| d.create_cq(capacity));
-        Ok(CompletionQueue::new(self.clone(), id))
+        let cq = self.nic.create_cq(capacity);
+        Ok(CompletionQueue::new(self.clone(), cq))
     }
 
     pub fn counters(&self) -> NicCounters {

@@ -6,17 +6,18 @@ use softrnic_engine::EventQueue;
 use softrnic_engine::eventfd::wait_readable;
 use softrnic_transport::{Completion, CqId};
 
+type Queue = softrnic_transport::CompletionQueue;
+
 use crate::{Context, Error};
 
 pub(crate) struct CqHandle {
     ctx: Context,
-    id: CqId,
+    queue: Arc<Queue>,
 }
 
 impl Drop for CqHandle {
     fn drop(&mut self) {
-        let id = self.id;
-        let _ = self.ctx.nic.with(|d, _| d.destroy_cq(id));
+        let _ = self.ctx.nic.destroy_cq(self.queue.id());
     }
 }
 
@@ -25,14 +26,17 @@ impl Drop for CqHandle {
 /// soon as the packets behind them arrive.
 pub struct CompletionQueue {
     ctx: Context,
-    pub(crate) id: CqId,
     handle: Arc<CqHandle>,
 }
 
 impl CompletionQueue {
-    pub(crate) fn new(ctx: Context, id: CqId) -> CompletionQueue {
-        let handle = Arc::new(CqHandle { ctx: ctx.clone(), id });
-        CompletionQueue { ctx, id, handle }
+    pub(crate) fn new(ctx: Context, queue: Arc<Queue>) -> CompletionQueue {
+        let handle = Arc::new(CqHandle { ctx: ctx.clone(), queue });
+        CompletionQueue { ctx, handle }
+    }
+
+    pub(crate) fn id(&self) -> CqId {
+        self.handle.queue.id()
     }
 
     pub(crate) fn handle(&self) -> Arc<CqHandle> {
@@ -41,23 +45,10 @@ impl CompletionQueue {
 
     /// Moves up to `max` completions into `out`; returns how many.
     ///
-    /// With none ready, it receives what has arrived; if that completes
-    /// something, the ACKs it owes leave with the application's next post
-    /// (one system call for both, which a ping-pong feels), else right away.
+    /// With none ready, the calling thread receives what has arrived for
+    /// the QPs that feed this queue (`softrnic_engine::progress`).
     pub fn poll(&self, max: usize, out: &mut Vec<Completion>) -> usize {
-        let id = self.id;
-        let n = self.ctx.nic.with(|d, _| d.poll_cq(id, max, out));
-        if n > 0 {
-            return n;
-        }
-        if self.ctx.nic.receive() > 0 {
-            let n = self.ctx.nic.with(|d, _| d.poll_cq(id, max, out));
-            if n > 0 {
-                return n;
-            }
-        }
-        self.ctx.nic.transmit_when_idle();
-        0
+        self.ctx.nic.poll_cq(&self.handle.queue, max, out)
     }
 
     /// Polls until a completion arrives or `timeout` passes.
@@ -83,13 +74,13 @@ impl CompletionQueue {
     /// Arms the completion channel for the next completion (or the next
     /// solicited one), as `ibv_req_notify_cq` does.
     pub fn request_notify(&self, solicited_only: bool) -> Result<(), Error> {
-        let id = self.id;
         self.channel()?;
-        Ok(self.ctx.nic.with(|d, _| d.request_notify_cq(id, solicited_only))?)
+        self.handle.queue.request_notify(solicited_only);
+        Ok(())
     }
 
     fn channel(&self) -> Result<Arc<EventQueue<CqId>>, Error> {
-        Ok(self.ctx.nic.channel(self.id)?)
+        Ok(self.ctx.nic.channel(self.id())?)
     }
 
     /// The completion channel's file descriptor, for `poll`/`epoll`.
@@ -104,7 +95,7 @@ impl CompletionQueue {
         if channel.try_pop().is_some() {
             return Ok(true);
         }
-        wait_readable(&[channel.as_raw_fd()], timeout.as_millis().min(i32::MAX as u128) as i32)?;
+        wait_readable(&[channel.as_raw_fd()], timeout)?;
         Ok(channel.try_pop().is_some())
     }
 }

@@ -12,7 +12,7 @@ pub(crate) struct PdHandle {
 impl Drop for PdHandle {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.ctx.nic.with(|d, _| d.dealloc_pd(id));
+        let _ = self.ctx.nic.dealloc_pd(id);
     }
 }
 
@@ -41,7 +41,7 @@ impl ProtectionDomain {
     /// Registers an existing buffer, addressed from `iova`.
     pub fn register_buffer(&self, buffer: Arc<DmaBuffer>, iova: u64, access: Access) -> Result<MemoryRegion, Error> {
         let (pd, len) = (self.id.id, buffer.len());
-        let keys = self.ctx.nic.with(|d, _| d.register_memory(pd, buffer.clone(), 0, len, iova, access))?;
+        let keys = self.ctx.nic.register_memory(pd, buffer.clone(), 0, len, iova, access)?;
         Ok(MemoryRegion { pd: self.clone(), buffer, keys, iova })
     }
 
@@ -67,13 +67,13 @@ impl ProtectionDomain {
         let init = QpInitAttr {
             qp_type,
             pd: self.id.id,
-            send_cq: send_cq.id,
-            recv_cq: recv_cq.id,
+            send_cq: send_cq.id(),
+            recv_cq: recv_cq.id(),
             caps,
             sq_sig_all,
             srq: None,
         };
-        let qpn = self.ctx.nic.with(|d, _| d.create_qp(init))?;
+        let qpn = self.ctx.nic.create_qp(init)?;
         Ok(QueuePair::new(self.clone(), qpn, qp_type, [send_cq.handle(), recv_cq.handle()]))
     }
 }

@@ -79,12 +79,13 @@ impl QueuePair {
 
     pub fn state(&self) -> QpState {
         let qpn = self.qpn;
-        self.pd.ctx.nic.with(|d, _| d.qp(qpn).map(|q| q.state())).unwrap_or(QpState::Error)
+        self.pd.ctx.nic.query_qp(qpn).map_or(QpState::Error, |(state, _)| state)
     }
 
     pub fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
         let qpn = self.qpn;
-        Ok(self.pd.ctx.nic.with_doorbell(|d, now| d.modify_qp(now, qpn, attr))?)
+        self.pd.ctx.nic.modify_qp(qpn, attr)?;
+        Ok(())
     }
 
     /// Takes the QP from RESET to RTS, connected to `remote` (for UD, just
@@ -118,17 +119,15 @@ impl QueuePair {
     /// pacing hook congestion control drives), or lifts it with `None`.
     pub fn set_rate_limit(&self, bits_per_second: Option<u64>) -> Result<(), Error> {
         let qpn = self.qpn;
-        Ok(self.pd.ctx.nic.with_doorbell(|d, now| d.set_qp_rate_limit(now, qpn, bits_per_second))?)
+        Ok(self.pd.ctx.nic.set_qp_rate_limit(qpn, bits_per_second)?)
     }
 
     pub fn post_send(&self, wr: SendWorkRequest) -> Result<(), Error> {
-        let qpn = self.qpn;
-        Ok(self.pd.ctx.nic.with_doorbell(|d, now| d.post_send(now, qpn, wr))?)
+        Ok(self.pd.ctx.nic.post_send(self.qpn, wr)?)
     }
 
     pub fn post_recv(&self, wr: RecvWorkRequest) -> Result<(), Error> {
-        let qpn = self.qpn;
-        Ok(self.pd.ctx.nic.with(|d, now| d.post_recv(now, qpn, wr))?)
+        Ok(self.pd.ctx.nic.post_recv(self.qpn, wr)?)
     }
 }
 

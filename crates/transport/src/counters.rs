@@ -34,3 +34,32 @@ pub struct Counters {
     pub fatal_naks_sent: u64,
     pub fatal_naks_received: u64,
 }
+
+impl std::ops::AddAssign<&Counters> for Counters {
+    /// Adds another shard's counts.
+    fn add_assign(&mut self, other: &Counters) {
+        self.tx_packets += other.tx_packets;
+        self.tx_bytes += other.tx_bytes;
+        self.rx_packets += other.rx_packets;
+        self.rx_bytes += other.rx_bytes;
+        self.retransmitted_packets += other.retransmitted_packets;
+        self.timeouts += other.timeouts;
+        self.rx_icrc_errors += other.rx_icrc_errors;
+        self.rx_malformed += other.rx_malformed;
+        self.rx_unknown_qp += other.rx_unknown_qp;
+        self.rx_dropped_foreign += other.rx_dropped_foreign;
+        self.rx_out_of_sequence += other.rx_out_of_sequence;
+        self.rx_duplicate_requests += other.rx_duplicate_requests;
+        self.rx_duplicate_responses += other.rx_duplicate_responses;
+        self.rx_stale_responses += other.rx_stale_responses;
+        self.rx_qkey_violations += other.rx_qkey_violations;
+        self.rx_no_receive_posted += other.rx_no_receive_posted;
+        self.rx_cnps += other.rx_cnps;
+        self.seq_naks_sent += other.seq_naks_sent;
+        self.seq_naks_received += other.seq_naks_received;
+        self.rnr_naks_sent += other.rnr_naks_sent;
+        self.rnr_naks_received += other.rnr_naks_received;
+        self.fatal_naks_sent += other.fatal_naks_sent;
+        self.fatal_naks_received += other.fatal_naks_received;
+    }
+}

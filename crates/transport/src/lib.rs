@@ -25,15 +25,15 @@ pub mod work_request;
 
 pub use completion::{Completion, CompletionQueue, CqId, WcOpcode, WcStatus};
 pub use config::TransportConfig;
-pub use counters::Counters;
 pub use control::Control;
+pub use counters::Counters;
 pub use device::Device;
 pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
 pub use memory::{Access, DmaBuffer, MrKeys, PdId};
 pub use qp::{Mtu, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Transmit, ud_steps};
-pub use softrnic_wire::Psn;
 pub use shard::{MAX_DATAGRAM_LEN, Shard, dest_qpn, shard_of};
+pub use softrnic_wire::Psn;
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqId};
 pub use time::Instant;
 pub use work_request::{Payload, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, UdDestination};

@@ -265,8 +265,12 @@ impl Shard {
                 continue;
             };
             self.reschedule(qpn);
-            let flow =
-                UdpFlow { src: self.config.local_addr, dst: t.dst, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT };
+            let flow = UdpFlow {
+                src: self.config.local_addr,
+                dst: t.dst,
+                src_port: ROCEV2_UDP_PORT,
+                dst_port: ROCEV2_UDP_PORT,
+            };
             if flow.seal(&mut buf[..t.len]).is_err() {
                 // Address families differ: nothing can carry it.
                 self.counters.rx_dropped_foreign += 1;

@@ -63,7 +63,10 @@ impl SharedReceiveQueue {
             )));
         }
         if srq.wqes.len() >= srq.attr.max_wr as usize {
-            return Err(VerbsError::OutOfResources(format!("SRQ {} is full ({} requests)", self.id.0, srq.attr.max_wr)));
+            return Err(VerbsError::OutOfResources(format!(
+                "SRQ {} is full ({} requests)",
+                self.id.0, srq.attr.max_wr
+            )));
         }
         srq.wqes.push_back(wr);
         Ok(())
@@ -124,7 +127,8 @@ impl SharedReceiveQueues {
             return Err(VerbsError::invalid(format!("srq_limit {} exceeds max_wr {}", attr.limit, attr.max_wr)));
         }
         let id = SrqId(self.queues.len() as u32);
-        let queue = Arc::new(SharedReceiveQueue { id, pd, state: Mutex::new(SrqState { attr, wqes: VecDeque::new() }) });
+        let queue =
+            Arc::new(SharedReceiveQueue { id, pd, state: Mutex::new(SrqState { attr, wqes: VecDeque::new() }) });
         self.queues.push(Some(Registered { queue: queue.clone(), users: 0 }));
         Ok(queue)
     }

@@ -1,0 +1,251 @@
+//! Progress: who moves a shard's packets, and when. The policy lives here
+//! and nowhere else; the Rust API and the C library only call
+//! [`Nic::poll_cq`](crate::Nic::poll_cq) and post.
+//!
+//! - **Posting rings the doorbell**: the posting thread sends what the
+//!   post produced, at once.
+//! - **Polling a CQ that holds nothing drives the shards that feed it**:
+//!   receive, handle, poll again. A thread that spins on its CQ never pays
+//!   for waking another one (about 23 µs on a VM, against about 3 µs for a
+//!   spin). ACKs the poll produced leave with the next post (one system
+//!   call for both), or within [`IDLE_TRANSMIT`] if nothing is posted.
+//! - **An engine thread per shard** covers what the application does not
+//!   drive: one-sided operations at a target that never polls, a program
+//!   spinning on memory (`ib_write_lat`), timers. While the application
+//!   polls a shard, its engine thread stands by and looks again after an
+//!   interval; when the application has not polled the shard for one
+//!   interval, the thread drives it (spinning while there is work, then
+//!   blocking in `poll(2)` on the socket and its doorbell). The interval
+//!   adapts: it halves each time the thread finds work the application left
+//!   (a program spinning on memory), down to [`STANDBY_MIN`], and grows
+//!   slowly while the application keeps up, up to [`STANDBY_MAX`], so a
+//!   busy application on two cores is not taxed with wake-ups.
+
+use std::cell::RefCell;
+use std::sync::MutexGuard;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use softrnic_transport::{Completion, CompletionQueue};
+
+use crate::engine::{Core, Role};
+use crate::eventfd::wait_readable;
+use crate::shard::{Aftermath, EngineShard, ShardState};
+
+/// How often a poll that found nothing runs the transmit pass (timers,
+/// deferred ACKs).
+pub const IDLE_TRANSMIT: Duration = Duration::from_micros(5);
+/// The shortest and longest an engine thread stands by between looks.
+pub const STANDBY_MIN: Duration = Duration::from_micros(4);
+pub const STANDBY_MAX: Duration = Duration::from_micros(200);
+/// The longest a blocked engine thread sleeps without looking around.
+const MAX_SLEEP: Duration = Duration::from_millis(20);
+
+/// What a pass over a shard does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pass {
+    pub receive: bool,
+    pub transmit: bool,
+}
+
+impl Pass {
+    pub const RECEIVE: Pass = Pass { receive: true, transmit: false };
+    pub const TRANSMIT: Pass = Pass { receive: false, transmit: true };
+    pub const BOTH: Pass = Pass { receive: true, transmit: true };
+}
+
+thread_local! {
+    static AFTERMATH: RefCell<Aftermath> = RefCell::new(Aftermath::default());
+}
+
+impl Core {
+    /// One pass over `shard` by the thread holding `guard`; returns how many
+    /// datagrams moved. What the pass raised is delivered after the lock is
+    /// released.
+    pub(crate) fn drive(&self, shard: &EngineShard, mut guard: MutexGuard<'_, ShardState>, pass: Pass) -> usize {
+        AFTERMATH.with_borrow_mut(|after| {
+            let context = self.pass_context();
+            let mut moved = 0;
+            if pass.receive {
+                moved += shard.receive(&mut guard, &context, after);
+            }
+            if pass.transmit {
+                moved += shard.transmit(&mut guard, &context, after);
+            }
+            drop(guard);
+            if !after.is_empty() {
+                self.settle(after);
+            }
+            moved
+        })
+    }
+
+    /// Delivers what passes raised: completion channels, asynchronous
+    /// events, and datagrams the kernel steered to the wrong shard (UDP GRO
+    /// on a real link can coalesce datagrams of several QPs).
+    fn settle(&self, after: &mut Aftermath) {
+        for cq in after.fired_cqs.drain(..) {
+            self.notify(cq);
+        }
+        for event in after.events.drain(..) {
+            self.raise(event);
+        }
+        if after.foreign.is_empty() {
+            return;
+        }
+        self.missteered.fetch_add(after.foreign.len() as u64, Ordering::Relaxed);
+        let now = self.now();
+        let mut more = Aftermath::default();
+        for shard in self.shards.iter() {
+            if after.foreign.iter().any(|(owner, ..)| *owner == shard.index) {
+                let mine = after.foreign.extract_if(.., |(owner, ..)| *owner == shard.index);
+                shard.handle_foreign(&mut shard.lock(), now, mine.map(|(_, from, bytes)| (from, bytes)), &mut more);
+            }
+        }
+        for cq in more.fired_cqs {
+            self.notify(cq);
+        }
+        for event in more.events {
+            self.raise(event);
+        }
+    }
+
+    /// The doorbell: sends what a post produced from the posting thread,
+    /// and wakes the shard's sender thread (timers may have moved).
+    pub(crate) fn ring_doorbell(&self, shard: &EngineShard, guard: MutexGuard<'_, ShardState>) {
+        self.drive(shard, guard, Pass::TRANSMIT);
+        shard.ring();
+    }
+
+    /// `ibv_poll_cq`: completions ready, or else progress on the shards
+    /// whose QPs feed `cq`, then a second look.
+    pub(crate) fn poll_cq(&self, cq: &CompletionQueue, max: usize, out: &mut Vec<Completion>) -> usize {
+        let feeders = cq.shards();
+        for shard in self.shards_in(feeders) {
+            shard.app_polls.fetch_add(1, Ordering::Relaxed);
+        }
+        let n = cq.poll(max, out);
+        if n > 0 {
+            return n;
+        }
+        let mut received = 0;
+        for shard in self.shards_in(feeders) {
+            // A shard another thread holds is making progress already.
+            if let Some(guard) = shard.try_lock() {
+                received += self.drive(shard, guard, Pass::RECEIVE);
+            }
+        }
+        if received > 0 {
+            let n = cq.poll(max, out);
+            if n > 0 {
+                return n;
+            }
+        }
+        for shard in self.shards_in(feeders) {
+            self.transmit_when_idle(shard);
+        }
+        0
+    }
+
+    /// The transmit pass for a poll that found nothing: at most every
+    /// [`IDLE_TRANSMIT`], so a spinning poll loop spends its time watching
+    /// the socket. Timers and deferred ACKs lose no more than that.
+    fn transmit_when_idle(&self, shard: &EngineShard) {
+        let now = self.now().as_nanos();
+        let last = shard.idle_transmit_at.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < IDLE_TRANSMIT.as_nanos() as u64 {
+            return;
+        }
+        shard.idle_transmit_at.store(now, Ordering::Relaxed);
+        if let Some(guard) = shard.try_lock() {
+            self.drive(shard, guard, Pass::TRANSMIT);
+        }
+    }
+
+    /// Receives, handles and sends on every shard from the caller's thread.
+    pub(crate) fn progress_all(&self) -> usize {
+        self.shards.iter().map(|shard| self.drive(shard, shard.lock(), Pass::BOTH)).sum()
+    }
+
+    fn shards_in(&self, mask: u64) -> impl Iterator<Item = &EngineShard> {
+        // A CQ no QP feeds yet: every shard (there is nothing to find).
+        let mask = if mask == 0 { u64::MAX } else { mask };
+        self.shards.iter().filter(move |s| mask & (1 << (s.index % 64)) != 0)
+    }
+}
+
+/// An engine thread's life: stand by while the application drives the
+/// shard, drive it when the application does not.
+pub(crate) fn run(core: &Core, index: usize, role: Role, spin: Duration) {
+    set_timer_slack(Duration::from_micros(1));
+    let shard = &core.shards[index];
+    let pass = match role {
+        Role::Both => Pass::BOTH,
+        Role::Rx => Pass::RECEIVE,
+        Role::Tx => Pass::TRANSMIT,
+    };
+    let own_waker = match role {
+        Role::Rx => &shard.rx_waker,
+        Role::Both | Role::Tx => &shard.tx_waker,
+    };
+    let socket = shard.socket().fd();
+    let waker = std::os::fd::AsRawFd::as_raw_fd(own_waker);
+    let mut seen_polls = shard.app_polls.load(Ordering::Relaxed);
+    let mut standby = STANDBY_MAX;
+    let mut driving = false;
+    let mut idle_since: Option<std::time::Instant> = None;
+    while !core.stopping() {
+        let polls = shard.app_polls.load(Ordering::Relaxed);
+        if polls != seen_polls {
+            // The application polls this shard: stay out of its way.
+            seen_polls = polls;
+            if !driving {
+                standby = (standby + standby / 8).min(STANDBY_MAX);
+            }
+            driving = false;
+            let _ = wait_readable(&[waker], standby);
+            own_waker.drain();
+            continue;
+        }
+        let moved = core.drive(shard, shard.lock(), pass);
+        if !driving && moved > 0 {
+            // The application stopped polling and left work: look sooner.
+            standby = (standby / 2).max(STANDBY_MIN);
+        }
+        driving = true;
+        if role == Role::Rx && moved > 0 {
+            // Handling may have produced answers for the sender thread.
+            shard.tx_waker.signal();
+        }
+        if moved > 0 {
+            idle_since = None;
+            continue;
+        }
+        let since = *idle_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        core.publish_counters(false);
+        let timeout = match role {
+            Role::Rx => MAX_SLEEP,
+            Role::Both | Role::Tx => core.until_deadline(shard).min(MAX_SLEEP),
+        };
+        shard.sleepers.fetch_add(1, Ordering::SeqCst);
+        let _ = match role {
+            Role::Tx => wait_readable(&[waker], timeout),
+            Role::Both | Role::Rx => wait_readable(&[socket, waker], timeout),
+        };
+        shard.sleepers.fetch_sub(1, Ordering::SeqCst);
+        own_waker.drain();
+        idle_since = None;
+    }
+}
+
+/// Asks the kernel to wake this thread within `slack` of the time it asked
+/// for (the default slack, 50 µs, would swallow the standby interval).
+fn set_timer_slack(slack: Duration) {
+    // SAFETY: PR_SET_TIMERSLACK takes a plain integer and affects only the
+    // calling thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack.as_nanos() as libc::c_ulong, 0, 0, 0) };
+}
