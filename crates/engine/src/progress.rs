@@ -14,12 +14,16 @@
 //!   spinning on memory (`ib_write_lat`), timers. While the application
 //!   polls a shard, its engine thread stands by and looks again after an
 //!   interval; when the application has not polled the shard for one
-//!   interval, the thread drives it (spinning while there is work, then
-//!   blocking in `poll(2)` on the socket and its doorbell). The interval
-//!   adapts: it halves each time the thread finds work the application left
-//!   (a program spinning on memory), down to [`STANDBY_MIN`], and grows
-//!   slowly while the application keeps up, up to [`STANDBY_MAX`], so a
-//!   busy application on two cores is not taxed with wake-ups.
+//!   interval, the thread drives it while there is work, then blocks in
+//!   `poll(2)` on the socket and its doorbell (spinning a little first once
+//!   the application has been away for [`APPLICATION_AWAY`]). The interval
+//!   adapts. When the thread takes over and finds a packet or two waiting
+//!   (a program spinning on memory, `ib_write_lat`), it halves, down to
+//!   [`STANDBY_MIN`]. When it finds nothing, or a backlog (the application
+//!   was merely descheduled), or the application keeps polling, it grows
+//!   back to [`STANDBY_MAX`]: on a two-core VM a context switch costs about
+//!   as much as a 64-byte message, and an engine thread that looked every
+//!   50 µs halved the message rate (measured in BENCHMARKS.md).
 
 use std::cell::RefCell;
 use std::sync::MutexGuard;
@@ -36,8 +40,14 @@ use crate::shard::{Aftermath, EngineShard, ShardState};
 /// deferred ACKs).
 pub const IDLE_TRANSMIT: Duration = Duration::from_micros(5);
 /// The shortest and longest an engine thread stands by between looks.
-pub const STANDBY_MIN: Duration = Duration::from_micros(4);
-pub const STANDBY_MAX: Duration = Duration::from_micros(200);
+pub const STANDBY_MIN: Duration = Duration::from_micros(10);
+pub const STANDBY_MAX: Duration = Duration::from_millis(1);
+/// At most this many datagrams found waiting when an engine thread takes
+/// over mean a latency-bound program; more mean a descheduled one.
+const LATENCY_WORK: usize = 4;
+/// How long the application must have left a shard to its engine thread
+/// before the thread spins between packets rather than blocking.
+const APPLICATION_AWAY: Duration = Duration::from_millis(20);
 /// The longest a blocked engine thread sleeps without looking around.
 const MAX_SLEEP: Duration = Duration::from_millis(20);
 
@@ -192,27 +202,35 @@ pub(crate) fn run(core: &Core, index: usize, role: Role, spin: Duration) {
     let waker = std::os::fd::AsRawFd::as_raw_fd(own_waker);
     let mut seen_polls = shard.app_polls.load(Ordering::Relaxed);
     let mut standby = STANDBY_MAX;
-    let mut driving = false;
+    // Since when this thread has driven the shard, the application absent.
+    let mut driving_since: Option<std::time::Instant> = None;
     let mut idle_since: Option<std::time::Instant> = None;
     while !core.stopping() {
         let polls = shard.app_polls.load(Ordering::Relaxed);
         if polls != seen_polls {
             // The application polls this shard: stay out of its way.
             seen_polls = polls;
-            if !driving {
+            if driving_since.take().is_none() {
                 standby = (standby + standby / 8).min(STANDBY_MAX);
             }
-            driving = false;
             let _ = wait_readable(&[waker], standby);
             own_waker.drain();
             continue;
         }
+        let took_over = driving_since.is_none();
+        let driving = *driving_since.get_or_insert_with(std::time::Instant::now);
         let moved = core.drive(shard, shard.lock(), pass);
-        if !driving && moved > 0 {
-            // The application stopped polling and left work: look sooner.
-            standby = (standby / 2).max(STANDBY_MIN);
+        if took_over {
+            standby = if (1..=LATENCY_WORK).contains(&moved) {
+                // A packet or two the application left while it did not
+                // poll: it waits on memory (`ib_write_lat`). Look sooner.
+                (standby / 2).max(STANDBY_MIN)
+            } else {
+                // Nothing, or a backlog: the application was only
+                // descheduled. Looking often would cost it the core.
+                (standby * 2).min(STANDBY_MAX)
+            };
         }
-        driving = true;
         if role == Role::Rx && moved > 0 {
             // Handling may have produced answers for the sender thread.
             shard.tx_waker.signal();
@@ -221,8 +239,12 @@ pub(crate) fn run(core: &Core, index: usize, role: Role, spin: Duration) {
             idle_since = None;
             continue;
         }
+        // Spin for more only once the application has been away a while
+        // (a target of one-sided operations): on two cores, an engine
+        // thread that spins whenever the application is descheduled takes
+        // the core it needs.
         let since = *idle_since.get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() < spin {
+        if driving.elapsed() > APPLICATION_AWAY && since.elapsed() < spin {
             std::hint::spin_loop();
             continue;
         }

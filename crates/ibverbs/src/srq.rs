@@ -74,10 +74,10 @@ pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_at
     if mask & IBV_SRQ_MAX_WR != 0 {
         return refuse(VERB, libc::EOPNOTSUPP, "resizing an SRQ is not supported");
     }
-    if mask & IBV_SRQ_LIMIT != 0 {
-        if let Err(e) = s.queue.set_limit(a.srq_limit) {
-            return refuse(VERB, e.errno(), e);
-        }
+    if mask & IBV_SRQ_LIMIT != 0
+        && let Err(e) = s.queue.set_limit(a.srq_limit)
+    {
+        return refuse(VERB, e.errno(), e);
     }
     0
 }
