@@ -18,7 +18,7 @@ pub fn path(addr: IpAddr) -> PathBuf {
 /// The counters as `name value` lines, in a fixed order.
 pub fn render(c: &NicCounters) -> String {
     let t = &c.transport;
-    let rows: [(&str, u64); 23] = [
+    let rows: [(&str, u64); 24] = [
         ("tx_packets", t.tx_packets),
         ("tx_bytes", t.tx_bytes),
         ("rx_packets", t.rx_packets),
@@ -39,6 +39,7 @@ pub fn render(c: &NicCounters) -> String {
         ("rx_cnps", t.rx_cnps),
         ("tx_dropped_by_kernel", c.tx_dropped_by_kernel),
         ("rx_missteered", c.rx_missteered),
+        ("rx_dropped_by_kernel", c.rx_dropped_by_kernel),
         ("injected_drops", c.injected_tx.dropped + c.injected_rx.dropped),
         ("injected_corruptions", c.injected_tx.corrupted + c.injected_rx.corrupted),
         ("injected_duplicates", c.injected_tx.duplicated + c.injected_rx.duplicated),

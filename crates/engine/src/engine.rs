@@ -148,6 +148,9 @@ pub struct NicCounters {
     pub tx_dropped_by_kernel: u64,
     /// Datagrams a shard received for another shard's QP and handed on.
     pub rx_missteered: u64,
+    /// Datagrams the kernel dropped because a receive buffer was full:
+    /// losses of this host, not of the network.
+    pub rx_dropped_by_kernel: u64,
 }
 
 /// The state every thread of a NIC shares.
@@ -531,6 +534,7 @@ impl Core {
         };
         for shard in self.shards.iter() {
             out.transport += shard.lock().transport.counters();
+            out.rx_dropped_by_kernel += shard.kernel_drops.load(Ordering::Relaxed);
             let (tx, rx) = shard.fault_stats();
             out.injected_tx += tx;
             out.injected_rx += rx;

@@ -90,6 +90,9 @@ pub(crate) struct EngineShard {
     pub app_polls: AtomicU64,
     /// When an idle poll last ran the transmit pass (ns of NIC time).
     pub idle_transmit_at: AtomicU64,
+    /// Datagrams the kernel dropped on this shard's socket (a full
+    /// receive buffer), as the socket last reported.
+    pub kernel_drops: AtomicU64,
 }
 
 impl EngineShard {
@@ -117,6 +120,7 @@ impl EngineShard {
             sleepers: AtomicUsize::new(0),
             app_polls: AtomicU64::new(0),
             idle_transmit_at: AtomicU64::new(0),
+            kernel_drops: AtomicU64::new(0),
         })
     }
 
@@ -156,6 +160,9 @@ impl EngineShard {
     pub fn receive(&self, state: &mut ShardState, pass: &PassContext, after: &mut Aftermath) -> usize {
         SCRATCH.with_borrow_mut(|scratch| {
             let n = self.socket.recv_batch(&mut scratch.rx).unwrap_or(0);
+            if n > 0 {
+                self.kernel_drops.store(u64::from(scratch.rx.kernel_drops()), Ordering::Relaxed);
+            }
             let ShardState { transport, faults } = state;
             let mut handle = |from: SocketAddr, bytes: &[u8]| {
                 if let Some(tracer) = pass.tracer {

@@ -48,8 +48,9 @@ const UDP_GRO: libc::c_int = 104;
 const GSO_MAX_BYTES: usize = 65_000;
 /// A receive buffer: a whole GRO-coalesced batch, or one datagram.
 const RECV_BUFFER: usize = 65_536;
-/// Room for one `cmsghdr` carrying an `int` (the segment size).
-const CONTROL_LEN: usize = 32;
+/// Room for the control messages a receive carries: the GRO segment size
+/// and the socket's drop count (`SO_RXQ_OVFL`), an `int` each.
+const CONTROL_LEN: usize = 64;
 
 /// The device's UDP socket.
 #[derive(Debug)]
@@ -123,6 +124,9 @@ impl RoceSocket {
         let offload = std::env::var_os("SOFTRNIC_NO_GSO").is_none();
         let gso = offload && set_int(&socket, libc::SOL_UDP, UDP_SEGMENT, 0).is_ok();
         let gro = offload && set_int(&socket, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        // Every receive then says how many datagrams the kernel dropped
+        // for want of buffer space: loss that is not the network's.
+        let _ = set_int(&socket, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1);
         Ok(RoceSocket { socket: socket.into(), local, gso, gro })
     }
 
@@ -273,8 +277,15 @@ impl RoceSocket {
             unsafe {
                 let mut cmsg = libc::CMSG_FIRSTHDR(&header.msg_hdr);
                 while !cmsg.is_null() {
-                    if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == UDP_GRO {
-                        segment = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::c_int) as usize;
+                    let data = libc::CMSG_DATA(cmsg);
+                    match ((*cmsg).cmsg_level, (*cmsg).cmsg_type) {
+                        (libc::SOL_UDP, UDP_GRO) => {
+                            segment = std::ptr::read_unaligned(data as *const libc::c_int) as usize;
+                        }
+                        (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
+                            batch.kernel_drops = std::ptr::read_unaligned(data as *const u32);
+                        }
+                        _ => {}
                     }
                     cmsg = libc::CMSG_NXTHDR(&header.msg_hdr, cmsg);
                 }
@@ -359,6 +370,9 @@ pub struct RecvBatch {
     controls: Vec<[u64; CONTROL_LEN / 8]>,
     /// (source, buffer, offset, length) of every datagram received.
     datagrams: Vec<(SocketAddr, usize, usize, usize)>,
+    /// Datagrams the kernel dropped on this socket since it opened, for
+    /// want of buffer space, as of the last receive.
+    kernel_drops: u32,
 }
 
 impl Default for RecvBatch {
@@ -368,11 +382,18 @@ impl Default for RecvBatch {
             names: (0..BATCH).map(|_| SockAddrStorage::zeroed()).collect(),
             controls: vec![[0; CONTROL_LEN / 8]; BATCH],
             datagrams: Vec::with_capacity(BATCH * 16),
+            kernel_drops: 0,
         }
     }
 }
 
 impl RecvBatch {
+    /// Datagrams the kernel dropped on the socket for want of buffer
+    /// space, since it opened (as of the last receive that said).
+    pub fn kernel_drops(&self) -> u32 {
+        self.kernel_drops
+    }
+
     /// The `i`th datagram of the last receive and where it came from.
     pub fn get(&self, i: usize) -> Option<(SocketAddr, &[u8])> {
         let &(source, buffer, offset, len) = self.datagrams.get(i)?;

@@ -1,0 +1,286 @@
+//! The sharded engine under concurrency: several engine threads (shards,
+//! with and without separate receive and send threads) and several
+//! application threads, each driving its own QPs with every operation,
+//! CQs fed by QPs of several shards, and QPs created and destroyed while
+//! traffic flows. On a clean loopback the engine must not disturb itself:
+//! no datagram reaches the wrong shard, arrives out of sequence, is NAKed
+//! or is sent twice; every byte is checked.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use softrnic::{
+    Access, Completion, CompletionQueue, ConnectOptions, Context, EngineConfig, FaultConfig, MemoryRegion, NicCounters,
+    Payload, QpCaps, QueuePair, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode, WcStatus,
+};
+
+/// Each test takes its own pair of addresses so tests can run in parallel.
+static NEXT: AtomicU8 = AtomicU8::new(10);
+
+fn addresses() -> (IpAddr, IpAddr) {
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    (IpAddr::from([127, 0, 3, n]), IpAddr::from([127, 0, 3, n + 1]))
+}
+
+/// Where each part of a pair's region lies.
+const SEND_AT: usize = 0;
+const WRITE_AT: usize = 1 << 14;
+const READ_AT: usize = 2 << 14;
+const COUNTER_AT: usize = 3 << 14;
+const ATOMIC_AT: usize = COUNTER_AT + 8;
+const REGION: usize = 4 << 14;
+/// Message sizes the rounds cycle through: one byte to four packets.
+const SIZES: [usize; 6] = [1, 100, 4096, 4097, 9000, 16384];
+
+fn pattern(len: usize, salt: u32) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(31).wrapping_add(salt).to_le_bytes()[0] ^ (i >> 8) as u8).collect()
+}
+
+/// One connected pair of QPs, A on the first device, B on the second.
+struct Pair {
+    a: QueuePair,
+    b: QueuePair,
+    a_mr: MemoryRegion,
+    b_mr: MemoryRegion,
+}
+
+/// The QPs of one application thread, with a CQ per side that all of them
+/// (spread over the shards round robin) share.
+struct Lane {
+    pairs: Vec<Pair>,
+    a_cq: CompletionQueue,
+    b_cq: CompletionQueue,
+}
+
+fn lane(a: &Context, b: &Context, pairs: usize, options: &ConnectOptions) -> Lane {
+    let (pd_a, pd_b) = (a.alloc_pd(), b.alloc_pd());
+    let (a_cq, b_cq) = (a.create_cq(4096).unwrap(), b.create_cq(4096).unwrap());
+    let pairs = (0..pairs)
+        .map(|_| {
+            let a_mr = pd_a.register(REGION, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
+            let b_mr = pd_b.register(REGION, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
+            let qa = pd_a.create_rc_qp(&a_cq, &a_cq, QpCaps::default()).unwrap();
+            let qb = pd_b.create_rc_qp(&b_cq, &b_cq, QpCaps::default()).unwrap();
+            qa.connect(&qb.endpoint(&b_mr), options).unwrap();
+            qb.connect(&qa.endpoint(&a_mr), options).unwrap();
+            Pair { a: qa, b: qb, a_mr, b_mr }
+        })
+        .collect();
+    Lane { pairs, a_cq, b_cq }
+}
+
+/// Polls `cq` until `n` completions arrive.
+fn collect(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
+    let mut out = Vec::with_capacity(n);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while out.len() < n {
+        cq.poll(n - out.len(), &mut out);
+        assert!(std::time::Instant::now() < deadline, "{} of {n} completions after 60 s", out.len());
+    }
+    out
+}
+
+/// `rounds` rounds of SEND, WRITE, WRITE with immediate, READ and
+/// FETCH_ADD on every pair of the lane at once, every result checked.
+fn run_lane(lane: &Lane, lane_id: u32, rounds: u32) {
+    for p in &lane.pairs {
+        p.b_mr.write(READ_AT, &pattern(16384, 0xbeef + lane_id));
+    }
+    for round in 0..rounds {
+        let len = SIZES[round as usize % SIZES.len()];
+        for (i, p) in lane.pairs.iter().enumerate() {
+            let salt = lane_id * 1000 + round * 10 + i as u32;
+            p.a_mr.write(0, &pattern(len, salt));
+            let id = u64::from(round) << 8 | i as u64;
+            p.b.post_recv(RecvWorkRequest { wr_id: id, sges: vec![p.b_mr.sge(SEND_AT, len as u32)] }).unwrap();
+            p.b.post_recv(RecvWorkRequest { wr_id: id, sges: vec![] }).unwrap();
+            let data = p.a_mr.gather(0, len as u32);
+            let wrs = [
+                SendWorkRequest::new(id, SendOp::Send { imm: None }, data.clone()),
+                SendWorkRequest::new(id, SendOp::Write { remote: p.b_mr.remote(WRITE_AT), imm: None }, data),
+                SendWorkRequest::new(
+                    id,
+                    SendOp::Write { remote: p.b_mr.remote(WRITE_AT), imm: Some(round) },
+                    Payload::Inline(vec![]),
+                ),
+                SendWorkRequest::new(
+                    id,
+                    SendOp::Read { remote: p.b_mr.remote(READ_AT) },
+                    p.a_mr.gather(READ_AT, len as u32),
+                ),
+                SendWorkRequest::new(
+                    id,
+                    SendOp::FetchAdd { remote: p.b_mr.remote(COUNTER_AT), add: 1 },
+                    p.a_mr.gather(ATOMIC_AT, 8),
+                ),
+            ];
+            for wr in wrs {
+                p.a.post_send(wr).unwrap();
+            }
+        }
+        let sent = collect(&lane.a_cq, 5 * lane.pairs.len());
+        let received = collect(&lane.b_cq, 2 * lane.pairs.len());
+        for c in sent.iter().chain(&received) {
+            assert_eq!(c.status, WcStatus::Success, "lane {lane_id} round {round}: {c:?}");
+            assert_eq!(c.wr_id >> 8, u64::from(round), "a completion of another round: {c:?}");
+        }
+        // Completions of one QP come in the order its requests were posted.
+        for p in &lane.pairs {
+            let opcodes: Vec<WcOpcode> = sent.iter().filter(|c| c.qp_num == p.a.qpn()).map(|c| c.opcode).collect();
+            let posted =
+                [WcOpcode::Send, WcOpcode::RdmaWrite, WcOpcode::RdmaWrite, WcOpcode::RdmaRead, WcOpcode::FetchAdd];
+            assert_eq!(opcodes, posted, "QP {:#x}", p.a.qpn());
+        }
+        for (i, p) in lane.pairs.iter().enumerate() {
+            let expected = pattern(len, lane_id * 1000 + round * 10 + i as u32);
+            let mut got = vec![0u8; len];
+            p.b_mr.read(SEND_AT, &mut got);
+            assert!(got == expected, "SEND data, lane {lane_id} round {round} pair {i}");
+            p.b_mr.read(WRITE_AT, &mut got);
+            assert!(got == expected, "WRITE data, lane {lane_id} round {round} pair {i}");
+            p.a_mr.read(READ_AT, &mut got);
+            assert!(got == pattern(16384, 0xbeef + lane_id)[..len], "READ data, lane {lane_id} round {round}");
+            let mut word = [0u8; 8];
+            p.a_mr.read(ATOMIC_AT, &mut word);
+            assert_eq!(u64::from_ne_bytes(word), u64::from(round), "FETCH_ADD saw the previous rounds");
+        }
+    }
+}
+
+fn open(addr: IpAddr, shards: usize, split: bool, faults: FaultConfig) -> Context {
+    let config = EngineConfig { faults, ..EngineConfig::new(addr).with_threads(shards, split) };
+    Context::with_config(config).expect("open")
+}
+
+/// Runs `threads` application threads of `pairs` QP pairs each between two
+/// devices of `shards` shards; returns both devices' counters.
+fn workload(shards: usize, split: bool, threads: u32, pairs: usize, faults: FaultConfig) -> [NicCounters; 2] {
+    let (addr_a, addr_b) = addresses();
+    let (a, b) = (open(addr_a, shards, split, faults), open(addr_b, shards, split, faults));
+    // A loaded two-core machine can keep a thread off the CPU for
+    // milliseconds: a clean run keeps the default retransmission timeout
+    // (67 ms), a faulty one a short one.
+    let options = if faults.is_none() {
+        ConnectOptions::default()
+    } else {
+        ConnectOptions { timeout: 10, min_rnr_timer: 1, ..ConnectOptions::default() }
+    };
+    let lanes: Vec<Lane> = (0..threads).map(|_| lane(&a, &b, pairs, &options)).collect();
+    if shards > 1 {
+        let mut used: Vec<usize> = lanes.iter().flat_map(|l| &l.pairs).map(|p| p.a.qpn() as usize % shards).collect();
+        used.sort();
+        used.dedup();
+        assert_eq!(used.len(), shards, "QPs are spread over every shard");
+    }
+    let start = Arc::new(Barrier::new(threads as usize));
+    std::thread::scope(|scope| {
+        for (id, lane) in lanes.iter().enumerate() {
+            let start = start.clone();
+            scope.spawn(move || {
+                start.wait();
+                run_lane(lane, id as u32, 36);
+            });
+        }
+    });
+    [a.counters(), b.counters()]
+}
+
+/// What a clean run must not count.
+fn assert_undisturbed(counters: &[NicCounters; 2]) {
+    for (side, c) in ["A", "B"].iter().zip(counters) {
+        let t = &c.transport;
+        let disturbances = [
+            ("rx_dropped_by_kernel", c.rx_dropped_by_kernel),
+            ("rx_missteered", c.rx_missteered),
+            ("rx_out_of_sequence", t.rx_out_of_sequence),
+            ("seq_naks_sent", t.seq_naks_sent),
+            ("seq_naks_received", t.seq_naks_received),
+            ("retransmitted_packets", t.retransmitted_packets),
+            ("timeouts", t.timeouts),
+            ("rx_duplicate_requests", t.rx_duplicate_requests),
+            ("rx_unknown_qp", t.rx_unknown_qp),
+            ("tx_dropped_by_kernel", c.tx_dropped_by_kernel),
+        ];
+        for (name, n) in disturbances {
+            assert_eq!(n, 0, "device {side} counted {n} {name}: {c:?}");
+        }
+        assert!(t.rx_packets > 0 && t.tx_packets > 0);
+    }
+}
+
+#[test]
+fn one_shard_three_application_threads() {
+    assert_undisturbed(&workload(1, false, 3, 3, FaultConfig::default()));
+}
+
+#[test]
+fn two_shards_three_application_threads() {
+    assert_undisturbed(&workload(2, false, 3, 3, FaultConfig::default()));
+}
+
+#[test]
+fn four_shards_two_application_threads() {
+    assert_undisturbed(&workload(4, false, 2, 4, FaultConfig::default()));
+}
+
+#[test]
+fn split_receive_and_send_threads() {
+    assert_undisturbed(&workload(2, true, 2, 3, FaultConfig::default()));
+}
+
+#[test]
+fn shards_through_a_hostile_network() {
+    let faults = FaultConfig { loss: 0.02, reorder: 0.02, duplicate: 0.01, corrupt: 0.01 };
+    let [a, b] = workload(3, false, 2, 3, faults);
+    // Every result was checked; the faults really happened.
+    assert!(a.injected_tx.dropped + b.injected_tx.dropped > 0);
+    assert!(a.transport.retransmitted_packets + b.transport.retransmitted_packets > 0);
+    // Only a corrupted destination QP reaches the wrong shard (which hands
+    // it on; its owner then drops it for its ICRC).
+    assert!(a.rx_missteered + b.rx_missteered <= a.injected_tx.corrupted + b.injected_tx.corrupted);
+}
+
+/// QPs created and destroyed on every shard while other QPs carry traffic:
+/// the traffic is undisturbed and nothing leaks or hangs.
+#[test]
+fn create_and_destroy_race_traffic() {
+    let (addr_a, addr_b) = addresses();
+    let (a, b) = (open(addr_a, 3, false, FaultConfig::default()), open(addr_b, 3, false, FaultConfig::default()));
+    let options = ConnectOptions::default();
+    let busy = lane(&a, &b, 3, &options);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            run_lane(&busy, 0, 48);
+            done.store(true, Ordering::Release);
+        });
+        scope.spawn(|| {
+            let mut cycles = 0;
+            while !done.load(Ordering::Acquire) || cycles < 20 {
+                let churn = lane(&a, &b, 2, &options);
+                for p in &churn.pairs {
+                    p.a_mr.write(0, b"churn");
+                    let wr = SendWorkRequest::new(
+                        1,
+                        SendOp::Write { remote: p.b_mr.remote(0), imm: None },
+                        p.a_mr.gather(0, 5),
+                    );
+                    p.a.post_send(wr).unwrap();
+                }
+                for c in collect(&churn.a_cq, churn.pairs.len()) {
+                    assert_eq!(c.status, WcStatus::Success);
+                }
+                drop(churn);
+                cycles += 1;
+            }
+        });
+    });
+    let counters = [a.counters(), b.counters()];
+    for c in &counters {
+        let t = &c.transport;
+        assert_eq!((t.rx_out_of_sequence, t.seq_naks_sent, t.retransmitted_packets), (0, 0, 0), "{c:?}");
+        assert_eq!(c.rx_missteered, 0);
+    }
+}
