@@ -242,7 +242,7 @@ impl EngineShard {
                         for (i, &(dst, len)) in scratch.tx_meta.iter().enumerate() {
                             packets[i] = (dst, &scratch.tx[i][..len]);
                         }
-                        self.send_all(&packets[..count], pass);
+                        self.send_all(&mut packets[..count], pass);
                     }
                     Some(faults) => {
                         scratch.faulty.clear();
@@ -254,9 +254,9 @@ impl EngineShard {
                             // once traffic pauses.
                             faults.tx.release(&mut scratch.faulty);
                         }
-                        let packets: Vec<(SocketAddr, &[u8])> =
+                        let mut packets: Vec<(SocketAddr, &[u8])> =
                             scratch.faulty.iter().map(|(a, b)| (*a, &b[..])).collect();
-                        self.send_all(&packets, pass);
+                        self.send_all(&mut packets, pass);
                     }
                 }
                 total += count;
@@ -271,9 +271,10 @@ impl EngineShard {
 
     /// Sends a batch; what the kernel refuses is dropped, as a full link
     /// would drop it, and retransmitted by the transport.
-    fn send_all(&self, packets: &[(SocketAddr, &[u8])], pass: &PassContext) {
+    fn send_all(&self, packets: &mut [(SocketAddr, &[u8])], pass: &PassContext) {
+        crate::socket::group_runs(packets);
         if let Some(tracer) = pass.tracer {
-            for (dst, bytes) in packets {
+            for (dst, bytes) in packets.iter() {
                 tracer.datagram("->", *dst, bytes);
             }
         }

@@ -306,6 +306,23 @@ impl RoceSocket {
     }
 }
 
+/// Orders a batch so that each destination QP's datagrams sit together
+/// (in the order they were made), which lets [`RoceSocket::send_batch`]
+/// send each QP's run as one GSO message. The transport serves its QPs
+/// round robin, one packet each, so a batch for four QPs would otherwise
+/// hold no run at all. An insertion sort: stable, no allocation, and a
+/// batch is at most [`BATCH`] long.
+pub fn group_runs(packets: &mut [(SocketAddr, &[u8])]) {
+    let key = |p: &(SocketAddr, &[u8])| (p.0, softrnic_transport::dest_qpn(p.1));
+    for i in 1..packets.len() {
+        let mut j = i;
+        while j > 0 && key(&packets[j - 1]) > key(&packets[i]) {
+            j -= 1;
+        }
+        packets[j..=i].rotate_right(1);
+    }
+}
+
 /// Whether two RoCEv2 datagrams go to the same QP (BTH bytes 5..8).
 fn same_dest_qp(a: &[u8], b: &[u8]) -> bool {
     a.get(5..8).is_some() && a.get(5..8) == b.get(5..8)
@@ -429,5 +446,27 @@ mod tests {
         assert!(same_dest_qp(&a, &a));
         assert!(!same_dest_qp(&a, &b));
         assert!(!same_dest_qp(&a[..4], &a[..4]));
+    }
+
+    #[test]
+    fn runs_are_grouped_per_qp_keeping_each_qps_order() {
+        let peer: SocketAddr = "127.0.0.9:4791".parse().unwrap();
+        let datagram = |qpn: u8, seq: u8| {
+            let mut d = [0u8; 13];
+            d[7] = qpn;
+            d[12] = seq;
+            d
+        };
+        let made: Vec<[u8; 13]> = (0..12).map(|i| datagram(0x11 + i % 3, i)).collect();
+        let mut batch: Vec<(SocketAddr, &[u8])> = made.iter().map(|d| (peer, &d[..])).collect();
+        group_runs(&mut batch);
+        let order: Vec<(u8, u8)> = batch.iter().map(|(_, d)| (d[7], d[12])).collect();
+        assert_eq!(
+            order,
+            [(0x11, 0), (0x11, 3), (0x11, 6), (0x11, 9), (0x12, 1), (0x12, 4), (0x12, 7), (0x12, 10)]
+                .into_iter()
+                .chain([(0x13, 2), (0x13, 5), (0x13, 8), (0x13, 11)])
+                .collect::<Vec<_>>()
+        );
     }
 }
