@@ -166,10 +166,6 @@ pub fn to_wc(c: &Completion) -> ibv_wc {
         flags |= IBV_WC_WITH_IMM;
         imm = v.to_be();
     }
-    if let Some(rkey) = c.invalidated_rkey {
-        flags |= IBV_WC_WITH_INV;
-        imm = rkey;
-    }
     if c.grh {
         flags |= IBV_WC_GRH;
     }

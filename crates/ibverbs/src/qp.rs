@@ -452,7 +452,13 @@ unsafe fn send_wr_of(q: &Qp, wr: &ibv_send_wr) -> Result<SendWorkRequest, c_int>
     let op = match wr.opcode {
         IBV_WR_SEND => SendOp::Send { imm: None },
         IBV_WR_SEND_WITH_IMM => SendOp::Send { imm: Some(u32::from_be(wr.imm_data)) },
-        IBV_WR_SEND_WITH_INV => SendOp::SendWithInvalidate { rkey: wr.imm_data },
+        IBV_WR_SEND_WITH_INV => {
+            return Err(refuse(
+                VERB,
+                libc::EOPNOTSUPP,
+                "SEND with invalidate needs memory windows, which softrnic lacks",
+            ));
+        }
         IBV_WR_RDMA_WRITE => {
             SendOp::Write { remote: RemoteAddr { addr: rdma.remote_addr, rkey: rdma.rkey }, imm: None }
         }
@@ -472,17 +478,16 @@ unsafe fn send_wr_of(q: &Qp, wr: &ibv_send_wr) -> Result<SendWorkRequest, c_int>
         },
         other => return Err(refuse(VERB, libc::EINVAL, format!("opcode {other} is not supported"))),
     };
-    let payload =
-        if inline && matches!(op, SendOp::Send { .. } | SendOp::SendWithInvalidate { .. } | SendOp::Write { .. }) {
-            let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
-            if total > u64::from(q.caps.max_inline_data) {
-                return Err(refuse(VERB, libc::EINVAL, format!("{total} inline bytes exceed max_inline_data")));
-            }
-            // SAFETY: caller's promise.
-            Payload::Inline(unsafe { inline_bytes(&list) })
-        } else {
-            Payload::Gather(list)
-        };
+    let payload = if inline && matches!(op, SendOp::Send { .. } | SendOp::Write { .. }) {
+        let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+        if total > u64::from(q.caps.max_inline_data) {
+            return Err(refuse(VERB, libc::EINVAL, format!("{total} inline bytes exceed max_inline_data")));
+        }
+        // SAFETY: caller's promise.
+        Payload::Inline(unsafe { inline_bytes(&list) })
+    } else {
+        Payload::Gather(list)
+    };
     let ud = match q.qp_type {
         QpType::Rc => None,
         QpType::Ud => {

@@ -21,8 +21,7 @@ pub const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_SEND_WITH_IMM
     | IBV_QP_EX_WITH_RDMA_READ
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
-    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
-    | IBV_QP_EX_WITH_SEND_WITH_INV;
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 
 /// Requests being built between `wr_start` and `wr_complete`.
 #[derive(Default)]
@@ -161,9 +160,10 @@ unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
     unsafe { begin(qp, SendOp::Send { imm: Some(u32::from_be(imm)) }) }
 }
 
-unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, _rkey: u32) {
+    let why = "SEND with invalidate needs memory windows, which softrnic lacks";
     // SAFETY: a live QP (caller).
-    unsafe { begin(qp, SendOp::SendWithInvalidate { rkey }) }
+    unsafe { fail(qp, refuse("ibv_wr_send_inv", libc::EOPNOTSUPP, why)) }
 }
 
 unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {

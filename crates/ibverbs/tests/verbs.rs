@@ -484,6 +484,11 @@ fn errors_follow_the_verbs_conventions() {
         ah_attr.port_num = 1;
         assert!(ah::ibv_create_ah(pd, &mut ah_attr).is_null());
         assert_eq!(errno(), libc::EINVAL);
+        // SEND with invalidate would need memory windows: refused, never
+        // reported as an invalidation that did not happen.
+        let mut sge: ibv_sge = std::mem::zeroed();
+        let mut wr = send_wr(9, IBV_WR_SEND_WITH_INV, &mut sge);
+        assert_eq!(post_send(q, &mut wr), libc::EOPNOTSUPP);
         // A CQ in use cannot go.
         assert_eq!(cq::ibv_destroy_cq(cq), libc::EBUSY);
         assert_eq!(qp::ibv_destroy_qp(q), 0);

@@ -125,13 +125,34 @@ fn zero_length_operations_complete() {
     assert_eq!((b[0].byte_len, b[0].status), (0, WcStatus::Success));
 }
 
+/// softrnic has no memory windows, so a SEND with invalidate (from some
+/// other RNIC) names nothing it could invalidate: the responder refuses it
+/// as an invalid request instead of claiming an invalidation it never did.
 #[test]
-fn send_with_invalidate_reports_the_rkey() {
+fn send_with_invalidate_is_an_invalid_request() {
+    use softrnic_wire::icrc::UdpFlow;
+    use softrnic_wire::packet::{Extensions, Headers};
+    use softrnic_wire::{Opcode, ROCEV2_UDP_PORT, bth};
+
     let mut pair = Pair::new(PairOptions::default());
     pair.post_recv(1, 1, 0, 64);
-    pair.post(0, 1, SendOp::SendWithInvalidate { rkey: 0x1234 }, Payload::Inline(b"x".to_vec()));
+    let headers = Headers {
+        bth: bth::Repr::new(Opcode::RcSendOnlyInv, pair.b.qpn, Psn::new(pair.a.qpn * 1000)),
+        ext: Extensions { invalidate_rkey: Some(pair.b.mr.rkey), ..Extensions::default() },
+    };
+    let mut buf = [0u8; 64];
+    let len = headers.emit_packet(&mut buf, b"x").unwrap();
+    let from = pair.world.hosts[0].addr;
+    let to = pair.world.ip(1);
+    UdpFlow { src: from.ip(), dst: to, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT }
+        .seal(&mut buf[..len])
+        .unwrap();
+    let now = pair.world.now;
+    pair.world.device(1).handle_datagram(now, from, &buf[..len]);
     let [_, b] = pair.settle();
-    assert_eq!(b[0].invalidated_rkey, Some(0x1234));
+    assert_eq!(pair.state(1), QpState::Error);
+    assert_eq!(b.iter().map(|c| c.status).collect::<Vec<_>>(), vec![WcStatus::WrFlushErr]);
+    assert_eq!(pair.world.device(1).counters().fatal_naks_sent, 1);
 }
 
 #[test]

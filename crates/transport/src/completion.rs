@@ -70,8 +70,6 @@ pub struct Completion {
     /// GRH) or transferred.
     pub byte_len: u32,
     pub imm_data: Option<u32>,
-    /// The rkey a SEND with invalidate named.
-    pub invalidated_rkey: Option<u32>,
     /// The local QP.
     pub qp_num: u32,
     /// The remote QP (UD receive completions).
@@ -92,7 +90,6 @@ impl Completion {
             opcode,
             byte_len: 0,
             imm_data: None,
-            invalidated_rkey: None,
             qp_num,
             src_qp: 0,
             source: None,

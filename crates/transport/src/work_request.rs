@@ -23,8 +23,6 @@ pub struct RemoteAddr {
 pub enum SendOp {
     /// SEND, optionally with 32 bits of immediate data.
     Send { imm: Option<u32> },
-    /// SEND that asks the responder to invalidate `rkey`.
-    SendWithInvalidate { rkey: u32 },
     /// RDMA WRITE, optionally with immediate data (which consumes a receive).
     Write { remote: RemoteAddr, imm: Option<u32> },
     /// RDMA READ into the local scatter list.
@@ -52,7 +50,7 @@ impl SendOp {
             | SendOp::Read { remote }
             | SendOp::CompareSwap { remote, .. }
             | SendOp::FetchAdd { remote, .. } => Some(remote),
-            SendOp::Send { .. } | SendOp::SendWithInvalidate { .. } => None,
+            SendOp::Send { .. } => None,
         }
     }
 }

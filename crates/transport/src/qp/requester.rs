@@ -218,10 +218,6 @@ impl QueuePair {
                 ext.immediate = last.then_some(imm);
                 pick(Opcode::RcSendOnlyImm, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLastImm)
             }
-            SendOp::SendWithInvalidate { rkey } => {
-                ext.invalidate_rkey = last.then_some(rkey);
-                pick(Opcode::RcSendOnlyInv, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLastInv)
-            }
             SendOp::Write { remote, imm } => {
                 ext.reth = first.then_some(reth::Repr {
                     virtual_address: remote.addr,

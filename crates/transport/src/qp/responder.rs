@@ -264,6 +264,14 @@ impl QueuePair {
     }
 
     fn execute_send(&mut self, ctx: &mut Ctx, packet: &PacketRepr, position: Position) -> Result<(), Refusal> {
+        if packet.headers.ext.invalidate_rkey.is_some() {
+            // SEND with invalidate names an rkey to invalidate: a memory
+            // window's or a fast-registration region's. softrnic has
+            // neither, so no rkey can be invalidated, and the request is
+            // invalid (rxe answers the same for a region it cannot
+            // invalidate).
+            return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+        }
         if position.starts_message() {
             let recv = self.take_recv(ctx).ok_or(Refusal::ReceiverNotReady)?;
             let capacity = match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE) {
@@ -290,7 +298,6 @@ impl QueuePair {
             let mut completion = Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
             completion.byte_len = offset as u32;
             completion.imm_data = ext.immediate;
-            completion.invalidated_rkey = ext.invalidate_rkey;
             completion.solicited = packet.headers.bth.solicited;
             self.complete_recv(ctx, completion);
             self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;

@@ -53,7 +53,7 @@ impl SendWqe {
 
     pub fn wc_opcode(&self) -> WcOpcode {
         match self.wr.op {
-            SendOp::Send { .. } | SendOp::SendWithInvalidate { .. } => WcOpcode::Send,
+            SendOp::Send { .. } => WcOpcode::Send,
             SendOp::Write { .. } => WcOpcode::RdmaWrite,
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
