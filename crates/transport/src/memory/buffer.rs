@@ -173,16 +173,16 @@ mod atomic_copy {
         // arithmetic on `len`, and the word accesses are 8-byte aligned
         // because `head` brought `src` to a boundary.
         unsafe {
-            for i in 0..head {
-                dst[i] = AtomicU8::from_ptr(src.add(i) as *mut u8).load(Relaxed);
+            for (i, byte) in dst.iter_mut().enumerate().take(head) {
+                *byte = AtomicU8::from_ptr(src.add(i) as *mut u8).load(Relaxed);
             }
             for w in 0..words {
                 let at = head + w * WORD;
                 let word = AtomicU64::from_ptr(src.add(at) as *mut u64).load(Relaxed);
                 dst[at..at + WORD].copy_from_slice(&word.to_ne_bytes());
             }
-            for i in head + words * WORD..len {
-                dst[i] = AtomicU8::from_ptr(src.add(i) as *mut u8).load(Relaxed);
+            for (i, byte) in dst.iter_mut().enumerate().skip(head + words * WORD) {
+                *byte = AtomicU8::from_ptr(src.add(i) as *mut u8).load(Relaxed);
             }
         }
     }
