@@ -4,13 +4,14 @@ use std::ffi::c_int;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::abi::*;
+use crate::c_view::CView;
 use crate::device::gid_of;
 use crate::ffi::{refuse, refuse_null};
 use crate::qp::destination_of;
 
 #[repr(C)]
 pub struct Ah {
-    pub ibv: ibv_ah,
+    pub ibv: CView<ibv_ah>,
     /// The peer's address: its GID.
     pub dest: IpAddr,
 }
@@ -26,22 +27,26 @@ impl Ah {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
-    if pd.is_null() || attr.is_null() {
-        return refuse_null("ibv_create_ah", libc::EINVAL, "NULL PD or attributes");
-    }
-    // SAFETY: readable attributes and a live PD (caller).
-    let (dest, context) = match destination_of("ibv_create_ah", unsafe { &*attr }) {
-        Ok(d) => (d, unsafe { (*pd).context }),
-        Err(e) => return refuse_null("ibv_create_ah", e, "bad address vector"),
-    };
-    Box::into_raw(Box::new(Ah { ibv: ibv_ah { context, pd, handle: 0 }, dest })) as *mut ibv_ah
+    crate::ffi::guard("ibv_create_ah", || {
+        if pd.is_null() || attr.is_null() {
+            return refuse_null("ibv_create_ah", libc::EINVAL, "NULL PD or attributes");
+        }
+        // SAFETY: readable attributes and a live PD (caller).
+        let (dest, context) = match destination_of("ibv_create_ah", unsafe { &*attr }) {
+            Ok(d) => (d, unsafe { (*pd).context }),
+            Err(e) => return refuse_null("ibv_create_ah", e, "bad address vector"),
+        };
+        Box::into_raw(Box::new(Ah { ibv: CView::new(ibv_ah { context, pd, handle: 0 }), dest })) as *mut ibv_ah
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
-    // SAFETY: boxed in `ibv_create_ah`, freed once here (caller).
-    drop(unsafe { Box::from_raw(ah as *mut Ah) });
-    0
+    crate::ffi::guard("ibv_destroy_ah", || {
+        // SAFETY: boxed in `ibv_create_ah`, freed once here (caller).
+        drop(unsafe { Box::from_raw(ah as *mut Ah) });
+        0
+    })
 }
 
 /// The sender's address in the GRH area of a UD receive: an IPv4 header in
@@ -62,23 +67,25 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     grh: *mut ibv_grh,
     attr: *mut ibv_ah_attr,
 ) -> c_int {
-    // SAFETY: a readable completion (caller).
-    let wc = unsafe { &*wc };
-    if wc.wc_flags & IBV_WC_GRH == 0 || grh.is_null() {
-        return refuse("ibv_init_ah_from_wc", libc::EINVAL, "RoCE completions carry a GRH; none was given");
-    }
-    // SAFETY: `grh` points at the 40 bytes before the payload (caller).
-    let source = source_of_grh(unsafe { &*(grh as *const [u8; 40]) });
-    // SAFETY: all-zero is a valid `ibv_ah_attr`; `attr` is writable.
-    unsafe {
-        let mut a: ibv_ah_attr = std::mem::zeroed();
-        a.grh.dgid = ibv_gid { raw: gid_of(source) };
-        a.grh.hop_limit = 0xff;
-        a.is_global = 1;
-        a.port_num = port;
-        *attr = a;
-    }
-    0
+    crate::ffi::guard("ibv_init_ah_from_wc", || {
+        // SAFETY: a readable completion (caller).
+        let wc = unsafe { &*wc };
+        if wc.wc_flags & IBV_WC_GRH == 0 || grh.is_null() {
+            return refuse("ibv_init_ah_from_wc", libc::EINVAL, "RoCE completions carry a GRH; none was given");
+        }
+        // SAFETY: `grh` points at the 40 bytes before the payload (caller).
+        let source = source_of_grh(unsafe { &*(grh as *const [u8; 40]) });
+        // SAFETY: all-zero is a valid `ibv_ah_attr`; `attr` is writable.
+        unsafe {
+            let mut a: ibv_ah_attr = std::mem::zeroed();
+            a.grh.dgid = ibv_gid { raw: gid_of(source) };
+            a.grh.hop_limit = 0xff;
+            a.is_global = 1;
+            a.port_num = port;
+            *attr = a;
+        }
+        0
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -88,16 +95,18 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     grh: *mut ibv_grh,
     port: u8,
 ) -> *mut ibv_ah {
-    // SAFETY: all-zero is a valid `ibv_ah_attr`.
-    let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
-    // SAFETY: forwarded contract; a live PD.
-    unsafe {
-        let rc = ibv_init_ah_from_wc((*pd).context, port, wc, grh, &mut attr);
-        if rc != 0 {
-            return refuse_null("ibv_create_ah_from_wc", rc, "no usable GRH");
+    crate::ffi::guard("ibv_create_ah_from_wc", || {
+        // SAFETY: all-zero is a valid `ibv_ah_attr`.
+        let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: forwarded contract; a live PD.
+        unsafe {
+            let rc = ibv_init_ah_from_wc((*pd).context, port, wc, grh, &mut attr);
+            if rc != 0 {
+                return refuse_null("ibv_create_ah_from_wc", rc, "no usable GRH");
+            }
+            ibv_create_ah(pd, &mut attr)
         }
-        ibv_create_ah(pd, &mut attr)
-    }
+    })
 }
 
 #[cfg(test)]

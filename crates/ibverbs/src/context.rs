@@ -10,8 +10,12 @@ use softrnic_engine::{BindError, EngineConfig, FaultConfig, Nic, OpenError};
 use softrnic_transport::{AsyncEvent, CqId, SrqId, TransportConfig};
 
 use crate::abi::*;
+use crate::acks::Reported;
+use crate::cq::Cq;
 use crate::device::{SoftDevice, device};
 use crate::ffi::{copy_c_string, refuse, refuse_null, set_errno};
+use crate::qp::Qp;
+use crate::srq::Srq;
 
 /// Most of each resource a device offers (`ibv_device_attr`).
 pub mod limits {
@@ -92,47 +96,52 @@ fn extended_ops() -> verbs_context {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ibv_context {
-    let device = match device() {
-        Ok(d) if std::ptr::eq(ibv_device, &d.ibv) => d,
-        _ => return refuse_null("ibv_open_device", libc::ENODEV, "not a softrnic device"),
-    };
-    let (faults, config) = match FaultConfig::from_env().and_then(|f| Ok((f, EngineConfig::from_env(device.addr)?))) {
-        Ok(both) => both,
-        Err(why) => {
-            eprintln!("softrnic: {why}");
-            return refuse_null("ibv_open_device", libc::EINVAL, why);
-        }
-    };
-    let transport = TransportConfig { ud_mtu: device.active_mtu, ..TransportConfig::default() };
-    let config = EngineConfig { faults, transport, ..config };
-    let nic = match Nic::open(config) {
-        Ok(nic) => nic,
-        Err(why) => {
-            // Programs print only "Couldn't get context"; say what to do.
-            eprintln!("softrnic: cannot open {} on {}: {why}", crate::device::DEVICE_NAME, device.addr);
-            let errno = match &why {
-                OpenError::Bind(BindError::NotLocal(_)) => libc::EADDRNOTAVAIL,
-                OpenError::Bind(BindError::InUse(_)) => libc::EADDRINUSE,
-                OpenError::Bind(BindError::Other(_, e)) | OpenError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
-                OpenError::Config(_) => libc::EINVAL,
-            };
-            return refuse_null("ibv_open_device", errno, why);
-        }
-    };
-    let ctx = Box::new(Context { vctx: extended_ops(), nic, device, objects: Mutex::default() });
-    let ctx = Box::leak(ctx);
-    ctx.vctx.context.device = ibv_device;
-    ctx.vctx.context.async_fd = std::os::fd::AsRawFd::as_raw_fd(&**ctx.nic.async_events());
-    ctx.ibv()
+    crate::ffi::guard("ibv_open_device", || {
+        let device = match device() {
+            Ok(d) if std::ptr::eq(ibv_device, &d.ibv) => d,
+            _ => return refuse_null("ibv_open_device", libc::ENODEV, "not a softrnic device"),
+        };
+        let (faults, config) = match FaultConfig::from_env().and_then(|f| Ok((f, EngineConfig::from_env(device.addr)?)))
+        {
+            Ok(both) => both,
+            Err(why) => {
+                eprintln!("softrnic: {why}");
+                return refuse_null("ibv_open_device", libc::EINVAL, why);
+            }
+        };
+        let transport = TransportConfig { ud_mtu: device.active_mtu, ..TransportConfig::default() };
+        let config = EngineConfig { faults, transport, ..config };
+        let nic = match Nic::open(config) {
+            Ok(nic) => nic,
+            Err(why) => {
+                // Programs print only "Couldn't get context"; say what to do.
+                eprintln!("softrnic: cannot open {} on {}: {why}", crate::device::DEVICE_NAME, device.addr);
+                let errno = match &why {
+                    OpenError::Bind(BindError::NotLocal(_)) => libc::EADDRNOTAVAIL,
+                    OpenError::Bind(BindError::InUse(_)) => libc::EADDRINUSE,
+                    OpenError::Bind(BindError::Other(_, e)) | OpenError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+                    OpenError::Config(_) => libc::EINVAL,
+                };
+                return refuse_null("ibv_open_device", errno, why);
+            }
+        };
+        let ctx = Box::new(Context { vctx: extended_ops(), nic, device, objects: Mutex::default() });
+        let ctx = Box::leak(ctx);
+        ctx.vctx.context.device = ibv_device;
+        ctx.vctx.context.async_fd = std::os::fd::AsRawFd::as_raw_fd(&**ctx.nic.async_events());
+        ctx.ibv()
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
-    // SAFETY: the program hands back a context from `ibv_open_device`; the
-    // box was leaked there and is reclaimed exactly once, here.
-    let ctx = unsafe { Box::from_raw(Context::from_ibv(context) as *const Context as *mut Context) };
-    drop(ctx);
-    0
+    crate::ffi::guard("ibv_close_device", || {
+        // SAFETY: the program hands back a context from `ibv_open_device`; the
+        // box was leaked there and is reclaimed exactly once, here.
+        let ctx = unsafe { Box::from_raw(Context::from_ibv(context) as *const Context as *mut Context) };
+        drop(ctx);
+        0
+    })
 }
 
 /// `ibv_device_attr` for softrnic0.
@@ -174,12 +183,14 @@ fn device_attr(device: &SoftDevice) -> ibv_device_attr {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
-    if context.is_null() || attr.is_null() {
-        return refuse("ibv_query_device", libc::EINVAL, "NULL argument");
-    }
-    // SAFETY: a live context and a writable attribute struct (caller).
-    unsafe { *attr = device_attr(Context::from_ibv(context).device) };
-    0
+    crate::ffi::guard("ibv_query_device", || {
+        if context.is_null() || attr.is_null() {
+            return refuse("ibv_query_device", libc::EINVAL, "NULL argument");
+        }
+        // SAFETY: a live context and a writable attribute struct (caller).
+        unsafe { *attr = device_attr(Context::from_ibv(context).device) };
+        0
+    })
 }
 
 unsafe extern "C" fn query_device_ex(
@@ -188,23 +199,25 @@ unsafe extern "C" fn query_device_ex(
     attr: *mut ibv_device_attr_ex,
     attr_size: usize,
 ) -> c_int {
-    // SAFETY: `input` is NULL or readable (caller).
-    if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
-        return refuse("ibv_query_device_ex", libc::EINVAL, "unknown comp_mask in the input");
-    }
-    if attr.is_null() || attr_size < size_of::<ibv_device_attr>() {
-        return refuse("ibv_query_device_ex", libc::EINVAL, "attribute buffer too small");
-    }
-    // SAFETY: `attr` has `attr_size` writable bytes (caller), of which we
-    // zero at most our struct's size and write the legacy part.
-    unsafe {
-        std::ptr::write_bytes(attr as *mut u8, 0, attr_size.min(size_of::<ibv_device_attr_ex>()));
-        (*attr).orig_attr = device_attr(Context::from_ibv(context).device);
-        if attr_size >= size_of::<ibv_device_attr_ex>() {
-            (*attr).phys_port_cnt_ex = 1;
+    crate::ffi::guard("query_device_ex", || {
+        // SAFETY: `input` is NULL or readable (caller).
+        if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
+            return refuse("ibv_query_device_ex", libc::EINVAL, "unknown comp_mask in the input");
         }
-    }
-    0
+        if attr.is_null() || attr_size < size_of::<ibv_device_attr>() {
+            return refuse("ibv_query_device_ex", libc::EINVAL, "attribute buffer too small");
+        }
+        // SAFETY: `attr` has `attr_size` writable bytes (caller), of which we
+        // zero at most our struct's size and write the legacy part.
+        unsafe {
+            std::ptr::write_bytes(attr as *mut u8, 0, attr_size.min(size_of::<ibv_device_attr_ex>()));
+            (*attr).orig_attr = device_attr(Context::from_ibv(context).device);
+            if attr_size >= size_of::<ibv_device_attr_ex>() {
+                (*attr).phys_port_cnt_ex = 1;
+            }
+        }
+        0
+    })
 }
 
 fn port_attr(device: &SoftDevice) -> ibv_port_attr {
@@ -239,15 +252,19 @@ unsafe extern "C" fn query_port_ex(
     attr: *mut ibv_port_attr,
     size: usize,
 ) -> c_int {
-    if let Err(e) = check_port("ibv_query_port", port.into()) {
-        return e;
-    }
-    // SAFETY: a live context (caller).
-    let p = port_attr(unsafe { Context::from_ibv(context) }.device);
-    // SAFETY: `attr` has `size` writable bytes (caller); we write at most
-    // our struct's size, as the header's version did.
-    unsafe { std::ptr::copy_nonoverlapping(&p as *const _ as *const u8, attr as *mut u8, size.min(size_of_val(&p))) };
-    0
+    crate::ffi::guard("query_port_ex", || {
+        if let Err(e) = check_port("ibv_query_port", port.into()) {
+            return e;
+        }
+        // SAFETY: a live context (caller).
+        let p = port_attr(unsafe { Context::from_ibv(context) }.device);
+        // SAFETY: `attr` has `size` writable bytes (caller); we write at most
+        // our struct's size, as the header's version did.
+        unsafe {
+            std::ptr::copy_nonoverlapping(&p as *const _ as *const u8, attr as *mut u8, size.min(size_of_val(&p)))
+        };
+        0
+    })
 }
 
 /// The exported `ibv_query_port`, which the header calls only when the
@@ -255,8 +272,10 @@ unsafe extern "C" fn query_port_ex(
 /// with the shorter `struct _compat_ibv_port_attr` (no `port_cap_flags2`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
-    // SAFETY: the same contract, with the compat struct's size.
-    unsafe { query_port_ex(context, port, attr, std::mem::offset_of!(ibv_port_attr, port_cap_flags2)) }
+    crate::ffi::guard("ibv_query_port", || {
+        // SAFETY: the same contract, with the compat struct's size.
+        unsafe { query_port_ex(context, port, attr, std::mem::offset_of!(ibv_port_attr, port_cap_flags2)) }
+    })
 }
 
 fn gid_entry(device: &SoftDevice, index: u32) -> ibv_gid_entry {
@@ -277,12 +296,15 @@ fn check_gid_index(verb: &str, index: i64) -> Result<u32, c_int> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_query_gid(context: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
-    if check_port("ibv_query_gid", port.into()).is_err() || check_gid_index("ibv_query_gid", index.into()).is_err() {
-        return -1;
-    }
-    // SAFETY: a live context and a writable GID (caller).
-    unsafe { *gid = Context::from_ibv(context).device.gid() };
-    0
+    crate::ffi::guard("ibv_query_gid", || {
+        if check_port("ibv_query_gid", port.into()).is_err() || check_gid_index("ibv_query_gid", index.into()).is_err()
+        {
+            return -1;
+        }
+        // SAFETY: a live context and a writable GID (caller).
+        unsafe { *gid = Context::from_ibv(context).device.gid() };
+        0
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -294,19 +316,21 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
-    if flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
-        return refuse("ibv_query_gid_ex", libc::EINVAL, "flags must be 0 and the entry full-sized");
-    }
-    if let Err(e) = check_port("ibv_query_gid_ex", port) {
-        return e;
-    }
-    let index = match check_gid_index("ibv_query_gid_ex", index.into()) {
-        Ok(i) => i,
-        Err(e) => return e,
-    };
-    // SAFETY: a live context and a writable entry (caller).
-    unsafe { *entry = gid_entry(Context::from_ibv(context).device, index) };
-    0
+    crate::ffi::guard("_ibv_query_gid_ex", || {
+        if flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
+            return refuse("ibv_query_gid_ex", libc::EINVAL, "flags must be 0 and the entry full-sized");
+        }
+        if let Err(e) = check_port("ibv_query_gid_ex", port) {
+            return e;
+        }
+        let index = match check_gid_index("ibv_query_gid_ex", index.into()) {
+            Ok(i) => i,
+            Err(e) => return e,
+        };
+        // SAFETY: a live context and a writable entry (caller).
+        unsafe { *entry = gid_entry(Context::from_ibv(context).device, index) };
+        0
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -317,19 +341,22 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     flags: u32,
     entry_size: usize,
 ) -> isize {
-    if flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
-        return -(refuse("ibv_query_gid_table", libc::EINVAL, "flags must be 0 and entries full-sized") as isize);
-    }
-    if max_entries < limits::GID_TABLE_LEN as usize {
-        return -(refuse("ibv_query_gid_table", libc::EINVAL, "room for fewer entries than the table has") as isize);
-    }
-    // SAFETY: a live context; `entries` holds `max_entries` entries of
-    // `entry_size` bytes (caller).
-    unsafe {
-        let device = Context::from_ibv(context).device;
-        (entries as *mut u8).cast::<ibv_gid_entry>().write_unaligned(gid_entry(device, 0));
-    }
-    limits::GID_TABLE_LEN as isize
+    crate::ffi::guard("_ibv_query_gid_table", || {
+        if flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
+            return -(refuse("ibv_query_gid_table", libc::EINVAL, "flags must be 0 and entries full-sized") as isize);
+        }
+        if max_entries < limits::GID_TABLE_LEN as usize {
+            return -(refuse("ibv_query_gid_table", libc::EINVAL, "room for fewer entries than the table has")
+                as isize);
+        }
+        // SAFETY: a live context; `entries` holds `max_entries` entries of
+        // `entry_size` bytes (caller).
+        unsafe {
+            let device = Context::from_ibv(context).device;
+            (entries as *mut u8).cast::<ibv_gid_entry>().write_unaligned(gid_entry(device, 0));
+        }
+        limits::GID_TABLE_LEN as isize
+    })
 }
 
 /// `IBVERBS_PRIVATE_34`'s GID type query, which `ibv_devinfo` uses.
@@ -340,34 +367,40 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     index: c_uint,
     kind: *mut c_int,
 ) -> c_int {
-    if check_port("ibv_query_gid_type", port.into()).is_err()
-        || check_gid_index("ibv_query_gid_type", index.into()).is_err()
-    {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    // SAFETY: a writable enum (caller).
-    unsafe { *kind = IBV_GID_TYPE_SYSFS_ROCE_V2 };
-    0
+    crate::ffi::guard("ibv_query_gid_type", || {
+        if check_port("ibv_query_gid_type", port.into()).is_err()
+            || check_gid_index("ibv_query_gid_type", index.into()).is_err()
+        {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: a writable enum (caller).
+        unsafe { *kind = IBV_GID_TYPE_SYSFS_ROCE_V2 };
+        0
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_query_pkey(_context: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
-    if check_port("ibv_query_pkey", port.into()).is_err() || index != 0 {
-        return -1;
-    }
-    // SAFETY: a writable pkey (caller). The default P_Key, in network order.
-    unsafe { *pkey = 0xffffu16.to_be() };
-    0
+    crate::ffi::guard("ibv_query_pkey", || {
+        if check_port("ibv_query_pkey", port.into()).is_err() || index != 0 {
+            return -1;
+        }
+        // SAFETY: a writable pkey (caller). The default P_Key, in network order.
+        unsafe { *pkey = 0xffffu16.to_be() };
+        0
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_get_pkey_index(_context: *mut ibv_context, port: u8, pkey: u16) -> c_int {
-    if check_port("ibv_get_pkey_index", port.into()).is_ok() && u16::from_be(pkey) & 0x7fff == 0x7fff {
-        0
-    } else {
-        -libc::ENOENT
-    }
+    crate::ffi::guard("ibv_get_pkey_index", || {
+        if check_port("ibv_get_pkey_index", port.into()).is_ok() && u16::from_be(pkey) & 0x7fff == 0x7fff {
+            0
+        } else {
+            -libc::ENOENT
+        }
+    })
 }
 
 // ----- asynchronous events -----
@@ -388,28 +421,60 @@ fn translate(objects: &Objects, event: AsyncEvent) -> Option<(*mut c_void, c_int
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
-    // SAFETY: a live context (caller).
-    let ctx = unsafe { Context::from_ibv(context) };
-    loop {
-        // Blocks unless the program made `async_fd` non-blocking.
-        let next = match ctx.nic.async_events().pop() {
-            Ok(e) => e,
-            Err(e) => {
-                set_errno(e.raw_os_error().unwrap_or(libc::EIO));
-                return -1;
+    crate::ffi::guard("ibv_get_async_event", || {
+        // SAFETY: a live context (caller).
+        let ctx = unsafe { Context::from_ibv(context) };
+        loop {
+            // Blocks unless the program made `async_fd` non-blocking.
+            let next = match ctx.nic.async_events().pop() {
+                Ok(e) => e,
+                Err(e) => {
+                    set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                    return -1;
+                }
+            };
+            let objects = ctx.objects();
+            if let Some((element, event_type)) = translate(&objects, next) {
+                // Counted while the object is listed: its destroy unlists it
+                // under this lock, then waits for the count to be acknowledged.
+                // SAFETY: listed, so live.
+                unsafe { reported(element, event_type).one_more() };
+                drop(objects);
+                // SAFETY: a writable event (caller).
+                unsafe { *event = ibv_async_event { element, event_type } };
+                return 0;
             }
-        };
-        if let Some((element, event_type)) = translate(&ctx.objects(), next) {
-            // SAFETY: a writable event (caller).
-            unsafe { *event = ibv_async_event { element, event_type } };
-            return 0;
         }
-    }
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
-    // Objects are freed by their destroy verbs, which do not wait for
-    // acknowledgements: nothing to count.
-    let _ = event;
+    crate::ffi::guard("ibv_ack_async_event", || {
+        // SAFETY: an event from `ibv_get_async_event` whose object, being
+        // unacknowledged, cannot have been destroyed (caller).
+        unsafe {
+            let ibv_async_event { element, event_type } = *event;
+            match event_type {
+                IBV_EVENT_CQ_ERR => Cq::from_ibv(element as *mut ibv_cq).acks(true).acknowledge(1),
+                IBV_EVENT_SRQ_LIMIT_REACHED => Srq::from_ibv(element as *mut ibv_srq).acks().acknowledge(1),
+                _ => Qp::from_ibv(element as *mut ibv_qp).acks().acknowledge(1),
+            }
+        }
+    })
+}
+
+/// Where the events naming `element` are counted.
+///
+/// # Safety
+/// `element` must be a live object of the kind `event_type` names.
+unsafe fn reported<'a>(element: *mut c_void, event_type: c_int) -> &'a Reported {
+    // SAFETY: caller's promise.
+    unsafe {
+        match event_type {
+            IBV_EVENT_CQ_ERR => &Cq::from_ibv(element as *mut ibv_cq).async_events,
+            IBV_EVENT_SRQ_LIMIT_REACHED => &Srq::from_ibv(element as *mut ibv_srq).async_events,
+            _ => &Qp::from_ibv(element as *mut ibv_qp).async_events,
+        }
+    }
 }

@@ -8,18 +8,21 @@
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use softrnic_engine::EventQueue;
 use softrnic_transport::{Completion, CompletionQueue, CqId};
 
 use crate::abi::*;
+use crate::acks::{AckFields, Reported};
+use crate::c_view::CView;
 use crate::context::{Context, limits};
 use crate::ffi::{refuse, refuse_null, set_errno};
 
 #[repr(C)]
 pub struct CompChannel {
-    pub ibv: ibv_comp_channel,
+    pub ibv: CView<ibv_comp_channel>,
     pub events: Arc<EventQueue<CqId>>,
     /// The program's pointer for each CQ attached to the channel.
     pub cqs: Mutex<HashMap<CqId, usize>>,
@@ -27,8 +30,12 @@ pub struct CompChannel {
 
 #[repr(C)]
 pub struct Cq {
-    pub ibv: ibv_cq,
+    pub ibv: CView<ibv_cq>,
     pub id: CqId,
+    /// Completion events handed out by `ibv_get_cq_event`.
+    pub comp_events: Reported,
+    /// Asynchronous events (`IBV_EVENT_CQ_ERR`) handed out.
+    pub async_events: Reported,
     queue: Arc<CompletionQueue>,
     /// Completions taken from the device but not yet handed out: polling
     /// reuses its allocation.
@@ -44,36 +51,72 @@ impl Cq {
     }
 
     fn context(&self) -> &Context {
-        // SAFETY: a CQ never outlives its context.
-        unsafe { Context::from_ibv(self.ibv.context) }
+        // SAFETY: a CQ never outlives its context, and the field never
+        // changes.
+        unsafe { Context::from_ibv((*self.ibv.get()).context) }
     }
 
     fn channel(&self) -> Option<&CompChannel> {
-        // SAFETY: a channel outlives the CQs attached to it (destroying it
-        // first fails with EBUSY).
-        (!self.ibv.channel.is_null()).then(|| unsafe { &*(self.ibv.channel as *const CompChannel) })
+        // SAFETY: the field never changes; a channel outlives the CQs
+        // attached to it (destroying it first fails with EBUSY).
+        let channel = unsafe { (*self.ibv.get()).channel };
+        (!channel.is_null()).then(|| unsafe { &*(channel as *const CompChannel) })
+    }
+
+    /// The acknowledgement fields of completion events (`async` false) or
+    /// asynchronous ones.
+    pub fn acks(&self, async_events: bool) -> AckFields {
+        let cq = self.ibv.get();
+        // SAFETY: projections into our own live allocation; no reference
+        // is made.
+        unsafe {
+            AckFields {
+                mutex: &raw mut (*cq).mutex,
+                cond: &raw mut (*cq).cond,
+                completed: if async_events {
+                    &raw mut (*cq).async_events_completed
+                } else {
+                    &raw mut (*cq).comp_events_completed
+                },
+            }
+        }
+    }
+}
+
+impl CompChannel {
+    /// The CQs attached, as C's `refcnt`; only create and destroy of CQs
+    /// change it, from any thread.
+    fn refcnt(&self) -> &AtomicI32 {
+        // SAFETY: an aligned `int` inside our live allocation, only ever
+        // accessed atomically.
+        unsafe { AtomicI32::from_ptr(&raw mut (*self.ibv.get()).refcnt) }
     }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
-    let events = match EventQueue::new() {
-        Ok(q) => Arc::new(q),
-        Err(e) => return refuse_null("ibv_create_comp_channel", e.raw_os_error().unwrap_or(libc::EMFILE), e),
-    };
-    let ibv = ibv_comp_channel { context, fd: events.as_raw_fd(), refcnt: 0 };
-    Box::into_raw(Box::new(CompChannel { ibv, events, cqs: Mutex::default() })) as *mut ibv_comp_channel
+    crate::ffi::guard("ibv_create_comp_channel", || {
+        let events = match EventQueue::new() {
+            Ok(q) => Arc::new(q),
+            Err(e) => return refuse_null("ibv_create_comp_channel", e.raw_os_error().unwrap_or(libc::EMFILE), e),
+        };
+        let ibv = CView::new(ibv_comp_channel { context, fd: events.as_raw_fd(), refcnt: 0 });
+        Box::into_raw(Box::new(CompChannel { ibv, events, cqs: Mutex::default() })) as *mut ibv_comp_channel
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
-    // SAFETY: a live channel (caller).
-    if unsafe { (*channel).refcnt } > 0 {
-        return refuse("ibv_destroy_comp_channel", libc::EBUSY, "CQs still use the channel");
-    }
-    // SAFETY: boxed in `ibv_create_comp_channel`, freed once here.
-    drop(unsafe { Box::from_raw(channel as *mut CompChannel) });
-    0
+    crate::ffi::guard("ibv_destroy_comp_channel", || {
+        // SAFETY: a live channel (caller).
+        let ch = unsafe { &*(channel as *const CompChannel) };
+        if ch.refcnt().load(Ordering::Acquire) > 0 {
+            return refuse("ibv_destroy_comp_channel", libc::EBUSY, "CQs still use the channel");
+        }
+        // SAFETY: boxed in `ibv_create_comp_channel`, freed once here.
+        drop(unsafe { Box::from_raw(channel as *mut CompChannel) });
+        0
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -84,78 +127,96 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
-    if context.is_null() {
-        return refuse_null("ibv_create_cq", libc::EINVAL, "NULL context");
-    }
-    if cqe < 1 || cqe as u32 > limits::MAX_CQE {
-        return refuse_null("ibv_create_cq", libc::EINVAL, format!("cqe {cqe} is outside 1..={}", limits::MAX_CQE));
-    }
-    if comp_vector != 0 {
-        return refuse_null("ibv_create_cq", libc::EINVAL, "softrnic0 has one completion vector (0)");
-    }
-    // SAFETY: a live context (caller).
-    let ctx = unsafe { Context::from_ibv(context) };
-    let queue = ctx.nic.create_cq(cqe as usize);
-    let id = queue.id();
-    // SAFETY: all-zero pthread objects are their static initialisers.
-    let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
-    ibv.context = context;
-    ibv.channel = channel;
-    ibv.cq_context = cq_context;
-    ibv.handle = id.0;
-    ibv.cqe = cqe;
-    let cq = Box::into_raw(Box::new(Cq { ibv, id, queue, scratch: Mutex::new(Vec::new()) }));
-    if !channel.is_null() {
-        // SAFETY: a live channel (caller), owned by `CompChannel`.
-        let ch = unsafe { &mut *(channel as *mut CompChannel) };
-        ch.ibv.refcnt += 1;
-        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, cq as usize);
-        ctx.nic.set_channel(id, Some(ch.events.clone()));
-    }
-    ctx.objects().cqs.insert(id, cq as usize);
-    cq as *mut ibv_cq
+    crate::ffi::guard("ibv_create_cq", || {
+        if context.is_null() {
+            return refuse_null("ibv_create_cq", libc::EINVAL, "NULL context");
+        }
+        if cqe < 1 || cqe as u32 > limits::MAX_CQE {
+            return refuse_null("ibv_create_cq", libc::EINVAL, format!("cqe {cqe} is outside 1..={}", limits::MAX_CQE));
+        }
+        if comp_vector != 0 {
+            return refuse_null("ibv_create_cq", libc::EINVAL, "softrnic0 has one completion vector (0)");
+        }
+        // SAFETY: a live context (caller).
+        let ctx = unsafe { Context::from_ibv(context) };
+        let queue = ctx.nic.create_cq(cqe as usize);
+        let id = queue.id();
+        // SAFETY: all-zero pthread objects are their static initialisers.
+        let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
+        ibv.context = context;
+        ibv.channel = channel;
+        ibv.cq_context = cq_context;
+        ibv.handle = id.0;
+        ibv.cqe = cqe;
+        let cq = Box::into_raw(Box::new(Cq {
+            ibv: CView::new(ibv),
+            id,
+            comp_events: Reported::default(),
+            async_events: Reported::default(),
+            queue,
+            scratch: Mutex::new(Vec::new()),
+        }));
+        if !channel.is_null() {
+            // SAFETY: a live channel (caller), owned by `CompChannel`.
+            let ch = unsafe { &*(channel as *const CompChannel) };
+            ch.refcnt().fetch_add(1, Ordering::AcqRel);
+            ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, cq as usize);
+            ctx.nic.set_channel(id, Some(ch.events.clone()));
+        }
+        ctx.objects().cqs.insert(id, cq as usize);
+        cq as *mut ibv_cq
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    // SAFETY: a live CQ (caller).
-    let c = unsafe { Cq::from_ibv(cq) };
-    let ctx = c.context();
-    let id = c.id;
-    if let Err(e) = ctx.nic.destroy_cq(id) {
-        return refuse("ibv_destroy_cq", e.errno(), e);
-    }
-    ctx.objects().cqs.remove(&id);
-    if let Some(ch) = c.channel() {
-        ctx.nic.set_channel(id, None);
-        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        // Events the program never collected die with the CQ.
-        ch.events.retain(|&fired| fired != id);
-        // SAFETY: the channel is live; only CQ creation and destruction
-        // touch its count.
-        unsafe { (*(c.ibv.channel)).refcnt -= 1 };
-    }
-    // SAFETY: boxed in `ibv_create_cq`, freed once here.
-    drop(unsafe { Box::from_raw(cq as *mut Cq) });
-    0
+    crate::ffi::guard("ibv_destroy_cq", || {
+        // SAFETY: a live CQ (caller).
+        let c = unsafe { Cq::from_ibv(cq) };
+        let ctx = c.context();
+        let id = c.id;
+        if let Err(e) = ctx.nic.destroy_cq(id) {
+            return refuse("ibv_destroy_cq", e.errno(), e);
+        }
+        ctx.objects().cqs.remove(&id);
+        if let Some(ch) = c.channel() {
+            ctx.nic.set_channel(id, None);
+            ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            // Events the program never collected die with the CQ.
+            ch.events.retain(|&fired| fired != id);
+            ch.refcnt().fetch_sub(1, Ordering::AcqRel);
+        }
+        // No event can name the CQ any more; wait for the program to
+        // acknowledge those it took, as rdma-core does.
+        // SAFETY: the CQ is live until freed below.
+        unsafe {
+            c.acks(false).wait_for(&c.comp_events);
+            c.acks(true).wait_for(&c.async_events);
+        }
+        // SAFETY: boxed in `ibv_create_cq`, freed once here.
+        drop(unsafe { Box::from_raw(cq as *mut Cq) });
+        0
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
-    // SAFETY: a live CQ (caller).
-    let c = unsafe { Cq::from_ibv(cq) };
-    if cqe < 1 || cqe as u32 > limits::MAX_CQE {
-        return refuse("ibv_resize_cq", libc::EINVAL, format!("cqe {cqe} is outside 1..={}", limits::MAX_CQE));
-    }
-    match c.queue.resize(cqe as usize) {
-        Ok(()) => {
-            // SAFETY: the program owns the CQ and is not polling it now
-            // (verbs forbids resizing concurrently with polling).
-            unsafe { (*cq).cqe = cqe };
-            0
+    crate::ffi::guard("ibv_resize_cq", || {
+        // SAFETY: a live CQ (caller).
+        let c = unsafe { Cq::from_ibv(cq) };
+        if cqe < 1 || cqe as u32 > limits::MAX_CQE {
+            return refuse("ibv_resize_cq", libc::EINVAL, format!("cqe {cqe} is outside 1..={}", limits::MAX_CQE));
         }
-        Err(e) => refuse("ibv_resize_cq", e.errno(), e),
-    }
+        match c.queue.resize(cqe as usize) {
+            Ok(()) => {
+                // SAFETY: the program owns the CQ and is not polling it now
+                // (verbs forbids resizing concurrently with polling).
+                unsafe { (*cq).cqe = cqe };
+                0
+            }
+            Err(e) => refuse("ibv_resize_cq", e.errno(), e),
+        }
+    })
 }
 
 /// Writes a completion in `ibv_wc`'s form.
@@ -190,28 +251,32 @@ pub fn to_wc(c: &Completion) -> ibv_wc {
 /// program spinning on its CQ drives the NIC itself; ACKs owed then leave
 /// with its next post, or within microseconds if it posts nothing.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
-    if num_entries <= 0 {
-        return 0;
-    }
-    // SAFETY: a live CQ (caller).
-    let c = unsafe { Cq::from_ibv(cq) };
-    let mut out = c.scratch.lock().unwrap_or_else(|e| e.into_inner());
-    out.clear();
-    let n = c.context().nic.poll_cq(&c.queue, num_entries as usize, &mut out);
-    for (i, completion) in out.iter().enumerate() {
-        // SAFETY: `wc` has room for `num_entries` entries (caller) and
-        // `i < n <= num_entries`.
-        unsafe { wc.add(i).write(to_wc(completion)) };
-    }
-    n as c_int
+    crate::ffi::guard("poll_cq", || {
+        if num_entries <= 0 {
+            return 0;
+        }
+        // SAFETY: a live CQ (caller).
+        let c = unsafe { Cq::from_ibv(cq) };
+        let mut out = c.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        out.clear();
+        let n = c.context().nic.poll_cq(&c.queue, num_entries as usize, &mut out);
+        for (i, completion) in out.iter().enumerate() {
+            // SAFETY: `wc` has room for `num_entries` entries (caller) and
+            // `i < n <= num_entries`.
+            unsafe { wc.add(i).write(to_wc(completion)) };
+        }
+        n as c_int
+    })
 }
 
 /// `ops.req_notify_cq`.
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
-    // SAFETY: a live CQ (caller).
-    let c = unsafe { Cq::from_ibv(cq) };
-    c.queue.request_notify(solicited_only != 0);
-    0
+    crate::ffi::guard("req_notify_cq", || {
+        // SAFETY: a live CQ (caller).
+        let c = unsafe { Cq::from_ibv(cq) };
+        c.queue.request_notify(solicited_only != 0);
+        0
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -220,34 +285,43 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    // SAFETY: a live channel (caller).
-    let ch = unsafe { &*(channel as *const CompChannel) };
-    loop {
-        // Blocks unless the program made the channel's fd non-blocking.
-        let fired = match ch.events.pop() {
-            Ok(id) => id,
-            Err(e) => {
-                set_errno(e.raw_os_error().unwrap_or(libc::EIO));
-                return -1;
+    crate::ffi::guard("ibv_get_cq_event", || {
+        // SAFETY: a live channel (caller).
+        let ch = unsafe { &*(channel as *const CompChannel) };
+        loop {
+            // Blocks unless the program made the channel's fd non-blocking.
+            let fired = match ch.events.pop() {
+                Ok(id) => id,
+                Err(e) => {
+                    set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                    return -1;
+                }
+            };
+            let cqs = ch.cqs.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(&ptr) = cqs.get(&fired) else {
+                continue; // destroyed since it fired
+            };
+            let fired_cq = ptr as *mut ibv_cq;
+            // Counted while the CQ is attached: its destroy detaches it under
+            // this lock, then waits for the count to be acknowledged.
+            // SAFETY: attached, so live.
+            unsafe { Cq::from_ibv(fired_cq) }.comp_events.one_more();
+            drop(cqs);
+            // SAFETY: `fired_cq` is live (destroying it removes it from the
+            // map); the out-pointers are writable (caller).
+            unsafe {
+                *cq = fired_cq;
+                *cq_context = (*fired_cq).cq_context;
             }
-        };
-        let Some(&ptr) = ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).get(&fired) else {
-            continue; // destroyed since it fired
-        };
-        let fired_cq = ptr as *mut ibv_cq;
-        // SAFETY: `fired_cq` is live (destroying it removes it from the
-        // map); the out-pointers are writable (caller).
-        unsafe {
-            *cq = fired_cq;
-            *cq_context = (*fired_cq).cq_context;
+            return 0;
         }
-        return 0;
-    }
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
-    // SAFETY: a live CQ (caller); the count is informational, as events
-    // need no acknowledgement before `ibv_destroy_cq` here.
-    unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents) };
+    crate::ffi::guard("ibv_ack_cq_events", || {
+        // SAFETY: a live CQ (caller).
+        unsafe { Cq::from_ibv(cq).acks(false).acknowledge(nevents) }
+    })
 }

@@ -148,35 +148,39 @@ fn report_config_error(why: &str) {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
-    let device = match device() {
-        Ok(d) => d,
-        Err(why) => {
-            report_config_error(why);
-            return refuse_null("ibv_get_device_list", libc::EINVAL, why);
+    crate::ffi::guard("ibv_get_device_list", || {
+        let device = match device() {
+            Ok(d) => d,
+            Err(why) => {
+                report_config_error(why);
+                return refuse_null("ibv_get_device_list", libc::EINVAL, why);
+            }
+        };
+        // The list is the C array of `ibv_free_device_list`: malloc'ed, NULL
+        // terminated.
+        // SAFETY: calloc has no preconditions; the result is checked.
+        let list = unsafe { libc::calloc(2, size_of::<*mut ibv_device>()) } as *mut *mut ibv_device;
+        if list.is_null() {
+            set_errno(libc::ENOMEM);
+            return list;
         }
-    };
-    // The list is the C array of `ibv_free_device_list`: malloc'ed, NULL
-    // terminated.
-    // SAFETY: calloc has no preconditions; the result is checked.
-    let list = unsafe { libc::calloc(2, size_of::<*mut ibv_device>()) } as *mut *mut ibv_device;
-    if list.is_null() {
-        set_errno(libc::ENOMEM);
-        return list;
-    }
-    // SAFETY: `list` has room for two pointers; the second stays NULL. The
-    // device is a static that is never written after construction.
-    unsafe { *list = &device.ibv as *const ibv_device as *mut ibv_device };
-    if !num_devices.is_null() {
-        // SAFETY: the caller passes a valid pointer or NULL.
-        unsafe { *num_devices = 1 };
-    }
-    list
+        // SAFETY: `list` has room for two pointers; the second stays NULL. The
+        // device is a static that is never written after construction.
+        unsafe { *list = &device.ibv as *const ibv_device as *mut ibv_device };
+        if !num_devices.is_null() {
+            // SAFETY: the caller passes a valid pointer or NULL.
+            unsafe { *num_devices = 1 };
+        }
+        list
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
-    // SAFETY: `list` came from `ibv_get_device_list`'s calloc (or is NULL).
-    unsafe { libc::free(list as *mut c_void) };
+    crate::ffi::guard("ibv_free_device_list", || {
+        // SAFETY: `list` came from `ibv_get_device_list`'s calloc (or is NULL).
+        unsafe { libc::free(list as *mut c_void) };
+    })
 }
 
 /// The `SoftDevice` an `ibv_device` pointer belongs to.
@@ -187,29 +191,29 @@ fn soft_device(device: *mut ibv_device) -> Option<&'static SoftDevice> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
-    match soft_device(device) {
+    crate::ffi::guard("ibv_get_device_name", || match soft_device(device) {
         Some(d) => d.ibv.name.as_ptr(),
         None => refuse_null::<c_char>("ibv_get_device_name", libc::EINVAL, "not a softrnic device"),
-    }
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
-    match soft_device(device) {
+    crate::ffi::guard("ibv_get_device_guid", || match soft_device(device) {
         Some(d) => d.guid_be(),
         None => {
             set_errno(refuse("ibv_get_device_guid", libc::EINVAL, "not a softrnic device"));
             0
         }
-    }
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
-    match soft_device(device) {
+    crate::ffi::guard("ibv_get_device_index", || match soft_device(device) {
         Some(_) => 0,
         None => -1,
-    }
+    })
 }
 
 #[cfg(test)]

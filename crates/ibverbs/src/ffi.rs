@@ -48,3 +48,86 @@ pub fn copy_c_string(dst: &mut [c_char], s: &str) {
         *end = 0;
     }
 }
+
+/// What a verb returns when softrnic panicked inside it: a failure in the
+/// verb's own terms, with `errno` set to EIO.
+pub trait OnPanic {
+    fn on_panic() -> Self;
+}
+
+impl OnPanic for c_int {
+    /// Negative: a failure whether the verb returns an errno (`ibv_modify_qp`),
+    /// -1 (`ibv_get_cq_event`) or a count (`ibv_poll_cq`).
+    fn on_panic() -> c_int {
+        set_errno(libc::EIO);
+        -libc::EIO
+    }
+}
+
+impl<T> OnPanic for *mut T {
+    fn on_panic() -> *mut T {
+        set_errno(libc::EIO);
+        std::ptr::null_mut()
+    }
+}
+
+impl<T> OnPanic for *const T {
+    fn on_panic() -> *const T {
+        set_errno(libc::EIO);
+        std::ptr::null()
+    }
+}
+
+impl OnPanic for isize {
+    fn on_panic() -> isize {
+        set_errno(libc::EIO);
+        -(libc::EIO as isize)
+    }
+}
+
+impl OnPanic for u64 {
+    fn on_panic() -> u64 {
+        0
+    }
+}
+
+impl OnPanic for () {
+    fn on_panic() {}
+}
+
+/// Runs the body of an exported function: a panic must not unwind into
+/// the C program (that is undefined behaviour, or an abort), so it becomes
+/// the verb's failure and a line on stderr.
+pub fn guard<R: OnPanic>(verb: &str, body: impl FnOnce() -> R) -> R {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(value) => value,
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            eprintln!("softrnic: {verb} failed on an internal error ({why}); please report it");
+            R::on_panic()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_the_verbs_failure() {
+        let quiet = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let status: c_int = guard("ibv_test", || panic!("boom"));
+        let pointer: *mut u8 = guard("ibv_test", || panic!("boom"));
+        std::panic::set_hook(quiet);
+        assert_eq!(status, -libc::EIO);
+        assert!(pointer.is_null());
+        // SAFETY: this thread's errno.
+        assert_eq!(unsafe { *libc::__errno_location() }, libc::EIO);
+        assert_eq!(guard("ibv_test", || 7 as c_int), 7, "no panic, no change");
+    }
+}

@@ -28,7 +28,9 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod abi;
+mod acks;
 pub mod ah;
+mod c_view;
 pub mod context;
 pub mod cq;
 pub mod device;

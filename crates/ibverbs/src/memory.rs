@@ -8,12 +8,13 @@ use std::sync::Arc;
 use softrnic_transport::{Access, DmaBuffer, PdId};
 
 use crate::abi::*;
+use crate::c_view::CView;
 use crate::context::Context;
 use crate::ffi::{refuse, refuse_null};
 
 #[repr(C)]
 pub struct Pd {
-    pub ibv: ibv_pd,
+    pub ibv: CView<ibv_pd>,
     pub id: PdId,
 }
 
@@ -28,33 +29,37 @@ impl Pd {
     /// The context the PD belongs to.
     pub fn context(&self) -> &Context {
         // SAFETY: a PD never outlives its context (verbs' rule).
-        unsafe { Context::from_ibv(self.ibv.context) }
+        unsafe { Context::from_ibv((*self.ibv.get()).context) }
     }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
-    if context.is_null() {
-        return refuse_null("ibv_alloc_pd", libc::EINVAL, "NULL context");
-    }
-    // SAFETY: a live context (caller).
-    let ctx = unsafe { Context::from_ibv(context) };
-    let id = ctx.nic.alloc_pd();
-    let pd = Box::new(Pd { ibv: ibv_pd { context, handle: id.0 }, id });
-    Box::into_raw(pd) as *mut ibv_pd
+    crate::ffi::guard("ibv_alloc_pd", || {
+        if context.is_null() {
+            return refuse_null("ibv_alloc_pd", libc::EINVAL, "NULL context");
+        }
+        // SAFETY: a live context (caller).
+        let ctx = unsafe { Context::from_ibv(context) };
+        let id = ctx.nic.alloc_pd();
+        let pd = Box::new(Pd { ibv: CView::new(ibv_pd { context, handle: id.0 }), id });
+        Box::into_raw(pd) as *mut ibv_pd
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    // SAFETY: a live PD (caller).
-    let p = unsafe { Pd::from_ibv(pd) };
-    let id = p.id;
-    if let Err(e) = p.context().nic.dealloc_pd(id) {
-        return refuse("ibv_dealloc_pd", e.errno(), e);
-    }
-    // SAFETY: boxed in `ibv_alloc_pd`, freed once here.
-    drop(unsafe { Box::from_raw(pd as *mut Pd) });
-    0
+    crate::ffi::guard("ibv_dealloc_pd", || {
+        // SAFETY: a live PD (caller).
+        let p = unsafe { Pd::from_ibv(pd) };
+        let id = p.id;
+        if let Err(e) = p.context().nic.dealloc_pd(id) {
+            return refuse("ibv_dealloc_pd", e.errno(), e);
+        }
+        // SAFETY: boxed in `ibv_alloc_pd`, freed once here.
+        drop(unsafe { Box::from_raw(pd as *mut Pd) });
+        0
+    })
 }
 
 /// Access flags softrnic acts on; the rest are accepted and ignored where
@@ -103,14 +108,18 @@ unsafe fn register(
         Ok(k) => k,
         Err(e) => return refuse_null(verb, e.errno(), e),
     };
-    let mr = ibv_mr { context: p.ibv.context, pd, addr, length, handle: keys.lkey, lkey: keys.lkey, rkey: keys.rkey };
+    // SAFETY: the PD's context field never changes.
+    let context = unsafe { (*p.ibv.get()).context };
+    let mr = ibv_mr { context, pd, addr, length, handle: keys.lkey, lkey: keys.lkey, rkey: keys.rkey };
     Box::into_raw(Box::new(mr))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
-    // SAFETY: forwarded contract.
-    unsafe { register("ibv_reg_mr", pd, addr, length, addr as u64, access as c_uint) }
+    crate::ffi::guard("ibv_reg_mr", || {
+        // SAFETY: forwarded contract.
+        unsafe { register("ibv_reg_mr", pd, addr, length, addr as u64, access as c_uint) }
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -121,8 +130,10 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut ibv_mr {
-    // SAFETY: forwarded contract.
-    unsafe { register("ibv_reg_mr_iova", pd, addr, length, iova, access as c_uint) }
+    crate::ffi::guard("ibv_reg_mr_iova", || {
+        // SAFETY: forwarded contract.
+        unsafe { register("ibv_reg_mr_iova", pd, addr, length, iova, access as c_uint) }
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -133,26 +144,30 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut ibv_mr {
-    // SAFETY: forwarded contract.
-    unsafe { register("ibv_reg_mr_iova2", pd, addr, length, iova, access) }
+    crate::ffi::guard("ibv_reg_mr_iova2", || {
+        // SAFETY: forwarded contract.
+        unsafe { register("ibv_reg_mr_iova2", pd, addr, length, iova, access) }
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    if mr.is_null() {
-        return refuse("ibv_dereg_mr", libc::EINVAL, "NULL MR");
-    }
-    // SAFETY: a live MR from `register` (caller).
-    let m = unsafe { &*mr };
-    // SAFETY: an MR's PD outlives it.
-    let ctx = unsafe { Context::from_ibv(m.context) };
-    let lkey = m.lkey;
-    if let Err(e) = ctx.nic.deregister_memory(lkey) {
-        return refuse("ibv_dereg_mr", e.errno(), e);
-    }
-    // SAFETY: boxed in `register`, freed once here.
-    drop(unsafe { Box::from_raw(mr) });
-    0
+    crate::ffi::guard("ibv_dereg_mr", || {
+        if mr.is_null() {
+            return refuse("ibv_dereg_mr", libc::EINVAL, "NULL MR");
+        }
+        // SAFETY: a live MR from `register` (caller).
+        let m = unsafe { &*mr };
+        // SAFETY: an MR's PD outlives it.
+        let ctx = unsafe { Context::from_ibv(m.context) };
+        let lkey = m.lkey;
+        if let Err(e) = ctx.nic.deregister_memory(lkey) {
+            return refuse("ibv_dereg_mr", e.errno(), e);
+        }
+        // SAFETY: boxed in `register`, freed once here.
+        drop(unsafe { Box::from_raw(mr) });
+        0
+    })
 }
 
 /// `ibv_rereg_mr`: a new translation, PD or access for a live MR. The
@@ -167,39 +182,41 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     length: usize,
     access: c_int,
 ) -> c_int {
-    let all = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
-    if mr.is_null() || flags == 0 || flags & !all != 0 {
-        refuse("ibv_rereg_mr", libc::EINVAL, "bad MR or flags");
-        return IBV_REREG_MR_ERR_INPUT;
-    }
-    // SAFETY: a live MR (caller).
-    let old = unsafe { &mut *mr };
-    let pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 { pd } else { old.pd };
-    let (addr, length) =
-        if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { (addr, length) } else { (old.addr, old.length) };
-    let access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
-        access as c_uint
-    } else {
-        // SAFETY: the MR's context is live.
-        let ctx = unsafe { Context::from_ibv(old.context) };
-        ctx.nic.memory_region(old.lkey).map_or(0, |r| r.access.bits())
-    };
-    // SAFETY: forwarded contract.
-    let new = unsafe { register("ibv_rereg_mr", pd, addr, length, addr as u64, access) };
-    if new.is_null() {
-        return IBV_REREG_MR_ERR_INPUT;
-    }
-    // SAFETY: `new` is a fresh MR from `register`; `old` stays the
-    // program's handle and takes over its fields.
-    unsafe {
-        let replacement = Box::from_raw(new);
-        let ctx = Context::from_ibv(old.context);
-        let lkey = old.lkey;
-        if ctx.nic.deregister_memory(lkey).is_err() {
-            let _ = ctx.nic.deregister_memory(replacement.lkey);
-            return IBV_REREG_MR_ERR_CMD;
+    crate::ffi::guard("ibv_rereg_mr", || {
+        let all = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+        if mr.is_null() || flags == 0 || flags & !all != 0 {
+            refuse("ibv_rereg_mr", libc::EINVAL, "bad MR or flags");
+            return IBV_REREG_MR_ERR_INPUT;
         }
-        *old = *replacement;
-    }
-    0
+        // SAFETY: a live MR (caller).
+        let old = unsafe { &mut *mr };
+        let pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 { pd } else { old.pd };
+        let (addr, length) =
+            if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { (addr, length) } else { (old.addr, old.length) };
+        let access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+            access as c_uint
+        } else {
+            // SAFETY: the MR's context is live.
+            let ctx = unsafe { Context::from_ibv(old.context) };
+            ctx.nic.memory_region(old.lkey).map_or(0, |r| r.access.bits())
+        };
+        // SAFETY: forwarded contract.
+        let new = unsafe { register("ibv_rereg_mr", pd, addr, length, addr as u64, access) };
+        if new.is_null() {
+            return IBV_REREG_MR_ERR_INPUT;
+        }
+        // SAFETY: `new` is a fresh MR from `register`; `old` stays the
+        // program's handle and takes over its fields.
+        unsafe {
+            let replacement = Box::from_raw(new);
+            let ctx = Context::from_ibv(old.context);
+            let lkey = old.lkey;
+            if ctx.nic.deregister_memory(lkey).is_err() {
+                let _ = ctx.nic.deregister_memory(replacement.lkey);
+                return IBV_REREG_MR_ERR_CMD;
+            }
+            *old = *replacement;
+        }
+        0
+    })
 }

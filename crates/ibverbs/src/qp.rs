@@ -11,7 +11,9 @@ use softrnic_transport::{
 };
 
 use crate::abi::*;
+use crate::acks::{AckFields, Reported};
 use crate::ah::Ah;
+use crate::c_view::CView;
 use crate::context::{Context, limits};
 use crate::cq::Cq;
 use crate::device::{addr_of_gid, gid_of};
@@ -23,12 +25,14 @@ use crate::srq::Srq;
 #[repr(C)]
 pub struct Qp {
     /// The program's `ibv_qp` (its first field) and `ibv_qp_ex`.
-    pub ex: ibv_qp_ex,
+    pub ex: CView<ibv_qp_ex>,
     pub qp_type: QpType,
     pub caps: ibv_qp_cap,
     pub sq_sig_all: bool,
     /// Work requests between `ibv_wr_start` and `ibv_wr_complete`.
     pub builder: Mutex<Builder>,
+    /// Asynchronous events naming this QP handed out.
+    pub async_events: Reported,
 }
 
 impl Qp {
@@ -42,11 +46,25 @@ impl Qp {
 
     pub fn context(&self) -> &Context {
         // SAFETY: a QP never outlives its context.
-        unsafe { Context::from_ibv(self.ex.qp_base.context) }
+        unsafe { Context::from_ibv((*self.ex.get()).qp_base.context) }
+    }
+
+    /// The acknowledgement fields of its asynchronous events.
+    pub fn acks(&self) -> AckFields {
+        let qp = self.ex.get();
+        // SAFETY: projections into our own live allocation.
+        unsafe {
+            AckFields {
+                mutex: &raw mut (*qp).qp_base.mutex,
+                cond: &raw mut (*qp).qp_base.cond,
+                completed: &raw mut (*qp).qp_base.events_completed,
+            }
+        }
     }
 
     pub fn qpn(&self) -> u32 {
-        self.ex.qp_base.qp_num
+        // SAFETY: the QP number never changes.
+        unsafe { (*self.ex.get()).qp_base.qp_num }
     }
 }
 
@@ -137,7 +155,14 @@ unsafe fn create(verb: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *m
     ex.qp_base.state = IBV_QPS_RESET;
     ex.qp_base.qp_type = a.qp_type;
     qp_ex::install(&mut ex);
-    let qp = Box::new(Qp { ex, qp_type, caps: a.cap, sq_sig_all: a.sq_sig_all != 0, builder: Mutex::default() });
+    let qp = Box::new(Qp {
+        ex: CView::new(ex),
+        qp_type,
+        caps: a.cap,
+        sq_sig_all: a.sq_sig_all != 0,
+        builder: Mutex::default(),
+        async_events: Reported::default(),
+    });
     let qp = Box::into_raw(qp);
     ctx.objects().qps.insert(qpn, qp as usize);
     qp as *mut ibv_qp
@@ -145,57 +170,77 @@ unsafe fn create(verb: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *m
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
-    // SAFETY: forwarded contract.
-    unsafe { create("ibv_create_qp", pd, attr) }
+    crate::ffi::guard("ibv_create_qp", || {
+        // SAFETY: forwarded contract.
+        unsafe { create("ibv_create_qp", pd, attr) }
+    })
 }
 
 /// `verbs_context::create_qp_ex`, behind the header's `ibv_create_qp_ex`.
 pub unsafe extern "C" fn create_qp_ex(_context: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
-    const VERB: &str = "ibv_create_qp_ex";
-    // SAFETY: readable attributes (caller).
-    let a = unsafe { &mut *attr };
-    let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    if a.comp_mask & !known != 0 {
-        return refuse_null(VERB, libc::EOPNOTSUPP, format!("comp_mask {:#x} asks for XRC, RSS or TSO", a.comp_mask));
-    }
-    if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
-        return refuse_null(VERB, libc::EINVAL, "a QP needs a PD (IBV_QP_INIT_ATTR_PD)");
-    }
-    if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
-        return refuse_null(VERB, libc::EOPNOTSUPP, format!("create_flags {:#x} are not supported", a.create_flags));
-    }
-    if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !qp_ex::SUPPORTED_SEND_OPS != 0 {
-        return refuse_null(
-            VERB,
-            libc::EOPNOTSUPP,
-            format!("send_ops_flags {:#x} are not supported", a.send_ops_flags & !qp_ex::SUPPORTED_SEND_OPS),
-        );
-    }
-    // SAFETY: `ibv_qp_init_attr_ex` begins with the fields of
-    // `ibv_qp_init_attr` (checked in tests/layout.rs); the PD belongs to
-    // `context`.
-    unsafe { create(VERB, a.pd, attr as *mut ibv_qp_init_attr) }
+    crate::ffi::guard("create_qp_ex", || {
+        const VERB: &str = "ibv_create_qp_ex";
+        // SAFETY: readable attributes (caller).
+        let a = unsafe { &mut *attr };
+        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if a.comp_mask & !known != 0 {
+            return refuse_null(
+                VERB,
+                libc::EOPNOTSUPP,
+                format!("comp_mask {:#x} asks for XRC, RSS or TSO", a.comp_mask),
+            );
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+            return refuse_null(VERB, libc::EINVAL, "a QP needs a PD (IBV_QP_INIT_ATTR_PD)");
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
+            return refuse_null(
+                VERB,
+                libc::EOPNOTSUPP,
+                format!("create_flags {:#x} are not supported", a.create_flags),
+            );
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !qp_ex::SUPPORTED_SEND_OPS != 0 {
+            return refuse_null(
+                VERB,
+                libc::EOPNOTSUPP,
+                format!("send_ops_flags {:#x} are not supported", a.send_ops_flags & !qp_ex::SUPPORTED_SEND_OPS),
+            );
+        }
+        // SAFETY: `ibv_qp_init_attr_ex` begins with the fields of
+        // `ibv_qp_init_attr` (checked in tests/layout.rs); the PD belongs to
+        // `context`.
+        unsafe { create(VERB, a.pd, attr as *mut ibv_qp_init_attr) }
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
-    // Every softrnic QP is an `ibv_qp_ex`.
-    qp as *mut ibv_qp_ex
+    crate::ffi::guard("ibv_qp_to_qp_ex", || {
+        // Every softrnic QP is an `ibv_qp_ex`.
+        qp as *mut ibv_qp_ex
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
-    // SAFETY: a live QP (caller).
-    let q = unsafe { Qp::from_ibv(qp) };
-    let ctx = q.context();
-    let qpn = q.qpn();
-    if let Err(e) = ctx.nic.destroy_qp(qpn) {
-        return refuse("ibv_destroy_qp", e.errno(), e);
-    }
-    ctx.objects().qps.remove(&qpn);
-    // SAFETY: boxed in `create`, freed once here.
-    drop(unsafe { Box::from_raw(qp as *mut Qp) });
-    0
+    crate::ffi::guard("ibv_destroy_qp", || {
+        // SAFETY: a live QP (caller).
+        let q = unsafe { Qp::from_ibv(qp) };
+        let ctx = q.context();
+        let qpn = q.qpn();
+        if let Err(e) = ctx.nic.destroy_qp(qpn) {
+            return refuse("ibv_destroy_qp", e.errno(), e);
+        }
+        ctx.objects().qps.remove(&qpn);
+        // No event can name the QP any more; wait for the program to
+        // acknowledge those it took, as rdma-core does.
+        // SAFETY: live until freed below.
+        unsafe { q.acks().wait_for(&q.async_events) };
+        // SAFETY: boxed in `create`, freed once here.
+        drop(unsafe { Box::from_raw(qp as *mut Qp) });
+        0
+    })
 }
 
 fn state_of(s: c_int) -> Option<QpState> {
@@ -324,33 +369,35 @@ fn attr_of(verb: &str, a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
-    const VERB: &str = "ibv_modify_qp";
-    if qp.is_null() || attr.is_null() {
-        return refuse(VERB, libc::EINVAL, "NULL QP or attributes");
-    }
-    // SAFETY: a live QP and readable attributes (caller).
-    let (q, a) = unsafe { (Qp::from_ibv(qp), &*attr) };
-    let converted = match attr_of(VERB, a, mask) {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    let qpn = q.qpn();
-    let nic = &q.context().nic;
-    let result = nic.modify_qp(qpn, &converted).and_then(|state| {
-        if mask & IBV_QP_RATE_LIMIT != 0 {
-            let bps = (a.rate_limit != 0).then(|| u64::from(a.rate_limit) * 1000);
-            nic.set_qp_rate_limit(qpn, bps)?;
+    crate::ffi::guard("ibv_modify_qp", || {
+        const VERB: &str = "ibv_modify_qp";
+        if qp.is_null() || attr.is_null() {
+            return refuse(VERB, libc::EINVAL, "NULL QP or attributes");
         }
-        Ok(state)
-    });
-    match result {
-        Ok(state) => {
-            // SAFETY: the program's QP; verbs keeps `state` current.
-            unsafe { (*qp).state = state_to_c(state) };
-            0
+        // SAFETY: a live QP and readable attributes (caller).
+        let (q, a) = unsafe { (Qp::from_ibv(qp), &*attr) };
+        let converted = match attr_of(VERB, a, mask) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        let qpn = q.qpn();
+        let nic = &q.context().nic;
+        let result = nic.modify_qp(qpn, &converted).and_then(|state| {
+            if mask & IBV_QP_RATE_LIMIT != 0 {
+                let bps = (a.rate_limit != 0).then(|| u64::from(a.rate_limit) * 1000);
+                nic.set_qp_rate_limit(qpn, bps)?;
+            }
+            Ok(state)
+        });
+        match result {
+            Ok(state) => {
+                // SAFETY: the program's QP; verbs keeps `state` current.
+                unsafe { (*qp).state = state_to_c(state) };
+                0
+            }
+            Err(e) => refuse(VERB, e.errno(), e),
         }
-        Err(e) => refuse(VERB, e.errno(), e),
-    }
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -360,55 +407,57 @@ pub unsafe extern "C" fn ibv_query_qp(
     mask: c_int,
     init_attr: *mut ibv_qp_init_attr,
 ) -> c_int {
-    let _ = mask; // everything is cheap to report
-    // SAFETY: a live QP (caller).
-    let q = unsafe { Qp::from_ibv(qp) };
-    let qpn = q.qpn();
-    let Some((state, now)) = q.context().nic.query_qp(qpn) else {
-        return refuse("ibv_query_qp", libc::EINVAL, "no such QP");
-    };
-    // SAFETY: all-zero is a valid `ibv_qp_attr`.
-    let mut out: ibv_qp_attr = unsafe { std::mem::zeroed() };
-    out.qp_state = state_to_c(state);
-    out.cur_qp_state = out.qp_state;
-    out.path_mtu = now.path_mtu as c_int;
-    out.qkey = now.qkey;
-    out.rq_psn = now.rq_psn.value();
-    out.sq_psn = now.sq_psn.value();
-    out.dest_qp_num = now.dest_qpn;
-    out.qp_access_flags = now.access.bits();
-    out.cap = q.caps;
-    if let Some(addr) = now.remote_addr {
-        out.ah_attr.grh.dgid = ibv_gid { raw: gid_of(addr) };
-        out.ah_attr.grh.hop_limit = 64;
-        out.ah_attr.is_global = 1;
-        out.ah_attr.port_num = 1;
-    }
-    out.pkey_index = now.pkey_index;
-    out.max_rd_atomic = now.max_rd_atomic;
-    out.max_dest_rd_atomic = now.max_dest_rd_atomic;
-    out.min_rnr_timer = now.min_rnr_timer;
-    out.port_num = now.port;
-    out.timeout = now.timeout;
-    out.retry_cnt = now.retry_cnt;
-    out.rnr_retry = now.rnr_retry;
-    // SAFETY: writable outputs (caller); `init_attr` may be NULL.
-    unsafe {
-        *attr = out;
-        if !init_attr.is_null() {
-            let base = &q.ex.qp_base;
-            *init_attr = ibv_qp_init_attr {
-                qp_context: base.qp_context,
-                send_cq: base.send_cq,
-                recv_cq: base.recv_cq,
-                srq: base.srq,
-                cap: q.caps,
-                qp_type: base.qp_type,
-                sq_sig_all: q.sq_sig_all.into(),
-            };
+    crate::ffi::guard("ibv_query_qp", || {
+        let _ = mask; // everything is cheap to report
+        // SAFETY: a live QP (caller).
+        let q = unsafe { Qp::from_ibv(qp) };
+        let qpn = q.qpn();
+        let Some((state, now)) = q.context().nic.query_qp(qpn) else {
+            return refuse("ibv_query_qp", libc::EINVAL, "no such QP");
+        };
+        // SAFETY: all-zero is a valid `ibv_qp_attr`.
+        let mut out: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        out.qp_state = state_to_c(state);
+        out.cur_qp_state = out.qp_state;
+        out.path_mtu = now.path_mtu as c_int;
+        out.qkey = now.qkey;
+        out.rq_psn = now.rq_psn.value();
+        out.sq_psn = now.sq_psn.value();
+        out.dest_qp_num = now.dest_qpn;
+        out.qp_access_flags = now.access.bits();
+        out.cap = q.caps;
+        if let Some(addr) = now.remote_addr {
+            out.ah_attr.grh.dgid = ibv_gid { raw: gid_of(addr) };
+            out.ah_attr.grh.hop_limit = 64;
+            out.ah_attr.is_global = 1;
+            out.ah_attr.port_num = 1;
         }
-    }
-    0
+        out.pkey_index = now.pkey_index;
+        out.max_rd_atomic = now.max_rd_atomic;
+        out.max_dest_rd_atomic = now.max_dest_rd_atomic;
+        out.min_rnr_timer = now.min_rnr_timer;
+        out.port_num = now.port;
+        out.timeout = now.timeout;
+        out.retry_cnt = now.retry_cnt;
+        out.rnr_retry = now.rnr_retry;
+        // SAFETY: writable outputs (caller); `init_attr` may be NULL.
+        unsafe {
+            *attr = out;
+            if !init_attr.is_null() {
+                let base = &(*q.ex.get()).qp_base;
+                *init_attr = ibv_qp_init_attr {
+                    qp_context: base.qp_context,
+                    send_cq: base.send_cq,
+                    recv_cq: base.recv_cq,
+                    srq: base.srq,
+                    cap: q.caps,
+                    qp_type: base.qp_type,
+                    sq_sig_all: q.sq_sig_all.into(),
+                };
+            }
+        }
+        0
+    })
 }
 
 /// The SGEs of a C list.
@@ -512,27 +561,29 @@ unsafe fn send_wr_of(q: &Qp, wr: &ibv_send_wr) -> Result<SendWorkRequest, c_int>
 
 /// `ops.post_send`: posts the chain in order and rings the doorbell once.
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
-    // SAFETY: a live QP (caller).
-    let q = unsafe { Qp::from_ibv(qp) };
-    let qpn = q.qpn();
-    let mut send_queue = q.context().nic.send_queue(qpn);
-    let mut next = wr;
-    while !next.is_null() {
-        // SAFETY: the chain is the caller's valid list.
-        let w = unsafe { &*next };
-        // SAFETY: as above.
-        let posted = unsafe { send_wr_of(q, w) }
-            .and_then(|req| send_queue.post(req).map_err(|e| refuse("ibv_post_send", e.errno(), e)));
-        if let Err(e) = posted {
-            if !bad_wr.is_null() {
-                // SAFETY: a writable out-pointer (caller).
-                unsafe { *bad_wr = next };
+    crate::ffi::guard("post_send", || {
+        // SAFETY: a live QP (caller).
+        let q = unsafe { Qp::from_ibv(qp) };
+        let qpn = q.qpn();
+        let mut send_queue = q.context().nic.send_queue(qpn);
+        let mut next = wr;
+        while !next.is_null() {
+            // SAFETY: the chain is the caller's valid list.
+            let w = unsafe { &*next };
+            // SAFETY: as above.
+            let posted = unsafe { send_wr_of(q, w) }
+                .and_then(|req| send_queue.post(req).map_err(|e| refuse("ibv_post_send", e.errno(), e)));
+            if let Err(e) = posted {
+                if !bad_wr.is_null() {
+                    // SAFETY: a writable out-pointer (caller).
+                    unsafe { *bad_wr = next };
+                }
+                return e;
             }
-            return e;
+            next = w.next;
         }
-        next = w.next;
-    }
-    0
+        0
+    })
 }
 
 /// Posts a chain of receive requests with `post`, reporting the first that
@@ -568,10 +619,12 @@ pub unsafe fn post_recv_chain(
 /// ACK the last poll owes waits for the program's next send and leaves in
 /// the same system call (a ping-pong posts its receive, then its send).
 pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
-    // SAFETY: a live QP (caller).
-    let q = unsafe { Qp::from_ibv(qp) };
-    let qpn = q.qpn();
-    let nic = &q.context().nic;
-    // SAFETY: forwarded contract.
-    unsafe { post_recv_chain("ibv_post_recv", wr, bad_wr, |r| nic.post_recv(qpn, r)) }
+    crate::ffi::guard("post_recv", || {
+        // SAFETY: a live QP (caller).
+        let q = unsafe { Qp::from_ibv(qp) };
+        let qpn = q.qpn();
+        let nic = &q.context().nic;
+        // SAFETY: forwarded contract.
+        unsafe { post_recv_chain("ibv_post_recv", wr, bad_wr, |r| nic.post_recv(qpn, r)) }
+    })
 }

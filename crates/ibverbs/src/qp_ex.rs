@@ -115,102 +115,128 @@ unsafe fn fail(qp: *mut ibv_qp_ex, errno: c_int) {
 }
 
 unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
-    // SAFETY: a live QP (caller).
-    unsafe {
-        with_builder(qp, |_, b| {
-            b.pending.clear();
-            b.error = None;
-        })
-    }
+    crate::ffi::guard("wr_start", || {
+        // SAFETY: a live QP (caller).
+        unsafe {
+            with_builder(qp, |_, b| {
+                b.pending.clear();
+                b.error = None;
+            })
+        }
+    })
 }
 
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
-    // SAFETY: a live QP (caller).
-    unsafe {
-        with_builder(qp, |q, b| {
-            if let Some(e) = b.error.take() {
-                b.pending.clear();
-                return e;
-            }
-            let qpn = q.qpn();
-            let pending = &mut b.pending;
-            let mut send_queue = q.context().nic.send_queue(qpn);
-            for wr in pending.drain(..) {
-                if let Err(e) = send_queue.post(wr) {
-                    return refuse("ibv_wr_complete", e.errno(), e);
+    crate::ffi::guard("wr_complete", || {
+        // SAFETY: a live QP (caller).
+        unsafe {
+            with_builder(qp, |q, b| {
+                if let Some(e) = b.error.take() {
+                    b.pending.clear();
+                    return e;
                 }
-            }
-            0
-        })
-    }
+                let qpn = q.qpn();
+                let pending = &mut b.pending;
+                let mut send_queue = q.context().nic.send_queue(qpn);
+                for wr in pending.drain(..) {
+                    if let Err(e) = send_queue.post(wr) {
+                        return refuse("ibv_wr_complete", e.errno(), e);
+                    }
+                }
+                0
+            })
+        }
+    })
 }
 
 unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
-    // SAFETY: a live QP (caller).
-    unsafe { wr_start(qp) }
+    crate::ffi::guard("wr_abort", || {
+        // SAFETY: a live QP (caller).
+        unsafe { wr_start(qp) }
+    })
 }
 
 unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
-    // SAFETY: a live QP (caller).
-    unsafe { begin(qp, SendOp::Send { imm: None }) }
+    crate::ffi::guard("wr_send", || {
+        // SAFETY: a live QP (caller).
+        unsafe { begin(qp, SendOp::Send { imm: None }) }
+    })
 }
 
 unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
-    // SAFETY: a live QP (caller).
-    unsafe { begin(qp, SendOp::Send { imm: Some(u32::from_be(imm)) }) }
+    crate::ffi::guard("wr_send_imm", || {
+        // SAFETY: a live QP (caller).
+        unsafe { begin(qp, SendOp::Send { imm: Some(u32::from_be(imm)) }) }
+    })
 }
 
 unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, _rkey: u32) {
-    let why = "SEND with invalidate needs memory windows, which softrnic lacks";
-    // SAFETY: a live QP (caller).
-    unsafe { fail(qp, refuse("ibv_wr_send_inv", libc::EOPNOTSUPP, why)) }
+    crate::ffi::guard("wr_send_inv", || {
+        let why = "SEND with invalidate needs memory windows, which softrnic lacks";
+        // SAFETY: a live QP (caller).
+        unsafe { fail(qp, refuse("ibv_wr_send_inv", libc::EOPNOTSUPP, why)) }
+    })
 }
 
 unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {
-    // SAFETY: a live QP (caller).
-    unsafe { begin(qp, SendOp::Write { remote: RemoteAddr { addr, rkey }, imm: None }) }
+    crate::ffi::guard("wr_rdma_write", || {
+        // SAFETY: a live QP (caller).
+        unsafe { begin(qp, SendOp::Write { remote: RemoteAddr { addr, rkey }, imm: None }) }
+    })
 }
 
 unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, addr: u64, imm: u32) {
-    // SAFETY: a live QP (caller).
-    unsafe { begin(qp, SendOp::Write { remote: RemoteAddr { addr, rkey }, imm: Some(u32::from_be(imm)) }) }
+    crate::ffi::guard("wr_rdma_write_imm", || {
+        // SAFETY: a live QP (caller).
+        unsafe { begin(qp, SendOp::Write { remote: RemoteAddr { addr, rkey }, imm: Some(u32::from_be(imm)) }) }
+    })
 }
 
 unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {
-    // SAFETY: a live QP (caller).
-    unsafe { begin(qp, SendOp::Read { remote: RemoteAddr { addr, rkey } }) }
+    crate::ffi::guard("wr_rdma_read", || {
+        // SAFETY: a live QP (caller).
+        unsafe { begin(qp, SendOp::Read { remote: RemoteAddr { addr, rkey } }) }
+    })
 }
 
 unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ibv_qp_ex, rkey: u32, addr: u64, compare: u64, swap: u64) {
-    // SAFETY: a live QP (caller).
-    unsafe { begin(qp, SendOp::CompareSwap { remote: RemoteAddr { addr, rkey }, compare, swap }) }
+    crate::ffi::guard("wr_atomic_cmp_swp", || {
+        // SAFETY: a live QP (caller).
+        unsafe { begin(qp, SendOp::CompareSwap { remote: RemoteAddr { addr, rkey }, compare, swap }) }
+    })
 }
 
 unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, addr: u64, add: u64) {
-    // SAFETY: a live QP (caller).
-    unsafe { begin(qp, SendOp::FetchAdd { remote: RemoteAddr { addr, rkey }, add }) }
+    crate::ffi::guard("wr_atomic_fetch_add", || {
+        // SAFETY: a live QP (caller).
+        unsafe { begin(qp, SendOp::FetchAdd { remote: RemoteAddr { addr, rkey }, add }) }
+    })
 }
 
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
-    // SAFETY: a live QP (caller).
-    unsafe {
-        amend(qp, "ibv_wr_set_sge", |_, wr| {
-            wr.payload = Payload::Gather(vec![Sge { addr, length, lkey }]);
-            Ok(())
-        })
-    }
+    crate::ffi::guard("wr_set_sge", || {
+        // SAFETY: a live QP (caller).
+        unsafe {
+            amend(qp, "ibv_wr_set_sge", |_, wr| {
+                wr.payload = Payload::Gather(vec![Sge { addr, length, lkey }]);
+                Ok(())
+            })
+        }
+    })
 }
 
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
-    // SAFETY: `list` holds `n` entries (caller).
-    let list = unsafe { crate::qp::sges(list, n as c_int) };
-    // SAFETY: a live QP (caller).
-    unsafe {
-        amend(qp, "ibv_wr_set_sge_list", |_, wr| {
-            wr.payload = Payload::Gather(list);
-            Ok(())
-        })
-    }
+    crate::ffi::guard("wr_set_sge_list", || {
+        // SAFETY: `list` holds `n` entries (caller).
+        let list = unsafe { crate::qp::sges(list, n as c_int) };
+        // SAFETY: a live QP (caller).
+        unsafe {
+            amend(qp, "ibv_wr_set_sge_list", |_, wr| {
+                wr.payload = Payload::Gather(list);
+                Ok(())
+            })
+        }
+    })
 }
 
 /// Copies inline data at once: the program may reuse its buffer as soon
@@ -231,54 +257,71 @@ unsafe fn set_inline(qp: *mut ibv_qp_ex, verb: &str, sges: &[Sge]) {
 }
 
 unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
-    let sge = Sge { addr: addr as u64, length: length as u32, lkey: 0 };
-    // SAFETY: `[addr, addr + length)` is readable (caller).
-    unsafe { set_inline(qp, "ibv_wr_set_inline_data", &[sge]) }
+    crate::ffi::guard("wr_set_inline_data", || {
+        let sge = Sge { addr: addr as u64, length: length as u32, lkey: 0 };
+        // SAFETY: `[addr, addr + length)` is readable (caller).
+        unsafe { set_inline(qp, "ibv_wr_set_inline_data", &[sge]) }
+    })
 }
 
 unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
-    // SAFETY: `list` holds `n` readable buffers (caller).
-    let bufs = if n == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(list, n) } };
-    let sges: Vec<Sge> = bufs.iter().map(|b| Sge { addr: b.addr as u64, length: b.length as u32, lkey: 0 }).collect();
-    // SAFETY: as above.
-    unsafe { set_inline(qp, "ibv_wr_set_inline_data_list", &sges) }
+    crate::ffi::guard("wr_set_inline_data_list", || {
+        // SAFETY: `list` holds `n` readable buffers (caller).
+        let bufs = if n == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(list, n) } };
+        let sges: Vec<Sge> =
+            bufs.iter().map(|b| Sge { addr: b.addr as u64, length: b.length as u32, lkey: 0 }).collect();
+        // SAFETY: as above.
+        unsafe { set_inline(qp, "ibv_wr_set_inline_data_list", &sges) }
+    })
 }
 
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) {
-    // SAFETY: a live QP, and `ah` live or NULL (caller).
-    unsafe {
-        amend(qp, "ibv_wr_set_ud_addr", |_, wr| {
-            if ah.is_null() {
-                return Err(refuse("ibv_wr_set_ud_addr", libc::EINVAL, "NULL address handle"));
-            }
-            let addr = Ah::from_ibv(ah).dest;
-            wr.ud = Some(UdDestination { addr, qpn: remote_qpn, qkey: remote_qkey });
-            Ok(())
-        })
-    }
+    crate::ffi::guard("wr_set_ud_addr", || {
+        // SAFETY: a live QP, and `ah` live or NULL (caller).
+        unsafe {
+            amend(qp, "ibv_wr_set_ud_addr", |_, wr| {
+                if ah.is_null() {
+                    return Err(refuse("ibv_wr_set_ud_addr", libc::EINVAL, "NULL address handle"));
+                }
+                let addr = Ah::from_ibv(ah).dest;
+                wr.ud = Some(UdDestination { addr, qpn: remote_qpn, qkey: remote_qkey });
+                Ok(())
+            })
+        }
+    })
 }
 
 unsafe extern "C" fn wr_bind_mw(qp: *mut ibv_qp_ex, _mw: *mut c_void, _rkey: u32, _info: *const c_void) {
-    // SAFETY: a live QP (caller).
-    unsafe { fail(qp, refuse("ibv_wr_bind_mw", libc::EOPNOTSUPP, "memory windows are not supported")) }
+    crate::ffi::guard("wr_bind_mw", || {
+        // SAFETY: a live QP (caller).
+        unsafe { fail(qp, refuse("ibv_wr_bind_mw", libc::EOPNOTSUPP, "memory windows are not supported")) }
+    })
 }
 
 unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, _rkey: u32) {
-    // SAFETY: a live QP (caller).
-    unsafe { fail(qp, refuse("ibv_wr_local_inv", libc::EOPNOTSUPP, "local invalidate is not supported")) }
+    crate::ffi::guard("wr_local_inv", || {
+        // SAFETY: a live QP (caller).
+        unsafe { fail(qp, refuse("ibv_wr_local_inv", libc::EOPNOTSUPP, "local invalidate is not supported")) }
+    })
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
-    // SAFETY: a live QP (caller).
-    unsafe { fail(qp, refuse("ibv_wr_send_tso", libc::EOPNOTSUPP, "TSO needs a raw packet QP")) }
+    crate::ffi::guard("wr_send_tso", || {
+        // SAFETY: a live QP (caller).
+        unsafe { fail(qp, refuse("ibv_wr_send_tso", libc::EOPNOTSUPP, "TSO needs a raw packet QP")) }
+    })
 }
 
 unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _srqn: u32) {
-    // SAFETY: a live QP (caller).
-    unsafe { fail(qp, refuse("ibv_wr_set_xrc_srqn", libc::EOPNOTSUPP, "XRC is not supported")) }
+    crate::ffi::guard("wr_set_xrc_srqn", || {
+        // SAFETY: a live QP (caller).
+        unsafe { fail(qp, refuse("ibv_wr_set_xrc_srqn", libc::EOPNOTSUPP, "XRC is not supported")) }
+    })
 }
 
 unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, _rkey: u32, _addr: u64, _data: *const c_void) {
-    // SAFETY: a live QP (caller).
-    unsafe { fail(qp, refuse("ibv_wr_atomic_write", libc::EOPNOTSUPP, "ATOMIC_WRITE is not supported")) }
+    crate::ffi::guard("wr_atomic_write", || {
+        // SAFETY: a live QP (caller).
+        unsafe { fail(qp, refuse("ibv_wr_atomic_write", libc::EOPNOTSUPP, "ATOMIC_WRITE is not supported")) }
+    })
 }

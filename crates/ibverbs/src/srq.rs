@@ -6,6 +6,8 @@ use std::sync::Arc;
 use softrnic_transport::{SharedReceiveQueue, SrqAttr, SrqId};
 
 use crate::abi::*;
+use crate::acks::{AckFields, Reported};
+use crate::c_view::CView;
 use crate::context::{Context, limits};
 use crate::ffi::{refuse, refuse_null};
 use crate::memory::Pd;
@@ -13,9 +15,11 @@ use crate::qp::post_recv_chain;
 
 #[repr(C)]
 pub struct Srq {
-    pub ibv: ibv_srq,
+    pub ibv: CView<ibv_srq>,
     pub id: SrqId,
     queue: Arc<SharedReceiveQueue>,
+    /// Asynchronous events naming this SRQ handed out.
+    pub async_events: Reported,
 }
 
 impl Srq {
@@ -28,83 +32,106 @@ impl Srq {
 
     fn context(&self) -> &Context {
         // SAFETY: an SRQ never outlives its context.
-        unsafe { Context::from_ibv(self.ibv.context) }
+        unsafe { Context::from_ibv((*self.ibv.get()).context) }
+    }
+
+    /// The acknowledgement fields of its asynchronous events.
+    pub fn acks(&self) -> AckFields {
+        let srq = self.ibv.get();
+        // SAFETY: projections into our own live allocation.
+        unsafe {
+            AckFields {
+                mutex: &raw mut (*srq).mutex,
+                cond: &raw mut (*srq).cond,
+                completed: &raw mut (*srq).events_completed,
+            }
+        }
     }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
-    const VERB: &str = "ibv_create_srq";
-    if pd.is_null() || init.is_null() {
-        return refuse_null(VERB, libc::EINVAL, "NULL PD or attributes");
-    }
-    // SAFETY: a live PD and readable attributes (caller).
-    let (p, a) = unsafe { (Pd::from_ibv(pd), &mut *init) };
-    if a.attr.max_wr == 0 || a.attr.max_wr > limits::MAX_QP_WR || a.attr.max_sge > limits::MAX_SGE {
-        return refuse_null(
-            VERB,
-            libc::EINVAL,
-            format!("max_wr must be 1..={}, max_sge at most {}", limits::MAX_QP_WR, limits::MAX_SGE),
-        );
-    }
-    let attr = SrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge.max(1), limit: a.attr.srq_limit };
-    let ctx = p.context();
-    let pd_id = p.id;
-    let queue = match ctx.nic.create_srq(pd_id, attr) {
-        Ok(queue) => queue,
-        Err(e) => return refuse_null(VERB, e.errno(), e),
-    };
-    // SAFETY: all-zero pthread objects are their static initialisers.
-    let mut ibv: ibv_srq = unsafe { std::mem::zeroed() };
-    ibv.context = ctx.ibv();
-    ibv.srq_context = a.srq_context;
-    ibv.pd = pd;
-    let id = queue.id();
-    ibv.handle = id.0;
-    let srq = Box::into_raw(Box::new(Srq { ibv, id, queue }));
-    ctx.objects().srqs.insert(id, srq as usize);
-    srq as *mut ibv_srq
+    crate::ffi::guard("ibv_create_srq", || {
+        const VERB: &str = "ibv_create_srq";
+        if pd.is_null() || init.is_null() {
+            return refuse_null(VERB, libc::EINVAL, "NULL PD or attributes");
+        }
+        // SAFETY: a live PD and readable attributes (caller).
+        let (p, a) = unsafe { (Pd::from_ibv(pd), &mut *init) };
+        if a.attr.max_wr == 0 || a.attr.max_wr > limits::MAX_QP_WR || a.attr.max_sge > limits::MAX_SGE {
+            return refuse_null(
+                VERB,
+                libc::EINVAL,
+                format!("max_wr must be 1..={}, max_sge at most {}", limits::MAX_QP_WR, limits::MAX_SGE),
+            );
+        }
+        let attr = SrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge.max(1), limit: a.attr.srq_limit };
+        let ctx = p.context();
+        let pd_id = p.id;
+        let queue = match ctx.nic.create_srq(pd_id, attr) {
+            Ok(queue) => queue,
+            Err(e) => return refuse_null(VERB, e.errno(), e),
+        };
+        // SAFETY: all-zero pthread objects are their static initialisers.
+        let mut ibv: ibv_srq = unsafe { std::mem::zeroed() };
+        ibv.context = ctx.ibv();
+        ibv.srq_context = a.srq_context;
+        ibv.pd = pd;
+        let id = queue.id();
+        ibv.handle = id.0;
+        let srq = Box::into_raw(Box::new(Srq { ibv: CView::new(ibv), id, queue, async_events: Reported::default() }));
+        ctx.objects().srqs.insert(id, srq as usize);
+        srq as *mut ibv_srq
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
-    const VERB: &str = "ibv_modify_srq";
-    // SAFETY: a live SRQ and readable attributes (caller).
-    let (s, a) = unsafe { (Srq::from_ibv(srq), &*attr) };
-    if mask & IBV_SRQ_MAX_WR != 0 {
-        return refuse(VERB, libc::EOPNOTSUPP, "resizing an SRQ is not supported");
-    }
-    if mask & IBV_SRQ_LIMIT != 0
-        && let Err(e) = s.queue.set_limit(a.srq_limit)
-    {
-        return refuse(VERB, e.errno(), e);
-    }
-    0
+    crate::ffi::guard("ibv_modify_srq", || {
+        const VERB: &str = "ibv_modify_srq";
+        // SAFETY: a live SRQ and readable attributes (caller).
+        let (s, a) = unsafe { (Srq::from_ibv(srq), &*attr) };
+        if mask & IBV_SRQ_MAX_WR != 0 {
+            return refuse(VERB, libc::EOPNOTSUPP, "resizing an SRQ is not supported");
+        }
+        if mask & IBV_SRQ_LIMIT != 0
+            && let Err(e) = s.queue.set_limit(a.srq_limit)
+        {
+            return refuse(VERB, e.errno(), e);
+        }
+        0
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
-    // SAFETY: a live SRQ (caller).
-    let s = unsafe { Srq::from_ibv(srq) };
-    let (a, _queued) = s.queue.query();
-    // SAFETY: writable attributes (caller).
-    unsafe { *attr = ibv_srq_attr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.limit } };
-    0
+    crate::ffi::guard("ibv_query_srq", || {
+        // SAFETY: a live SRQ (caller).
+        let s = unsafe { Srq::from_ibv(srq) };
+        let (a, _queued) = s.queue.query();
+        // SAFETY: writable attributes (caller).
+        unsafe { *attr = ibv_srq_attr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.limit } };
+        0
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
-    // SAFETY: a live SRQ (caller).
-    let s = unsafe { Srq::from_ibv(srq) };
-    let ctx = s.context();
-    let id = s.id;
-    if let Err(e) = ctx.nic.destroy_srq(id) {
-        return refuse("ibv_destroy_srq", e.errno(), e);
-    }
-    ctx.objects().srqs.remove(&id);
-    // SAFETY: boxed in `ibv_create_srq`, freed once here.
-    drop(unsafe { Box::from_raw(srq as *mut Srq) });
-    0
+    crate::ffi::guard("ibv_destroy_srq", || {
+        // SAFETY: a live SRQ (caller).
+        let s = unsafe { Srq::from_ibv(srq) };
+        let ctx = s.context();
+        let id = s.id;
+        if let Err(e) = ctx.nic.destroy_srq(id) {
+            return refuse("ibv_destroy_srq", e.errno(), e);
+        }
+        ctx.objects().srqs.remove(&id);
+        // SAFETY: live until freed below.
+        unsafe { s.acks().wait_for(&s.async_events) };
+        // SAFETY: boxed in `ibv_create_srq`, freed once here.
+        drop(unsafe { Box::from_raw(srq as *mut Srq) });
+        0
+    })
 }
 
 /// `ops.post_srq_recv`.
@@ -113,8 +140,10 @@ pub unsafe extern "C" fn post_srq_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    // SAFETY: a live SRQ (caller).
-    let s = unsafe { Srq::from_ibv(srq) };
-    // SAFETY: forwarded contract.
-    unsafe { post_recv_chain("ibv_post_srq_recv", wr, bad_wr, |r| s.queue.post(r)) }
+    crate::ffi::guard("post_srq_recv", || {
+        // SAFETY: a live SRQ (caller).
+        let s = unsafe { Srq::from_ibv(srq) };
+        // SAFETY: forwarded contract.
+        unsafe { post_recv_chain("ibv_post_srq_recv", wr, bad_wr, |r| s.queue.post(r)) }
+    })
 }

@@ -39,7 +39,7 @@ const WC_STATUS: [&CStr; 24] = [
 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
-    lookup(&WC_STATUS, status)
+    crate::ffi::guard("ibv_wc_status_str", || lookup(&WC_STATUS, status))
 }
 
 /// `enum ibv_event_type`, in order.
@@ -68,7 +68,7 @@ const EVENT_TYPE: [&CStr; 20] = [
 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
-    lookup(&EVENT_TYPE, event)
+    crate::ffi::guard("ibv_event_type_str", || lookup(&EVENT_TYPE, event))
 }
 
 /// `enum ibv_node_type`, from IBV_NODE_UNKNOWN (-1).
@@ -86,7 +86,7 @@ const NODE_TYPE: [&CStr; 9] = [
 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_node_type_str(node_type: c_int) -> *const c_char {
-    lookup(&NODE_TYPE, node_type.saturating_add(1))
+    crate::ffi::guard("ibv_node_type_str", || lookup(&NODE_TYPE, node_type.saturating_add(1)))
 }
 
 const PORT_STATE: [&CStr; 6] =
@@ -94,7 +94,7 @@ const PORT_STATE: [&CStr; 6] =
 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_port_state_str(state: c_int) -> *const c_char {
-    lookup(&PORT_STATE, state)
+    crate::ffi::guard("ibv_port_state_str", || lookup(&PORT_STATE, state))
 }
 
 /// `enum ibv_rate` values, their multiples of 2.5 Gb/s (where the IB
@@ -125,44 +125,44 @@ const RATES: [(c_int, c_int, c_int); 21] = [
 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_rate_to_mult(rate: c_int) -> c_int {
-    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
+    crate::ffi::guard("ibv_rate_to_mult", || RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn mult_to_ibv_rate(mult: c_int) -> c_int {
-    RATES.iter().find(|r| r.1 == mult && mult > 0).map_or(0, |r| r.0)
+    crate::ffi::guard("mult_to_ibv_rate", || RATES.iter().find(|r| r.1 == mult && mult > 0).map_or(0, |r| r.0))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
-    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.2)
+    crate::ffi::guard("ibv_rate_to_mbps", || RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.2))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
-    RATES.iter().find(|r| r.2 == mbps).map_or(0, |r| r.0)
+    crate::ffi::guard("mbps_to_ibv_rate", || RATES.iter().find(|r| r.2 == mbps).map_or(0, |r| r.0))
 }
 
 /// Fork safety: softrnic's "DMA" is the process's own memory access, so a
 /// child's copy-on-write pages never confuse it.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_fork_init() -> c_int {
-    0
+    crate::ffi::guard("ibv_fork_init", || 0)
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_is_fork_initialized() -> c_int {
-    IBV_FORK_UNNEEDED
+    crate::ffi::guard("ibv_is_fork_initialized", || IBV_FORK_UNNEEDED)
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
-    0
+    crate::ffi::guard("ibv_dontfork_range", || 0)
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
-    0
+    crate::ffi::guard("ibv_dofork_range", || 0)
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ fn virtual_file(file: &str) -> Option<String> {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
-    c"/sys".as_ptr()
+    crate::ffi::guard("ibv_get_sysfs_path", || c"/sys".as_ptr())
 }
 
 #[unsafe(no_mangle)]
@@ -57,29 +57,31 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     buf: *mut c_char,
     size: usize,
 ) -> c_int {
-    if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    // SAFETY: NUL-terminated strings (caller).
-    let (dir, file) = unsafe { (CStr::from_ptr(dir).to_string_lossy(), CStr::from_ptr(file).to_string_lossy()) };
-    let contents = if dir.trim_end_matches('/') == IBDEV_PATH {
-        virtual_file(&file)
-    } else {
-        std::fs::read_to_string(format!("{dir}/{file}")).ok()
-    };
-    let Some(contents) = contents else {
-        set_errno(libc::ENOENT);
-        return -1;
-    };
-    let text = contents.trim_end_matches('\n').as_bytes();
-    let n = text.len().min(size - 1);
-    // SAFETY: `buf` has `size` writable bytes (caller) and `n < size`.
-    unsafe {
-        std::ptr::copy_nonoverlapping(text.as_ptr() as *const c_char, buf, n);
-        *buf.add(n) = 0;
-    }
-    n as c_int
+    crate::ffi::guard("ibv_read_sysfs_file", || {
+        if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: NUL-terminated strings (caller).
+        let (dir, file) = unsafe { (CStr::from_ptr(dir).to_string_lossy(), CStr::from_ptr(file).to_string_lossy()) };
+        let contents = if dir.trim_end_matches('/') == IBDEV_PATH {
+            virtual_file(&file)
+        } else {
+            std::fs::read_to_string(format!("{dir}/{file}")).ok()
+        };
+        let Some(contents) = contents else {
+            set_errno(libc::ENOENT);
+            return -1;
+        };
+        let text = contents.trim_end_matches('\n').as_bytes();
+        let n = text.len().min(size - 1);
+        // SAFETY: `buf` has `size` writable bytes (caller) and `n < size`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr() as *const c_char, buf, n);
+            *buf.add(n) = 0;
+        }
+        n as c_int
+    })
 }
 
 #[cfg(test)]

@@ -22,8 +22,10 @@ macro_rules! failing_with_errno {
     ($($name:ident),* $(,)?) => {$(
         #[unsafe(no_mangle)]
         pub extern "C" fn $name() -> c_int {
+    crate::ffi::guard(stringify!($name), || {
             unsupported(stringify!($name))
-        }
+    })
+}
     )*};
 }
 
@@ -32,8 +34,10 @@ macro_rules! failing_with_null {
     ($($name:ident),* $(,)?) => {$(
         #[unsafe(no_mangle)]
         pub extern "C" fn $name() -> *mut c_void {
+    crate::ffi::guard(stringify!($name), || {
             refuse_null(stringify!($name), libc::EOPNOTSUPP, "not supported by softrnic")
-        }
+    })
+}
     )*};
 }
 
@@ -42,8 +46,10 @@ macro_rules! doing_nothing {
     ($($name:ident),* $(,)?) => {$(
         #[unsafe(no_mangle)]
         pub extern "C" fn $name() {
+    crate::ffi::guard(stringify!($name), || {
             unsupported(stringify!($name));
-        }
+    })
+}
     )*};
 }
 
@@ -75,7 +81,7 @@ doing_nothing!(
 /// always a correct answer.
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut c_void, _op: c_int, _flags: u32) -> c_int {
-    0
+    crate::ffi::guard("ibv_query_qp_data_in_order", || 0)
 }
 
 // ----- IBVERBS_PRIVATE_34: the provider interface -----

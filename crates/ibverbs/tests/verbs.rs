@@ -8,7 +8,8 @@
 
 use std::ffi::{CStr, c_int, c_void};
 use std::ptr::null_mut;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use softrnic_ibverbs::abi::*;
@@ -366,13 +367,31 @@ fn completion_channels_block_wake_and_honour_nonblocking_fds() {
         assert_eq!(cq::ibv_get_cq_event(channel, &mut got_cq, &mut got_ctx), 0);
         assert_eq!(got_cq, cq_b);
         assert_eq!(got_ctx, 0x5eed as *mut c_void);
-        cq::ibv_ack_cq_events(cq_b, 1);
-        assert_eq!((*cq_b).comp_events_completed, 1);
         assert_eq!(cq::ibv_destroy_comp_channel(channel), libc::EBUSY, "a CQ still uses it");
     }
     sender.join().unwrap();
     assert_eq!(poll_one(cq_b).status, 0);
     assert_eq!(poll_one(cq_a).status, 0);
+    // ibv_destroy_cq waits until the event it handed out is acknowledged,
+    // as rdma-core guarantees.
+    // SAFETY: live QPs, CQ and channel; the CQ outlives the waiting thread.
+    unsafe {
+        assert_eq!(qp::ibv_destroy_qp(b), 0);
+        let (done, cq) = (Arc::new(AtomicBool::new(false)), cq_b as usize);
+        let destroyer = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let rc = cq::ibv_destroy_cq(cq as *mut ibv_cq);
+                done.store(true, Ordering::SeqCst);
+                rc
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!done.load(Ordering::SeqCst), "destroyed with an event unacknowledged");
+        cq::ibv_ack_cq_events(cq_b, 1);
+        assert_eq!(destroyer.join().unwrap(), 0);
+        assert_eq!(cq::ibv_destroy_comp_channel(channel), 0, "no CQ uses it any more");
+    }
 }
 
 #[test]
