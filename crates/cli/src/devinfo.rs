@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use clap::Args;
 use softrnic_engine::counters_file;
-use softrnic_transport::qp::MAX_RD_ATOMIC;
+use softrnic_transport::limits::*;
 use softrnic_wire::ROCEV2_UDP_PORT;
 
 #[derive(Args, Debug, Clone)]
@@ -34,17 +34,18 @@ pub fn run(args: &DevinfoArgs) -> Result<(), String> {
     println!("\ttransport:\t\t\tInfiniBand (RoCEv2 over UDP, by softrnic)");
     println!("\tnode_guid:\t\t\t{}", &gid(addr).replace(':', "")[16..]);
     println!("\tvendor_part_id:\t\t\t0");
-    println!("\tmax_qp:\t\t\t\t{}", (1u32 << 24) - 0x11);
-    println!("\tmax_qp_wr:\t\t\t16384");
-    println!("\tmax_sge:\t\t\t16");
-    println!("\tmax_mr:\t\t\t\t{}", 1u32 << 24);
-    println!("\tmax_cqe:\t\t\t4194304");
+    println!("\tmax_qp:\t\t\t\t{MAX_QP}");
+    println!("\tmax_qp_wr:\t\t\t{MAX_QP_WR}");
+    println!("\tmax_sge:\t\t\t{MAX_SGE}");
+    println!("\tmax_mr:\t\t\t\t{MAX_MR}");
+    println!("\tmax_cq:\t\t\t\t{MAX_CQ}");
+    println!("\tmax_cqe:\t\t\t{MAX_CQE}");
     println!("\tmax_qp_rd_atom:\t\t\t{MAX_RD_ATOMIC}");
     println!("\tmax_qp_init_rd_atom:\t\t{MAX_RD_ATOMIC}");
     println!("\tatomic_cap:\t\t\tATOMIC_HCA");
     println!("\t\tport:\t1");
     println!("\t\t\tstate:\t\t\tPORT_ACTIVE (4)");
-    println!("\t\t\tmax_mtu:\t\t4096 (5)");
+    println!("\t\t\tmax_mtu:\t\t{MAX_MTU} (5)");
     println!("\t\t\tactive_mtu:\t\t4096 (5)");
     println!("\t\t\tlink_layer:\t\tEthernet");
     println!("\t\t\taddress:\t\t{addr} (UDP {ROCEV2_UDP_PORT})");

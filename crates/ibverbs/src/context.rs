@@ -17,23 +17,9 @@ use crate::ffi::{copy_c_string, refuse, refuse_null, set_errno};
 use crate::qp::Qp;
 use crate::srq::Srq;
 
-/// Most of each resource a device offers (`ibv_device_attr`).
-pub mod limits {
-    pub const MAX_QP: u32 = 1 << 16;
-    pub const MAX_QP_WR: u32 = 1 << 14;
-    pub const MAX_SGE: u32 = 32;
-    pub const MAX_CQ: u32 = 1 << 16;
-    pub const MAX_CQE: u32 = 1 << 20;
-    pub const MAX_MR: u32 = 1 << 24;
-    pub const MAX_PD: u32 = 1 << 16;
-    /// Outstanding READ/ATOMIC requests per QP, each way.
-    pub const MAX_RD_ATOMIC: u32 = 16;
-    pub const MAX_AH: u32 = 1 << 16;
-    pub const MAX_SRQ: u32 = 1 << 16;
-    pub const MAX_INLINE_DATA: u32 = 1024;
-    pub const MAX_MSG_SIZE: u32 = 1 << 31;
-    pub const GID_TABLE_LEN: u32 = 1;
-}
+/// Most of each resource a device offers (`ibv_device_attr`), shared with
+/// `softrnic devinfo`.
+pub use softrnic_transport::limits;
 
 /// The objects an asynchronous event may name, by the transport's
 /// handles, so `ibv_get_async_event` can hand back the program's pointers.
@@ -168,7 +154,7 @@ fn device_attr(device: &SoftDevice) -> ibv_device_attr {
     a.max_mr = MAX_MR as c_int;
     a.max_pd = MAX_PD as c_int;
     a.max_qp_rd_atom = MAX_RD_ATOMIC as c_int;
-    a.max_res_rd_atom = (MAX_RD_ATOMIC * MAX_QP) as c_int;
+    a.max_res_rd_atom = (u32::from(MAX_RD_ATOMIC) * MAX_QP) as c_int;
     a.max_qp_init_rd_atom = MAX_RD_ATOMIC as c_int;
     a.atomic_cap = IBV_ATOMIC_HCA;
     a.max_ah = MAX_AH as c_int;

@@ -347,13 +347,13 @@ fn attr_of(verb: &str, a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> {
         out.sq_psn = Some(Psn::new(a.sq_psn));
     }
     if has(IBV_QP_MAX_QP_RD_ATOMIC) {
-        if u32::from(a.max_rd_atomic) > limits::MAX_RD_ATOMIC {
+        if u32::from(a.max_rd_atomic) > u32::from(limits::MAX_RD_ATOMIC) {
             return Err(bad("max_rd_atomic exceeds the device's max_qp_init_rd_atom"));
         }
         out.max_rd_atomic = Some(a.max_rd_atomic);
     }
     if has(IBV_QP_MAX_DEST_RD_ATOMIC) {
-        if u32::from(a.max_dest_rd_atomic) > limits::MAX_RD_ATOMIC {
+        if u32::from(a.max_dest_rd_atomic) > u32::from(limits::MAX_RD_ATOMIC) {
             return Err(bad("max_dest_rd_atomic exceeds the device's max_qp_rd_atom"));
         }
         out.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);

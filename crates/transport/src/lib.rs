@@ -16,6 +16,7 @@ pub mod counters;
 pub mod device;
 pub mod error;
 pub mod event;
+pub mod limits;
 pub mod memory;
 pub mod qp;
 pub mod shard;

@@ -223,7 +223,7 @@ pub fn ud_steps(qkey: u32, sq_psn: Psn) -> [QpAttr; 3] {
 }
 
 /// Most outstanding READ/ATOMIC requests a QP may allow in either direction.
-pub const MAX_RD_ATOMIC: u8 = 16;
+pub use crate::limits::MAX_RD_ATOMIC;
 
 macro_rules! require {
     ($attr:expr, $from:expr, $to:expr, $($field:ident),+) => {{
