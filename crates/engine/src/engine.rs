@@ -35,10 +35,12 @@ use softrnic_transport::{
     TransportConfig, shard_of,
 };
 
+use crate::datapath::{Datapath, DatapathKind, SharedMemory, Udp};
 use crate::event_queue::EventQueue;
 use crate::faults::{FaultConfig, FaultStats};
 use crate::progress::{self, Pass};
 use crate::shard::{EngineShard, PassContext, ShardState};
+use crate::shm::Inbox;
 use crate::socket::{BindError, RoceSocket};
 use crate::trace::Tracer;
 
@@ -70,6 +72,8 @@ pub struct EngineConfig {
     pub transport: TransportConfig,
     /// How long an idle engine thread spins before it blocks.
     pub spin: Duration,
+    /// The wire for peers on this host.
+    pub datapath: DatapathKind,
 }
 
 impl EngineConfig {
@@ -83,6 +87,7 @@ impl EngineConfig {
             fault_seed: 1,
             transport: TransportConfig::default(),
             spin: Duration::from_micros(50),
+            datapath: DatapathKind::Auto,
         }
     }
 
@@ -95,9 +100,9 @@ impl EngineConfig {
     }
 
     /// [`EngineConfig::new`] with the engine threads `SOFTRNIC_ENGINE_THREADS`
-    /// asks for, if set.
+    /// and the datapath `SOFTRNIC_DATAPATH` ask for, if set.
     pub fn from_env(addr: IpAddr) -> std::result::Result<EngineConfig, String> {
-        let config = EngineConfig::new(addr);
+        let config = EngineConfig { datapath: DatapathKind::from_env()?, ..EngineConfig::new(addr) };
         match std::env::var("SOFTRNIC_ENGINE_THREADS") {
             Err(_) => Ok(config),
             Ok(text) => match text.parse::<usize>() {
@@ -144,19 +149,24 @@ pub struct NicCounters {
     pub transport: softrnic_transport::Counters,
     pub injected_tx: FaultStats,
     pub injected_rx: FaultStats,
-    /// Datagrams the kernel would not take (send buffer full).
+    /// Datagrams the wire would not take (a full send buffer or
+    /// shared-memory ring).
     pub tx_dropped_by_kernel: u64,
     /// Datagrams a shard received for another shard's QP and handed on.
     pub rx_missteered: u64,
     /// Datagrams the kernel dropped because a receive buffer was full:
     /// losses of this host, not of the network.
     pub rx_dropped_by_kernel: u64,
+    /// Shared-memory ring entries a peer left malformed or abandoned.
+    pub rx_ring_malformed: u64,
 }
 
 /// The state every thread of a NIC shares.
 pub(crate) struct Core {
     control: Mutex<Control>,
     pub(crate) shards: Box<[EngineShard]>,
+    /// Whether peers on this host reach the device through shared memory.
+    shared_memory: bool,
     /// Where the next QP goes (round robin over shards).
     next_shard: AtomicUsize,
     epoch: std::time::Instant,
@@ -193,6 +203,11 @@ impl Nic {
             )));
         }
         let sockets = RoceSocket::bind_group(config.addr, shards)?;
+        let inbox = match config.datapath {
+            DatapathKind::Udp => None,
+            DatapathKind::Auto => Inbox::create(config.addr, shards).ok().map(Arc::new),
+            DatapathKind::Shm => Some(Arc::new(Inbox::create(config.addr, shards)?)),
+        };
         let transport = TransportConfig { local_addr: config.addr, ..config.transport.clone() };
         let control = Control::new(transport.clone(), shards);
         let shards = sockets
@@ -200,13 +215,20 @@ impl Nic {
             .enumerate()
             .map(|(i, socket)| {
                 let shard = Shard::new(i, transport.clone(), control.memory().clone());
-                EngineShard::new(i, shard, socket, config.faults, config.fault_seed)
+                let socket = Arc::new(socket);
+                let udp = Udp::new(socket.clone());
+                let wire: Box<dyn Datapath> = match &inbox {
+                    Some(inbox) => Box::new(SharedMemory::new(udp, inbox.ring(i))),
+                    None => Box::new(udp),
+                };
+                EngineShard::new(i, shard, socket, wire, config.faults, config.fault_seed)
             })
             .collect::<std::io::Result<Box<[_]>>>()?;
         let epoch = std::time::Instant::now();
         let core = Arc::new(Core {
             control: Mutex::new(control),
             shards,
+            shared_memory: inbox.is_some(),
             next_shard: AtomicUsize::new(0),
             epoch,
             stop: AtomicBool::new(false),
@@ -244,6 +266,12 @@ impl Nic {
 
     pub fn engine_threads(&self) -> usize {
         self.threads.len()
+    }
+
+    /// Whether peers on this host reach the device through shared memory
+    /// (and it reaches theirs).
+    pub fn shared_memory(&self) -> bool {
+        self.core.shared_memory
     }
 
     /// Whether the sockets use UDP segmentation offloads (GSO, GRO).
@@ -534,7 +562,11 @@ impl Core {
         };
         for shard in self.shards.iter() {
             out.transport += shard.lock().transport.counters();
-            out.rx_dropped_by_kernel += shard.kernel_drops.load(Ordering::Relaxed);
+            {
+                let state = shard.lock();
+                out.rx_dropped_by_kernel += state.wire.receive_drops();
+                out.rx_ring_malformed += state.wire.malformed();
+            }
             let (tx, rx) = shard.fault_stats();
             out.injected_tx += tx;
             out.injected_rx += rx;

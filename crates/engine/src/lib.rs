@@ -4,15 +4,18 @@
 //! map; [`progress`] is the policy of who moves packets when.
 
 pub mod counters_file;
+pub mod datapath;
 pub mod engine;
 pub mod event_queue;
 pub mod eventfd;
 pub mod faults;
 pub mod progress;
 mod shard;
+pub mod shm;
 pub mod socket;
 mod trace;
 
+pub use datapath::DatapathKind;
 pub use engine::{EngineConfig, MAX_SHARDS, Nic, NicCounters, OpenError, Role, SendQueue};
 pub use event_queue::EventQueue;
 pub use eventfd::EventFd;

@@ -256,7 +256,14 @@ pub(crate) fn run(core: &Core, index: usize, role: Role, spin: Duration) {
         shard.sleepers.fetch_add(1, Ordering::SeqCst);
         let _ = match role {
             Role::Tx => wait_readable(&[waker], timeout),
-            Role::Both | Role::Rx => wait_readable(&[socket, waker], timeout),
+            Role::Both | Role::Rx => {
+                // Shared-memory peers must know to ring the socket.
+                if shard.lock().wire.prepare_to_sleep() {
+                    let _ = wait_readable(&[socket, waker], timeout);
+                }
+                shard.lock().wire.awake();
+                Ok(())
+            }
         };
         shard.sleepers.fetch_sub(1, Ordering::SeqCst);
         own_waker.drain();

@@ -11,14 +11,15 @@
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use softrnic_transport::{AsyncEvent, CqId, Instant, MAX_DATAGRAM_LEN, Shard};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
+use crate::datapath::Datapath;
 use crate::eventfd::EventFd;
 use crate::faults::{FaultConfig, FaultInjector, FaultStats};
-use crate::socket::{BATCH, RecvBatch, RoceSocket};
+use crate::socket::{BATCH, RoceSocket};
 use crate::trace::Tracer;
 
 /// What one pass over a shard leaves for after its lock is released:
@@ -39,7 +40,6 @@ impl Aftermath {
 
 /// Buffers a thread reuses for every pass, whichever shard it drives.
 struct Scratch {
-    rx: RecvBatch,
     tx: Vec<Box<[u8]>>,
     tx_meta: Vec<(SocketAddr, usize)>,
     faulty: Vec<(SocketAddr, Vec<u8>)>,
@@ -47,7 +47,6 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
-        rx: RecvBatch::default(),
         tx: (0..BATCH).map(|_| vec![0u8; MAX_DATAGRAM_LEN].into_boxed_slice()).collect(),
         tx_meta: Vec::with_capacity(BATCH),
         faulty: Vec::new(),
@@ -64,6 +63,7 @@ pub(crate) struct Faults {
 pub(crate) struct ShardState {
     pub transport: Shard,
     pub faults: Option<Faults>,
+    pub wire: Box<dyn Datapath>,
 }
 
 /// How a pass reports on itself, and to whom.
@@ -78,7 +78,8 @@ pub(crate) struct PassContext<'a> {
 pub(crate) struct EngineShard {
     pub index: usize,
     state: Mutex<ShardState>,
-    socket: RoceSocket,
+    /// The shard's UDP socket, which its engine thread blocks on.
+    socket: Arc<RoceSocket>,
     /// Wakes the thread that sends for this shard: a doorbell, a stop.
     pub tx_waker: EventFd,
     /// Wakes a receive-only thread: a stop.
@@ -90,16 +91,14 @@ pub(crate) struct EngineShard {
     pub app_polls: AtomicU64,
     /// When an idle poll last ran the transmit pass (ns of NIC time).
     pub idle_transmit_at: AtomicU64,
-    /// Datagrams the kernel dropped on this shard's socket (a full
-    /// receive buffer), as the socket last reported.
-    pub kernel_drops: AtomicU64,
 }
 
 impl EngineShard {
     pub fn new(
         index: usize,
         transport: Shard,
-        socket: RoceSocket,
+        socket: Arc<RoceSocket>,
+        wire: Box<dyn Datapath>,
         faults: FaultConfig,
         fault_seed: u64,
     ) -> std::io::Result<EngineShard> {
@@ -113,14 +112,13 @@ impl EngineShard {
         });
         Ok(EngineShard {
             index,
-            state: Mutex::new(ShardState { transport, faults }),
+            state: Mutex::new(ShardState { transport, faults, wire }),
             socket,
             tx_waker: EventFd::new()?,
             rx_waker: EventFd::new()?,
             sleepers: AtomicUsize::new(0),
             app_polls: AtomicU64::new(0),
             idle_transmit_at: AtomicU64::new(0),
-            kernel_drops: AtomicU64::new(0),
         })
     }
 
@@ -155,15 +153,11 @@ impl EngineShard {
         self.lock().faults.as_ref().map(|f| (f.tx.stats, f.rx.stats)).unwrap_or_default()
     }
 
-    /// Receives one batch from the shard's socket and hands it to its QPs.
+    /// Receives one batch from the shard's wire and hands it to its QPs.
     /// Returns how many datagrams arrived.
     pub fn receive(&self, state: &mut ShardState, pass: &PassContext, after: &mut Aftermath) -> usize {
         SCRATCH.with_borrow_mut(|scratch| {
-            let n = self.socket.recv_batch(&mut scratch.rx).unwrap_or(0);
-            if n > 0 {
-                self.kernel_drops.store(u64::from(scratch.rx.kernel_drops()), Ordering::Relaxed);
-            }
-            let ShardState { transport, faults } = state;
+            let ShardState { transport, faults, wire } = state;
             let mut handle = |from: SocketAddr, bytes: &[u8]| {
                 if let Some(tracer) = pass.tracer {
                     tracer.datagram("<-", from, bytes);
@@ -174,32 +168,23 @@ impl EngineShard {
                 }
             };
             let mut released = 0;
-            match faults {
-                None => {
-                    for i in 0..n {
-                        if let Some((from, bytes)) = scratch.rx.get(i) {
-                            handle(from, bytes);
-                        }
-                    }
-                }
+            let n = match faults {
+                None => wire.receive(&mut handle),
                 Some(faults) => {
                     scratch.faulty.clear();
+                    let n = wire.receive(&mut |from, bytes| faults.rx.apply(from, bytes, &mut scratch.faulty));
                     if n == 0 {
                         // A datagram held back for reordering is delivered
                         // once traffic pauses, or it would never arrive.
                         faults.rx.release(&mut scratch.faulty);
                         released = scratch.faulty.len();
                     }
-                    for i in 0..n {
-                        if let Some((from, bytes)) = scratch.rx.get(i) {
-                            faults.rx.apply(from, bytes, &mut scratch.faulty);
-                        }
-                    }
                     for (from, bytes) in &scratch.faulty {
                         handle(*from, bytes);
                     }
+                    n
                 }
-            }
+            };
             collect(transport, after);
             n + released
         })
@@ -224,7 +209,7 @@ impl EngineShard {
     pub fn transmit(&self, state: &mut ShardState, pass: &PassContext, after: &mut Aftermath) -> usize {
         SCRATCH.with_borrow_mut(|scratch| {
             let mut total = 0;
-            let ShardState { transport, faults } = state;
+            let ShardState { transport, faults, wire } = state;
             loop {
                 scratch.tx_meta.clear();
                 transport.handle_timeout(pass.now);
@@ -242,7 +227,7 @@ impl EngineShard {
                         for (i, &(dst, len)) in scratch.tx_meta.iter().enumerate() {
                             packets[i] = (dst, &scratch.tx[i][..len]);
                         }
-                        self.send_all(&mut packets[..count], pass);
+                        send_all(wire.as_mut(), &mut packets[..count], pass);
                     }
                     Some(faults) => {
                         scratch.faulty.clear();
@@ -256,7 +241,7 @@ impl EngineShard {
                         }
                         let mut packets: Vec<(SocketAddr, &[u8])> =
                             scratch.faulty.iter().map(|(a, b)| (*a, &b[..])).collect();
-                        self.send_all(&mut packets, pass);
+                        send_all(wire.as_mut(), &mut packets, pass);
                     }
                 }
                 total += count;
@@ -268,27 +253,21 @@ impl EngineShard {
             total
         })
     }
+}
 
-    /// Sends a batch; what the kernel refuses is dropped, as a full link
-    /// would drop it, and retransmitted by the transport.
-    fn send_all(&self, packets: &mut [(SocketAddr, &[u8])], pass: &PassContext) {
-        crate::socket::group_runs(packets);
-        if let Some(tracer) = pass.tracer {
-            for (dst, bytes) in packets.iter() {
-                tracer.datagram("->", *dst, bytes);
-            }
+/// Sends a batch; what the wire refuses is dropped, as a full link would
+/// drop it, and retransmitted by the transport.
+fn send_all(wire: &mut dyn Datapath, packets: &mut [(SocketAddr, &[u8])], pass: &PassContext) {
+    crate::socket::group_runs(packets);
+    if let Some(tracer) = pass.tracer {
+        for (dst, bytes) in packets.iter() {
+            tracer.datagram("->", *dst, bytes);
         }
-        let mut sent = 0;
-        while sent < packets.len() {
-            match self.socket.send_batch(&packets[sent..]) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => sent += n,
-            }
-        }
-        let refused = (packets.len() - sent) as u64;
-        if refused > 0 {
-            pass.tx_dropped_by_kernel.fetch_add(refused, Ordering::Relaxed);
-        }
+    }
+    let sent: usize = packets.chunks(BATCH).map(|chunk| wire.send(chunk)).sum();
+    let refused = (packets.len() - sent) as u64;
+    if refused > 0 {
+        pass.tx_dropped_by_kernel.fetch_add(refused, Ordering::Relaxed);
     }
 }
 

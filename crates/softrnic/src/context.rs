@@ -46,6 +46,11 @@ impl Context {
         self.nic.counters()
     }
 
+    /// Whether devices on this host reach this one through shared memory.
+    pub fn shared_memory(&self) -> bool {
+        self.nic.shared_memory()
+    }
+
     pub fn engine_threads(&self) -> usize {
         self.nic.engine_threads()
     }

@@ -4,7 +4,8 @@
 //! CQs fed by QPs of several shards, and QPs created and destroyed while
 //! traffic flows. On a clean loopback the engine must not disturb itself:
 //! no datagram reaches the wrong shard, arrives out of sequence, is NAKed
-//! or is sent twice; every byte is checked.
+//! or is sent twice; every byte is checked. Each clean run goes over both
+//! wires, UDP and shared memory.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -12,8 +13,9 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use softrnic::{
-    Access, Completion, CompletionQueue, ConnectOptions, Context, EngineConfig, FaultConfig, MemoryRegion, NicCounters,
-    Payload, QpCaps, QueuePair, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode, WcStatus,
+    Access, Completion, CompletionQueue, ConnectOptions, Context, DatapathKind, EngineConfig, FaultConfig,
+    MemoryRegion, NicCounters, Payload, QpCaps, QueuePair, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode,
+    WcStatus,
 };
 
 /// Each test takes its own pair of addresses so tests can run in parallel.
@@ -149,16 +151,27 @@ fn run_lane(lane: &Lane, lane_id: u32, rounds: u32) {
     }
 }
 
-fn open(addr: IpAddr, shards: usize, split: bool, faults: FaultConfig) -> Context {
-    let config = EngineConfig { faults, ..EngineConfig::new(addr).with_threads(shards, split) };
-    Context::with_config(config).expect("open")
+fn open(addr: IpAddr, shards: usize, split: bool, faults: FaultConfig, datapath: DatapathKind) -> Context {
+    let config = EngineConfig { faults, datapath, ..EngineConfig::new(addr).with_threads(shards, split) };
+    let ctx = Context::with_config(config).expect("open");
+    assert_eq!(ctx.shared_memory(), datapath == DatapathKind::Shm);
+    ctx
 }
 
 /// Runs `threads` application threads of `pairs` QP pairs each between two
-/// devices of `shards` shards; returns both devices' counters.
-fn workload(shards: usize, split: bool, threads: u32, pairs: usize, faults: FaultConfig) -> [NicCounters; 2] {
+/// devices of `shards` shards over `datapath`; returns both devices'
+/// counters.
+fn workload(
+    datapath: DatapathKind,
+    shards: usize,
+    split: bool,
+    threads: u32,
+    pairs: usize,
+    faults: FaultConfig,
+) -> [NicCounters; 2] {
     let (addr_a, addr_b) = addresses();
-    let (a, b) = (open(addr_a, shards, split, faults), open(addr_b, shards, split, faults));
+    let a = open(addr_a, shards, split, faults, datapath);
+    let b = open(addr_b, shards, split, faults, datapath);
     // A loaded two-core machine can keep a thread off the CPU for
     // milliseconds: a clean run keeps the default retransmission timeout
     // (67 ms), a faulty one a short one.
@@ -202,6 +215,7 @@ fn assert_undisturbed(counters: &[NicCounters; 2]) {
             ("rx_duplicate_requests", t.rx_duplicate_requests),
             ("rx_unknown_qp", t.rx_unknown_qp),
             ("tx_dropped_by_kernel", c.tx_dropped_by_kernel),
+            ("rx_ring_malformed", c.rx_ring_malformed),
         ];
         for (name, n) in disturbances {
             assert_eq!(n, 0, "device {side} counted {n} {name}: {c:?}");
@@ -210,30 +224,43 @@ fn assert_undisturbed(counters: &[NicCounters; 2]) {
     }
 }
 
+/// Every clean configuration, on both wires.
+fn undisturbed(shards: usize, split: bool, threads: u32, pairs: usize) {
+    for datapath in [DatapathKind::Udp, DatapathKind::Shm] {
+        assert_undisturbed(&workload(datapath, shards, split, threads, pairs, FaultConfig::default()));
+    }
+}
+
 #[test]
 fn one_shard_three_application_threads() {
-    assert_undisturbed(&workload(1, false, 3, 3, FaultConfig::default()));
+    undisturbed(1, false, 3, 3);
 }
 
 #[test]
 fn two_shards_three_application_threads() {
-    assert_undisturbed(&workload(2, false, 3, 3, FaultConfig::default()));
+    undisturbed(2, false, 3, 3);
 }
 
 #[test]
 fn four_shards_two_application_threads() {
-    assert_undisturbed(&workload(4, false, 2, 4, FaultConfig::default()));
+    undisturbed(4, false, 2, 4);
 }
 
 #[test]
 fn split_receive_and_send_threads() {
-    assert_undisturbed(&workload(2, true, 2, 3, FaultConfig::default()));
+    undisturbed(2, true, 2, 3);
 }
 
 #[test]
 fn shards_through_a_hostile_network() {
     let faults = FaultConfig { loss: 0.02, reorder: 0.02, duplicate: 0.01, corrupt: 0.01 };
-    let [a, b] = workload(3, false, 2, 3, faults);
+    for datapath in [DatapathKind::Udp, DatapathKind::Shm] {
+        hostile(datapath, faults);
+    }
+}
+
+fn hostile(datapath: DatapathKind, faults: FaultConfig) {
+    let [a, b] = workload(datapath, 3, false, 2, 3, faults);
     // Every result was checked; the faults really happened.
     assert!(a.injected_tx.dropped + b.injected_tx.dropped > 0);
     assert!(a.transport.retransmitted_packets + b.transport.retransmitted_packets > 0);
@@ -247,7 +274,8 @@ fn shards_through_a_hostile_network() {
 #[test]
 fn create_and_destroy_race_traffic() {
     let (addr_a, addr_b) = addresses();
-    let (a, b) = (open(addr_a, 3, false, FaultConfig::default()), open(addr_b, 3, false, FaultConfig::default()));
+    let open = |addr| open(addr, 3, false, FaultConfig::default(), DatapathKind::Shm);
+    let (a, b) = (open(addr_a), open(addr_b));
     let options = ConnectOptions::default();
     let busy = lane(&a, &b, 3, &options);
     let done = AtomicBool::new(false);

@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::time::Duration;
 
 use softrnic::exchange::Exchange;
-use softrnic::{Context, EngineConfig, FaultConfig};
+use softrnic::{Context, DatapathKind, EngineConfig, FaultConfig};
 
 use params::{BenchArgs, Params};
 use report::Format;
@@ -96,7 +96,11 @@ fn engine_config(args: &BenchArgs, addr: IpAddr) -> Result<EngineConfig, String>
         duplicate: args.duplicate.unwrap_or(env.duplicate),
         corrupt: args.corrupt.unwrap_or(env.corrupt),
     };
-    let config = EngineConfig { faults, ..EngineConfig::new(addr) };
+    let datapath = match args.datapath {
+        Some(kind) => kind,
+        None => DatapathKind::from_env()?,
+    };
+    let config = EngineConfig { faults, datapath, ..EngineConfig::new(addr) };
     Ok(config.with_threads(args.engine_threads, args.split_rx_tx))
 }
 
@@ -130,7 +134,7 @@ fn client(
 ) -> Result<(), String> {
     exchange.send_text(&params.to_line()).map_err(|e| e.to_string())?;
     let mut s = Session::open(ctx, params.clone(), exchange, End::Client, timeout)?;
-    report::banner(&params, format, &s.describe_local(), &s.describe_remote(), s.ctx.engine_threads());
+    report::banner(&params, format, &s.describe_local(), &s.describe_remote(), &s.ctx);
     report::header(params.test, format);
     let mut failures = Vec::new();
     for &size in &params.sizes {
@@ -177,7 +181,7 @@ fn serve(listener: &TcpListener, ctx: Context, timeout: Duration, format: Format
     let params = Params::parse(&exchange.read_line().map_err(|e| e.to_string())?)?;
     let mut s = Session::open(ctx, params.clone(), exchange, End::Server, Duration::from_secs(10))?;
     if format == Format::Table {
-        report::banner(&params, format, &s.describe_local(), &s.describe_remote(), s.ctx.engine_threads());
+        report::banner(&params, format, &s.describe_local(), &s.describe_remote(), &s.ctx);
     }
     for &size in &params.sizes {
         s.exchange.barrier().map_err(|e| e.to_string())?;

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use softrnic::Mtu;
+use softrnic::{DatapathKind, Mtu};
 use softrnic_engine::faults::parse_probability;
 
 /// The tests, named as perftest's programs are.
@@ -172,6 +172,11 @@ pub struct BenchArgs {
     /// Split the engine threads into receive-only and send-only ones.
     #[arg(long = "split-rx-tx")]
     pub split_rx_tx: bool,
+    /// The wire between devices on this host: auto (shared memory where
+    /// the peer is a device here, else UDP), udp, or shm. Default:
+    /// SOFTRNIC_DATAPATH, else auto.
+    #[arg(long, value_parser = DatapathKind::parse)]
+    pub datapath: Option<DatapathKind>,
     /// Drop this fraction of datagrams, in each direction.
     #[arg(long, value_parser = probability)]
     pub loss: Option<f64>,

@@ -3,6 +3,7 @@
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use softrnic::Context;
 
 use super::params::{Params, Test};
 
@@ -85,15 +86,16 @@ pub enum Format {
 const RULE: &str = "---------------------------------------------------------------------------------------";
 
 /// The banner perftest prints before the results.
-pub fn banner(params: &Params, format: Format, local: &str, remote: &str, engine_threads: usize) {
+pub fn banner(params: &Params, format: Format, local: &str, remote: &str, engine: &Context) {
     if format != Format::Table {
         return;
     }
     println!("{RULE}");
     println!("                    {}", params.test.title());
-    println!(" Number of qps   : {:<8} Transport type : softrnic (RoCEv2 over UDP)", params.qps);
+    let wire = if engine.shared_memory() { "UDP, shared memory on this host" } else { "UDP" };
+    println!(" Number of qps   : {:<8} Transport type : softrnic (RoCEv2 over {wire})", params.qps);
     println!(" Connection type : RC       Using SRQ      : OFF");
-    println!(" TX depth        : {:<8} Engine threads : {engine_threads}", params.tx_depth);
+    println!(" TX depth        : {:<8} Engine threads : {}", params.tx_depth, engine.engine_threads());
     println!(" Mtu             : {}[B]", params.mtu.bytes());
     println!(" Link type       : Ethernet");
     if let Some(d) = params.duration {

@@ -1,0 +1,205 @@
+//! The datapath: how a shard's datagrams leave and arrive, behind one
+//! trait, so the engine above it (progress, faults, tracing, counters)
+//! is the same whichever wire carries them.
+//!
+//! - [`Udp`]: the shard's socket in the device's `SO_REUSEPORT` group
+//!   (batched, GSO/GRO), for any peer.
+//! - [`SharedMemory`]: the same-host wire ([`crate::shm`]) for peers that
+//!   are devices on this host and network namespace, falling back to UDP
+//!   for the others; chosen per peer, automatically.
+//!
+//! Which one a device uses is [`DatapathKind`] (`SOFTRNIC_DATAPATH`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use softrnic_transport::MAX_DATAGRAM_LEN;
+
+use crate::shm::{self, InboxRing, Peers, Sent};
+use crate::socket::{BATCH, RecvBatch, RoceSocket};
+
+/// How a shard moves datagrams. Called with the shard's lock held, so one
+/// thread at a time.
+pub trait Datapath: Send {
+    /// Sends `packets` (at most [`BATCH`]), as many as the wire takes;
+    /// returns how many it took. What it refuses is lost, as on a full
+    /// link, and the transport retransmits it.
+    fn send(&mut self, packets: &[(SocketAddr, &[u8])]) -> usize;
+
+    /// Takes what has arrived, at most about a batch, handing each
+    /// datagram to `deliver`; returns how many.
+    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, &[u8])) -> usize;
+
+    /// Before the shard's engine thread blocks in `poll(2)` on the UDP
+    /// socket: arranges to be woken through it. False if work arrived
+    /// meanwhile (do not block).
+    fn prepare_to_sleep(&mut self) -> bool {
+        true
+    }
+
+    /// After the engine thread wakes.
+    fn awake(&mut self) {}
+
+    /// Datagrams dropped on arrival for want of buffer space.
+    fn receive_drops(&self) -> u64;
+
+    /// Entries of a peer that were not well-formed (shared memory only).
+    fn malformed(&self) -> u64 {
+        0
+    }
+}
+
+/// Which wire a device uses for peers on the same host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatapathKind {
+    /// Shared memory for peers that are devices on this host (and network
+    /// namespace), UDP for the rest; UDP alone if `/dev/shm` is unusable.
+    Auto,
+    /// UDP for every peer.
+    Udp,
+    /// As `Auto`, but failing to open if `/dev/shm` is unusable.
+    Shm,
+}
+
+impl DatapathKind {
+    /// `auto`, `udp` or `shm`.
+    pub fn parse(text: &str) -> Result<DatapathKind, String> {
+        match text {
+            "auto" => Ok(DatapathKind::Auto),
+            "udp" => Ok(DatapathKind::Udp),
+            "shm" => Ok(DatapathKind::Shm),
+            other => Err(format!("`{other}` is not a datapath; give auto, udp or shm")),
+        }
+    }
+
+    /// `SOFTRNIC_DATAPATH`, `auto` when unset.
+    pub fn from_env() -> Result<DatapathKind, String> {
+        match std::env::var("SOFTRNIC_DATAPATH") {
+            Err(_) => Ok(DatapathKind::Auto),
+            Ok(text) => DatapathKind::parse(&text).map_err(|e| format!("SOFTRNIC_DATAPATH: {e}")),
+        }
+    }
+}
+
+/// The shard's UDP socket.
+pub struct Udp {
+    socket: Arc<RoceSocket>,
+    rx: Box<RecvBatch>,
+    drops: u64,
+}
+
+impl Udp {
+    pub fn new(socket: Arc<RoceSocket>) -> Udp {
+        Udp { socket, rx: Box::default(), drops: 0 }
+    }
+}
+
+impl Datapath for Udp {
+    fn send(&mut self, packets: &[(SocketAddr, &[u8])]) -> usize {
+        let mut sent = 0;
+        while sent < packets.len() {
+            match self.socket.send_batch(&packets[sent..]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => sent += n,
+            }
+        }
+        sent
+    }
+
+    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, &[u8])) -> usize {
+        let n = self.socket.recv_batch(&mut self.rx).unwrap_or(0);
+        if n > 0 {
+            self.drops = u64::from(self.rx.kernel_drops());
+        }
+        let mut delivered = 0;
+        for i in 0..n {
+            if let Some((from, bytes)) = self.rx.get(i)
+                && !shm::is_wake_up(bytes)
+            {
+                deliver(from, bytes);
+                delivered += 1;
+            }
+        }
+        delivered
+    }
+
+    fn receive_drops(&self) -> u64 {
+        self.drops
+    }
+}
+
+/// Shared memory for local peers, UDP for the rest.
+pub struct SharedMemory {
+    udp: Udp,
+    /// This shard's ring of the device's inbox.
+    inbox: InboxRing,
+    peers: Peers,
+    /// Where a datagram is copied out of the ring (the peer may still be
+    /// writing the slot, so it is never handled in place).
+    buf: Box<[u8]>,
+    malformed: u64,
+}
+
+impl SharedMemory {
+    pub fn new(udp: Udp, inbox: InboxRing) -> SharedMemory {
+        SharedMemory {
+            udp,
+            inbox,
+            peers: Peers::default(),
+            buf: vec![0u8; MAX_DATAGRAM_LEN].into_boxed_slice(),
+            malformed: 0,
+        }
+    }
+}
+
+impl Datapath for SharedMemory {
+    fn send(&mut self, packets: &[(SocketAddr, &[u8])]) -> usize {
+        let source = self.udp.socket.local_addr();
+        let mut remote = [(source, &[][..]); BATCH];
+        let mut wakes: [(usize, IpAddr); BATCH] = [(0, source.ip()); BATCH];
+        let (mut n_remote, mut n_wakes, mut taken) = (0, 0, 0);
+        for &(dst, bytes) in packets.iter().take(BATCH) {
+            match self.peers.send(source, dst.ip(), bytes) {
+                None => {
+                    remote[n_remote] = (dst, bytes);
+                    n_remote += 1;
+                }
+                Some(Sent::Delivered) => taken += 1,
+                Some(Sent::DeliveredWake(shard)) => {
+                    taken += 1;
+                    wakes[n_wakes] = (shard, dst.ip());
+                    n_wakes += 1;
+                }
+                // Lost, as on a full link; counted by the caller.
+                Some(Sent::Full) => {}
+            }
+        }
+        taken += self.udp.send(&remote[..n_remote]);
+        for &(shard, ip) in &wakes[..n_wakes] {
+            let wake = shm::wake_up(shard);
+            self.udp.send(&[(shm::wake_address(ip), &wake[..])]);
+        }
+        taken
+    }
+
+    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, &[u8])) -> usize {
+        let from_ring = self.inbox.receive(BATCH, &mut self.buf, &mut self.malformed, deliver);
+        from_ring + self.udp.receive(deliver)
+    }
+
+    fn prepare_to_sleep(&mut self) -> bool {
+        self.inbox.prepare_to_sleep()
+    }
+
+    fn awake(&mut self) {
+        self.inbox.awake();
+    }
+
+    fn receive_drops(&self) -> u64 {
+        self.udp.receive_drops()
+    }
+
+    fn malformed(&self) -> u64 {
+        self.malformed
+    }
+}

@@ -1,0 +1,583 @@
+//! The same-host wire: devices on one machine (and in one network
+//! namespace) hand each other their RoCEv2 datagrams through rings in
+//! shared memory instead of the kernel's UDP path. The bytes are the same
+//! datagrams, ICRC included, so tracing, fault injection and the transport
+//! cannot tell the wires apart.
+//!
+//! Each device publishes an *inbox*: a file in `/dev/shm` named after its
+//! network namespace and address, holding one ring per shard. A sender
+//! that finds a peer's inbox writes into the ring of the shard that owns
+//! the destination QP; one that does not sends over UDP. The rings are
+//! bounded multi-producer, single-consumer queues in the style of Dmitry
+//! Vyukov's: a producer claims a slot by advancing the shared `tail`, fills
+//! it, and publishes it by setting the slot's sequence number; the consumer
+//! (the shard) reads in order. Like the rxe driver's mmap'd queues, every
+//! index and length a peer wrote is checked before use: a peer is another
+//! process, and may be broken.
+//!
+//! ```text
+//!  inbox  | header: magic, version, shards, slots, slot size |
+//!         | ring 0: tail | sleeping | slot 0 | slot 1 | ...  |  ring 1 ...
+//!  slot   | seq | len | source address | datagram ...       |
+//! ```
+//!
+//! A consumer that blocks says so in its ring's `sleeping` word; the
+//! producer that finds it set sends a small wake-up datagram to the
+//! consumer's UDP socket, which the shard's engine thread is blocked on.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use memmap2::MmapRaw;
+use rustc_hash::FxHashMap;
+use softrnic_transport::{DmaBuffer, MAX_DATAGRAM_LEN, shard_of};
+use softrnic_wire::ROCEV2_UDP_PORT;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"SRNICSHM");
+const VERSION: u32 = 1;
+/// Slots per ring: a power of two.
+pub const SLOTS: u32 = 512;
+/// Bytes of a slot: its 64-byte header, then the datagram.
+const SLOT_SIZE: usize = 64 + MAX_DATAGRAM_LEN.next_multiple_of(64);
+/// A ring's own header: `tail` and `sleeping`, each on its own cache lines.
+const RING_HEADER: usize = 256;
+const FILE_HEADER: usize = 64;
+/// How long a claimed slot may stay unpublished before the consumer gives
+/// up on it (its producer died or hangs); the ring must not stall.
+const ABANDONED_AFTER: Duration = Duration::from_millis(20);
+/// A wake-up datagram: shorter than any RoCEv2 packet, with the shard's
+/// number where the BTH keeps the destination QP, so the kernel's steering
+/// program hands it to that shard's socket.
+pub const WAKE_LEN: usize = 8;
+const WAKE_MARK: u8 = 0xff;
+/// How long a sender trusts what it found about a peer (no inbox, or a
+/// live device behind one) before looking again.
+const RECHECK: Duration = Duration::from_secs(1);
+
+// Offsets in the file header.
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = 8;
+const H_SHARDS: usize = 12;
+const H_SLOTS: usize = 16;
+const H_SLOT_SIZE: usize = 20;
+// Offsets in a ring header.
+const R_TAIL: usize = 0;
+const R_SLEEPING: usize = 128;
+// Offsets in a slot.
+const S_SEQ: usize = 0;
+const S_LEN: usize = 8;
+/// The source port, then the address family (4 or 6).
+const S_PORT: usize = 12;
+const S_ADDR: usize = 16;
+const S_DATA: usize = 64;
+
+/// Where the inbox of `addr` in this network namespace lives.
+fn inbox_path(addr: IpAddr) -> io::Result<PathBuf> {
+    let netns = std::fs::metadata("/proc/self/ns/net")?.ino();
+    Ok(PathBuf::from(format!("/dev/shm/softrnic-{netns}-{addr}")))
+}
+
+fn file_len(shards: usize) -> usize {
+    FILE_HEADER + shards * ring_len()
+}
+
+fn ring_len() -> usize {
+    RING_HEADER + SLOTS as usize * SLOT_SIZE
+}
+
+/// A mapped inbox file, ours or a peer's.
+struct Mapping {
+    map: MmapRaw,
+    /// Byte copies in and out of the map, atomic (another process writes
+    /// it at the same time).
+    bytes: DmaBuffer,
+    shards: usize,
+}
+
+impl Mapping {
+    fn new(map: MmapRaw, shards: usize) -> Mapping {
+        // SAFETY: the map stays mapped as long as `bytes`, which lives in
+        // the same struct and is dropped with it.
+        let bytes = unsafe { DmaBuffer::from_raw_parts(map.as_mut_ptr(), map.len()) };
+        Mapping { map, bytes, shards }
+    }
+
+    fn word64(&self, at: usize) -> &AtomicU64 {
+        assert!(at + 8 <= self.map.len() && at.is_multiple_of(8));
+        // SAFETY: in bounds and aligned (checked; the map is page-aligned),
+        // and only ever accessed atomically, by every process.
+        unsafe { AtomicU64::from_ptr(self.map.as_mut_ptr().add(at).cast()) }
+    }
+
+    fn word32(&self, at: usize) -> &AtomicU32 {
+        assert!(at + 4 <= self.map.len() && at.is_multiple_of(4));
+        // SAFETY: as in `word64`.
+        unsafe { AtomicU32::from_ptr(self.map.as_mut_ptr().add(at).cast()) }
+    }
+
+    fn ring(&self, shard: usize) -> usize {
+        FILE_HEADER + shard * ring_len()
+    }
+
+    fn slot(&self, shard: usize, pos: u64) -> usize {
+        self.ring(shard) + RING_HEADER + (pos % u64::from(SLOTS)) as usize * SLOT_SIZE
+    }
+
+    fn tail(&self, shard: usize) -> &AtomicU64 {
+        self.word64(self.ring(shard) + R_TAIL)
+    }
+
+    fn sleeping(&self, shard: usize) -> &AtomicU32 {
+        self.word32(self.ring(shard) + R_SLEEPING)
+    }
+}
+
+/// A device's inbox: it creates it, consumes its rings, and removes it.
+pub struct Inbox {
+    path: PathBuf,
+    mapping: Mapping,
+    /// Held open with a shared lock for the inbox's life: a sender that
+    /// can take the lock exclusively knows the device is gone (it may have
+    /// crashed and left the file behind).
+    _alive: std::fs::File,
+}
+
+/// Whether some process still holds `file`'s inbox lock.
+fn held(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    let free = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if free {
+        // SAFETY: as above.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+    }
+    !free
+}
+
+/// Why the shared-memory wire could not start.
+pub fn unavailable(e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("cannot create the shared-memory inbox in /dev/shm: {e}"))
+}
+
+impl Inbox {
+    /// Creates the inbox of a device on `addr` with `shards` shards,
+    /// replacing one a crashed device left behind.
+    pub fn create(addr: IpAddr, shards: usize) -> io::Result<Inbox> {
+        let path = inbox_path(addr)?;
+        // A fresh file, so senders holding the old one's mapping see it
+        // closed rather than a reused ring.
+        let _ = std::fs::remove_file(&path);
+        let file =
+            OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path).map_err(unavailable)?;
+        file.set_len(file_len(shards) as u64).map_err(unavailable)?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_SH) } != 0 {
+            return Err(unavailable(io::Error::last_os_error()));
+        }
+        let map = MmapRaw::map_raw(&file).map_err(unavailable)?;
+        let mapping = Mapping::new(map, shards);
+        for shard in 0..shards {
+            for pos in 0..u64::from(SLOTS) {
+                mapping.word64(mapping.slot(shard, pos) + S_SEQ).store(pos, Ordering::Relaxed);
+            }
+        }
+        mapping.word32(H_VERSION).store(VERSION, Ordering::Relaxed);
+        mapping.word32(H_SHARDS).store(shards as u32, Ordering::Relaxed);
+        mapping.word32(H_SLOTS).store(SLOTS, Ordering::Relaxed);
+        mapping.word32(H_SLOT_SIZE).store(SLOT_SIZE as u32, Ordering::Relaxed);
+        // Published last: a sender that sees the magic sees a whole inbox.
+        mapping.word64(H_MAGIC).store(MAGIC, Ordering::Release);
+        Ok(Inbox { path, mapping, _alive: file })
+    }
+
+    /// The consumer's side of shard `shard`'s ring.
+    pub fn ring(self: &Arc<Self>, shard: usize) -> InboxRing {
+        InboxRing { inbox: self.clone(), shard, head: 0, stuck_since: None }
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        // Senders that still map it see it closed and go back to UDP.
+        self.mapping.word64(H_MAGIC).store(0, Ordering::Release);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// One shard's ring of an inbox, as its consumer sees it.
+pub struct InboxRing {
+    inbox: Arc<Inbox>,
+    shard: usize,
+    /// The next position to read: the consumer's own, never shared.
+    head: u64,
+    /// Since when the slot at `head` has been claimed but not published.
+    stuck_since: Option<Instant>,
+}
+
+impl InboxRing {
+    /// Takes up to `max` datagrams in order, copying each into `buf` and
+    /// handing it to `deliver`; returns how many were taken. Entries that
+    /// are malformed are skipped and counted in `malformed`.
+    pub fn receive(
+        &mut self,
+        max: usize,
+        buf: &mut [u8],
+        malformed: &mut u64,
+        deliver: &mut dyn FnMut(SocketAddr, &[u8]),
+    ) -> usize {
+        let inbox = self.inbox.clone();
+        let m = &inbox.mapping;
+        let mut taken = 0;
+        while taken < max {
+            let slot = m.slot(self.shard, self.head);
+            let seq = m.word64(slot + S_SEQ);
+            let published = self.head.wrapping_add(1);
+            match seq.load(Ordering::Acquire) {
+                s if s == published => {}
+                s if s == self.head && m.tail(self.shard).load(Ordering::Acquire) != self.head => {
+                    // Claimed, not yet published. A producer that died
+                    // there would stall the ring forever: give up on the
+                    // slot after a while (a late producer then finds its
+                    // publication refused, and the transport retransmits).
+                    let since = *self.stuck_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() < ABANDONED_AFTER
+                        || seq.compare_exchange(s, self.recycled(), Ordering::AcqRel, Ordering::Acquire).is_err()
+                    {
+                        break;
+                    }
+                    *malformed += 1;
+                    self.advance();
+                    continue;
+                }
+                _ => break,
+            }
+            let len = m.word32(slot + S_LEN).load(Ordering::Relaxed) as usize;
+            let source = read_source(m, slot);
+            if len <= MAX_DATAGRAM_LEN.min(buf.len())
+                && let Some(source) = source
+            {
+                m.bytes.read(slot + S_DATA, &mut buf[..len]);
+                deliver(source, &buf[..len]);
+            } else {
+                *malformed += 1;
+            }
+            seq.store(self.recycled(), Ordering::Release);
+            self.advance();
+            taken += 1;
+        }
+        taken
+    }
+
+    /// The sequence number that frees the slot at `head` for the producer
+    /// one lap later.
+    fn recycled(&self) -> u64 {
+        self.head.wrapping_add(u64::from(SLOTS))
+    }
+
+    fn advance(&mut self) {
+        self.head = self.head.wrapping_add(1);
+        self.stuck_since = None;
+    }
+
+    /// Before blocking: asks producers for a wake-up datagram. Returns
+    /// false (and asks nothing) if a datagram arrived meanwhile.
+    pub fn prepare_to_sleep(&self) -> bool {
+        let m = &self.inbox.mapping;
+        m.sleeping(self.shard).store(1, Ordering::SeqCst);
+        if m.tail(self.shard).load(Ordering::SeqCst) != self.head {
+            m.sleeping(self.shard).store(0, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// After waking.
+    pub fn awake(&self) {
+        self.inbox.mapping.sleeping(self.shard).store(0, Ordering::Relaxed);
+    }
+}
+
+fn read_source(m: &Mapping, slot: usize) -> Option<SocketAddr> {
+    let mut raw = [0u8; 16];
+    m.bytes.read(slot + S_ADDR, &mut raw);
+    let mut meta = [0u8; 4];
+    m.bytes.read(slot + S_PORT, &mut meta);
+    let port = u16::from_ne_bytes([meta[0], meta[1]]);
+    let ip = match meta[2] {
+        4 => IpAddr::V4(Ipv4Addr::new(raw[0], raw[1], raw[2], raw[3])),
+        6 => IpAddr::V6(Ipv6Addr::from(raw)),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+fn write_source(m: &Mapping, slot: usize, source: SocketAddr) {
+    let (family, raw) = match source.ip() {
+        IpAddr::V4(v4) => {
+            let mut raw = [0u8; 16];
+            raw[..4].copy_from_slice(&v4.octets());
+            (4u8, raw)
+        }
+        IpAddr::V6(v6) => (6u8, v6.octets()),
+    };
+    m.bytes.write(slot + S_ADDR, &raw);
+    let port = source.port().to_ne_bytes();
+    m.bytes.write(slot + S_PORT, &[port[0], port[1], family, 0]);
+}
+
+/// Is this datagram a wake-up from a producer (not RoCEv2 to handle)?
+pub fn is_wake_up(datagram: &[u8]) -> bool {
+    datagram.len() == WAKE_LEN && datagram[0] == WAKE_MARK
+}
+
+/// The wake-up datagram for shard `shard`.
+pub fn wake_up(shard: usize) -> [u8; WAKE_LEN] {
+    let qpn = (shard as u32).to_be_bytes();
+    [WAKE_MARK, 0, 0, 0, 0, qpn[1], qpn[2], qpn[3]]
+}
+
+/// A peer's inbox, as a sender maps it.
+struct PeerInbox {
+    mapping: Mapping,
+    file: std::fs::File,
+}
+
+/// What a producer's attempt came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// In the ring.
+    Delivered,
+    /// In the ring, and its consumer sleeps: send it a wake-up datagram
+    /// for this shard.
+    DeliveredWake(usize),
+    /// The ring is full: dropped, as a full link drops.
+    Full,
+}
+
+impl PeerInbox {
+    fn open(addr: IpAddr) -> Option<PeerInbox> {
+        let path = inbox_path(addr).ok()?;
+        let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
+        let len = file.metadata().ok()?.len() as usize;
+        if len < FILE_HEADER {
+            return None;
+        }
+        if !held(&file) {
+            return None; // left behind by a device that is gone
+        }
+        let map = MmapRaw::map_raw(&file).ok()?;
+        let probe = Mapping::new(map, 0);
+        // Check everything a broken peer could have written wrong.
+        let shards = probe.word32(H_SHARDS).load(Ordering::Relaxed) as usize;
+        let valid = probe.word64(H_MAGIC).load(Ordering::Acquire) == MAGIC
+            && probe.word32(H_VERSION).load(Ordering::Relaxed) == VERSION
+            && (1..=crate::MAX_SHARDS).contains(&shards)
+            && probe.word32(H_SLOTS).load(Ordering::Relaxed) == SLOTS
+            && probe.word32(H_SLOT_SIZE).load(Ordering::Relaxed) as usize == SLOT_SIZE
+            && len >= file_len(shards);
+        valid.then(|| PeerInbox { mapping: Mapping { shards, ..probe }, file })
+    }
+
+    /// Whether its device still runs: it closed the inbox neither cleanly
+    /// nor by dying.
+    fn open_still(&self, checked_at: &mut Instant) -> bool {
+        if self.mapping.word64(H_MAGIC).load(Ordering::Acquire) != MAGIC {
+            return false;
+        }
+        if checked_at.elapsed() >= RECHECK {
+            *checked_at = Instant::now();
+            return held(&self.file);
+        }
+        true
+    }
+
+    /// Puts one datagram from `source` into the ring of the shard that
+    /// owns its destination QP.
+    fn push(&self, source: SocketAddr, datagram: &[u8]) -> Sent {
+        let m = &self.mapping;
+        let shard = softrnic_transport::dest_qpn(datagram).map_or(0, |qpn| shard_of(qpn, m.shards));
+        let tail = m.tail(shard);
+        let mut pos = tail.load(Ordering::Relaxed);
+        let slot = loop {
+            let slot = m.slot(shard, pos);
+            let seq = m.word64(slot + S_SEQ).load(Ordering::Acquire);
+            match seq.wrapping_sub(pos) as i64 {
+                0 => match tail.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::AcqRel, Ordering::Relaxed) {
+                    Ok(_) => break slot,
+                    Err(now) => pos = now,
+                },
+                lag if lag < 0 => return Sent::Full,
+                _ => pos = tail.load(Ordering::Relaxed),
+            }
+        };
+        let len = datagram.len().min(MAX_DATAGRAM_LEN);
+        m.bytes.write(slot + S_DATA, &datagram[..len]);
+        m.word32(slot + S_LEN).store(len as u32, Ordering::Relaxed);
+        write_source(m, slot, source);
+        // Refused only if the consumer gave the slot up meanwhile.
+        let published =
+            m.word64(slot + S_SEQ).compare_exchange(pos, pos.wrapping_add(1), Ordering::AcqRel, Ordering::Relaxed);
+        if published.is_err() {
+            return Sent::Full;
+        }
+        if m.sleeping(shard).load(Ordering::SeqCst) == 1 && m.sleeping(shard).swap(0, Ordering::SeqCst) == 1 {
+            Sent::DeliveredWake(shard)
+        } else {
+            Sent::Delivered
+        }
+    }
+}
+
+/// A shard's view of the peers' inboxes: which addresses are local, and
+/// their mapped rings.
+#[derive(Default)]
+pub struct Peers {
+    known: FxHashMap<IpAddr, Peer>,
+}
+
+enum Peer {
+    /// Its inbox, and when the device behind it was last seen alive.
+    Local(Arc<PeerInbox>, Instant),
+    /// No inbox when last looked.
+    Remote(Instant),
+}
+
+impl Peers {
+    /// Sends `datagram` from `source` to `dst` through shared memory if
+    /// `dst` is a device on this host; `None` if it is not.
+    pub fn send(&mut self, source: SocketAddr, dst: IpAddr, datagram: &[u8]) -> Option<Sent> {
+        let live = match self.known.get_mut(&dst) {
+            Some(Peer::Local(inbox, checked_at)) => inbox.open_still(checked_at).then(|| inbox.clone()),
+            Some(Peer::Remote(at)) if at.elapsed() < RECHECK => return None,
+            _ => None,
+        };
+        let peer = match live {
+            Some(inbox) => inbox,
+            None => match PeerInbox::open(dst) {
+                Some(inbox) => {
+                    let inbox = Arc::new(inbox);
+                    self.known.insert(dst, Peer::Local(inbox.clone(), Instant::now()));
+                    inbox
+                }
+                None => {
+                    self.known.insert(dst, Peer::Remote(Instant::now()));
+                    return None;
+                }
+            },
+        };
+        Some(peer.push(source, datagram))
+    }
+}
+
+/// The address a wake-up goes to.
+pub fn wake_address(dst: IpAddr) -> SocketAddr {
+    SocketAddr::new(dst, ROCEV2_UDP_PORT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn datagram(qpn: u32, fill: u8, len: usize) -> Vec<u8> {
+        let mut d = vec![fill; len];
+        d[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        d
+    }
+
+    #[test]
+    fn datagrams_reach_the_ring_of_their_qps_shard_in_order() {
+        let addr: IpAddr = "127.0.9.1".parse().unwrap();
+        let inbox = Arc::new(Inbox::create(addr, 2).unwrap());
+        let mut peers = Peers::default();
+        let source: SocketAddr = "127.0.9.2:4791".parse().unwrap();
+        for i in 0..10u8 {
+            let sent = peers.send(source, addr, &datagram(0x11 + u32::from(i % 2), i, 100 + usize::from(i)));
+            assert_eq!(sent, Some(Sent::Delivered));
+        }
+        let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
+        let mut malformed = 0;
+        for (shard, first) in [(1usize, 0u8), (0, 1)] {
+            let mut ring = inbox.ring(shard);
+            let mut got = Vec::new();
+            ring.receive(64, &mut buf, &mut malformed, &mut |from, d| {
+                assert_eq!(from, source);
+                got.push((d[8], d.len()));
+            });
+            let expected: Vec<(u8, usize)> =
+                (0..5).map(|k| (first + 2 * k, 100 + usize::from(first + 2 * k))).collect();
+            assert_eq!(got, expected, "shard {shard}");
+        }
+        assert_eq!(malformed, 0);
+        assert_eq!(peers.send(source, "127.0.9.3".parse().unwrap(), &datagram(0x11, 0, 20)), None, "no inbox");
+        drop(inbox);
+        assert_eq!(peers.send(source, addr, &datagram(0x11, 0, 20)), None, "a closed inbox is not used");
+    }
+
+    #[test]
+    fn an_inbox_left_by_a_dead_device_is_not_used() {
+        let addr: IpAddr = "127.0.9.8".parse().unwrap();
+        // What a crash leaves: the file, its magic, and no lock holder.
+        let inbox = Inbox::create(addr, 1).unwrap();
+        let path = inbox.path.clone();
+        // SAFETY: the lock's descriptor belongs to the inbox, which is
+        // forgotten below and never closes it again.
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&inbox._alive), libc::LOCK_UN) };
+        std::mem::forget(inbox);
+        assert!(path.exists());
+        let source: SocketAddr = "127.0.9.9:4791".parse().unwrap();
+        assert_eq!(Peers::default().send(source, addr, &datagram(0x11, 0, 20)), None);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_full_ring_refuses_and_a_sleeping_consumer_is_woken() {
+        let addr: IpAddr = "127.0.9.4".parse().unwrap();
+        let inbox = Arc::new(Inbox::create(addr, 1).unwrap());
+        let mut peers = Peers::default();
+        let source: SocketAddr = "127.0.9.5:4791".parse().unwrap();
+        let mut ring = inbox.ring(0);
+        assert!(ring.prepare_to_sleep());
+        assert_eq!(peers.send(source, addr, &datagram(0x11, 1, 64)), Some(Sent::DeliveredWake(0)));
+        assert_eq!(peers.send(source, addr, &datagram(0x11, 2, 64)), Some(Sent::Delivered), "woken once");
+        assert!(!ring.prepare_to_sleep(), "work is waiting");
+        for _ in 2..SLOTS {
+            assert_eq!(peers.send(source, addr, &datagram(0x11, 3, 64)), Some(Sent::Delivered));
+        }
+        assert_eq!(peers.send(source, addr, &datagram(0x11, 4, 64)), Some(Sent::Full));
+        let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
+        let mut malformed = 0;
+        let n = ring.receive(usize::MAX, &mut buf, &mut malformed, &mut |_, _| {});
+        assert_eq!((n, malformed), (SLOTS as usize, 0));
+        assert_eq!(peers.send(source, addr, &datagram(0x11, 5, 64)), Some(Sent::Delivered), "room again");
+    }
+
+    #[test]
+    fn hostile_entries_are_skipped_and_an_abandoned_slot_does_not_stall_the_ring() {
+        let addr: IpAddr = "127.0.9.6".parse().unwrap();
+        let inbox = Arc::new(Inbox::create(addr, 1).unwrap());
+        let m = &inbox.mapping;
+        let source: SocketAddr = "127.0.9.7:4791".parse().unwrap();
+        // Slot 0: published with a length past the slot.
+        m.word32(m.slot(0, 0) + S_LEN).store(1 << 30, Ordering::Relaxed);
+        m.word64(m.slot(0, 0) + S_SEQ).store(1, Ordering::Release);
+        // Slot 1: claimed by a producer that never publishes.
+        m.tail(0).store(2, Ordering::Release);
+        let mut peers = Peers::default();
+        assert_eq!(peers.send(source, addr, &datagram(0x11, 9, 64)), Some(Sent::Delivered));
+        let mut ring = inbox.ring(0);
+        let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
+        let mut malformed = 0;
+        let mut got = Vec::new();
+        ring.receive(8, &mut buf, &mut malformed, &mut |_, d| got.push(d[8]));
+        assert_eq!((got.len(), malformed), (0, 1), "the bad entry is dropped; the claimed slot waits");
+        std::thread::sleep(ABANDONED_AFTER + Duration::from_millis(5));
+        ring.receive(8, &mut buf, &mut malformed, &mut |_, d| got.push(d[8]));
+        assert_eq!((got, malformed), (vec![9], 2), "the abandoned slot is given up, then the next datagram");
+    }
+}
