@@ -9,10 +9,17 @@ run, on loopback:
   - UCX over TCP (ucx_perftest with UCX_TLS=tcp: tag_lat, ucp_am_bw, ucp_put_bw),
 
 each RUNS times, and prints the medians and the ratios as a Markdown table.
-With --perftest it runs Debian's perftest over softrnic's drop-in
-libibverbs.so.1 beside `softrnic bench` on the same tests instead.
+softrnic runs over its UDP datapath there. Other modes:
 
-    scripts/bench.py [--runs 5] [--engine-threads 1] [--perftest]
+  --shm       softrnic's shared-memory wire against UCX's shared-memory
+              transport (UCX_TLS=posix), and the E1 latency against
+              Soft-RoCE's published 24.07 us;
+  --scaling   the E2 shape: 8 QPs, 64 B and 64 KiB, engine threads 1, 2,
+              4 and 8 (on a machine with the cores to show it);
+  --perftest  Debian's perftest over softrnic's drop-in libibverbs.so.1
+              beside `softrnic bench` on the same tests.
+
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --perftest]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -81,8 +88,8 @@ def iperf3_gbps():
     return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 1e9
 
 
-def ucx(test, size, port):
-    env = {**os.environ, "UCX_TLS": "tcp"}
+def ucx(test, size, port, tls="tcp"):
+    env = {**os.environ, "UCX_TLS": tls}
     with Server(["ucx_perftest", "-p", str(port)], env=env, settle=1.0):
         out = sh(["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size), "-n", "100000" if "lat" in test else "200000"], env=env)
     final = [l for l in out.stdout.splitlines() if l.strip().startswith("Final:")]
@@ -135,6 +142,53 @@ def perftest_main(a, extra):
     print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
 
 
+def shm_main(a, extra):
+    """The shared-memory wire beside UCX's (UCX_TLS=posix), same run."""
+    install_peers()
+    extra = extra + ["--datapath", "shm"]
+    tls = "posix,self"
+    r = {k: [] for k in ["lat", "ucx_lat", "rate", "ucx_rate", "bw", "ucx_put", "lat_1k_mean"]}
+    for run in range(a.runs):
+        print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+        r["lat"].append(softrnic("send_lat", 64, extra + ["-n", "20000"])["p50_ns"] / 1000)
+        r["ucx_lat"].append(ucx("tag_lat", 64, 14337 + run, tls)["p50_us"])
+        r["rate"].append(softrnic("send_bw", 64, extra + ["-n", "400000"])["msg_rate_mpps"] * 1e6)
+        r["ucx_rate"].append(ucx("ucp_am_bw", 64, 14437 + run, tls)["msg_rate"])
+        r["bw"].append(softrnic("write_bw", 65536, extra + ["-n", "20000"])["bw_avg_gbps"])
+        r["ucx_put"].append(ucx("ucp_put_bw", 65536, 14537 + run, tls)["mbps"] * 8 * 1.048576 / 1000)
+        r["lat_1k_mean"].append(softrnic("send_lat", 1024, extra + ["-n", "20000"])["mean_ns"] / 1000)
+    m = {k: median(v) for k, v in r.items()}
+    ratio = lambda a, b: median([x / y for x, y in zip(r[a], r[b])])
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, shared-memory wire:\n")
+    print("| measure | softrnic (shm) | peer | peer value | ratio (median of per-run ratios) | target |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    print(f"| 64 B send_lat p50 | {m['lat']:.2f} µs | UCX posix tag_lat | {m['ucx_lat']:.2f} µs | {ratio('lat', 'ucx_lat'):.2f}× | ≤ 3× |")
+    print(f"| 64 B send_bw message rate | {m['rate'] / 1e6:.3f} M/s | UCX posix ucp_am_bw | {m['ucx_rate'] / 1e6:.3f} M/s | {ratio('rate', 'ucx_rate'):.2f}× | ≥ 0.5× |")
+    print(f"| 64 KiB write_bw | {m['bw']:.2f} Gb/s | UCX posix ucp_put_bw | {m['ucx_put']:.2f} Gb/s | {ratio('bw', 'ucx_put'):.2f}× | ≥ 0.5× |")
+    print(f"| 1 KiB send_lat mean (E1) | {m['lat_1k_mean']:.2f} µs | Soft-RoCE, published | 24.07 µs | {m['lat_1k_mean'] / 24.07:.2f}× | |")
+    print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
+
+
+def scaling_main(a, extra):
+    """The E2 shape: 8 QPs, engine threads 1, 2, 4, 8."""
+    threads = [1, 2, 4, 8]
+    r = {(t, k): [] for t in threads for k in ["rate", "bw"]}
+    for run in range(a.runs):
+        print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+        for t in threads:
+            common = ["-q", "8", "--engine-threads", str(t), "--datapath", a.datapath, "-D", "3"]
+            r[(t, "rate")].append(softrnic("send_bw", 64, common)["msg_rate_mpps"] * 1e6)
+            r[(t, "bw")].append(softrnic("write_bw", 65536, common)["bw_avg_gbps"])
+    ratio = lambda t, k: median([x / y for x, y in zip(r[(t, k)], r[(1, k)])])
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, 8 QPs, {a.datapath} datapath:\n")
+    print("| engine threads | 64 B send_bw | × 1 thread | 64 KiB write_bw | × 1 thread |")
+    print("| --- | --- | --- | --- | --- |")
+    for t in threads:
+        rate, bw = median(r[(t, "rate")]), median(r[(t, "bw")])
+        print(f"| {t} | {rate / 1e6:.3f} M/s | {ratio(t, 'rate'):.2f}× | {bw:.2f} Gb/s | {ratio(t, 'bw'):.2f}× |")
+    print("\nAll runs:", json.dumps({f"{t}-{k}": [round(x, 3) for x in v] for (t, k), v in r.items()}))
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -144,14 +198,22 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--engine-threads", type=int, default=1)
     parser.add_argument("--perftest", action="store_true", help="perftest over libibverbs.so.1 beside softrnic bench")
+    parser.add_argument("--shm", action="store_true", help="the shared-memory wire against UCX's")
+    parser.add_argument("--scaling", action="store_true", help="8 QPs over 1, 2, 4 and 8 engine threads")
+    parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
     a = parser.parse_args()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "softrnic-cli"], cwd=ROOT, check=True)
     extra = ["--engine-threads", str(a.engine_threads)]
+    if a.shm:
+        return shm_main(a, extra)
+    if a.scaling:
+        return scaling_main(a, extra)
     if a.perftest:
         if shutil.which("ib_send_lat") is None:
             sys.exit("perftest is missing: sudo apt-get install perftest")
         return perftest_main(a, extra)
     install_peers()
+    extra = extra + ["--datapath", "udp"]
     r = {k: [] for k in ["lat", "udp", "ucx_lat", "rate", "ucx_rate", "bw", "tcp", "ucx_put"]}
     for run in range(a.runs):
         print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
@@ -170,7 +232,7 @@ def main():
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, engine threads {a.engine_threads}:\n")
     print("| measure | softrnic | peer | peer value | ratio (median of per-run ratios) | target |")
     print("| --- | --- | --- | --- | --- | --- |")
-    print(f"| 64 B send_lat p50 | {m['lat']:.2f} µs | raw UDP ping-pong, spinning (sockperf) | {m['udp']:.2f} µs | {ratio('lat', 'udp'):.2f}× | ≤ 1.3× |")
+    print(f"| 64 B send_lat p50 | {m['lat']:.2f} µs | raw UDP ping-pong, spinning (sockperf) | {m['udp']:.2f} µs | {ratio('lat', 'udp'):.2f}× | ≤ 1.2× |")
     print(f"| 64 B send_lat p50 | {m['lat']:.2f} µs | UCX tcp tag_lat | {m['ucx_lat']:.2f} µs | {ratio('lat', 'ucx_lat'):.2f}× | < 1× |")
     print(f"| 64 B send_bw message rate | {m['rate'] / 1e6:.3f} M/s | UCX tcp ucp_am_bw | {m['ucx_rate'] / 1e6:.3f} M/s | {ratio('rate', 'ucx_rate'):.2f}× | ≥ 1× |")
     print(f"| 64 KiB write_bw | {m['bw']:.2f} Gb/s | kernel TCP, one stream (iperf3) | {m['tcp']:.2f} Gb/s | {ratio('bw', 'tcp'):.2f}× | ≥ 0.5× |")
