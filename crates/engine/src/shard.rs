@@ -1,6 +1,6 @@
 //! One shard of a running NIC: the transport [`Shard`] (a set of QPs, their
-//! timers), the socket the kernel steers those QPs' datagrams to, its fault
-//! injectors, and the wakers of the threads that drive it.
+//! timers), its wire (the [`Datapath`] that carries those QPs' datagrams),
+//! its fault injectors, and the wakers of the threads that drive it.
 //!
 //! Whoever drives a shard (its engine thread, or an application thread
 //! posting or polling) holds its lock for a whole receive or transmit pass,

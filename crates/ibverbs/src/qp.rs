@@ -6,8 +6,8 @@ use std::ffi::c_int;
 use std::sync::Mutex;
 
 use softrnic_transport::{
-    Access, Mtu, Payload, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest, RemoteAddr, SendOp,
-    SendWorkRequest, Sge, UdDestination,
+    Access, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest, RemoteAddr,
+    SendOp, SendWorkRequest, Sge, SgeList, UdDestination,
 };
 
 use crate::abi::*;
@@ -464,9 +464,9 @@ pub unsafe extern "C" fn ibv_query_qp(
 ///
 /// # Safety
 /// `list` must hold `n` readable entries.
-pub unsafe fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
+pub unsafe fn sges(list: *const ibv_sge, n: c_int) -> SgeList {
     if n <= 0 || list.is_null() {
-        return Vec::new();
+        return SgeList::new();
     }
     // SAFETY: caller's promise.
     let list = unsafe { std::slice::from_raw_parts(list, n as usize) };
@@ -477,8 +477,8 @@ pub unsafe fn sges(list: *const ibv_sge, n: c_int) -> Vec<Sge> {
 ///
 /// # Safety
 /// Each SGE's `[addr, addr + length)` must be readable.
-pub unsafe fn inline_bytes(sges: &[Sge]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(sges.iter().map(|s| s.length as usize).sum());
+pub unsafe fn inline_bytes(sges: &[Sge]) -> InlineData {
+    let mut bytes = InlineData::with_capacity(sges.iter().map(|s| s.length as usize).sum());
     for s in sges {
         // SAFETY: caller's promise; inline data is read at post time.
         bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) });

@@ -7,7 +7,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use softrnic_transport::{Payload, RemoteAddr, SendOp, SendWorkRequest, Sge, UdDestination};
+use softrnic_transport::{Payload, RemoteAddr, SendOp, SendWorkRequest, Sge, SgeList, UdDestination};
 
 use crate::abi::*;
 use crate::ah::Ah;
@@ -77,7 +77,7 @@ unsafe fn begin(qp: *mut ibv_qp_ex, op: SendOp) {
             b.pending.push(SendWorkRequest {
                 wr_id,
                 op,
-                payload: Payload::Gather(Vec::new()),
+                payload: Payload::Gather(SgeList::new()),
                 signaled: flags & IBV_SEND_SIGNALED != 0,
                 fence: flags & IBV_SEND_FENCE != 0,
                 solicited: flags & IBV_SEND_SOLICITED != 0,
@@ -218,7 +218,7 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length
         // SAFETY: a live QP (caller).
         unsafe {
             amend(qp, "ibv_wr_set_sge", |_, wr| {
-                wr.payload = Payload::Gather(vec![Sge { addr, length, lkey }]);
+                wr.payload = Payload::Gather(softrnic_transport::smallvec![Sge { addr, length, lkey }]);
                 Ok(())
             })
         }

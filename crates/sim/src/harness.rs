@@ -35,7 +35,7 @@ impl Side {
     }
 
     pub fn gather(&self, offset: u64, len: u32) -> Payload {
-        Payload::Gather(vec![self.sge(offset, len)])
+        Payload::Gather(softrnic_transport::smallvec![self.sge(offset, len)])
     }
 }
 
@@ -181,7 +181,7 @@ impl Pair {
     pub fn post_recv(&mut self, host: usize, wr_id: u64, offset: u64, len: u32) {
         let (now, qpn) = (self.world.now, self.side(host).qpn);
         let sges = vec![self.side(host).sge(offset, len)];
-        self.world.device(host).post_recv(now, qpn, RecvWorkRequest { wr_id, sges }).expect("post_recv");
+        self.world.device(host).post_recv(now, qpn, RecvWorkRequest { wr_id, sges: sges.into() }).expect("post_recv");
     }
 
     /// Runs until `host` has `n` completions (or nothing is left to do) and

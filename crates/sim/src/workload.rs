@@ -82,8 +82,8 @@ impl PlannedOp {
             Kind::FetchAdd => SendOp::FetchAdd { remote: remote_addr, add: self.swap_or_add },
         };
         let payload = match &self.local {
-            LocalData::Inline(bytes) => Payload::Inline(bytes.clone()),
-            LocalData::Pieces(pieces) => Payload::Gather(sges(pieces, local)),
+            LocalData::Inline(bytes) => Payload::Inline(bytes.as_slice().into()),
+            LocalData::Pieces(pieces) => Payload::Gather(sges(pieces, local).into()),
         };
         SendWorkRequest {
             wr_id: self.wr_id,
@@ -123,7 +123,7 @@ pub struct PlannedRecv {
 
 impl PlannedRecv {
     pub fn work_request(&self, local: RegionKeys) -> RecvWorkRequest {
-        RecvWorkRequest { wr_id: self.wr_id, sges: sges(&self.pieces, local) }
+        RecvWorkRequest { wr_id: self.wr_id, sges: sges(&self.pieces, local).into() }
     }
 }
 

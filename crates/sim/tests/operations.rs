@@ -44,12 +44,13 @@ fn send_gathers_and_scatters_across_sges_and_inline_data() {
     pair.a.buffer.write(0, b"hello, ");
     pair.a.buffer.write(100, b"world");
     let sges = vec![pair.a.sge(0, 7), pair.a.sge(100, 5)];
-    let recv = RecvWorkRequest { wr_id: 5, sges: vec![pair.b.sge(1000, 4), pair.b.sge(2000, 20)] };
+    let recv =
+        RecvWorkRequest { wr_id: 5, sges: softrnic_transport::smallvec![pair.b.sge(1000, 4), pair.b.sge(2000, 20)] };
     let (now, qpn) = (pair.world.now, pair.b.qpn);
     pair.world.device(1).post_recv(now, qpn, recv).unwrap();
     pair.post_recv(1, 6, 3000, 64);
-    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Gather(sges));
-    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"inline!".to_vec()));
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Gather(sges.into()));
+    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"inline!"[..].into()));
     let [a, b] = pair.settle();
     assert_eq!(a.len(), 2);
     assert_eq!(b.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(), vec![(5, 12), (6, 7)]);
@@ -114,9 +115,19 @@ fn atomics_compare_swap_and_fetch_add() {
 fn zero_length_operations_complete() {
     let mut pair = Pair::new(PairOptions::default());
     pair.post_recv(1, 1, 0, 0);
-    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Gather(vec![]));
-    pair.post(0, 2, SendOp::Write { remote: RemoteAddr { addr: 0, rkey: 0xdead }, imm: None }, Payload::Gather(vec![]));
-    pair.post(0, 3, SendOp::Read { remote: RemoteAddr { addr: 0, rkey: 0xdead } }, Payload::Gather(vec![]));
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Gather(softrnic_transport::smallvec![]));
+    pair.post(
+        0,
+        2,
+        SendOp::Write { remote: RemoteAddr { addr: 0, rkey: 0xdead }, imm: None },
+        Payload::Gather(softrnic_transport::smallvec![]),
+    );
+    pair.post(
+        0,
+        3,
+        SendOp::Read { remote: RemoteAddr { addr: 0, rkey: 0xdead } },
+        Payload::Gather(softrnic_transport::smallvec![]),
+    );
     let [a, b] = pair.settle();
     assert_eq!(
         a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
@@ -162,7 +173,7 @@ fn unsignalled_requests_complete_silently_in_order() {
         let mut wr = SendWorkRequest::new(
             id,
             SendOp::Write { remote: remote(&pair, 1, id * 8), imm: None },
-            Payload::Inline(vec![id as u8; 8]),
+            Payload::Inline(softrnic_transport::smallvec![id as u8; 8]),
         );
         wr.signaled = id == 4;
         pair.post_wr(0, wr);
@@ -177,7 +188,7 @@ fn unsignalled_requests_complete_silently_in_order() {
 #[test]
 fn receiver_not_ready_is_retried_until_a_receive_is_posted() {
     let mut pair = Pair::new(PairOptions { min_rnr_timer: 1, ..PairOptions::default() });
-    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"early".to_vec()));
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"early"[..].into()));
     // Let the sender meet a few RNR NAKs before the receive appears.
     for _ in 0..20 {
         pair.world.step();
@@ -193,8 +204,8 @@ fn receiver_not_ready_is_retried_until_a_receive_is_posted() {
 #[test]
 fn rnr_retries_run_out() {
     let mut pair = Pair::new(PairOptions { rnr_retry: 2, ..PairOptions::default() });
-    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"nobody listens".to_vec()));
-    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"queued".to_vec()));
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"nobody listens"[..].into()));
+    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"queued"[..].into()));
     let [a, _] = pair.settle();
     assert_eq!(
         a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
@@ -210,7 +221,12 @@ fn a_dead_peer_exhausts_retries_and_flushes_everything() {
     pair.post_recv(0, 100, 0, 64);
     pair.world.hosts[1].up = false;
     for id in 0..3 {
-        pair.post(0, id, SendOp::Write { remote: remote(&pair, 1, 0), imm: None }, Payload::Inline(vec![1; 16]));
+        pair.post(
+            0,
+            id,
+            SendOp::Write { remote: remote(&pair, 1, 0), imm: None },
+            Payload::Inline(softrnic_transport::smallvec![1; 16]),
+        );
     }
     let [a, _] = pair.settle();
     let statuses: Vec<_> = a.iter().map(|c| (c.wr_id, c.status)).collect();
@@ -226,7 +242,7 @@ fn a_dead_peer_exhausts_retries_and_flushes_everything() {
     assert_eq!(pair.state(0), QpState::Error);
     assert_eq!(pair.world.device(0).counters().timeouts, 4, "the first try and three retries");
     // Work posted to a QP in error completes at once, flushed.
-    pair.post(0, 7, SendOp::Send { imm: None }, Payload::Inline(vec![]));
+    pair.post(0, 7, SendOp::Send { imm: None }, Payload::Inline(softrnic_transport::smallvec![]));
     let [a, _] = pair.settle();
     assert_eq!((a[0].wr_id, a[0].status), (7, WcStatus::WrFlushErr));
 }
@@ -293,8 +309,8 @@ fn the_state_machine_guards_posting_and_flushes_on_error() {
     let device = pair.world.device(0);
     let err = device.modify_qp(now, qpn, &QpAttr { state: Some(QpState::Rtr), ..QpAttr::default() }).unwrap_err();
     assert!(err.to_string().contains("from Rts to Rtr"), "{err}");
-    device.post_recv(now, qpn, RecvWorkRequest { wr_id: 1, sges: vec![] }).unwrap();
-    device.post_recv(now, qpn, RecvWorkRequest { wr_id: 2, sges: vec![] }).unwrap();
+    device.post_recv(now, qpn, RecvWorkRequest { wr_id: 1, sges: softrnic_transport::smallvec![] }).unwrap();
+    device.post_recv(now, qpn, RecvWorkRequest { wr_id: 2, sges: softrnic_transport::smallvec![] }).unwrap();
     device.modify_qp(now, qpn, &QpAttr { state: Some(QpState::Error), ..QpAttr::default() }).unwrap();
     let [a, _] = pair.settle();
     assert_eq!(
@@ -318,7 +334,11 @@ fn the_state_machine_guards_posting_and_flushes_on_error() {
         )
         .unwrap();
     let err = device
-        .post_send(now, qpn, SendWorkRequest::new(3, SendOp::Send { imm: None }, Payload::Inline(vec![])))
+        .post_send(
+            now,
+            qpn,
+            SendWorkRequest::new(3, SendOp::Send { imm: None }, Payload::Inline(softrnic_transport::smallvec![])),
+        )
         .unwrap_err();
     assert!(err.to_string().contains("move it to RTS"), "{err}");
     assert_eq!(err.errno(), 22);
@@ -330,9 +350,10 @@ fn full_queues_are_refused_with_enomem() {
     let (now, qpn) = (pair.world.now, pair.b.qpn);
     let device = pair.world.device(1);
     for id in 0..128 {
-        device.post_recv(now, qpn, RecvWorkRequest { wr_id: id, sges: vec![] }).unwrap();
+        device.post_recv(now, qpn, RecvWorkRequest { wr_id: id, sges: softrnic_transport::smallvec![] }).unwrap();
     }
-    let err = device.post_recv(now, qpn, RecvWorkRequest { wr_id: 999, sges: vec![] }).unwrap_err();
+    let err =
+        device.post_recv(now, qpn, RecvWorkRequest { wr_id: 999, sges: softrnic_transport::smallvec![] }).unwrap_err();
     assert_eq!(err.errno(), 12, "{err}");
 }
 
@@ -342,7 +363,7 @@ fn completion_notification_fires_when_armed() {
     let cq = pair.b.cq;
     pair.world.device(1).request_notify_cq(cq, false).unwrap();
     pair.post_recv(1, 1, 0, 64);
-    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"ping".to_vec()));
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"ping"[..].into()));
     pair.settle();
     assert_eq!(pair.world.device(1).poll_cq_notification(), Some(cq));
     assert_eq!(pair.world.device(1).poll_cq_notification(), None);
@@ -354,7 +375,7 @@ fn ud_pair() -> Pair {
 
 fn ud_send(pair: &mut Pair, wr_id: u64, data: &[u8], qkey: u32) {
     let dest = UdDestination { addr: pair.world.ip(1), qpn: pair.b.qpn, qkey };
-    let mut wr = SendWorkRequest::new(wr_id, SendOp::Send { imm: Some(5) }, Payload::Inline(data.to_vec()));
+    let mut wr = SendWorkRequest::new(wr_id, SendOp::Send { imm: Some(5) }, Payload::Inline(data.into()));
     wr.ud = Some(dest);
     pair.post_wr(0, wr);
 }
@@ -433,7 +454,7 @@ fn a_fatal_nak_flushes_older_reads_instead_of_retrying_them() {
     pair.world.flush(); // the response is lost
     pair.world.network.faults.loss = 0.0;
     let bad = RemoteAddr { rkey: pair.b.mr.rkey ^ 0x100, ..remote(&pair, 1, 0) };
-    pair.post(0, 2, SendOp::Write { remote: bad, imm: None }, Payload::Inline(vec![1; 8]));
+    pair.post(0, 2, SendOp::Write { remote: bad, imm: None }, Payload::Inline(softrnic_transport::smallvec![1; 8]));
     let [a, _] = pair.settle();
     let statuses: Vec<_> = a.iter().map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(statuses, vec![(1, WcStatus::WrFlushErr), (2, WcStatus::RemAccessErr)]);
@@ -449,7 +470,12 @@ fn a_stale_sequence_nak_does_not_skip_the_rest_of_a_message() {
 
     let mut pair = Pair::new(PairOptions::default());
     let first_psn = Psn::new(pair.a.qpn * 1000);
-    pair.post(0, 1, SendOp::Write { remote: remote(&pair, 1, 0), imm: None }, Payload::Inline(vec![1; 8]));
+    pair.post(
+        0,
+        1,
+        SendOp::Write { remote: remote(&pair, 1, 0), imm: None },
+        Payload::Inline(softrnic_transport::smallvec![1; 8]),
+    );
     pair.settle();
     let data = pattern(40 * 1024, 9);
     pair.a.buffer.write(0, &data);

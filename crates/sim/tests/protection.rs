@@ -41,7 +41,7 @@ fn statuses(completions: &[Completion]) -> Vec<(u64, WcStatus)> {
 fn expect_remote_failure(mut pair: Pair, op: SendOp, payload: Payload, status: WcStatus) -> Pair {
     pair.post_recv(1, 50, 0, 16);
     pair.post(0, 1, op, payload);
-    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"after".to_vec()));
+    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"after"[..].into()));
     let [a, b] = pair.settle();
     assert_eq!(statuses(&a), vec![(1, status), (2, WcStatus::WrFlushErr)]);
     assert_eq!(statuses(&b), vec![(50, WcStatus::WrFlushErr)], "the responder's QP is in error and flushed");
@@ -61,7 +61,7 @@ fn write_with_a_wrong_rkey() {
     let pair = expect_remote_failure(
         pair,
         SendOp::Write { remote: target, imm: None },
-        Payload::Inline(vec![1; 8]),
+        Payload::Inline(softrnic_transport::smallvec![1; 8]),
         WcStatus::RemAccessErr,
     );
     assert_eq!(pair.world.hosts[1].device.counters().fatal_naks_sent, 1);
@@ -75,7 +75,7 @@ fn write_out_of_bounds() {
     expect_remote_failure(
         pair,
         SendOp::Write { remote: target, imm: None },
-        Payload::Inline(vec![1; 8]),
+        Payload::Inline(softrnic_transport::smallvec![1; 8]),
         WcStatus::RemAccessErr,
     );
 }
@@ -87,7 +87,7 @@ fn write_below_the_region() {
     expect_remote_failure(
         pair,
         SendOp::Write { remote: target, imm: None },
-        Payload::Inline(vec![1; 8]),
+        Payload::Inline(softrnic_transport::smallvec![1; 8]),
         WcStatus::RemAccessErr,
     );
 }
@@ -164,7 +164,7 @@ fn an_rkey_from_another_protection_domain_is_refused() {
     expect_remote_failure(
         pair,
         SendOp::Write { remote: target, imm: None },
-        Payload::Inline(vec![1; 8]),
+        Payload::Inline(softrnic_transport::smallvec![1; 8]),
         WcStatus::RemAccessErr,
     );
     assert!(buffer.to_vec().iter().all(|&b| b == FILL));
@@ -179,7 +179,7 @@ fn a_deregistered_region_is_gone() {
     expect_remote_failure(
         pair,
         SendOp::Write { remote: target, imm: None },
-        Payload::Inline(vec![1; 8]),
+        Payload::Inline(softrnic_transport::smallvec![1; 8]),
         WcStatus::RemAccessErr,
     );
 }
@@ -201,7 +201,7 @@ fn a_qp_without_remote_write_rights_refuses_writes() {
     expect_remote_failure(
         pair,
         SendOp::Write { remote: target, imm: None },
-        Payload::Inline(vec![1; 8]),
+        Payload::Inline(softrnic_transport::smallvec![1; 8]),
         WcStatus::RemInvReqErr,
     );
 }
@@ -224,7 +224,7 @@ fn a_send_larger_than_the_receive() {
     let mut pair = pair();
     pair.post_recv(1, 1, 0, 16);
     pair.post_recv(1, 2, 100, 16);
-    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(vec![7; 17]));
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(softrnic_transport::smallvec![7; 17]));
     let [a, b] = pair.settle();
     assert_eq!(statuses(&a), vec![(1, WcStatus::RemInvReqErr)]);
     assert_eq!(statuses(&b), vec![(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)]);
@@ -236,8 +236,11 @@ fn a_receive_with_a_bad_lkey() {
     let mut pair = pair();
     let (now, qpn) = (pair.world.now, pair.b.qpn);
     let bad = Sge { addr: IOVA, length: 64, lkey: 0xbad };
-    pair.world.device(1).post_recv(now, qpn, RecvWorkRequest { wr_id: 1, sges: vec![bad] }).unwrap();
-    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(vec![7; 8]));
+    pair.world
+        .device(1)
+        .post_recv(now, qpn, RecvWorkRequest { wr_id: 1, sges: softrnic_transport::smallvec![bad] })
+        .unwrap();
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(softrnic_transport::smallvec![7; 8]));
     let [a, b] = pair.settle();
     assert_eq!(statuses(&a), vec![(1, WcStatus::RemOpErr)]);
     assert_eq!(statuses(&b), vec![(1, WcStatus::LocProtErr)]);
@@ -248,7 +251,7 @@ fn a_receive_with_a_bad_lkey() {
 fn local_protection_errors_send_nothing() {
     // A gather list with a bad lkey, and a READ into memory without LOCAL_WRITE.
     let mut pair = pair();
-    let bad = Payload::Gather(vec![Sge { addr: IOVA, length: 8, lkey: 0xbad }]);
+    let bad = Payload::Gather(softrnic_transport::smallvec![Sge { addr: IOVA, length: 8, lkey: 0xbad }]);
     pair.post(0, 1, SendOp::Write { remote: remote(&pair, 0), imm: None }, bad);
     let [a, _] = pair.settle();
     assert_eq!(statuses(&a), vec![(1, WcStatus::LocProtErr)]);
@@ -265,7 +268,7 @@ fn local_protection_errors_send_nothing() {
 #[test]
 fn rnr_with_no_receive_posted_and_no_retries() {
     let mut pair = pair_with(PairOptions { rnr_retry: 0, ..PairOptions::default() });
-    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(vec![1; 8]));
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(softrnic_transport::smallvec![1; 8]));
     let [a, _] = pair.settle();
     assert_eq!(statuses(&a), vec![(1, WcStatus::RnrRetryExcErr)]);
     assert!(untouched(&pair, 1));
@@ -337,7 +340,7 @@ fn requests_before_a_fatal_error_still_complete() {
     pair.b.buffer.write(0, b"readable");
     pair.post(0, 1, SendOp::Read { remote: remote(&pair, 0) }, pair.a.gather(100, 8));
     let bad = RemoteAddr { rkey: pair.b.mr.rkey ^ 0x100, ..remote(&pair, 0) };
-    pair.post(0, 2, SendOp::Write { remote: bad, imm: None }, Payload::Inline(vec![1; 8]));
+    pair.post(0, 2, SendOp::Write { remote: bad, imm: None }, Payload::Inline(softrnic_transport::smallvec![1; 8]));
     // Host 1 handles both requests before it sends anything.
     pair.world.flush();
     let (now, later) = (pair.world.now, pair.world.now + std::time::Duration::from_millis(1));

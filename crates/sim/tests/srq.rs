@@ -11,12 +11,12 @@ fn srq_pair() -> Pair {
 
 fn post_srq(pair: &mut Pair, wr_id: u64, offset: u64, len: u32) {
     let srq = pair.b.srq.expect("an SRQ");
-    let sges = vec![pair.b.sge(offset, len)];
+    let sges = softrnic_transport::smallvec![pair.b.sge(offset, len)];
     pair.world.device(1).post_srq_recv(srq, RecvWorkRequest { wr_id, sges }).unwrap();
 }
 
 fn send(pair: &mut Pair, wr_id: u64, bytes: &[u8]) {
-    pair.post(0, wr_id, SendOp::Send { imm: None }, Payload::Inline(bytes.to_vec()));
+    pair.post(0, wr_id, SendOp::Send { imm: None }, Payload::Inline(bytes.into()));
 }
 
 #[test]
@@ -32,7 +32,11 @@ fn receives_come_from_the_srq_in_order() {
     assert_eq!(&pair.b.buffer.to_vec()[100..106], b"second");
     // The QP's own receive queue is not for posting.
     let (now, qpn) = (pair.world.now, pair.b.qpn);
-    let err = pair.world.device(1).post_recv(now, qpn, RecvWorkRequest { wr_id: 1, sges: vec![] }).unwrap_err();
+    let err = pair
+        .world
+        .device(1)
+        .post_recv(now, qpn, RecvWorkRequest { wr_id: 1, sges: softrnic_transport::smallvec![] })
+        .unwrap_err();
     assert!(err.to_string().contains("SRQ"), "{err}");
 }
 
@@ -131,7 +135,7 @@ fn two_qps_share_one_srq() {
     let mut wr = softrnic_transport::SendWorkRequest::new(
         2,
         SendOp::Send { imm: None },
-        Payload::Inline(b"via the second".to_vec()),
+        Payload::Inline(b"via the second"[..].into()),
     );
     wr.signaled = true;
     pair.world.device(0).post_send(now, extra0, wr).unwrap();
@@ -149,7 +153,7 @@ fn two_qps_share_one_srq() {
 fn responder_errors_raise_the_matching_async_event() {
     let mut pair = Pair::new(PairOptions::default());
     let bad = RemoteAddr { addr: IOVA, rkey: pair.b.mr.rkey ^ 0x100 };
-    pair.post(0, 1, SendOp::Write { remote: bad, imm: None }, Payload::Inline(vec![0; 8]));
+    pair.post(0, 1, SendOp::Write { remote: bad, imm: None }, Payload::Inline(softrnic_transport::smallvec![0; 8]));
     pair.settle();
     let qpn = pair.b.qpn;
     assert_eq!(pair.world.device(1).poll_async_event(), Some(AsyncEvent::QpAccessError { qpn }));

@@ -51,8 +51,8 @@ pub use qp::{ConnectOptions, QueuePair};
 
 pub use softrnic_engine::{DatapathKind, EngineConfig, FaultConfig, NicCounters, Role};
 pub use softrnic_transport::{
-    Access, Completion, Mtu, Payload, Psn, QpAttr, QpCaps, QpState, QpType, RecvWorkRequest, RemoteAddr, SendOp,
-    SendWorkRequest, Sge, UdDestination, WcOpcode, WcStatus,
+    Access, Completion, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpState, QpType, RecvWorkRequest, RemoteAddr,
+    SendOp, SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode, WcStatus, smallvec,
 };
 
 /// The status helpers verbs users expect.

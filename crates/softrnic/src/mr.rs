@@ -56,7 +56,7 @@ impl MemoryRegion {
 
     /// A one-element gather (or scatter) list.
     pub fn gather(&self, offset: usize, len: u32) -> Payload {
-        Payload::Gather(vec![self.sge(offset, len)])
+        Payload::Gather(softrnic_transport::smallvec![self.sge(offset, len)])
     }
 
     /// Where a peer writes to or reads from this region, at `offset`.

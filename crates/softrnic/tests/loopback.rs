@@ -58,7 +58,8 @@ fn every_operation(faults: FaultConfig) {
     b.mr.write(LEN, &data);
 
     // SEND with immediate, 1 MiB, into a posted receive.
-    b.qp.post_recv(RecvWorkRequest { wr_id: 10, sges: vec![b.mr.sge(2 * LEN, LEN as u32)] }).unwrap();
+    b.qp.post_recv(RecvWorkRequest { wr_id: 10, sges: softrnic_transport::smallvec![b.mr.sge(2 * LEN, LEN as u32)] })
+        .unwrap();
     a.qp.post_send(SendWorkRequest::new(1, SendOp::Send { imm: Some(7) }, a.mr.gather(0, LEN as u32))).unwrap();
     let c = wait(&a.cq);
     assert_eq!((c.wr_id, c.status, c.opcode), (1, WcStatus::Success, WcOpcode::Send));
@@ -86,11 +87,11 @@ fn every_operation(faults: FaultConfig) {
     assert!(got == data, "READ data differs");
 
     // WRITE with immediate, and both atomics.
-    b.qp.post_recv(RecvWorkRequest { wr_id: 11, sges: vec![] }).unwrap();
+    b.qp.post_recv(RecvWorkRequest { wr_id: 11, sges: softrnic_transport::smallvec![] }).unwrap();
     a.qp.post_send(SendWorkRequest::new(
         4,
         SendOp::Write { remote: b.mr.remote(8), imm: Some(9) },
-        Payload::Inline(vec![1; 8]),
+        Payload::Inline(softrnic_transport::smallvec![1; 8]),
     ))
     .unwrap();
     assert_eq!(wait(&a.cq).status, WcStatus::Success);
@@ -130,8 +131,9 @@ fn every_operation_through_injected_faults() {
 #[test]
 fn packets_on_the_wire_carry_a_valid_icrc() {
     let (a, b) = pair(FaultConfig::default(), 4096);
-    b.qp.post_recv(RecvWorkRequest { wr_id: 1, sges: vec![b.mr.sge(0, 64)] }).unwrap();
-    a.qp.post_send(SendWorkRequest::new(1, SendOp::Send { imm: None }, Payload::Inline(b"checked".to_vec()))).unwrap();
+    b.qp.post_recv(RecvWorkRequest { wr_id: 1, sges: softrnic_transport::smallvec![b.mr.sge(0, 64)] }).unwrap();
+    a.qp.post_send(SendWorkRequest::new(1, SendOp::Send { imm: None }, Payload::Inline(b"checked"[..].into())))
+        .unwrap();
     wait(&a.cq);
     wait(&b.cq);
     // Every datagram that arrived passed the receiver's ICRC check.
@@ -152,7 +154,7 @@ fn a_peer_that_disappears_fails_its_work_requests() {
         a.qp.post_send(SendWorkRequest::new(
             id,
             SendOp::Write { remote: a.mr.remote(0), imm: None },
-            Payload::Inline(vec![0; 8]),
+            Payload::Inline(softrnic_transport::smallvec![0; 8]),
         ))
         .unwrap();
     }
@@ -165,8 +167,8 @@ fn a_peer_that_disappears_fails_its_work_requests() {
 fn completion_channel_wakes_a_sleeping_waiter() {
     let (a, b) = pair(FaultConfig::default(), 4096);
     b.cq.request_notify(false).unwrap();
-    b.qp.post_recv(RecvWorkRequest { wr_id: 1, sges: vec![b.mr.sge(0, 64)] }).unwrap();
-    a.qp.post_send(SendWorkRequest::new(1, SendOp::Send { imm: None }, Payload::Inline(b"wake".to_vec()))).unwrap();
+    b.qp.post_recv(RecvWorkRequest { wr_id: 1, sges: softrnic_transport::smallvec![b.mr.sge(0, 64)] }).unwrap();
+    a.qp.post_send(SendWorkRequest::new(1, SendOp::Send { imm: None }, Payload::Inline(b"wake"[..].into()))).unwrap();
     // The receiver does not poll: its engine thread must make the progress.
     assert!(b.cq.wait_event(Duration::from_secs(10)).unwrap(), "no completion event");
     assert_eq!(wait(&b.cq).byte_len, 4);

@@ -96,8 +96,12 @@ fn run_lane(lane: &Lane, lane_id: u32, rounds: u32) {
             let salt = lane_id * 1000 + round * 10 + i as u32;
             p.a_mr.write(0, &pattern(len, salt));
             let id = u64::from(round) << 8 | i as u64;
-            p.b.post_recv(RecvWorkRequest { wr_id: id, sges: vec![p.b_mr.sge(SEND_AT, len as u32)] }).unwrap();
-            p.b.post_recv(RecvWorkRequest { wr_id: id, sges: vec![] }).unwrap();
+            p.b.post_recv(RecvWorkRequest {
+                wr_id: id,
+                sges: softrnic_transport::smallvec![p.b_mr.sge(SEND_AT, len as u32)],
+            })
+            .unwrap();
+            p.b.post_recv(RecvWorkRequest { wr_id: id, sges: softrnic_transport::smallvec![] }).unwrap();
             let data = p.a_mr.gather(0, len as u32);
             let wrs = [
                 SendWorkRequest::new(id, SendOp::Send { imm: None }, data.clone()),
@@ -105,7 +109,7 @@ fn run_lane(lane: &Lane, lane_id: u32, rounds: u32) {
                 SendWorkRequest::new(
                     id,
                     SendOp::Write { remote: p.b_mr.remote(WRITE_AT), imm: Some(round) },
-                    Payload::Inline(vec![]),
+                    Payload::Inline(softrnic_transport::smallvec![]),
                 ),
                 SendWorkRequest::new(
                     id,

@@ -34,7 +34,10 @@ pub use event::AsyncEvent;
 pub use memory::{Access, DmaBuffer, MrKeys, PdId};
 pub use qp::{Mtu, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Transmit, ud_steps};
 pub use shard::{MAX_DATAGRAM_LEN, Shard, dest_qpn, shard_of};
+pub use smallvec::smallvec;
 pub use softrnic_wire::Psn;
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqId};
 pub use time::Instant;
-pub use work_request::{Payload, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, UdDestination};
+pub use work_request::{
+    InlineData, Payload, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, SgeList, UdDestination,
+};

@@ -3,6 +3,8 @@
 
 use std::net::IpAddr;
 
+use smallvec::SmallVec;
+
 /// One element of a scatter/gather list (`ibv_sge`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sge {
@@ -66,12 +68,19 @@ pub struct UdDestination {
     pub qkey: u32,
 }
 
+/// A work request's scatter/gather list. Most requests name one or two
+/// entries, which live inline: posting allocates nothing.
+pub type SgeList = SmallVec<[Sge; 2]>;
+
+/// Inline send data; small messages, the usual kind, live inline too.
+pub type InlineData = SmallVec<[u8; 64]>;
+
 /// The bytes a send draws from: registered memory, or data the caller
 /// handed over at post time (`IBV_SEND_INLINE`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
-    Gather(Vec<Sge>),
-    Inline(Vec<u8>),
+    Gather(SgeList),
+    Inline(InlineData),
 }
 
 impl Payload {
@@ -116,5 +125,5 @@ impl SendWorkRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWorkRequest {
     pub wr_id: u64,
-    pub sges: Vec<Sge>,
+    pub sges: SgeList,
 }

@@ -172,7 +172,9 @@ pub fn message_seed(q: usize, i: u64) -> u64 {
 
 fn post_recv(s: &Session, q: usize, i: u64, size: usize, slots: usize) -> Result<(), String> {
     let sge = s.mr.sge(s.recv_offset(q, (i as usize) % slots, size), size as u32);
-    s.qps[q].post_recv(RecvWorkRequest { wr_id: i, sges: vec![sge] }).map_err(|e| e.to_string())
+    s.qps[q]
+        .post_recv(RecvWorkRequest { wr_id: i, sges: softrnic_transport::smallvec![sge] })
+        .map_err(|e| e.to_string())
 }
 
 fn post_send(
@@ -202,7 +204,10 @@ fn post_send(
             let word =
                 softrnic::RemoteAddr { addr: s.remote[q].addr + s.offset(q, 0, 0) as u64, rkey: s.remote[q].rkey };
             let result = s.recv_offset(q, slot, 8);
-            (SendOp::FetchAdd { remote: word, add: 1 }, Payload::Gather(vec![s.mr.sge(result, 8)]))
+            (
+                SendOp::FetchAdd { remote: word, add: 1 },
+                Payload::Gather(softrnic_transport::smallvec![s.mr.sge(result, 8)]),
+            )
         }
         _ => unreachable!("latency tests have their own loop"),
     };

@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use softrnic::{Completion, Payload, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode, WcStatus};
+use softrnic::{Completion, InlineData, Payload, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode, WcStatus};
 
 use super::params::Test;
 use super::report::new_histogram;
@@ -76,7 +76,7 @@ fn drain(s: &Session) -> Result<(), String> {
 
 fn send(s: &Session, offset: usize, size: usize, imm: u32) -> Result<(), String> {
     let payload = if size <= MAX_INLINE {
-        let mut bytes = vec![0u8; size];
+        let mut bytes = InlineData::from_elem(0, size);
         s.mr.read(offset, &mut bytes);
         Payload::Inline(bytes)
     } else {
@@ -89,7 +89,7 @@ fn send(s: &Session, offset: usize, size: usize, imm: u32) -> Result<(), String>
 
 fn post_recv(s: &Session, offset: usize, size: usize) -> Result<(), String> {
     s.qps[0]
-        .post_recv(RecvWorkRequest { wr_id: 0, sges: vec![s.mr.sge(offset, size as u32)] })
+        .post_recv(RecvWorkRequest { wr_id: 0, sges: softrnic_transport::smallvec![s.mr.sge(offset, size as u32)] })
         .map_err(|e| e.to_string())
 }
 
@@ -231,16 +231,20 @@ pub fn client(s: &mut Session, size: usize) -> Result<(Histogram<u64>, Option<St
         }
         i += 1;
     }
-    // Tell the server to stop, in band where it is listening in band.
-    match test {
-        Test::SendLat => send(s, slot.out, size, STOP_IMM)?,
+    // Tell the server to stop, in band where it is listening in band, and
+    // wait until it has the message. (READ and ATOMIC servers listen on
+    // the exchange only: nothing is in flight to wait for.)
+    let stop_sent = match test {
+        Test::SendLat => send(s, slot.out, size, STOP_IMM).map(|()| true)?,
         Test::WriteLat => {
             s.mr.write(slot.out + size - 1, &[STOP_MARK]);
-            write(s, slot.out, slot.inbound, size)?;
+            write(s, slot.out, slot.inbound, size).map(|()| true)?
         }
-        _ => {}
+        _ => false,
+    };
+    if stop_sent {
+        wait_for(s, |c| !matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)).ok();
     }
-    wait_for(s, |c| !matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)).ok();
     s.exchange.send_text("done").map_err(|e| e.to_string())?;
     let verdict = s.exchange.read_line().map_err(|e| e.to_string())?;
     if let Some(reason) = verdict.strip_prefix("failed ") {
