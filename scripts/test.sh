@@ -2,7 +2,8 @@
 # The project's test command: what README.md tells you to run and what CI
 # (.ci/run) runs. Formatting, lints, every test (with thousands of
 # simulation seeds), the matrix of verbs programs over softrnic's
-# libibverbs.so.1, and a short fuzzing run when cargo-fuzz is installed.
+# libibverbs.so.1, the loom model of the shared-memory rings, and a short
+# fuzzing run when cargo-fuzz is installed.
 #
 #   SOFTRNIC_SIM_SEEDS=N   simulation seeds (default 2000)
 #   SOFTRNIC_FUZZ_SECONDS  length of the fuzzing run (default 30; 0 skips it)
@@ -20,6 +21,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "tests (simulation seeds: ${SOFTRNIC_SIM_SEEDS:=2000})"
 export SOFTRNIC_SIM_SEEDS
 cargo test --workspace --locked
+
+# The model checker over the shared-memory rings' index protocol, in a
+# target directory of its own (a different --cfg rebuilds everything).
+step "model checking the shared-memory ring (loom)"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p softrnic-engine --lib ring::model
 
 # Unmodified RDMA programs over the drop-in libibverbs.so.1, both ends on
 # loopback and (as root) between two network namespaces.

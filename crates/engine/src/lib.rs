@@ -10,6 +10,7 @@ pub mod event_queue;
 pub mod eventfd;
 pub mod faults;
 pub mod progress;
+pub mod ring;
 mod shard;
 pub mod shm;
 pub mod socket;

@@ -8,10 +8,10 @@
 //! network namespace and address, holding one ring per shard. A sender
 //! that finds a peer's inbox writes into the ring of the shard that owns
 //! the destination QP; one that does not sends over UDP. The rings are
-//! bounded multi-producer, single-consumer queues in the style of Dmitry
-//! Vyukov's: a producer claims a slot by advancing the shared `tail`, fills
-//! it, and publishes it by setting the slot's sequence number; the consumer
-//! (the shard) reads in order. Like the rxe driver's mmap'd queues, every
+//! bounded multi-producer, single-consumer queues ([`crate::ring`], where
+//! the model checker runs their protocol): a producer claims a slot by
+//! advancing the shared `tail`, fills it, and publishes it by setting the
+//! slot's sequence number; the consumer (the shard) reads in order. Like the rxe driver's mmap'd queues, every
 //! index and length a peer wrote is checked before use: a peer is another
 //! process, and may be broken.
 //!
@@ -38,6 +38,8 @@ use memmap2::MmapRaw;
 use rustc_hash::FxHashMap;
 use softrnic_transport::{DmaBuffer, MAX_DATAGRAM_LEN, shard_of};
 use softrnic_wire::ROCEV2_UDP_PORT;
+
+use crate::ring::{self, Head, Ring};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SRNICSHM");
 const VERSION: u32 = 1;
@@ -138,6 +140,28 @@ impl Mapping {
     }
 }
 
+/// One shard's ring of a mapped inbox, for the index protocol.
+struct RingView<'a> {
+    mapping: &'a Mapping,
+    shard: usize,
+}
+
+impl Ring for RingView<'_> {
+    type W = AtomicU64;
+
+    fn slots(&self) -> u64 {
+        u64::from(SLOTS)
+    }
+
+    fn tail(&self) -> &AtomicU64 {
+        self.mapping.tail(self.shard)
+    }
+
+    fn seq(&self, pos: u64) -> &AtomicU64 {
+        self.mapping.word64(self.mapping.slot(self.shard, pos) + S_SEQ)
+    }
+}
+
 /// A device's inbox: it creates it, consumes its rings, and removes it.
 pub struct Inbox {
     path: PathBuf,
@@ -233,30 +257,33 @@ impl InboxRing {
     ) -> usize {
         let inbox = self.inbox.clone();
         let m = &inbox.mapping;
+        let ring = RingView { mapping: m, shard: self.shard };
         let mut taken = 0;
         while taken < max {
-            let slot = m.slot(self.shard, self.head);
-            let seq = m.word64(slot + S_SEQ);
-            let published = self.head.wrapping_add(1);
-            match seq.load(Ordering::Acquire) {
-                s if s == published => {}
-                s if s == self.head && m.tail(self.shard).load(Ordering::Acquire) != self.head => {
-                    // Claimed, not yet published. A producer that died
-                    // there would stall the ring forever: give up on the
-                    // slot after a while (a late producer then finds its
-                    // publication refused, and the transport retransmits).
+            match ring::peek(&ring, self.head) {
+                Head::Ready => {}
+                Head::Empty => break,
+                stuck @ (Head::Claimed | Head::Corrupt) => {
+                    // Claimed and not published yet, or written wrong by a
+                    // broken peer. Either would stall the ring forever:
+                    // give up on the slot after a while (a late producer
+                    // then finds its publication refused, and the
+                    // transport retransmits).
                     let since = *self.stuck_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() < ABANDONED_AFTER
-                        || seq.compare_exchange(s, self.recycled(), Ordering::AcqRel, Ordering::Acquire).is_err()
-                    {
+                    if since.elapsed() < ABANDONED_AFTER {
                         break;
+                    }
+                    if stuck == Head::Corrupt {
+                        ring::release(&ring, self.head);
+                    } else if !ring::abandon(&ring, self.head) {
+                        continue; // published after all: read it
                     }
                     *malformed += 1;
                     self.advance();
                     continue;
                 }
-                _ => break,
             }
+            let slot = m.slot(self.shard, self.head);
             let len = m.word32(slot + S_LEN).load(Ordering::Relaxed) as usize;
             let source = read_source(m, slot);
             if len <= MAX_DATAGRAM_LEN.min(buf.len())
@@ -267,17 +294,11 @@ impl InboxRing {
             } else {
                 *malformed += 1;
             }
-            seq.store(self.recycled(), Ordering::Release);
+            ring::release(&ring, self.head);
             self.advance();
             taken += 1;
         }
         taken
-    }
-
-    /// The sequence number that frees the slot at `head` for the producer
-    /// one lap later.
-    fn recycled(&self) -> u64 {
-        self.head.wrapping_add(u64::from(SLOTS))
     }
 
     fn advance(&mut self) {
@@ -402,20 +423,11 @@ impl PeerInbox {
     fn push(&self, source: SocketAddr, datagram: &[u8]) -> Sent {
         let m = &self.mapping;
         let shard = softrnic_transport::dest_qpn(datagram).map_or(0, |qpn| shard_of(qpn, m.shards));
-        let tail = m.tail(shard);
-        let mut pos = tail.load(Ordering::Relaxed);
-        let slot = loop {
-            let slot = m.slot(shard, pos);
-            let seq = m.word64(slot + S_SEQ).load(Ordering::Acquire);
-            match seq.wrapping_sub(pos) as i64 {
-                0 => match tail.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::AcqRel, Ordering::Relaxed) {
-                    Ok(_) => break slot,
-                    Err(now) => pos = now,
-                },
-                lag if lag < 0 => return Sent::Full,
-                _ => pos = tail.load(Ordering::Relaxed),
-            }
+        let ring = RingView { mapping: m, shard };
+        let Some(pos) = ring::claim(&ring) else {
+            return Sent::Full;
         };
+        let slot = m.slot(shard, pos);
         let len = datagram.len().min(MAX_DATAGRAM_LEN);
         m.bytes.write(slot + S_DATA, &datagram[..len]);
         m.word32(slot + S_LEN).store(len as u32, Ordering::Relaxed);
@@ -574,10 +586,21 @@ mod tests {
         let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
         let mut malformed = 0;
         let mut got = Vec::new();
+        let mut got_more = Vec::new();
         ring.receive(8, &mut buf, &mut malformed, &mut |_, d| got.push(d[8]));
         assert_eq!((got.len(), malformed), (0, 1), "the bad entry is dropped; the claimed slot waits");
         std::thread::sleep(ABANDONED_AFTER + Duration::from_millis(5));
         ring.receive(8, &mut buf, &mut malformed, &mut |_, d| got.push(d[8]));
         assert_eq!((got, malformed), (vec![9], 2), "the abandoned slot is given up, then the next datagram");
+        // Slot 3: a sequence number no producer writes.
+        m.word64(m.slot(0, 3) + S_SEQ).store(0xdead, Ordering::Release);
+        m.tail(0).store(4, Ordering::Release);
+        ring.receive(8, &mut buf, &mut malformed, &mut |_, _| {});
+        std::thread::sleep(ABANDONED_AFTER + Duration::from_millis(5));
+        ring.receive(8, &mut buf, &mut malformed, &mut |_, _| {});
+        assert_eq!(malformed, 3, "skipped after a while");
+        assert_eq!(peers.send(source, addr, &datagram(0x11, 10, 64)), Some(Sent::Delivered));
+        ring.receive(8, &mut buf, &mut malformed, &mut |_, d| got_more.push(d[8]));
+        assert_eq!(got_more, vec![10], "the ring goes on");
     }
 }

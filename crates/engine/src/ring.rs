@@ -1,0 +1,225 @@
+//! The index protocol of the shared-memory rings ([`crate::shm`]), apart
+//! from the memory it runs on, so that the model checker (loom) can run
+//! the very code the engine runs: `RUSTFLAGS="--cfg loom" cargo test
+//! --release -p softrnic-engine --lib ring`.
+//!
+//! A bounded multi-producer, single-consumer queue in the style of Dmitry
+//! Vyukov's: slot `i` carries a sequence number that says whose turn it is.
+//! `seq == pos`: free for the producer of position `pos`; `seq == pos + 1`:
+//! published, for the consumer; `seq == pos + slots`: free again, for the
+//! producer one lap later.
+
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+/// A 64-bit atomic word: the std one in shared memory, loom's under the
+/// model checker.
+pub trait Word {
+    fn load(&self, order: std::sync::atomic::Ordering) -> u64;
+    fn store(&self, value: u64, order: std::sync::atomic::Ordering);
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64>;
+}
+
+impl Word for std::sync::atomic::AtomicU64 {
+    fn load(&self, order: std::sync::atomic::Ordering) -> u64 {
+        self.load(order)
+    }
+    fn store(&self, value: u64, order: std::sync::atomic::Ordering) {
+        self.store(value, order)
+    }
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64> {
+        self.compare_exchange(current, new, AcqRel, Acquire)
+    }
+}
+
+/// The words of one ring.
+pub trait Ring {
+    type W: Word;
+    fn slots(&self) -> u64;
+    /// The next position a producer will claim.
+    fn tail(&self) -> &Self::W;
+    /// The sequence number of the slot that holds position `pos`.
+    fn seq(&self, pos: u64) -> &Self::W;
+}
+
+/// A producer claims the next position; `None` if the ring is full.
+pub fn claim<R: Ring>(ring: &R) -> Option<u64> {
+    let mut pos = ring.tail().load(Relaxed);
+    loop {
+        let seq = ring.seq(pos).load(Acquire);
+        match seq.wrapping_sub(pos) as i64 {
+            0 => match ring.tail().compare_exchange(pos, pos.wrapping_add(1)) {
+                Ok(_) => return Some(pos),
+                Err(now) => pos = now,
+            },
+            lag if lag < 0 => return None,
+            _ => pos = ring.tail().load(Relaxed),
+        }
+    }
+}
+
+/// A producer publishes the position it claimed and filled; false if the
+/// consumer gave up on it meanwhile (see [`abandon`]).
+pub fn publish<R: Ring>(ring: &R, pos: u64) -> bool {
+    ring.seq(pos).compare_exchange(pos, pos.wrapping_add(1)).is_ok()
+}
+
+/// What the consumer finds at its position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// Nothing claimed yet.
+    Empty,
+    /// Published: read it, then [`release`] it.
+    Ready,
+    /// Claimed and not published yet.
+    Claimed,
+    /// A sequence number no correct producer writes.
+    Corrupt,
+}
+
+/// The consumer looks at position `head`.
+pub fn peek<R: Ring>(ring: &R, head: u64) -> Head {
+    match ring.seq(head).load(Acquire) {
+        s if s == head.wrapping_add(1) => Head::Ready,
+        s if s == head => {
+            if ring.tail().load(Acquire) == head {
+                Head::Empty
+            } else {
+                Head::Claimed
+            }
+        }
+        _ => Head::Corrupt,
+    }
+}
+
+/// The consumer frees the slot it has read, for the next lap.
+pub fn release<R: Ring>(ring: &R, head: u64) {
+    ring.seq(head).store(head.wrapping_add(ring.slots()), Release);
+}
+
+/// The consumer gives up on a position claimed and never published (its
+/// producer died); true if it did, false if the producer published first.
+pub fn abandon<R: Ring>(ring: &R, head: u64) -> bool {
+    ring.seq(head).compare_exchange(head, head.wrapping_add(ring.slots())).is_ok()
+}
+
+#[cfg(all(test, loom))]
+mod model {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use loom::sync::Arc;
+    use loom::sync::atomic::AtomicU64;
+
+    use super::*;
+
+    impl Word for AtomicU64 {
+        fn load(&self, order: std::sync::atomic::Ordering) -> u64 {
+            AtomicU64::load(self, order)
+        }
+        fn store(&self, value: u64, order: std::sync::atomic::Ordering) {
+            AtomicU64::store(self, value, order)
+        }
+        fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64> {
+            AtomicU64::compare_exchange(self, current, new, AcqRel, Acquire)
+        }
+    }
+
+    /// A ring of two slots, each with one word of data.
+    struct Model {
+        tail: AtomicU64,
+        seq: [AtomicU64; 2],
+        data: [AtomicU64; 2],
+    }
+
+    impl Ring for Model {
+        type W = AtomicU64;
+        fn slots(&self) -> u64 {
+            2
+        }
+        fn tail(&self) -> &AtomicU64 {
+            &self.tail
+        }
+        fn seq(&self, pos: u64) -> &AtomicU64 {
+            &self.seq[(pos % 2) as usize]
+        }
+    }
+
+    fn model() -> Arc<Model> {
+        Arc::new(Model {
+            tail: AtomicU64::new(0),
+            seq: [AtomicU64::new(0), AtomicU64::new(1)],
+            data: [AtomicU64::new(0), AtomicU64::new(0)],
+        })
+    }
+
+    fn push(ring: &Model, value: u64) -> bool {
+        match claim(ring) {
+            Some(pos) => {
+                ring.data[(pos % 2) as usize].store(value, Relaxed);
+                publish(ring, pos)
+            }
+            None => false,
+        }
+    }
+
+    /// Two producers and the consumer at once: every published value is
+    /// read once, with the bytes its producer wrote, and nothing else.
+    #[test]
+    fn two_producers_one_consumer() {
+        loom::model(|| {
+            let ring = model();
+            let producers: Vec<_> = [7u64, 9]
+                .into_iter()
+                .map(|value| {
+                    let ring = ring.clone();
+                    loom::thread::spawn(move || push(&ring, value))
+                })
+                .collect();
+            let mut head = 0;
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                if peek(&*ring, head) == Head::Ready {
+                    got.push(ring.data[(head % 2) as usize].load(Relaxed));
+                    release(&*ring, head);
+                    head += 1;
+                }
+            }
+            let pushed = producers.into_iter().map(|p| p.join().unwrap()).filter(|&ok| ok).count();
+            while peek(&*ring, head) == Head::Ready {
+                got.push(ring.data[(head % 2) as usize].load(Relaxed));
+                release(&*ring, head);
+                head += 1;
+            }
+            got.sort();
+            assert_eq!(pushed, 2, "two slots hold two datagrams");
+            assert_eq!(got, vec![7, 9]);
+        });
+    }
+
+    /// A consumer giving up on a claimed slot races its late producer:
+    /// exactly one of them wins, and the ring stays usable.
+    #[test]
+    fn abandoning_races_publishing() {
+        loom::model(|| {
+            let ring = model();
+            let pos = claim(&*ring).expect("room");
+            let producer = {
+                let ring = ring.clone();
+                loom::thread::spawn(move || {
+                    ring.data[0].store(5, Relaxed);
+                    publish(&*ring, pos)
+                })
+            };
+            let abandoned = peek(&*ring, 0) == Head::Claimed && abandon(&*ring, 0);
+            let published = producer.join().unwrap();
+            assert!(abandoned ^ published, "abandoned {abandoned}, published {published}");
+            if published {
+                assert_eq!(peek(&*ring, 0), Head::Ready);
+                assert_eq!(ring.data[0].load(Relaxed), 5);
+                release(&*ring, 0);
+            }
+            // The next lap's producer gets the slot either way.
+            assert!(push(&ring, 6));
+            assert!(push(&ring, 8));
+        });
+    }
+}
