@@ -11,6 +11,7 @@ use softrnic_transport::{AsyncEvent, CqId, SrqId, TransportConfig};
 
 use crate::abi::*;
 use crate::acks::Reported;
+use crate::c_view::CView;
 use crate::cq::Cq;
 use crate::device::{SoftDevice, device};
 use crate::ffi::{copy_c_string, refuse, refuse_null, set_errno};
@@ -33,7 +34,7 @@ pub struct Objects {
 /// What `ibv_open_device` returns a pointer into (`vctx.context`).
 #[repr(C)]
 pub struct Context {
-    pub vctx: verbs_context,
+    pub vctx: CView<verbs_context>,
     pub nic: Nic,
     pub device: &'static SoftDevice,
     pub objects: Mutex<Objects>,
@@ -47,11 +48,12 @@ impl Context {
     pub unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> &'a Context {
         // SAFETY: every `ibv_context` softrnic hands out is the
         // `vctx.context` field of a boxed `Context` (caller's promise).
-        unsafe { &*(ctx.byte_sub(offset_of!(Context, vctx.context)) as *const Context) }
+        unsafe { &*(ctx.byte_sub(offset_of!(Context, vctx) + offset_of!(verbs_context, context)) as *const Context) }
     }
 
     pub fn ibv(&self) -> *mut ibv_context {
-        &self.vctx.context as *const ibv_context as *mut ibv_context
+        // SAFETY: a projection into our own allocation; no reference is made.
+        unsafe { &raw mut (*self.vctx.get()).context }
     }
 
     pub fn objects(&self) -> std::sync::MutexGuard<'_, Objects> {
@@ -111,10 +113,13 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
                 return refuse_null("ibv_open_device", errno, why);
             }
         };
-        let ctx = Box::new(Context { vctx: extended_ops(), nic, device, objects: Mutex::default() });
+        let ctx = Box::new(Context { vctx: CView::new(extended_ops()), nic, device, objects: Mutex::default() });
         let ctx = Box::leak(ctx);
-        ctx.vctx.context.device = ibv_device;
-        ctx.vctx.context.async_fd = std::os::fd::AsRawFd::as_raw_fd(&**ctx.nic.async_events());
+        // SAFETY: the context is ours alone until returned.
+        unsafe {
+            (*ctx.ibv()).device = ibv_device;
+            (*ctx.ibv()).async_fd = std::os::fd::AsRawFd::as_raw_fd(&**ctx.nic.async_events());
+        }
         ctx.ibv()
     })
 }
