@@ -12,6 +12,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use softrnic_transport::MAX_DATAGRAM_LEN;
 
@@ -128,6 +129,14 @@ impl Datapath for Udp {
     }
 }
 
+/// While UDP carries traffic (it did within this long), every receive also
+/// looks at the socket.
+const UDP_BUSY: Duration = Duration::from_secs(1);
+/// Otherwise the socket is looked at this often: an empty `recvmmsg` per
+/// poll is a system call, and it cost a ping-pong over shared memory half
+/// its speed (4.6 against 2.2 µs).
+const UDP_IDLE_POLL: Duration = Duration::from_micros(20);
+
 /// Shared memory for local peers, UDP for the rest.
 pub struct SharedMemory {
     udp: Udp,
@@ -138,6 +147,10 @@ pub struct SharedMemory {
     /// writing the slot, so it is never handled in place).
     buf: Box<[u8]>,
     malformed: u64,
+    /// Until when UDP counts as carrying traffic.
+    udp_busy_until: Instant,
+    /// When an idle socket is next looked at.
+    udp_next_look: Instant,
 }
 
 impl SharedMemory {
@@ -148,6 +161,8 @@ impl SharedMemory {
             peers: Peers::default(),
             buf: vec![0u8; MAX_DATAGRAM_LEN].into_boxed_slice(),
             malformed: 0,
+            udp_busy_until: Instant::now(),
+            udp_next_look: Instant::now(),
         }
     }
 }
@@ -174,7 +189,10 @@ impl Datapath for SharedMemory {
                 Some(Sent::Full) => {}
             }
         }
-        taken += self.udp.send(&remote[..n_remote]);
+        if n_remote > 0 {
+            self.udp_busy_until = Instant::now() + UDP_BUSY;
+            taken += self.udp.send(&remote[..n_remote]);
+        }
         for &(shard, ip) in &wakes[..n_wakes] {
             let wake = shm::wake_up(shard);
             self.udp.send(&[(shm::wake_address(ip), &wake[..])]);
@@ -184,7 +202,16 @@ impl Datapath for SharedMemory {
 
     fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, &[u8])) -> usize {
         let from_ring = self.inbox.receive(BATCH, &mut self.buf, &mut self.malformed, deliver);
-        from_ring + self.udp.receive(deliver)
+        let now = Instant::now();
+        if now >= self.udp_busy_until && now < self.udp_next_look {
+            return from_ring;
+        }
+        self.udp_next_look = now + UDP_IDLE_POLL;
+        let from_socket = self.udp.receive(deliver);
+        if from_socket > 0 {
+            self.udp_busy_until = now + UDP_BUSY;
+        }
+        from_ring + from_socket
     }
 
     fn prepare_to_sleep(&mut self) -> bool {
@@ -193,6 +220,8 @@ impl Datapath for SharedMemory {
 
     fn awake(&mut self) {
         self.inbox.awake();
+        // Whatever woke the thread is to be read now.
+        self.udp_next_look = Instant::now();
     }
 
     fn receive_drops(&self) -> u64 {

@@ -273,6 +273,21 @@ fn hostile(datapath: DatapathKind, faults: FaultConfig) {
     assert!(a.rx_missteered + b.rx_missteered <= a.injected_tx.corrupted + b.injected_tx.corrupted);
 }
 
+/// A device with an inbox and one without: they talk over UDP both ways,
+/// and the first has to notice datagrams on its socket although it also
+/// watches its rings.
+#[test]
+fn a_shared_memory_device_talks_udp_to_one_without() {
+    let (addr_a, addr_b) = addresses();
+    let a = open(addr_a, 2, false, FaultConfig::default(), DatapathKind::Shm);
+    let b = open(addr_b, 2, false, FaultConfig::default(), DatapathKind::Udp);
+    let options = ConnectOptions::default();
+    // B sends first (SENDs to A are in every round), then both ways.
+    run_lane(&lane(&b, &a, 2, &options), 0, 12);
+    run_lane(&lane(&a, &b, 2, &options), 1, 12);
+    assert_undisturbed(&[a.counters(), b.counters()]);
+}
+
 /// QPs created and destroyed on every shard while other QPs carry traffic:
 /// the traffic is undisturbed and nothing leaks or hangs.
 #[test]
