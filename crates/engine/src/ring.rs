@@ -41,10 +41,16 @@ pub trait Ring {
     fn seq(&self, pos: u64) -> &Self::W;
 }
 
-/// A producer claims the next position; `None` if the ring is full.
+/// How often a producer tries to claim before calling the ring full: other
+/// producers win a few races at most, and a consumer whose ring is broken
+/// (another process wrote it wrong) must not keep a sender spinning.
+const CLAIM_ATTEMPTS: usize = 1024;
+
+/// A producer claims the next position; `None` if the ring is full (or
+/// too broken to use).
 pub fn claim<R: Ring>(ring: &R) -> Option<u64> {
     let mut pos = ring.tail().load(Relaxed);
-    loop {
+    for _ in 0..CLAIM_ATTEMPTS {
         let seq = ring.seq(pos).load(Acquire);
         match seq.wrapping_sub(pos) as i64 {
             0 => match ring.tail().compare_exchange(pos, pos.wrapping_add(1)) {
@@ -55,6 +61,7 @@ pub fn claim<R: Ring>(ring: &R) -> Option<u64> {
             _ => pos = ring.tail().load(Relaxed),
         }
     }
+    None
 }
 
 /// A producer publishes the position it claimed and filled; false if the

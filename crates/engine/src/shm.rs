@@ -433,9 +433,7 @@ impl PeerInbox {
         m.word32(slot + S_LEN).store(len as u32, Ordering::Relaxed);
         write_source(m, slot, source);
         // Refused only if the consumer gave the slot up meanwhile.
-        let published =
-            m.word64(slot + S_SEQ).compare_exchange(pos, pos.wrapping_add(1), Ordering::AcqRel, Ordering::Relaxed);
-        if published.is_err() {
+        if !ring::publish(&ring, pos) {
             return Sent::Full;
         }
         if m.sleeping(shard).load(Ordering::SeqCst) == 1 && m.sleeping(shard).swap(0, Ordering::SeqCst) == 1 {
@@ -529,6 +527,19 @@ mod tests {
         assert_eq!(peers.send(source, "127.0.9.3".parse().unwrap(), &datagram(0x11, 0, 20)), None, "no inbox");
         drop(inbox);
         assert_eq!(peers.send(source, addr, &datagram(0x11, 0, 20)), None, "a closed inbox is not used");
+    }
+
+    #[test]
+    fn a_broken_peer_ring_does_not_keep_a_sender_spinning() {
+        let addr: IpAddr = "127.0.9.10".parse().unwrap();
+        let inbox = Inbox::create(addr, 1).unwrap();
+        let m = &inbox.mapping;
+        // Every sequence number ahead of the tail: no slot is ever free.
+        for pos in 0..u64::from(SLOTS) {
+            m.word64(m.slot(0, pos) + S_SEQ).store(pos + 7, Ordering::Relaxed);
+        }
+        let source: SocketAddr = "127.0.9.11:4791".parse().unwrap();
+        assert_eq!(Peers::default().send(source, addr, &datagram(0x11, 0, 20)), Some(Sent::Full));
     }
 
     #[test]
