@@ -15,7 +15,8 @@ softrnic runs over its UDP datapath there. Other modes:
               transport (UCX_TLS=posix), and the E1 latency against
               Soft-RoCE's published 24.07 us;
   --scaling   the E2 shape: 8 QPs, 64 B and 64 KiB, engine threads 1, 2,
-              4 and 8 (on a machine with the cores to show it);
+              4 and 8, inline and dedicated progress (on a machine with
+              the cores to show it);
   --perftest  Debian's perftest over softrnic's drop-in libibverbs.so.1
               beside `softrnic bench` on the same tests.
 
@@ -36,7 +37,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOFTRNIC = os.path.join(ROOT, "target", "release", "softrnic")
+# SOFTRNIC_BIN runs a binary built elsewhere (on a machine without cargo).
+SOFTRNIC = os.environ.get("SOFTRNIC_BIN") or os.path.join(ROOT, "target", "release", "softrnic")
 PEERS = {"sockperf": "sockperf", "iperf3": "iperf3", "ucx_perftest": "ucx-utils"}
 
 
@@ -170,23 +172,26 @@ def shm_main(a, extra):
 
 
 def scaling_main(a, extra):
-    """The E2 shape: 8 QPs, engine threads 1, 2, 4, 8."""
+    """The E2 shape: 8 QPs, engine threads 1, 2, 4, 8, each progress mode."""
     threads = [1, 2, 4, 8]
-    r = {(t, k): [] for t in threads for k in ["rate", "bw"]}
+    modes = ["inline", "dedicated"]
+    r = {(m, t, k): [] for m in modes for t in threads for k in ["rate", "bw"]}
     for run in range(a.runs):
         print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
-        for t in threads:
-            common = ["-q", "8", "--engine-threads", str(t), "--datapath", a.datapath, "-D", "3"]
-            r[(t, "rate")].append(softrnic("send_bw", 64, common)["msg_rate_mpps"] * 1e6)
-            r[(t, "bw")].append(softrnic("write_bw", 65536, common)["bw_avg_gbps"])
-    ratio = lambda t, k: median([x / y for x, y in zip(r[(t, k)], r[(1, k)])])
+        for m in modes:
+            for t in threads:
+                common = ["-q", "8", "--engine-threads", str(t), "--datapath", a.datapath, "--progress", m, "-D", "3"]
+                r[(m, t, "rate")].append(softrnic("send_bw", 64, common)["msg_rate_mpps"] * 1e6)
+                r[(m, t, "bw")].append(softrnic("write_bw", 65536, common)["bw_avg_gbps"])
+    ratio = lambda m, t, k: median([x / y for x, y in zip(r[(m, t, k)], r[(m, 1, k)])])
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, 8 QPs, {a.datapath} datapath:\n")
-    print("| engine threads | 64 B send_bw | × 1 thread | 64 KiB write_bw | × 1 thread |")
-    print("| --- | --- | --- | --- | --- |")
-    for t in threads:
-        rate, bw = median(r[(t, "rate")]), median(r[(t, "bw")])
-        print(f"| {t} | {rate / 1e6:.3f} M/s | {ratio(t, 'rate'):.2f}× | {bw:.2f} Gb/s | {ratio(t, 'bw'):.2f}× |")
-    print("\nAll runs:", json.dumps({f"{t}-{k}": [round(x, 3) for x in v] for (t, k), v in r.items()}))
+    print("| progress | engine threads | 64 B send_bw | × 1 thread | 64 KiB write_bw | × 1 thread |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for m in modes:
+        for t in threads:
+            rate, bw = median(r[(m, t, "rate")]), median(r[(m, t, "bw")])
+            print(f"| {m} | {t} | {rate / 1e6:.3f} M/s | {ratio(m, t, 'rate'):.2f}× | {bw:.2f} Gb/s | {ratio(m, t, 'bw'):.2f}× |")
+    print("\nAll runs:", json.dumps({f"{m}-{t}-{k}": [round(x, 3) for x in v] for (m, t, k), v in r.items()}))
 
 
 def median(xs):
@@ -202,7 +207,8 @@ def main():
     parser.add_argument("--scaling", action="store_true", help="8 QPs over 1, 2, 4 and 8 engine threads")
     parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
     a = parser.parse_args()
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "softrnic-cli"], cwd=ROOT, check=True)
+    if "SOFTRNIC_BIN" not in os.environ:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "softrnic-cli"], cwd=ROOT, check=True)
     extra = ["--engine-threads", str(a.engine_threads)]
     if a.shm:
         return shm_main(a, extra)

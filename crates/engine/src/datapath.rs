@@ -19,8 +19,8 @@ use softrnic_transport::MAX_DATAGRAM_LEN;
 use crate::shm::{self, InboxRing, Peers, Sent};
 use crate::socket::{BATCH, RecvBatch, RoceSocket};
 
-/// How a shard moves datagrams. Called with the shard's lock held, so one
-/// thread at a time.
+/// How a shard moves datagrams. Called with the shard's wire lock held, so
+/// one thread at a time.
 pub trait Datapath: Send {
     /// Sends `packets` (at most [`BATCH`]), as many as the wire takes;
     /// returns how many it took. What it refuses is lost, as on a full

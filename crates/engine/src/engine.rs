@@ -15,10 +15,11 @@
 //! timers and a socket; the kernel steers every datagram to the socket of
 //! the shard that owns its destination QP. A shard is driven by its engine
 //! thread or by an application thread that posts or polls, one at a time
-//! under the shard's own lock: no lock is shared by all QPs on the data
+//! under the shard's own locks: no lock is shared by all QPs on the data
 //! path, and each QP's packets stay in order by construction. Completion
 //! queues and SRQs may be shared by QPs of several shards; each has its own
-//! lock. How progress is made is [`progress`](crate::progress).
+//! lock. How progress is made, inline or on dedicated engine cores, is
+//! [`progress`](crate::progress).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -38,7 +39,7 @@ use softrnic_transport::{
 use crate::datapath::{Datapath, DatapathKind, SharedMemory, Udp};
 use crate::event_queue::EventQueue;
 use crate::faults::{FaultConfig, FaultStats};
-use crate::progress::{self, Pass};
+use crate::progress::{self, Pass, ProgressMode};
 use crate::shard::{EngineShard, PassContext, ShardState};
 use crate::shm::Inbox;
 use crate::socket::{BindError, RoceSocket};
@@ -74,6 +75,8 @@ pub struct EngineConfig {
     pub spin: Duration,
     /// The wire for peers on this host.
     pub datapath: DatapathKind,
+    /// Who drives the shards.
+    pub progress: ProgressMode,
 }
 
 impl EngineConfig {
@@ -88,6 +91,7 @@ impl EngineConfig {
             transport: TransportConfig::default(),
             spin: Duration::from_micros(50),
             datapath: DatapathKind::Auto,
+            progress: ProgressMode::Auto,
         }
     }
 
@@ -99,10 +103,15 @@ impl EngineConfig {
         self
     }
 
-    /// [`EngineConfig::new`] with the engine threads `SOFTRNIC_ENGINE_THREADS`
-    /// and the datapath `SOFTRNIC_DATAPATH` ask for, if set.
+    /// [`EngineConfig::new`] with the engine threads `SOFTRNIC_ENGINE_THREADS`,
+    /// the datapath `SOFTRNIC_DATAPATH` and the progress `SOFTRNIC_PROGRESS`
+    /// ask for, if set.
     pub fn from_env(addr: IpAddr) -> std::result::Result<EngineConfig, String> {
-        let config = EngineConfig { datapath: DatapathKind::from_env()?, ..EngineConfig::new(addr) };
+        let config = EngineConfig {
+            datapath: DatapathKind::from_env()?,
+            progress: ProgressMode::from_env()?,
+            ..EngineConfig::new(addr)
+        };
         match std::env::var("SOFTRNIC_ENGINE_THREADS") {
             Err(_) => Ok(config),
             Ok(text) => match text.parse::<usize>() {
@@ -116,6 +125,12 @@ impl EngineConfig {
 
     fn shards(&self) -> usize {
         self.engine_threads.max(1)
+    }
+
+    /// Whether this device's engine threads get dedicated progress.
+    fn dedicated(&self) -> bool {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.progress.is_dedicated(self.roles().len(), cores)
     }
 
     fn roles(&self) -> Vec<(usize, Role)> {
@@ -167,6 +182,9 @@ pub(crate) struct Core {
     pub(crate) shards: Box<[EngineShard]>,
     /// Whether peers on this host reach the device through shared memory.
     shared_memory: bool,
+    /// Whether engine threads poll the shards (dedicated progress) rather
+    /// than the application's posts and polls (inline).
+    pub(crate) dedicated: bool,
     /// Where the next QP goes (round robin over shards).
     next_shard: AtomicUsize,
     epoch: std::time::Instant,
@@ -229,6 +247,7 @@ impl Nic {
             control: Mutex::new(control),
             shards,
             shared_memory: inbox.is_some(),
+            dedicated: config.dedicated(),
             next_shard: AtomicUsize::new(0),
             epoch,
             stop: AtomicBool::new(false),
@@ -266,6 +285,12 @@ impl Nic {
 
     pub fn engine_threads(&self) -> usize {
         self.threads.len()
+    }
+
+    /// How the shards make progress: [`ProgressMode::Dedicated`] or
+    /// [`ProgressMode::Inline`].
+    pub fn progress_mode(&self) -> ProgressMode {
+        if self.core.dedicated { ProgressMode::Dedicated } else { ProgressMode::Inline }
     }
 
     /// Whether peers on this host reach the device through shared memory
@@ -383,8 +408,7 @@ impl Nic {
     /// into a QP that is gone. Its outstanding requests vanish.
     pub fn destroy_qp(&self, qpn: u32) -> Result<()> {
         let shard = self.core.shard(qpn);
-        let guard = shard.lock();
-        self.core.drive(shard, guard, Pass::TRANSMIT);
+        self.core.drive(shard, shard.lock_wire(), Pass::TRANSMIT);
         let qp = shard.lock().transport.remove_qp(qpn)?;
         self.core.control(|c| c.destroy_qp(qp))
     }
@@ -422,7 +446,8 @@ impl Nic {
 
     /// Posts a receive request. It sends nothing, so it rings no doorbell:
     /// an ACK the last poll owes waits for the next send and leaves in the
-    /// same system call (a ping-pong posts its receive, then its send).
+    /// same system call (a ping-pong posts its receive, then its send), or
+    /// with the engine thread's next pass.
     pub fn post_recv(&self, qpn: u32, wr: RecvWorkRequest) -> Result<()> {
         let now = self.now();
         self.core.shard(qpn).lock().transport.post_recv(now, qpn, wr)
@@ -431,9 +456,8 @@ impl Nic {
     /// Runs `f` on the shard that owns `qpn`, then rings the doorbell.
     fn with_qp<T>(&self, qpn: u32, f: impl FnOnce(&mut Shard, Instant) -> Result<T>) -> Result<T> {
         let shard = self.core.shard(qpn);
-        let mut guard = shard.lock();
-        let out = f(&mut guard.transport, self.now());
-        self.core.ring_doorbell(shard, guard);
+        let out = f(&mut shard.lock().transport, self.now());
+        self.core.ring_doorbell(shard);
         out
     }
 
@@ -474,7 +498,8 @@ impl SendQueue<'_> {
 impl Drop for SendQueue<'_> {
     fn drop(&mut self) {
         if let Some(guard) = self.guard.take() {
-            self.core.ring_doorbell(self.shard, guard);
+            drop(guard);
+            self.core.ring_doorbell(self.shard);
         }
     }
 }
@@ -484,7 +509,7 @@ impl Drop for Nic {
         // ACKs that a last poll owed leave now: the peer must not retry
         // into a device that is gone.
         for shard in self.core.shards.iter() {
-            self.core.drive(shard, shard.lock(), Pass::TRANSMIT);
+            self.core.drive(shard, shard.lock_wire(), Pass::TRANSMIT);
         }
         self.core.stop.store(true, Ordering::SeqCst);
         for shard in self.core.shards.iter() {
@@ -525,9 +550,9 @@ impl Core {
         out
     }
 
-    pub(crate) fn pass_context(&self) -> PassContext<'_> {
+    pub(crate) fn pass_context(&self, now: Instant) -> PassContext<'_> {
         PassContext {
-            now: self.now(),
+            now,
             shards: self.shards.len(),
             tracer: self.tracer.as_ref(),
             tx_dropped_by_kernel: &self.tx_dropped_by_kernel,
@@ -563,9 +588,9 @@ impl Core {
         for shard in self.shards.iter() {
             out.transport += shard.lock().transport.counters();
             {
-                let state = shard.lock();
-                out.rx_dropped_by_kernel += state.wire.receive_drops();
-                out.rx_ring_malformed += state.wire.malformed();
+                let wire = shard.lock_wire();
+                out.rx_dropped_by_kernel += wire.receive_drops();
+                out.rx_ring_malformed += wire.malformed();
             }
             let (tx, rx) = shard.fault_stats();
             out.injected_tx += tx;

@@ -21,4 +21,5 @@ pub use engine::{EngineConfig, MAX_SHARDS, Nic, NicCounters, OpenError, Role, Se
 pub use event_queue::EventQueue;
 pub use eventfd::EventFd;
 pub use faults::{FaultConfig, FaultStats};
+pub use progress::ProgressMode;
 pub use socket::BindError;

@@ -2,6 +2,10 @@
 //! and nowhere else; the Rust API and the C library only call
 //! [`Nic::poll_cq`](crate::Nic::poll_cq) and post.
 //!
+//! There are two policies ([`ProgressMode`]), for machines with cores to
+//! spare and machines without.
+//!
+//! **Inline** (few cores: a core shared is a core lost):
 //! - **Posting rings the doorbell**: the posting thread sends what the
 //!   post produced, at once.
 //! - **Polling a CQ that holds nothing drives the shards that feed it**:
@@ -24,17 +28,90 @@
 //!   back to [`STANDBY_MAX`]: on a two-core VM a context switch costs about
 //!   as much as a 64-byte message, and an engine thread that looked every
 //!   50 µs halved the message rate (measured in BENCHMARKS.md).
+//!
+//! Inline progress cannot scale: one application thread posting to QPs
+//! on eight shards does all eight shards' work itself.
+//!
+//! **Dedicated** (a core for each engine thread, as a NIC has its own):
+//! - **Posting only queues the work request** and sets the shard's
+//!   doorbell; it makes a system call only to wake an engine thread that
+//!   went to sleep.
+//! - **Polling a CQ only reads it.**
+//! - **Each engine thread polls its shard**: receive, then transmit when
+//!   the doorbell rang, something arrived or a timer is due. After
+//!   [`DEDICATED_IDLE`] without work it sleeps in `poll(2)` until a
+//!   datagram, a doorbell or its next timer (io_uring's `SQPOLL` thread
+//!   does the same).
+//!
+//! `auto` picks dedicated progress when the machine has at least two cores
+//! per engine thread and two more (room for a peer's engine and for the
+//! applications), inline otherwise.
 
 use std::cell::RefCell;
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use softrnic_transport::{Completion, CompletionQueue};
+use softrnic_transport::{Completion, CompletionQueue, Instant};
 
 use crate::engine::{Core, Role};
 use crate::eventfd::wait_readable;
-use crate::shard::{Aftermath, EngineShard, ShardState};
+use crate::shard::{Aftermath, EngineShard, Wire};
+
+/// Who drives the shards: see the module's documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// Dedicated when the machine has the cores for it, else inline.
+    Auto,
+    /// The application's posts and polls drive the shards; engine threads
+    /// cover the rest.
+    Inline,
+    /// Engine threads poll their shards; the application only queues work
+    /// and reads completions.
+    Dedicated,
+}
+
+impl ProgressMode {
+    /// `auto`, `inline` or `dedicated`.
+    pub fn parse(text: &str) -> Result<ProgressMode, String> {
+        match text {
+            "auto" => Ok(ProgressMode::Auto),
+            "inline" => Ok(ProgressMode::Inline),
+            "dedicated" => Ok(ProgressMode::Dedicated),
+            other => Err(format!("`{other}` is not a progress mode; give auto, inline or dedicated")),
+        }
+    }
+
+    /// `SOFTRNIC_PROGRESS`, `auto` when unset.
+    pub fn from_env() -> Result<ProgressMode, String> {
+        match std::env::var("SOFTRNIC_PROGRESS") {
+            Err(_) => Ok(ProgressMode::Auto),
+            Ok(text) => ProgressMode::parse(&text).map_err(|e| format!("SOFTRNIC_PROGRESS: {e}")),
+        }
+    }
+
+    /// Whether a device with `threads` engine threads on a machine with
+    /// `cores` cores gets dedicated progress. A device without engine
+    /// threads has only the application to drive it.
+    pub fn is_dedicated(self, threads: usize, cores: usize) -> bool {
+        match self {
+            _ if threads == 0 => false,
+            ProgressMode::Inline => false,
+            ProgressMode::Dedicated => true,
+            ProgressMode::Auto => cores >= 2 * threads + 2,
+        }
+    }
+}
+
+impl std::fmt::Display for ProgressMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ProgressMode::Auto => "auto",
+            ProgressMode::Inline => "inline",
+            ProgressMode::Dedicated => "dedicated",
+        })
+    }
+}
 
 /// How often a poll that found nothing runs the transmit pass (timers,
 /// deferred ACKs).
@@ -50,6 +127,10 @@ const LATENCY_WORK: usize = 4;
 const APPLICATION_AWAY: Duration = Duration::from_millis(20);
 /// The longest a blocked engine thread sleeps without looking around.
 const MAX_SLEEP: Duration = Duration::from_millis(20);
+/// How long a dedicated engine thread polls an idle shard before it
+/// sleeps: long enough to bridge the gaps of a busy application, short
+/// enough that an idle device costs no core.
+pub const DEDICATED_IDLE: Duration = Duration::from_millis(1);
 
 /// What a pass over a shard does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,17 +153,23 @@ impl Core {
     /// One pass over `shard` by the thread holding `guard`; returns how many
     /// datagrams moved. What the pass raised is delivered after the lock is
     /// released.
-    pub(crate) fn drive(&self, shard: &EngineShard, mut guard: MutexGuard<'_, ShardState>, pass: Pass) -> usize {
+    pub(crate) fn drive(&self, shard: &EngineShard, wire: MutexGuard<'_, Wire>, pass: Pass) -> usize {
+        self.drive_at(shard, wire, pass, self.now())
+    }
+
+    /// [`Core::drive`] at NIC time `now`, for a caller that has read the
+    /// clock already (a read costs as much as an empty pass on a VM).
+    fn drive_at(&self, shard: &EngineShard, mut wire: MutexGuard<'_, Wire>, pass: Pass, now: Instant) -> usize {
         AFTERMATH.with_borrow_mut(|after| {
-            let context = self.pass_context();
+            let context = self.pass_context(now);
             let mut moved = 0;
             if pass.receive {
-                moved += shard.receive(&mut guard, &context, after);
+                moved += shard.receive(wire.as_mut(), &context, after);
             }
             if pass.transmit {
-                moved += shard.transmit(&mut guard, &context, after);
+                moved += shard.transmit(wire.as_mut(), &context, after);
             }
-            drop(guard);
+            drop(wire);
             if !after.is_empty() {
                 self.settle(after);
             }
@@ -120,16 +207,25 @@ impl Core {
         }
     }
 
-    /// The doorbell: sends what a post produced from the posting thread,
-    /// and wakes the shard's sender thread (timers may have moved).
-    pub(crate) fn ring_doorbell(&self, shard: &EngineShard, guard: MutexGuard<'_, ShardState>) {
-        self.drive(shard, guard, Pass::TRANSMIT);
+    /// The doorbell, rung after a post (with the state lock released).
+    /// Inline, the posting thread sends what the post produced; dedicated,
+    /// the shard's engine thread will. Either way a sleeping engine thread
+    /// wakes (timers may have moved).
+    pub(crate) fn ring_doorbell(&self, shard: &EngineShard) {
+        if self.dedicated {
+            shard.doorbell.store(true, Ordering::SeqCst);
+        } else {
+            self.drive(shard, shard.lock_wire(), Pass::TRANSMIT);
+        }
         shard.ring();
     }
 
-    /// `ibv_poll_cq`: completions ready, or else progress on the shards
-    /// whose QPs feed `cq`, then a second look.
+    /// `ibv_poll_cq`: completions ready, or else (inline) progress on the
+    /// shards whose QPs feed `cq`, then a second look.
     pub(crate) fn poll_cq(&self, cq: &CompletionQueue, max: usize, out: &mut Vec<Completion>) -> usize {
+        if self.dedicated {
+            return cq.poll(max, out);
+        }
         let feeders = cq.shards();
         for shard in self.shards_in(feeders) {
             shard.app_polls.fetch_add(1, Ordering::Relaxed);
@@ -140,8 +236,8 @@ impl Core {
         }
         let mut received = 0;
         for shard in self.shards_in(feeders) {
-            // A shard another thread holds is making progress already.
-            if let Some(guard) = shard.try_lock() {
+            // A shard another thread drives is making progress already.
+            if let Some(guard) = shard.try_lock_wire() {
                 received += self.drive(shard, guard, Pass::RECEIVE);
             }
         }
@@ -167,14 +263,14 @@ impl Core {
             return;
         }
         shard.idle_transmit_at.store(now, Ordering::Relaxed);
-        if let Some(guard) = shard.try_lock() {
+        if let Some(guard) = shard.try_lock_wire() {
             self.drive(shard, guard, Pass::TRANSMIT);
         }
     }
 
     /// Receives, handles and sends on every shard from the caller's thread.
     pub(crate) fn progress_all(&self) -> usize {
-        self.shards.iter().map(|shard| self.drive(shard, shard.lock(), Pass::BOTH)).sum()
+        self.shards.iter().map(|shard| self.drive(shard, shard.lock_wire(), Pass::BOTH)).sum()
     }
 
     fn shards_in(&self, mask: u64) -> impl Iterator<Item = &EngineShard> {
@@ -184,10 +280,15 @@ impl Core {
     }
 }
 
-/// An engine thread's life: stand by while the application drives the
-/// shard, drive it when the application does not.
+/// An engine thread's life, by the device's progress mode.
 pub(crate) fn run(core: &Core, index: usize, role: Role, spin: Duration) {
     set_timer_slack(Duration::from_micros(1));
+    if core.dedicated { run_dedicated(core, index, role) } else { run_inline(core, index, role, spin) }
+}
+
+/// Inline progress: stand by while the application drives the shard,
+/// drive it when the application does not.
+fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
     let shard = &core.shards[index];
     let pass = match role {
         Role::Both => Pass::BOTH,
@@ -198,7 +299,6 @@ pub(crate) fn run(core: &Core, index: usize, role: Role, spin: Duration) {
         Role::Rx => &shard.rx_waker,
         Role::Both | Role::Tx => &shard.tx_waker,
     };
-    let socket = shard.socket().fd();
     let waker = std::os::fd::AsRawFd::as_raw_fd(own_waker);
     let mut seen_polls = shard.app_polls.load(Ordering::Relaxed);
     let mut standby = STANDBY_MAX;
@@ -219,7 +319,7 @@ pub(crate) fn run(core: &Core, index: usize, role: Role, spin: Duration) {
         }
         let took_over = driving_since.is_none();
         let driving = *driving_since.get_or_insert_with(std::time::Instant::now);
-        let moved = core.drive(shard, shard.lock(), pass);
+        let moved = core.drive(shard, shard.lock_wire(), pass);
         if took_over {
             standby = if (1..=LATENCY_WORK).contains(&moved) {
                 // A packet or two the application left while it did not
@@ -253,22 +353,81 @@ pub(crate) fn run(core: &Core, index: usize, role: Role, spin: Duration) {
             Role::Rx => MAX_SLEEP,
             Role::Both | Role::Tx => core.until_deadline(shard).min(MAX_SLEEP),
         };
-        shard.sleepers.fetch_add(1, Ordering::SeqCst);
-        let _ = match role {
-            Role::Tx => wait_readable(&[waker], timeout),
-            Role::Both | Role::Rx => {
-                // Shared-memory peers must know to ring the socket.
-                if shard.lock().wire.prepare_to_sleep() {
-                    let _ = wait_readable(&[socket, waker], timeout);
-                }
-                shard.lock().wire.awake();
-                Ok(())
-            }
-        };
-        shard.sleepers.fetch_sub(1, Ordering::SeqCst);
-        own_waker.drain();
+        sleep(shard, role, timeout);
         idle_since = None;
     }
+}
+
+/// Dedicated progress: poll the shard; sleep only after
+/// [`DEDICATED_IDLE`] without work.
+fn run_dedicated(core: &Core, index: usize, role: Role) {
+    let shard = &core.shards[index];
+    let mut idle_since: Option<Instant> = None;
+    while !core.stopping() {
+        let now = core.now();
+        let mut moved = 0;
+        if role != Role::Tx {
+            let received = core.drive_at(shard, shard.lock_wire(), Pass::RECEIVE, now);
+            if received > 0 && role == Role::Rx {
+                // Handling may have produced answers for the sender thread.
+                shard.doorbell.store(true, Ordering::SeqCst);
+                shard.ring();
+            }
+            moved += received;
+        }
+        if role != Role::Rx {
+            let rang = shard.doorbell.swap(false, Ordering::SeqCst);
+            if rang || moved > 0 || shard.timer_due(now) {
+                moved += core.drive_at(shard, shard.lock_wire(), Pass::TRANSMIT, now);
+            }
+        }
+        if moved > 0 {
+            idle_since = None;
+            continue;
+        }
+        let idle = now.as_nanos() - idle_since.get_or_insert(now).as_nanos();
+        if idle < DEDICATED_IDLE.as_nanos() as u64 {
+            std::hint::spin_loop();
+            continue;
+        }
+        core.publish_counters(false);
+        let timeout = match role {
+            Role::Rx => MAX_SLEEP,
+            Role::Both | Role::Tx => core.until_deadline(shard).min(MAX_SLEEP),
+        };
+        sleep(shard, role, timeout);
+        idle_since = None;
+    }
+}
+
+/// Blocks an engine thread until a datagram arrives (unless it only
+/// sends), its doorbell rings, or `timeout` passes.
+fn sleep(shard: &EngineShard, role: Role, timeout: Duration) {
+    let own_waker = match role {
+        Role::Rx => &shard.rx_waker,
+        Role::Both | Role::Tx => &shard.tx_waker,
+    };
+    let waker = std::os::fd::AsRawFd::as_raw_fd(own_waker);
+    // Counted before the doorbell is read, and a post sets the doorbell
+    // before it reads the count (both sequentially consistent): either the
+    // post sees a sleeper and signals, or this thread sees the doorbell.
+    shard.sleepers.fetch_add(1, Ordering::SeqCst);
+    if role == Role::Rx || !shard.doorbell.load(Ordering::SeqCst) {
+        match role {
+            Role::Tx => {
+                let _ = wait_readable(&[waker], timeout);
+            }
+            Role::Both | Role::Rx => {
+                // Shared-memory peers must know to ring the socket.
+                if shard.lock_wire().prepare_to_sleep() {
+                    let _ = wait_readable(&[shard.socket().fd(), waker], timeout);
+                }
+                shard.lock_wire().awake();
+            }
+        }
+    }
+    shard.sleepers.fetch_sub(1, Ordering::SeqCst);
+    own_waker.drain();
 }
 
 /// Asks the kernel to wake this thread within `slack` of the time it asked

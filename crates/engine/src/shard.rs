@@ -2,15 +2,22 @@
 //! timers), its wire (the [`Datapath`] that carries those QPs' datagrams),
 //! its fault injectors, and the wakers of the threads that drive it.
 //!
-//! Whoever drives a shard (its engine thread, or an application thread
-//! posting or polling) holds its lock for a whole receive or transmit pass,
-//! system call included. That lock is the shard's alone, so shards run in
-//! parallel, and it keeps each QP's packets in order on the wire and into
-//! the transport: two threads can never split one batch between them.
+//! A shard has two locks, taken in this order:
+//!
+//! - **the wire**: whoever drives the shard (its engine thread, or an
+//!   application thread posting or polling) holds it for a whole receive or
+//!   transmit pass, system call included. It keeps each QP's packets in
+//!   order on the wire and into the transport: two threads can never split
+//!   one batch between them.
+//! - **the state** (the transport's QPs, the fault injectors): held only to
+//!   handle a received batch or to build one to send, never across a system
+//!   call, so a post does not wait for the engine's `sendmmsg`.
+//!
+//! Both are the shard's alone, so shards run in parallel.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use softrnic_transport::{AsyncEvent, CqId, Instant, MAX_DATAGRAM_LEN, Shard};
@@ -53,18 +60,29 @@ thread_local! {
     });
 }
 
+/// The most datagrams a pass handles or builds under one hold of the state
+/// lock: a post waits for at most this many.
+const HOLD_AT_MOST: usize = 8;
+
+/// How many times a thread tries for a busy state lock before it sleeps.
+/// Its holders make no system calls and let go within a few datagrams,
+/// while a futex sleep and wake-up cost tens of microseconds on a VM.
+const LOCK_SPINS: u32 = 64;
+
 /// Loss, reordering, duplication and corruption, each way.
 pub(crate) struct Faults {
     pub tx: FaultInjector,
     pub rx: FaultInjector,
 }
 
-/// What a shard's lock guards.
+/// What a shard's state lock guards.
 pub(crate) struct ShardState {
     pub transport: Shard,
     pub faults: Option<Faults>,
-    pub wire: Box<dyn Datapath>,
 }
+
+/// What a shard's wire lock guards: the right to drive the shard.
+pub(crate) type Wire = Box<dyn Datapath>;
 
 /// How a pass reports on itself, and to whom.
 pub(crate) struct PassContext<'a> {
@@ -78,6 +96,7 @@ pub(crate) struct PassContext<'a> {
 pub(crate) struct EngineShard {
     pub index: usize,
     state: Mutex<ShardState>,
+    wire: Mutex<Wire>,
     /// The shard's UDP socket, which its engine thread blocks on.
     socket: Arc<RoceSocket>,
     /// Wakes the thread that sends for this shard: a doorbell, a stop.
@@ -86,6 +105,14 @@ pub(crate) struct EngineShard {
     pub rx_waker: EventFd,
     /// Engine threads of this shard blocked in `poll(2)`.
     pub sleepers: AtomicUsize,
+    /// Set by a post that left its sending to the engine thread (dedicated
+    /// progress): the shard has something to transmit.
+    pub doorbell: AtomicBool,
+    /// When the shard's next timer is due (ns of NIC time; `u64::MAX`:
+    /// none), as of its last pass.
+    pub next_timer: AtomicU64,
+    /// Whether this shard's traffic passes through fault injectors.
+    injects_faults: bool,
     /// Bumped by every application poll that drives this shard: while it
     /// moves, the engine thread stands by (see `progress`).
     pub app_polls: AtomicU64,
@@ -112,11 +139,15 @@ impl EngineShard {
         });
         Ok(EngineShard {
             index,
-            state: Mutex::new(ShardState { transport, faults, wire }),
+            injects_faults: faults.is_some(),
+            state: Mutex::new(ShardState { transport, faults }),
+            wire: Mutex::new(wire),
             socket,
             tx_waker: EventFd::new()?,
             rx_waker: EventFd::new()?,
             sleepers: AtomicUsize::new(0),
+            doorbell: AtomicBool::new(false),
+            next_timer: AtomicU64::new(u64::MAX),
             app_polls: AtomicU64::new(0),
             idle_transmit_at: AtomicU64::new(0),
         })
@@ -126,20 +157,39 @@ impl EngineShard {
         &self.socket
     }
 
+    /// The state lock.
     pub fn lock(&self) -> MutexGuard<'_, ShardState> {
-        // A panic elsewhere must not wedge the NIC: the shard's state is
-        // consistent between calls.
+        for _ in 0..LOCK_SPINS {
+            match self.state.try_lock() {
+                Ok(guard) => return guard,
+                // A panic elsewhere must not wedge the NIC: the shard's
+                // state is consistent between calls.
+                Err(TryLockError::Poisoned(e)) => return e.into_inner(),
+                Err(TryLockError::WouldBlock) => (0..4).for_each(|_| std::hint::spin_loop()),
+            }
+        }
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The lock, unless another thread is driving the shard right now (and
-    /// so making the progress the caller wanted).
-    pub fn try_lock(&self) -> Option<MutexGuard<'_, ShardState>> {
-        match self.state.try_lock() {
+    /// The wire lock: the right to drive the shard. Never taken while
+    /// holding the state lock.
+    pub fn lock_wire(&self) -> MutexGuard<'_, Wire> {
+        self.wire.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The wire lock, unless another thread is driving the shard right now
+    /// (and so making the progress the caller wanted).
+    pub fn try_lock_wire(&self) -> Option<MutexGuard<'_, Wire>> {
+        match self.wire.try_lock() {
             Ok(guard) => Some(guard),
             Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
             Err(TryLockError::WouldBlock) => None,
         }
+    }
+
+    /// Whether the shard's next timer is due at `now`.
+    pub fn timer_due(&self, now: Instant) -> bool {
+        now.as_nanos() >= self.next_timer.load(Ordering::Relaxed)
     }
 
     /// Wakes a thread blocked on this shard's doorbell.
@@ -153,39 +203,51 @@ impl EngineShard {
         self.lock().faults.as_ref().map(|f| (f.tx.stats, f.rx.stats)).unwrap_or_default()
     }
 
-    /// Receives one batch from the shard's wire and hands it to its QPs.
-    /// Returns how many datagrams arrived.
-    pub fn receive(&self, state: &mut ShardState, pass: &PassContext, after: &mut Aftermath) -> usize {
+    /// Receives one batch from the shard's wire and hands it to its QPs,
+    /// taking the state lock only once something has arrived. Returns how
+    /// many datagrams arrived.
+    pub fn receive(&self, wire: &mut dyn Datapath, pass: &PassContext, after: &mut Aftermath) -> usize {
         SCRATCH.with_borrow_mut(|scratch| {
-            let ShardState { transport, faults, wire } = state;
-            let mut handle = |from: SocketAddr, bytes: &[u8]| {
+            let mut state: Option<MutexGuard<'_, ShardState>> = None;
+            let mut handle = |state: &mut ShardState, from: SocketAddr, bytes: &[u8]| {
                 if let Some(tracer) = pass.tracer {
                     tracer.datagram("<-", from, bytes);
                 }
                 match crate::socket::steered_shard(bytes, pass.shards) {
                     Some(owner) if owner != self.index => after.foreign.push((owner, from, bytes.to_vec())),
-                    _ => transport.handle_datagram(pass.now, from, bytes),
+                    _ => state.transport.handle_datagram(pass.now, from, bytes),
                 }
             };
             let mut released = 0;
-            let n = match faults {
-                None => wire.receive(&mut handle),
-                Some(faults) => {
-                    scratch.faulty.clear();
-                    let n = wire.receive(&mut |from, bytes| faults.rx.apply(from, bytes, &mut scratch.faulty));
-                    if n == 0 {
-                        // A datagram held back for reordering is delivered
-                        // once traffic pauses, or it would never arrive.
-                        faults.rx.release(&mut scratch.faulty);
-                        released = scratch.faulty.len();
+            let n = if !self.injects_faults {
+                let mut handled = 0;
+                wire.receive(&mut |from, bytes| {
+                    handle(state.get_or_insert_with(|| self.lock()), from, bytes);
+                    handled += 1;
+                    if handled % HOLD_AT_MOST == 0 {
+                        // Let a waiting post in.
+                        state = None;
                     }
-                    for (from, bytes) in &scratch.faulty {
-                        handle(*from, bytes);
-                    }
-                    n
+                })
+            } else {
+                let state = state.get_or_insert_with(|| self.lock());
+                let faults = state.faults.as_mut().expect("a shard that injects faults has injectors");
+                scratch.faulty.clear();
+                let n = wire.receive(&mut |from, bytes| faults.rx.apply(from, bytes, &mut scratch.faulty));
+                if n == 0 {
+                    // A datagram held back for reordering is delivered
+                    // once traffic pauses, or it would never arrive.
+                    faults.rx.release(&mut scratch.faulty);
+                    released = scratch.faulty.len();
                 }
+                for (from, bytes) in &scratch.faulty {
+                    handle(state, *from, bytes);
+                }
+                n
             };
-            collect(transport, after);
+            if let Some(mut state) = state {
+                self.collect(&mut state.transport, after);
+            }
             n + released
         })
     }
@@ -201,57 +263,78 @@ impl EngineShard {
         for (from, bytes) in datagrams {
             state.transport.handle_datagram(now, from, &bytes);
         }
-        collect(&mut state.transport, after);
+        self.collect(&mut state.transport, after);
     }
 
-    /// Runs due timers and sends everything the shard's QPs have to send.
+    /// Runs due timers and sends everything the shard's QPs have to send,
+    /// a batch at a time: built under the state lock, sent after it.
     /// Returns how many datagrams left.
-    pub fn transmit(&self, state: &mut ShardState, pass: &PassContext, after: &mut Aftermath) -> usize {
+    pub fn transmit(&self, wire: &mut dyn Datapath, pass: &PassContext, after: &mut Aftermath) -> usize {
         SCRATCH.with_borrow_mut(|scratch| {
             let mut total = 0;
-            let ShardState { transport, faults, wire } = state;
             loop {
+                let mut state = self.lock();
                 scratch.tx_meta.clear();
-                transport.handle_timeout(pass.now);
+                state.transport.handle_timeout(pass.now);
                 while scratch.tx_meta.len() < BATCH {
                     let slot = scratch.tx_meta.len();
-                    match transport.poll_transmit(pass.now, &mut scratch.tx[slot]) {
+                    if slot > 0 && slot % HOLD_AT_MOST == 0 {
+                        // Let a waiting post in.
+                        drop(state);
+                        state = self.lock();
+                    }
+                    match state.transport.poll_transmit(pass.now, &mut scratch.tx[slot]) {
                         Some(t) => scratch.tx_meta.push((SocketAddr::new(t.dst, ROCEV2_UDP_PORT), t.len)),
                         None => break,
                     }
                 }
                 let count = scratch.tx_meta.len();
-                match faults {
-                    None => {
-                        let mut packets = [(SocketAddr::new(self.socket.local_addr().ip(), 0), &[][..]); BATCH];
-                        for (i, &(dst, len)) in scratch.tx_meta.iter().enumerate() {
-                            packets[i] = (dst, &scratch.tx[i][..len]);
-                        }
-                        send_all(wire.as_mut(), &mut packets[..count], pass);
+                let ShardState { transport, faults } = &mut *state;
+                if let Some(faults) = faults {
+                    scratch.faulty.clear();
+                    for (i, &(dst, len)) in scratch.tx_meta.iter().enumerate() {
+                        faults.tx.apply(dst, &scratch.tx[i][..len], &mut scratch.faulty);
                     }
-                    Some(faults) => {
-                        scratch.faulty.clear();
-                        for (i, &(dst, len)) in scratch.tx_meta.iter().enumerate() {
-                            faults.tx.apply(dst, &scratch.tx[i][..len], &mut scratch.faulty);
-                        }
-                        if count == 0 {
-                            // A datagram held back for reordering goes out
-                            // once traffic pauses.
-                            faults.tx.release(&mut scratch.faulty);
-                        }
-                        let mut packets: Vec<(SocketAddr, &[u8])> =
-                            scratch.faulty.iter().map(|(a, b)| (*a, &b[..])).collect();
-                        send_all(wire.as_mut(), &mut packets, pass);
+                    if count == 0 {
+                        // A datagram held back for reordering goes out
+                        // once traffic pauses.
+                        faults.tx.release(&mut scratch.faulty);
                     }
+                }
+                self.collect(transport, after);
+                drop(state);
+                if self.injects_faults {
+                    let mut packets: Vec<(SocketAddr, &[u8])> =
+                        scratch.faulty.iter().map(|(a, b)| (*a, &b[..])).collect();
+                    send_all(wire, &mut packets, pass);
+                } else {
+                    let mut packets = [(SocketAddr::new(self.socket.local_addr().ip(), 0), &[][..]); BATCH];
+                    for (i, &(dst, len)) in scratch.tx_meta.iter().enumerate() {
+                        packets[i] = (dst, &scratch.tx[i][..len]);
+                    }
+                    send_all(wire, &mut packets[..count], pass);
                 }
                 total += count;
                 if count < BATCH {
                     break;
                 }
             }
-            collect(transport, after);
             total
         })
+    }
+
+    /// Takes what the shard's QPs raised, to be delivered once its locks
+    /// are released (the rxe driver likewise signals completion channels
+    /// only after dropping the CQ's lock), and notes the next timer.
+    fn collect(&self, transport: &mut Shard, after: &mut Aftermath) {
+        while let Some(cq) = transport.poll_cq_notification() {
+            after.fired_cqs.push(cq);
+        }
+        while let Some(event) = transport.poll_async_event() {
+            after.events.push(event);
+        }
+        let next = transport.poll_timeout().map_or(u64::MAX, |at| at.as_nanos());
+        self.next_timer.store(next, Ordering::Relaxed);
     }
 }
 
@@ -268,17 +351,5 @@ fn send_all(wire: &mut dyn Datapath, packets: &mut [(SocketAddr, &[u8])], pass: 
     let refused = (packets.len() - sent) as u64;
     if refused > 0 {
         pass.tx_dropped_by_kernel.fetch_add(refused, Ordering::Relaxed);
-    }
-}
-
-/// Takes what the shard's QPs raised, to be delivered once its lock is
-/// released (the rxe driver likewise signals completion channels only
-/// after dropping the CQ's lock).
-fn collect(transport: &mut Shard, after: &mut Aftermath) {
-    while let Some(cq) = transport.poll_cq_notification() {
-        after.fired_cqs.push(cq);
-    }
-    while let Some(event) = transport.poll_async_event() {
-        after.events.push(event);
     }
 }

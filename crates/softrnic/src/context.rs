@@ -1,7 +1,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters};
+use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, ProgressMode};
 
 use crate::{CompletionQueue, Error, ProtectionDomain};
 
@@ -53,6 +53,13 @@ impl Context {
 
     pub fn engine_threads(&self) -> usize {
         self.nic.engine_threads()
+    }
+
+    /// Whether engine threads poll the device on cores of their own
+    /// ([`ProgressMode::Dedicated`]) or the program's posts and polls drive
+    /// it ([`ProgressMode::Inline`]).
+    pub fn progress_mode(&self) -> ProgressMode {
+        self.nic.progress_mode()
     }
 
     /// Makes progress from the caller's thread; true if anything moved.

@@ -49,7 +49,7 @@ pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
 pub use qp::{ConnectOptions, QueuePair};
 
-pub use softrnic_engine::{DatapathKind, EngineConfig, FaultConfig, NicCounters, Role};
+pub use softrnic_engine::{DatapathKind, EngineConfig, FaultConfig, NicCounters, ProgressMode, Role};
 pub use softrnic_transport::{
     Access, Completion, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpState, QpType, RecvWorkRequest, RemoteAddr,
     SendOp, SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode, WcStatus, smallvec,

@@ -4,8 +4,9 @@
 //! CQs fed by QPs of several shards, and QPs created and destroyed while
 //! traffic flows. On a clean loopback the engine must not disturb itself:
 //! no datagram reaches the wrong shard, arrives out of sequence, is NAKed
-//! or is sent twice; every byte is checked. Each clean run goes over both
-//! wires, UDP and shared memory.
+//! or is sent twice; every byte is checked. Each run goes over both wires,
+//! UDP and shared memory, with the devices driven both ways: inline by the
+//! application's posts and polls, and by dedicated engine threads.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -14,8 +15,8 @@ use std::time::Duration;
 
 use softrnic::{
     Access, Completion, CompletionQueue, ConnectOptions, Context, DatapathKind, EngineConfig, FaultConfig,
-    MemoryRegion, NicCounters, Payload, QpCaps, QueuePair, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode,
-    WcStatus,
+    MemoryRegion, NicCounters, Payload, ProgressMode, QpCaps, QueuePair, RecvWorkRequest, SendOp, SendWorkRequest,
+    WcOpcode, WcStatus,
 };
 
 /// Each test takes its own pair of addresses so tests can run in parallel.
@@ -155,18 +156,35 @@ fn run_lane(lane: &Lane, lane_id: u32, rounds: u32) {
     }
 }
 
-fn open(addr: IpAddr, shards: usize, split: bool, faults: FaultConfig, datapath: DatapathKind) -> Context {
-    let config = EngineConfig { faults, datapath, ..EngineConfig::new(addr).with_threads(shards, split) };
+/// How a test's devices run: their wire and who drives them.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    datapath: DatapathKind,
+    progress: ProgressMode,
+}
+
+/// Both wires, each driven inline and by dedicated engine threads.
+const MODES: [Mode; 4] = [
+    Mode { datapath: DatapathKind::Udp, progress: ProgressMode::Inline },
+    Mode { datapath: DatapathKind::Shm, progress: ProgressMode::Inline },
+    Mode { datapath: DatapathKind::Udp, progress: ProgressMode::Dedicated },
+    Mode { datapath: DatapathKind::Shm, progress: ProgressMode::Dedicated },
+];
+
+fn open(addr: IpAddr, shards: usize, split: bool, faults: FaultConfig, mode: Mode) -> Context {
+    let Mode { datapath, progress } = mode;
+    let config = EngineConfig { faults, datapath, progress, ..EngineConfig::new(addr).with_threads(shards, split) };
     let ctx = Context::with_config(config).expect("open");
     assert_eq!(ctx.shared_memory(), datapath == DatapathKind::Shm);
+    assert_eq!(ctx.progress_mode(), progress);
     ctx
 }
 
 /// Runs `threads` application threads of `pairs` QP pairs each between two
-/// devices of `shards` shards over `datapath`; returns both devices'
+/// devices of `shards` shards run as `mode` says; returns both devices'
 /// counters.
 fn workload(
-    datapath: DatapathKind,
+    mode: Mode,
     shards: usize,
     split: bool,
     threads: u32,
@@ -174,8 +192,8 @@ fn workload(
     faults: FaultConfig,
 ) -> [NicCounters; 2] {
     let (addr_a, addr_b) = addresses();
-    let a = open(addr_a, shards, split, faults, datapath);
-    let b = open(addr_b, shards, split, faults, datapath);
+    let a = open(addr_a, shards, split, faults, mode);
+    let b = open(addr_b, shards, split, faults, mode);
     // A loaded two-core machine can keep a thread off the CPU for
     // milliseconds: a clean run keeps the default retransmission timeout
     // (67 ms), a faulty one a short one.
@@ -228,10 +246,10 @@ fn assert_undisturbed(counters: &[NicCounters; 2]) {
     }
 }
 
-/// Every clean configuration, on both wires.
+/// Every clean configuration, on both wires, driven both ways.
 fn undisturbed(shards: usize, split: bool, threads: u32, pairs: usize) {
-    for datapath in [DatapathKind::Udp, DatapathKind::Shm] {
-        assert_undisturbed(&workload(datapath, shards, split, threads, pairs, FaultConfig::default()));
+    for mode in MODES {
+        assert_undisturbed(&workload(mode, shards, split, threads, pairs, FaultConfig::default()));
     }
 }
 
@@ -258,13 +276,13 @@ fn split_receive_and_send_threads() {
 #[test]
 fn shards_through_a_hostile_network() {
     let faults = FaultConfig { loss: 0.02, reorder: 0.02, duplicate: 0.01, corrupt: 0.01 };
-    for datapath in [DatapathKind::Udp, DatapathKind::Shm] {
-        hostile(datapath, faults);
+    for mode in MODES {
+        hostile(mode, faults);
     }
 }
 
-fn hostile(datapath: DatapathKind, faults: FaultConfig) {
-    let [a, b] = workload(datapath, 3, false, 2, 3, faults);
+fn hostile(mode: Mode, faults: FaultConfig) {
+    let [a, b] = workload(mode, 3, false, 2, 3, faults);
     // Every result was checked; the faults really happened.
     assert!(a.injected_tx.dropped + b.injected_tx.dropped > 0);
     assert!(a.transport.retransmitted_packets + b.transport.retransmitted_packets > 0);
@@ -279,8 +297,10 @@ fn hostile(datapath: DatapathKind, faults: FaultConfig) {
 #[test]
 fn a_shared_memory_device_talks_udp_to_one_without() {
     let (addr_a, addr_b) = addresses();
-    let a = open(addr_a, 2, false, FaultConfig::default(), DatapathKind::Shm);
-    let b = open(addr_b, 2, false, FaultConfig::default(), DatapathKind::Udp);
+    let shm = Mode { datapath: DatapathKind::Shm, progress: ProgressMode::Inline };
+    let udp = Mode { datapath: DatapathKind::Udp, progress: ProgressMode::Dedicated };
+    let a = open(addr_a, 2, false, FaultConfig::default(), shm);
+    let b = open(addr_b, 2, false, FaultConfig::default(), udp);
     let options = ConnectOptions::default();
     // B sends first (SENDs to A are in every round), then both ways.
     run_lane(&lane(&b, &a, 2, &options), 0, 12);
@@ -293,8 +313,9 @@ fn a_shared_memory_device_talks_udp_to_one_without() {
 #[test]
 fn create_and_destroy_race_traffic() {
     let (addr_a, addr_b) = addresses();
-    let open = |addr| open(addr, 3, false, FaultConfig::default(), DatapathKind::Shm);
-    let (a, b) = (open(addr_a), open(addr_b));
+    let open =
+        |addr, progress| open(addr, 3, false, FaultConfig::default(), Mode { datapath: DatapathKind::Shm, progress });
+    let (a, b) = (open(addr_a, ProgressMode::Inline), open(addr_b, ProgressMode::Dedicated));
     let options = ConnectOptions::default();
     let busy = lane(&a, &b, 3, &options);
     let done = AtomicBool::new(false);

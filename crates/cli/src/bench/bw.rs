@@ -36,6 +36,8 @@ pub struct BwOutcome {
 
 /// Receives kept posted per QP at most (each needs a slot of its own).
 const RX_DEPTH: usize = 512;
+/// How often a receiver of a timed run looks for the peer's count.
+const LOOK_FOR_DONE: Duration = Duration::from_millis(1);
 
 pub fn run(s: &mut Session, size: usize, duties: Duties) -> Result<BwOutcome, String> {
     let p = s.params.clone();
@@ -74,6 +76,7 @@ pub fn run(s: &mut Session, size: usize, duties: Duties) -> Result<BwOutcome, St
     let start = Instant::now();
     let mut last_progress = start;
     let mut told_peer = false;
+    let mut next_look = start;
     let mut completions: Vec<Completion> = Vec::with_capacity(64);
     loop {
         let now = Instant::now();
@@ -132,12 +135,18 @@ pub fn run(s: &mut Session, size: usize, duties: Duties) -> Result<BwOutcome, St
             s.exchange.send_text(&format!("done {}", out.sent)).map_err(|e| e.to_string())?;
             told_peer = true;
         }
+        // The peer's "done" line is looked for once a millisecond: a look
+        // is three system calls, which per loop would halve the rate.
         if duties.receive
             && counted.is_none()
             && peer_done.is_none()
+            && now >= next_look
             && let Some(line) = s.exchange.try_read_line().map_err(|e| e.to_string())?
         {
             peer_done = Some(parse_done(&line)?);
+        }
+        if now >= next_look {
+            next_look = now + LOOK_FOR_DONE;
         }
         let receiving_done = !duties.receive || counted.or(peer_done).is_some_and(|n| out.received >= n);
         if sending_done && receiving_done {

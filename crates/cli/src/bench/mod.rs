@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::time::Duration;
 
 use softrnic::exchange::Exchange;
-use softrnic::{Context, DatapathKind, EngineConfig, FaultConfig};
+use softrnic::{Context, DatapathKind, EngineConfig, FaultConfig, ProgressMode};
 
 use params::{BenchArgs, Params};
 use report::Format;
@@ -100,7 +100,11 @@ fn engine_config(args: &BenchArgs, addr: IpAddr) -> Result<EngineConfig, String>
         Some(kind) => kind,
         None => DatapathKind::from_env()?,
     };
-    let config = EngineConfig { faults, datapath, ..EngineConfig::new(addr) };
+    let progress = match args.progress {
+        Some(mode) => mode,
+        None => ProgressMode::from_env()?,
+    };
+    let config = EngineConfig { faults, datapath, progress, ..EngineConfig::new(addr) };
     Ok(config.with_threads(args.engine_threads, args.split_rx_tx))
 }
 

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use softrnic::{DatapathKind, Mtu};
+use softrnic::{DatapathKind, Mtu, ProgressMode};
 use softrnic_engine::faults::parse_probability;
 
 /// The tests, named as perftest's programs are.
@@ -177,6 +177,13 @@ pub struct BenchArgs {
     /// SOFTRNIC_DATAPATH, else auto.
     #[arg(long, value_parser = DatapathKind::parse)]
     pub datapath: Option<DatapathKind>,
+    /// Who drives the device: inline (the program's posts and polls, for
+    /// machines with few cores), dedicated (each engine thread polls its
+    /// shard on a core of its own, as a NIC's cores do), or auto (dedicated
+    /// when there are two cores per engine thread and two more). Default:
+    /// SOFTRNIC_PROGRESS, else auto.
+    #[arg(long, value_parser = ProgressMode::parse)]
+    pub progress: Option<ProgressMode>,
     /// Drop this fraction of datagrams, in each direction.
     #[arg(long, value_parser = probability)]
     pub loss: Option<f64>,

@@ -95,7 +95,12 @@ pub fn banner(params: &Params, format: Format, local: &str, remote: &str, engine
     let wire = if engine.shared_memory() { "UDP, shared memory on this host" } else { "UDP" };
     println!(" Number of qps   : {:<8} Transport type : softrnic (RoCEv2 over {wire})", params.qps);
     println!(" Connection type : RC       Using SRQ      : OFF");
-    println!(" TX depth        : {:<8} Engine threads : {}", params.tx_depth, engine.engine_threads());
+    println!(
+        " TX depth        : {:<8} Engine threads : {} ({} progress)",
+        params.tx_depth,
+        engine.engine_threads(),
+        engine.progress_mode()
+    );
     println!(" Mtu             : {}[B]", params.mtu.bytes());
     println!(" Link type       : Ethernet");
     if let Some(d) = params.duration {
