@@ -24,23 +24,23 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use softrnic_transport::memory::MemoryRegion;
 use softrnic_transport::qp::QpAttributes;
 use softrnic_transport::{
-    Access, AsyncEvent, Completion, CompletionQueue, Control, CqId, DmaBuffer, Instant, MrKeys, PdId, QpAttr,
-    QpInitAttr, QpState, RecvWorkRequest, Result, SendWorkRequest, Shard, SharedReceiveQueue, SrqAttr, SrqId,
-    TransportConfig, shard_of,
+    Access, AsyncEvent, Completion, CompletionQueue, Control, CqId, DmaBuffer, Instant, MrKeys, PdId, PostQueues,
+    Posted, QpAttr, QpInitAttr, QpState, RecvWorkRequest, Result, SendPoster, SendWorkRequest, Shard,
+    SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, shard_of,
 };
 
 use crate::datapath::{Datapath, DatapathKind, SharedMemory, Udp};
 use crate::event_queue::EventQueue;
 use crate::faults::{FaultConfig, FaultStats};
 use crate::progress::{self, Pass, ProgressMode};
-use crate::shard::{EngineShard, PassContext, ShardState};
+use crate::shard::{EngineShard, PassContext};
 use crate::shm::Inbox;
 use crate::socket::{BindError, RoceSocket};
 use crate::trace::Tracer;
@@ -388,19 +388,15 @@ impl Nic {
 
     // ----- queue pairs -----
 
-    /// Creates a QP on the next shard, round robin.
-    pub fn create_qp(&self, init: QpInitAttr) -> Result<u32> {
+    /// Creates a QP on the next shard, round robin. Returns the program's
+    /// end of its queues, which posts go through.
+    pub fn create_qp(&self, init: QpInitAttr) -> Result<Arc<PostQueues>> {
         let shard = self.core.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards();
-        self.core
-            .control(|c| {
-                let qp = c.create_qp(init, shard)?;
-                let qpn = qp.qpn();
-                Ok((qpn, qp))
-            })
-            .map(|(qpn, qp)| {
-                self.core.shards[shard].lock().transport.insert_qp(qp);
-                qpn
-            })
+        self.core.control(|c| c.create_qp(init, shard)).map(|qp| {
+            let posts = qp.post_queues().clone();
+            self.core.shards[shard].lock().transport.insert_qp(qp);
+            posts
+        })
     }
 
     /// Destroys a QP after sending what it still owes the wire (the ACK of
@@ -433,24 +429,35 @@ impl Nic {
     }
 
     /// Posts one send request and rings the doorbell.
-    pub fn post_send(&self, qpn: u32, wr: SendWorkRequest) -> Result<()> {
-        self.send_queue(qpn).post(wr)
+    pub fn post_send(&self, qp: &PostQueues, wr: SendWorkRequest) -> Result<()> {
+        self.send_queue(qp).post(wr)
     }
 
-    /// The send queue of `qpn`, for posting a chain of requests under one
-    /// lock; dropping it rings the doorbell once for them all.
-    pub fn send_queue(&self, qpn: u32) -> SendQueue<'_> {
-        let shard = self.core.shard(qpn);
-        SendQueue { core: &self.core, shard, guard: Some(shard.lock()), qpn }
+    /// The send queue of `qp`, for posting a chain of requests under its
+    /// lock (the QP's own, not its shard's); dropping it rings the doorbell
+    /// once for them all.
+    pub fn send_queue<'a>(&'a self, qp: &'a PostQueues) -> SendQueue<'a> {
+        let shard = self.core.shard(qp.qpn());
+        SendQueue { core: &self.core, shard, poster: Some(qp.send_poster()), qpn: qp.qpn() }
     }
 
     /// Posts a receive request. It sends nothing, so it rings no doorbell:
     /// an ACK the last poll owes waits for the next send and leaves in the
     /// same system call (a ping-pong posts its receive, then its send), or
-    /// with the engine thread's next pass.
-    pub fn post_recv(&self, qpn: u32, wr: RecvWorkRequest) -> Result<()> {
-        let now = self.now();
-        self.core.shard(qpn).lock().transport.post_recv(now, qpn, wr)
+    /// with the engine thread's next pass. The QP takes the request when
+    /// its next packet arrives, or with the shard's next pass.
+    pub fn post_recv(&self, qp: &PostQueues, wr: RecvWorkRequest) -> Result<()> {
+        if qp.post_recv(wr)? == Posted::Tell {
+            let shard = self.core.shard(qp.qpn());
+            shard.tell(qp.qpn());
+            if self.core.dedicated {
+                // The engine thread takes it with its next pass (a flush,
+                // if the QP is in error, must not wait for traffic).
+                shard.doorbell.store(true, Ordering::SeqCst);
+                shard.ring();
+            }
+        }
+        Ok(())
     }
 
     /// Runs `f` on the shard that owns `qpn`, then rings the doorbell.
@@ -483,24 +490,29 @@ impl Nic {
 pub struct SendQueue<'a> {
     core: &'a Core,
     shard: &'a EngineShard,
-    guard: Option<MutexGuard<'a, ShardState>>,
+    poster: Option<SendPoster<'a>>,
     qpn: u32,
 }
 
 impl SendQueue<'_> {
     /// Posts one send request (`ibv_post_send`).
     pub fn post(&mut self, wr: SendWorkRequest) -> Result<()> {
-        let now = self.core.now();
-        self.guard.as_mut().expect("held until drop").transport.post_send(now, self.qpn, wr)
+        self.poster.as_mut().expect("held until drop").post(wr).map(|_| ())
     }
 }
 
 impl Drop for SendQueue<'_> {
     fn drop(&mut self) {
-        if let Some(guard) = self.guard.take() {
-            drop(guard);
-            self.core.ring_doorbell(self.shard);
+        let Some(poster) = self.poster.take() else {
+            return;
+        };
+        let tell = poster.needs_telling();
+        // The QP's lock goes first: the shard may be taking its posts.
+        drop(poster);
+        if tell {
+            self.shard.tell(self.qpn);
         }
+        self.core.ring_doorbell(self.shard);
     }
 }
 

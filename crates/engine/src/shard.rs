@@ -50,6 +50,7 @@ struct Scratch {
     tx: Vec<Box<[u8]>>,
     tx_meta: Vec<(SocketAddr, usize)>,
     faulty: Vec<(SocketAddr, Vec<u8>)>,
+    told: Vec<u32>,
 }
 
 thread_local! {
@@ -57,6 +58,7 @@ thread_local! {
         tx: (0..BATCH).map(|_| vec![0u8; MAX_DATAGRAM_LEN].into_boxed_slice()).collect(),
         tx_meta: Vec::with_capacity(BATCH),
         faulty: Vec::new(),
+        told: Vec::new(),
     });
 }
 
@@ -108,6 +110,9 @@ pub(crate) struct EngineShard {
     /// Set by a post that left its sending to the engine thread (dedicated
     /// progress): the shard has something to transmit.
     pub doorbell: AtomicBool,
+    /// QPs with posts they have not taken (see `PostQueues`), for the next
+    /// transmit pass.
+    told: Mutex<Vec<u32>>,
     /// When the shard's next timer is due (ns of NIC time; `u64::MAX`:
     /// none), as of its last pass.
     pub next_timer: AtomicU64,
@@ -147,6 +152,7 @@ impl EngineShard {
             rx_waker: EventFd::new()?,
             sleepers: AtomicUsize::new(0),
             doorbell: AtomicBool::new(false),
+            told: Mutex::new(Vec::new()),
             next_timer: AtomicU64::new(u64::MAX),
             app_polls: AtomicU64::new(0),
             idle_transmit_at: AtomicU64::new(0),
@@ -185,6 +191,11 @@ impl EngineShard {
             Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
             Err(TryLockError::WouldBlock) => None,
         }
+    }
+
+    /// Tells the shard that `qpn` has posts to take.
+    pub fn tell(&self, qpn: u32) {
+        self.told.lock().unwrap_or_else(|e| e.into_inner()).push(qpn);
     }
 
     /// Whether the shard's next timer is due at `now`.
@@ -273,7 +284,11 @@ impl EngineShard {
         SCRATCH.with_borrow_mut(|scratch| {
             let mut total = 0;
             loop {
+                std::mem::swap(&mut *self.told.lock().unwrap_or_else(|e| e.into_inner()), &mut scratch.told);
                 let mut state = self.lock();
+                for qpn in scratch.told.drain(..) {
+                    state.transport.absorb_posts(pass.now, qpn);
+                }
                 scratch.tx_meta.clear();
                 state.transport.handle_timeout(pass.now);
                 while scratch.tx_meta.len() < BATCH {

@@ -3,11 +3,11 @@
 //! the transport's work requests and attributes.
 
 use std::ffi::c_int;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use softrnic_transport::{
-    Access, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest, RemoteAddr,
-    SendOp, SendWorkRequest, Sge, SgeList, UdDestination,
+    Access, InlineData, Mtu, Payload, PostQueues, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest,
+    RemoteAddr, SendOp, SendWorkRequest, Sge, SgeList, UdDestination,
 };
 
 use crate::abi::*;
@@ -29,6 +29,8 @@ pub struct Qp {
     pub qp_type: QpType,
     pub caps: ibv_qp_cap,
     pub sq_sig_all: bool,
+    /// The program's end of the QP's queues, which posts go through.
+    pub posts: Arc<PostQueues>,
     /// Work requests between `ibv_wr_start` and `ibv_wr_complete`.
     pub builder: Mutex<Builder>,
     /// Asynchronous events naming this QP handed out.
@@ -129,10 +131,11 @@ unsafe fn create(verb: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *m
     };
     let init = QpInitAttr { qp_type, pd: p.id, send_cq, recv_cq, caps, sq_sig_all: a.sq_sig_all != 0, srq };
     let ctx = p.context();
-    let qpn = match ctx.nic.create_qp(init) {
-        Ok(n) => n,
+    let posts = match ctx.nic.create_qp(init) {
+        Ok(posts) => posts,
         Err(e) => return refuse_null(verb, e.errno(), e),
     };
+    let qpn = posts.qpn();
     // Report what the QP got, as providers do.
     a.cap = ibv_qp_cap {
         max_send_wr: caps.max_send_wr,
@@ -160,6 +163,7 @@ unsafe fn create(verb: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *m
         qp_type,
         caps: a.cap,
         sq_sig_all: a.sq_sig_all != 0,
+        posts,
         builder: Mutex::default(),
         async_events: Reported::default(),
     });
@@ -564,8 +568,7 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr
     crate::ffi::guard("post_send", || {
         // SAFETY: a live QP (caller).
         let q = unsafe { Qp::from_ibv(qp) };
-        let qpn = q.qpn();
-        let mut send_queue = q.context().nic.send_queue(qpn);
+        let mut send_queue = q.context().nic.send_queue(&q.posts);
         let mut next = wr;
         while !next.is_null() {
             // SAFETY: the chain is the caller's valid list.
@@ -622,9 +625,8 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr
     crate::ffi::guard("post_recv", || {
         // SAFETY: a live QP (caller).
         let q = unsafe { Qp::from_ibv(qp) };
-        let qpn = q.qpn();
         let nic = &q.context().nic;
         // SAFETY: forwarded contract.
-        unsafe { post_recv_chain("ibv_post_recv", wr, bad_wr, |r| nic.post_recv(qpn, r)) }
+        unsafe { post_recv_chain("ibv_post_recv", wr, bad_wr, |r| nic.post_recv(&q.posts, r)) }
     })
 }

@@ -135,9 +135,8 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     b.pending.clear();
                     return e;
                 }
-                let qpn = q.qpn();
                 let pending = &mut b.pending;
-                let mut send_queue = q.context().nic.send_queue(qpn);
+                let mut send_queue = q.context().nic.send_queue(&q.posts);
                 for wr in pending.drain(..) {
                     if let Err(e) = send_queue.post(wr) {
                         return refuse("ibv_wr_complete", e.errno(), e);

@@ -73,7 +73,7 @@ impl ProtectionDomain {
             sq_sig_all,
             srq: None,
         };
-        let qpn = self.ctx.nic.create_qp(init)?;
-        Ok(QueuePair::new(self.clone(), qpn, qp_type, [send_cq.handle(), recv_cq.handle()]))
+        let posts = self.ctx.nic.create_qp(init)?;
+        Ok(QueuePair::new(self.clone(), posts, qp_type, [send_cq.handle(), recv_cq.handle()]))
     }
 }

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use softrnic_transport::{
-    Access, Mtu, Psn, QpAttr, QpState, QpType, RcConnection, RecvWorkRequest, SendWorkRequest, ud_steps,
+    Access, Mtu, PostQueues, Psn, QpAttr, QpState, QpType, RcConnection, RecvWorkRequest, SendWorkRequest, ud_steps,
 };
 
 use crate::cq::CqHandle;
@@ -39,10 +39,14 @@ impl Default for ConnectOptions {
 }
 
 /// A queue pair. Posting a send rings the doorbell: the packets leave from
-/// the calling thread.
+/// the calling thread (inline progress) or the QP's engine thread
+/// (dedicated progress).
 pub struct QueuePair {
     pd: ProtectionDomain,
     qpn: u32,
+    /// The program's end of the QP's queues: posts go there without
+    /// waiting for the engine.
+    posts: Arc<PostQueues>,
     qp_type: QpType,
     psn: Psn,
     // Keeps the CQs alive while the QP uses them.
@@ -50,10 +54,15 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
-    pub(crate) fn new(pd: ProtectionDomain, qpn: u32, qp_type: QpType, cqs: [Arc<CqHandle>; 2]) -> QueuePair {
+    pub(crate) fn new(
+        pd: ProtectionDomain,
+        posts: Arc<PostQueues>,
+        qp_type: QpType,
+        cqs: [Arc<CqHandle>; 2],
+    ) -> QueuePair {
         // A random initial PSN, as perftest picks one.
         let psn = Psn::new(fastrand::u32(..));
-        QueuePair { pd, qpn, qp_type, psn, _cqs: cqs }
+        QueuePair { pd, qpn: posts.qpn(), posts, qp_type, psn, _cqs: cqs }
     }
 
     pub fn qpn(&self) -> u32 {
@@ -123,11 +132,11 @@ impl QueuePair {
     }
 
     pub fn post_send(&self, wr: SendWorkRequest) -> Result<(), Error> {
-        Ok(self.pd.ctx.nic.post_send(self.qpn, wr)?)
+        Ok(self.pd.ctx.nic.post_send(&self.posts, wr)?)
     }
 
     pub fn post_recv(&self, wr: RecvWorkRequest) -> Result<(), Error> {
-        Ok(self.pd.ctx.nic.post_recv(self.qpn, wr)?)
+        Ok(self.pd.ctx.nic.post_recv(&self.posts, wr)?)
     }
 }
 

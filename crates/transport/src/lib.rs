@@ -32,7 +32,9 @@ pub use device::Device;
 pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
 pub use memory::{Access, DmaBuffer, MrKeys, PdId};
-pub use qp::{Mtu, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Transmit, ud_steps};
+pub use qp::{
+    Mtu, PostQueues, Posted, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RcConnection, SendPoster, Transmit, ud_steps,
+};
 pub use shard::{MAX_DATAGRAM_LEN, Shard, dest_qpn, shard_of};
 pub use smallvec::smallvec;
 pub use softrnic_wire::Psn;

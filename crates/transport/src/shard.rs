@@ -11,6 +11,7 @@
 //! ```text
 //!   handle_datagram(now, from, bytes) ──> ICRC, parse, QP by number ──> QP
 //!   post_send / post_recv / modify_qp ─────────────────────────────────> QP
+//!   PostQueues (the program's end, no shard lock) ── absorb_posts ─────> QP
 //!   poll_transmit(now, buf) <── round robin over QPs with output <───── QP
 //!   poll_timeout() / handle_timeout(now) ── per-QP deadlines
 //!   poll_cq_notification() / poll_async_event() <── what the QPs raised
@@ -174,6 +175,17 @@ impl Shard {
         self.with_qp(now, qpn, |qp, ctx| qp.post_recv(ctx, wr))
     }
 
+    /// Takes what the program posted to `qpn` without the shard (through
+    /// its [`PostQueues`](crate::qp::PostQueues)), once its post said
+    /// [`Posted::Tell`](crate::qp::Posted). A QP destroyed meanwhile is
+    /// skipped.
+    pub fn absorb_posts(&mut self, now: Instant, qpn: u32) {
+        let _ = self.with_qp(now, qpn, |qp, ctx| {
+            qp.absorb_posts(ctx);
+            Ok(())
+        });
+    }
+
     /// Runs `f` on a QP, then brings its place in the ready queue and the
     /// timer heap up to date.
     fn with_qp(
@@ -241,6 +253,8 @@ impl Shard {
             return;
         };
         let mut ctx = ctx!(self, now);
+        // A SEND needs the receives posted before it arrived.
+        slot.qp.absorb_posts(&mut ctx);
         slot.qp.handle_packet(&mut ctx, from.ip(), &packet);
         self.reschedule(qpn);
     }

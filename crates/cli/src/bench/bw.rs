@@ -121,7 +121,9 @@ pub fn run(s: &mut Session, size: usize, duties: Duties) -> Result<BwOutcome, St
                 let i = signalled[q].pop_front().ok_or("a completion nobody asked for")?;
                 completed[q] = i + 1;
             }
-            last_progress = Instant::now();
+        }
+        if !completions.is_empty() {
+            last_progress = now;
         }
         if duties.send && !completions.is_empty() {
             let done: u64 = completed.iter().sum();
@@ -152,7 +154,7 @@ pub fn run(s: &mut Session, size: usize, duties: Duties) -> Result<BwOutcome, St
         if sending_done && receiving_done {
             break;
         }
-        if last_progress.elapsed() > s.timeout {
+        if now.saturating_duration_since(last_progress) > s.timeout {
             return Err(format!(
                 "no completion for {:?}: the peer stopped answering (sent {}, received {})",
                 s.timeout,

@@ -27,6 +27,16 @@ pub enum QpState {
     Error,
 }
 
+impl QpState {
+    /// The state `self as u8` gave (any other number reads as ERROR).
+    pub fn from_u8(n: u8) -> QpState {
+        [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe]
+            .into_iter()
+            .find(|s| *s as u8 == n)
+            .unwrap_or(QpState::Error)
+    }
+}
+
 /// The transport service of a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpType {

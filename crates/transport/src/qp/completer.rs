@@ -237,6 +237,7 @@ impl QueuePair {
     pub(super) fn complete_front(&mut self, ctx: &mut Ctx) {
         while let Some(status) = self.sq.front().and_then(|w| w.status) {
             let wqe = self.sq.pop_front().expect("front exists");
+            self.posts.retire_send();
             if self.req.cursor > 0 {
                 self.req.cursor -= 1;
             } else {

@@ -18,6 +18,7 @@
 mod attr;
 mod completer;
 mod pacing;
+mod post_queues;
 mod requester;
 mod responder;
 mod send_queue;
@@ -29,17 +30,18 @@ use std::sync::Arc;
 
 pub use attr::{MAX_RD_ATOMIC, Mtu, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, ud_steps};
 pub use pacing::Pacer;
+pub use post_queues::{PostQueues, Posted, SendPoster};
 use softrnic_wire::packet::PacketRepr;
 
 use crate::completion::{Completion, CompletionQueue, CqId, Pushed, WcOpcode, WcStatus};
 use crate::config::TransportConfig;
 use crate::counters::Counters;
-use crate::error::{Result, VerbsError};
+use crate::error::Result;
 use crate::event::AsyncEvent;
 use crate::memory::MemoryTable;
 use crate::srq::SharedReceiveQueue;
 use crate::time::Instant;
-use crate::work_request::{Payload, RecvWorkRequest, SendOp, SendWorkRequest};
+use crate::work_request::{RecvWorkRequest, SendWorkRequest};
 use requester::Requester;
 use responder::Responder;
 use send_queue::SendWqe;
@@ -81,10 +83,14 @@ pub struct QueuePair {
     queues: QpQueues,
     state: QpState,
     attrs: QpAttributes,
+    /// The program's end of the queues, where posts wait to be taken.
+    posts: Arc<PostQueues>,
     /// Send work requests not yet completed, oldest first.
     sq: VecDeque<SendWqe>,
     /// Receive work requests not yet consumed, oldest first.
     rq: VecDeque<RecvWorkRequest>,
+    /// Posts being taken from `posts` (kept to reuse their memory).
+    taking: (VecDeque<SendWorkRequest>, VecDeque<RecvWorkRequest>),
     req: Requester,
     resp: Responder,
     /// Which role `poll_transmit` offers the link to first, so that a long
@@ -99,14 +105,17 @@ pub struct QueuePair {
 
 impl QueuePair {
     pub(crate) fn new(qpn: u32, init: QpInitAttr, queues: QpQueues) -> QueuePair {
+        let posts = Arc::new(PostQueues::new(qpn, init.qp_type, init.caps, init.srq.is_some()));
         QueuePair {
             qpn,
             init,
             queues,
             state: QpState::Reset,
             attrs: QpAttributes::default(),
+            posts,
             sq: VecDeque::new(),
             rq: VecDeque::new(),
+            taking: (VecDeque::new(), VecDeque::new()),
             req: Requester::default(),
             resp: Responder::default(),
             responder_first: true,
@@ -134,6 +143,18 @@ impl QueuePair {
         self.state
     }
 
+    /// The program's end of this QP's queues, for posting without the
+    /// shard's lock.
+    pub fn post_queues(&self) -> &Arc<PostQueues> {
+        &self.posts
+    }
+
+    /// Changes the state, for the QP and for its posters.
+    fn set_state(&mut self, state: QpState) {
+        self.state = state;
+        self.posts.set_state(state);
+    }
+
     pub fn attributes(&self) -> &QpAttributes {
         &self.attrs
     }
@@ -159,13 +180,14 @@ impl QueuePair {
                 self.queues.recv_cq.discard_qp(self.qpn);
                 self.sq.clear();
                 self.rq.clear();
+                self.posts.reset();
                 self.req = Requester::default();
                 self.resp = Responder::default();
-                self.state = QpState::Reset;
+                self.set_state(QpState::Reset);
             }
             QpState::Error => self.enter_error(ctx),
             _ => {
-                self.state = to;
+                self.set_state(to);
                 if from == QpState::Init && to == QpState::Rtr {
                     self.resp.start(self.attrs.rq_psn);
                 }
@@ -177,111 +199,51 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Applies `ibv_post_send`.
+    /// Applies `ibv_post_send`, for a caller that holds the shard.
     pub(crate) fn post_send(&mut self, ctx: &mut Ctx, wr: SendWorkRequest) -> Result<()> {
-        self.check_send_request(&wr)?;
-        match self.state {
-            QpState::Reset | QpState::Init | QpState::Rtr => {
-                return Err(VerbsError::invalid(format!(
-                    "QP {:#x} is in state {:?}; move it to RTS before posting sends",
-                    self.qpn, self.state
-                )));
-            }
-            QpState::Error | QpState::Sqe => {
-                let wqe = SendWqe::new(wr, self.mtu());
-                self.complete_send(ctx, &wqe, WcStatus::WrFlushErr);
-                return Ok(());
-            }
-            QpState::Rts | QpState::Sqd => {}
-        }
-        if self.sq.len() >= self.init.caps.max_send_wr as usize {
-            return Err(VerbsError::OutOfResources(format!(
-                "send queue of QP {:#x} is full ({} requests)",
-                self.qpn, self.init.caps.max_send_wr
-            )));
-        }
-        self.sq.push_back(SendWqe::new(wr, self.mtu()));
+        let _ = self.posts.post_send(wr)?;
+        self.absorb_posts(ctx);
         Ok(())
     }
 
-    fn check_send_request(&self, wr: &SendWorkRequest) -> Result<()> {
-        let caps = &self.init.caps;
-        match &wr.payload {
-            Payload::Gather(sges) if sges.len() > caps.max_send_sge as usize => {
-                return Err(VerbsError::invalid(format!(
-                    "{} SGEs exceed max_send_sge {}",
-                    sges.len(),
-                    caps.max_send_sge
-                )));
-            }
-            Payload::Inline(bytes) if bytes.len() > caps.max_inline_data as usize => {
-                return Err(VerbsError::invalid(format!(
-                    "{} inline bytes exceed max_inline_data {}",
-                    bytes.len(),
-                    caps.max_inline_data
-                )));
-            }
-            Payload::Inline(_) if wr.op.writes_locally() => {
-                return Err(VerbsError::invalid("READ and ATOMIC results cannot go to inline data"));
-            }
-            _ => {}
-        }
-        if wr.payload.len() > 1 << 31 {
-            return Err(VerbsError::invalid("a message is at most 2 GiB"));
-        }
-        if wr.op.is_atomic() && wr.payload.len() != 8 {
-            return Err(VerbsError::invalid("an ATOMIC's local buffer must be exactly 8 bytes"));
-        }
-        match self.init.qp_type {
-            QpType::Ud => {
-                if !matches!(wr.op, SendOp::Send { .. }) {
-                    return Err(VerbsError::NotSupported("UD QPs only SEND".into()));
-                }
-                if wr.ud.is_none() {
-                    return Err(VerbsError::invalid("a UD send needs an address handle"));
-                }
-            }
-            QpType::Rc => {}
-        }
-        Ok(())
-    }
-
-    /// Applies `ibv_post_recv`.
+    /// Applies `ibv_post_recv`, for a caller that holds the shard.
     pub(crate) fn post_recv(&mut self, ctx: &mut Ctx, wr: RecvWorkRequest) -> Result<()> {
-        if let Some(srq) = self.init.srq {
-            return Err(VerbsError::invalid(format!(
-                "QP {:#x} takes its receives from SRQ {}; post them there",
-                self.qpn, srq.0
-            )));
-        }
-        if wr.sges.len() > self.init.caps.max_recv_sge as usize {
-            return Err(VerbsError::invalid(format!(
-                "{} SGEs exceed max_recv_sge {}",
-                wr.sges.len(),
-                self.init.caps.max_recv_sge
-            )));
-        }
-        match self.state {
-            QpState::Reset => {
-                return Err(VerbsError::invalid(format!(
-                    "QP {:#x} is in RESET; move it to INIT before posting receives",
-                    self.qpn
-                )));
-            }
-            QpState::Error => {
-                self.complete_recv(ctx, Completion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn));
-                return Ok(());
-            }
-            _ => {}
-        }
-        if self.rq.len() >= self.init.caps.max_recv_wr as usize {
-            return Err(VerbsError::OutOfResources(format!(
-                "receive queue of QP {:#x} is full ({} requests)",
-                self.qpn, self.init.caps.max_recv_wr
-            )));
-        }
-        self.rq.push_back(wr);
+        let _ = self.posts.post_recv(wr)?;
+        self.absorb_posts(ctx);
         Ok(())
+    }
+
+    /// Takes what the program posted into the QP's queues, in posting
+    /// order. A request that met the QP in the error state flushes; one
+    /// that raced a RESET (or the INIT and RTR after it) is discarded, as
+    /// RESET discards.
+    pub(crate) fn absorb_posts(&mut self, ctx: &mut Ctx) {
+        let (mut sends, mut recvs) = std::mem::take(&mut self.taking);
+        if self.posts.take(&mut sends, &mut recvs) {
+            for wr in sends.drain(..) {
+                let wqe = SendWqe::new(wr, self.mtu());
+                match self.state {
+                    QpState::Rts | QpState::Sqd => self.sq.push_back(wqe),
+                    QpState::Error | QpState::Sqe => {
+                        self.posts.retire_send();
+                        self.complete_send(ctx, &wqe, WcStatus::WrFlushErr);
+                    }
+                    QpState::Reset | QpState::Init | QpState::Rtr => self.posts.retire_send(),
+                }
+            }
+            for wr in recvs.drain(..) {
+                match self.state {
+                    QpState::Reset => self.posts.retire_recv(),
+                    QpState::Error => {
+                        self.posts.retire_recv();
+                        let flushed = Completion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+                        self.complete_recv(ctx, flushed);
+                    }
+                    _ => self.rq.push_back(wr),
+                }
+            }
+        }
+        self.taking = (sends, recvs);
     }
 
     /// Consumes one packet addressed to this QP from `src`.
@@ -356,15 +318,19 @@ impl QueuePair {
         if self.state == QpState::Error {
             return;
         }
-        self.state = QpState::Error;
+        self.set_state(QpState::Error);
         self.req.stop();
         while let Some(wqe) = self.sq.pop_front() {
+            self.posts.retire_send();
             let status = match wqe.status {
                 Some(status) if status != WcStatus::Success => status,
                 Some(_) => WcStatus::Success,
                 None => WcStatus::WrFlushErr,
             };
             self.complete_send(ctx, &wqe, status);
+        }
+        for _ in 0..self.rq.len() {
+            self.posts.retire_recv();
         }
         for recv in self.resp.abandon().into_iter().chain(self.rq.drain(..).collect::<Vec<_>>()) {
             let flushed = Completion::new(recv.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
@@ -374,13 +340,19 @@ impl QueuePair {
         if self.init.srq.is_some() {
             ctx.events.push_back(AsyncEvent::QpLastWqeReached { qpn: self.qpn });
         }
+        // Requests posted but not yet taken flush too.
+        self.absorb_posts(ctx);
     }
 
     /// Takes the next receive work request: from the SRQ if the QP has one.
     fn take_recv(&mut self, ctx: &mut Ctx) -> Option<RecvWorkRequest> {
         match &self.queues.srq {
             Some(srq) => srq.take(ctx.events),
-            None => self.rq.pop_front(),
+            None => {
+                let recv = self.rq.pop_front()?;
+                self.posts.retire_recv();
+                Some(recv)
+            }
         }
     }
 

@@ -53,11 +53,13 @@ impl QueuePair {
             }
         };
         let wqe = self.sq.pop_front().expect("front exists");
+        self.posts.retire_send();
         if let Err(status) = outcome {
             // A local error stops the send queue (SQE) but not receives.
             self.complete_send(ctx, &wqe, status);
-            self.state = QpState::Sqe;
+            self.set_state(QpState::Sqe);
             while let Some(rest) = self.sq.pop_front() {
+                self.posts.retire_send();
                 self.complete_send(ctx, &rest, WcStatus::WrFlushErr);
             }
             return None;
