@@ -18,13 +18,14 @@ pub fn path(addr: IpAddr) -> PathBuf {
 /// The counters as `name value` lines, in a fixed order.
 pub fn render(c: &NicCounters) -> String {
     let t = &c.transport;
-    let rows: [(&str, u64); 24] = [
+    let rows: [(&str, u64); 25] = [
         ("tx_packets", t.tx_packets),
         ("tx_bytes", t.tx_bytes),
         ("rx_packets", t.rx_packets),
         ("rx_bytes", t.rx_bytes),
         ("retransmitted_packets", t.retransmitted_packets),
         ("timeouts", t.timeouts),
+        ("tail_loss_probes", t.tail_loss_probes),
         ("rx_icrc_errors", t.rx_icrc_errors),
         ("rx_malformed", t.rx_malformed),
         ("rx_unknown_qp", t.rx_unknown_qp),

@@ -32,7 +32,7 @@ use softrnic_transport::memory::MemoryRegion;
 use softrnic_transport::qp::QpAttributes;
 use softrnic_transport::{
     Access, AsyncEvent, Completion, CompletionQueue, Control, CqId, DmaBuffer, Instant, MrKeys, PdId, PostQueues,
-    Posted, QpAttr, QpInitAttr, QpState, RecvWorkRequest, Result, SendPoster, SendWorkRequest, Shard,
+    Posted, QpAttr, QpInitAttr, QpState, RecvWorkRequest, Result, Retransmission, SendPoster, SendWorkRequest, Shard,
     SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, shard_of,
 };
 
@@ -104,14 +104,15 @@ impl EngineConfig {
     }
 
     /// [`EngineConfig::new`] with the engine threads `SOFTRNIC_ENGINE_THREADS`,
-    /// the datapath `SOFTRNIC_DATAPATH` and the progress `SOFTRNIC_PROGRESS`
-    /// ask for, if set.
+    /// the datapath `SOFTRNIC_DATAPATH`, the progress `SOFTRNIC_PROGRESS` and
+    /// the retransmission timer `SOFTRNIC_RETRANSMISSION` ask for, if set.
     pub fn from_env(addr: IpAddr) -> std::result::Result<EngineConfig, String> {
-        let config = EngineConfig {
+        let mut config = EngineConfig {
             datapath: DatapathKind::from_env()?,
             progress: ProgressMode::from_env()?,
             ..EngineConfig::new(addr)
         };
+        config.transport.retransmission = retransmission_from_env()?;
         match std::env::var("SOFTRNIC_ENGINE_THREADS") {
             Err(_) => Ok(config),
             Ok(text) => match text.parse::<usize>() {
@@ -140,6 +141,14 @@ impl EngineConfig {
                 roles.iter().map(move |&role| (shard, role))
             })
             .collect()
+    }
+}
+
+/// `SOFTRNIC_RETRANSMISSION`, `fixed` when unset.
+pub fn retransmission_from_env() -> std::result::Result<Retransmission, String> {
+    match std::env::var("SOFTRNIC_RETRANSMISSION") {
+        Err(_) => Ok(Retransmission::Fixed),
+        Ok(text) => Retransmission::parse(&text).map_err(|e| format!("SOFTRNIC_RETRANSMISSION: {e}")),
     }
 }
 

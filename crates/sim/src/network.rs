@@ -54,6 +54,11 @@ pub struct Network {
     sequence: u64,
     /// When each sender's link is free again (indexed by the caller).
     busy_until: Vec<Instant>,
+    /// Datagrams each sender has put on the wire.
+    sent_by: Vec<u64>,
+    /// Datagrams to lose on purpose: `(sender, n)` loses the `n`-th (from
+    /// 0) that `sender` puts on the wire, for tests of one loss pattern.
+    pub doomed: Vec<(usize, u64)>,
     pub stats: NetworkStats,
 }
 
@@ -77,6 +82,8 @@ impl Network {
             queue: BinaryHeap::new(),
             sequence: 0,
             busy_until: vec![Instant::ZERO; senders],
+            sent_by: vec![0; senders],
+            doomed: Vec::new(),
             stats: NetworkStats::default(),
         }
     }
@@ -88,6 +95,12 @@ impl Network {
         let wire_time = Duration::from_nanos(packet.bytes.len() as u64 * 1000 / self.bytes_per_micro);
         self.busy_until[sender] = start + wire_time;
         let mut arrival = start + wire_time + self.latency;
+        let nth = self.sent_by[sender];
+        self.sent_by[sender] += 1;
+        if self.doomed.contains(&(sender, nth)) {
+            self.stats.dropped += 1;
+            return;
+        }
         if self.rng.f64() < self.faults.loss {
             self.stats.dropped += 1;
             return;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use softrnic_transport::{
-    Access, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection, SrqAttr,
-    SrqId, TransportConfig, WcStatus,
+    Access, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
+    Retransmission, SrqAttr, SrqId, TransportConfig, WcStatus,
 };
 
 use crate::network::{Faults, NetworkStats};
@@ -37,6 +37,9 @@ pub struct Outcome {
     pub virtual_time: Duration,
     pub retransmitted: u64,
     pub timeouts: u64,
+    pub tail_loss_probes: u64,
+    /// Whether the QPs timed retransmissions adaptively.
+    pub adaptive: bool,
     pub rnr_naks: u64,
     pub seq_naks: u64,
     pub duplicates: u64,
@@ -73,9 +76,17 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mtu = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096][rng.usize(..5)];
     let faults = Faults::random(&mut rng, limits.max_fault);
+    // Half the seeds time retransmissions adaptively, some with a floor
+    // below the path's RTT (spurious retransmissions must be harmless).
+    let retransmission = match rng.u8(0..4) {
+        0 | 1 => Retransmission::Fixed,
+        2 => Retransmission::ADAPTIVE,
+        _ => Retransmission::Adaptive { floor: Duration::from_micros(rng.u64(1..=50)) },
+    };
     let config = TransportConfig {
         max_inflight_packets: [4, 16, 64, 512][rng.usize(..4)],
         ack_request_interval: [1, 4, 32][rng.usize(..3)],
+        retransmission,
         ..TransportConfig::default()
     };
     let pairs = rng.usize(1..=limits.max_pairs);
@@ -84,7 +95,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     let shape = Shape { ops_per_direction: limits.ops_per_direction, max_len, mtu };
     let plans: Vec<PairPlan> = (0..pairs).map(|p| PairPlan::generate(&mut rng, p, &shape)).collect();
     let mut world = World::with_config(2, faults, seed, config);
-    let context = format!("seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?})", mtu.bytes());
+    let context = format!("seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, {retransmission:?})", mtu.bytes());
 
     // Set up both ends of every pair and connect them.
     let mut live: Vec<[Live; 2]> = Vec::new();
@@ -161,6 +172,8 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         virtual_time: world.now - Instant::ZERO,
         retransmitted: sum(|c| c.retransmitted_packets),
         timeouts: sum(|c| c.timeouts),
+        tail_loss_probes: sum(|c| c.tail_loss_probes),
+        adaptive: retransmission != Retransmission::Fixed,
         rnr_naks: sum(|c| c.rnr_naks_sent),
         seq_naks: sum(|c| c.seq_naks_sent),
         duplicates: sum(|c| c.rx_duplicate_requests + c.rx_duplicate_responses),

@@ -49,10 +49,12 @@ pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
 pub use qp::{ConnectOptions, QueuePair};
 
-pub use softrnic_engine::{DatapathKind, EngineConfig, FaultConfig, NicCounters, ProgressMode, Role};
+pub use softrnic_engine::{
+    DatapathKind, EngineConfig, FaultConfig, NicCounters, ProgressMode, Role, retransmission_from_env,
+};
 pub use softrnic_transport::{
     Access, Completion, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpState, QpType, RecvWorkRequest, RemoteAddr,
-    SendOp, SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode, WcStatus, smallvec,
+    Retransmission, SendOp, SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode, WcStatus, smallvec,
 };
 
 /// The status helpers verbs users expect.

@@ -2,7 +2,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use crate::qp::Mtu;
+use crate::qp::{Mtu, Retransmission};
 
 /// How a device's queue pairs behave beyond what verbs attributes say.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +15,9 @@ pub struct TransportConfig {
     pub ack_request_interval: u32,
     /// The MTU of unreliable datagrams (the port's active MTU).
     pub ud_mtu: Mtu,
+    /// How RC requesters time retransmissions: the IBTA's fixed timeout
+    /// (the default) or the adaptive timer.
+    pub retransmission: Retransmission,
 }
 
 impl Default for TransportConfig {
@@ -24,6 +27,7 @@ impl Default for TransportConfig {
             max_inflight_packets: 512,
             ack_request_interval: 32,
             ud_mtu: Mtu::Mtu4096,
+            retransmission: Retransmission::Fixed,
         }
     }
 }

@@ -12,6 +12,8 @@ pub struct Counters {
     pub retransmitted_packets: u64,
     /// Retransmission timer expiries.
     pub timeouts: u64,
+    /// Expiries that sent only the last packet (adaptive timer).
+    pub tail_loss_probes: u64,
     /// Datagrams dropped because their ICRC did not match.
     pub rx_icrc_errors: u64,
     /// Datagrams that are not well-formed RoCEv2.
@@ -44,6 +46,7 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.rx_bytes += other.rx_bytes;
         self.retransmitted_packets += other.retransmitted_packets;
         self.timeouts += other.timeouts;
+        self.tail_loss_probes += other.tail_loss_probes;
         self.rx_icrc_errors += other.rx_icrc_errors;
         self.rx_malformed += other.rx_malformed;
         self.rx_unknown_qp += other.rx_unknown_qp;

@@ -104,7 +104,11 @@ fn engine_config(args: &BenchArgs, addr: IpAddr) -> Result<EngineConfig, String>
         Some(mode) => mode,
         None => ProgressMode::from_env()?,
     };
-    let config = EngineConfig { faults, datapath, progress, ..EngineConfig::new(addr) };
+    let mut config = EngineConfig { faults, datapath, progress, ..EngineConfig::new(addr) };
+    config.transport.retransmission = match args.retransmission {
+        Some(mode) => mode,
+        None => softrnic::retransmission_from_env()?,
+    };
     Ok(config.with_threads(args.engine_threads, args.split_rx_tx))
 }
 

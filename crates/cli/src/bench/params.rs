@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use softrnic::{DatapathKind, Mtu, ProgressMode};
+use softrnic::{DatapathKind, Mtu, ProgressMode, Retransmission};
 use softrnic_engine::faults::parse_probability;
 
 /// The tests, named as perftest's programs are.
@@ -184,6 +184,12 @@ pub struct BenchArgs {
     /// SOFTRNIC_PROGRESS, else auto.
     #[arg(long, value_parser = ProgressMode::parse)]
     pub progress: Option<ProgressMode>,
+    /// How RC QPs time retransmissions: fixed (the QP's timeout attribute,
+    /// as RoCE NICs do) or adaptive (learned from the path's RTT, at least
+    /// 100 us, with a tail-loss probe; retry_cnt keeps its meaning).
+    /// Default: SOFTRNIC_RETRANSMISSION, else fixed.
+    #[arg(long, value_parser = Retransmission::parse)]
+    pub retransmission: Option<Retransmission>,
     /// Drop this fraction of datagrams, in each direction.
     #[arg(long, value_parser = probability)]
     pub loss: Option<f64>,

@@ -73,7 +73,9 @@ impl QueuePair {
             }
             self.req.retries_left = self.attrs.retry_cnt;
             self.req.rnr_retries_left = self.attrs.rnr_retry;
-            self.arm_retry_timer(ctx.now);
+            self.req.rto.on_progress(self.req.una, ctx.now);
+            self.req.progress_at = ctx.now;
+            self.arm_retry_timer(ctx);
         }
         self.complete_front(ctx);
     }

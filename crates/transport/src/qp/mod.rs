@@ -21,6 +21,7 @@ mod pacing;
 mod post_queues;
 mod requester;
 mod responder;
+mod rto;
 mod send_queue;
 mod ud;
 
@@ -31,6 +32,7 @@ use std::sync::Arc;
 pub use attr::{MAX_RD_ATOMIC, Mtu, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, ud_steps};
 pub use pacing::Pacer;
 pub use post_queues::{PostQueues, Posted, SendPoster};
+pub use rto::Retransmission;
 use softrnic_wire::packet::PacketRepr;
 
 use crate::completion::{Completion, CompletionQueue, CqId, Pushed, WcOpcode, WcStatus};

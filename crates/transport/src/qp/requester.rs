@@ -10,6 +10,7 @@ use softrnic_wire::aeth;
 use softrnic_wire::packet::{Extensions, Headers};
 use softrnic_wire::{Opcode, Psn, atomic_eth, bth, reth};
 
+use super::rto::{Retransmission, RtoEstimator};
 use super::{Ctx, QpAttributes, QpState, QueuePair, Transmit};
 use crate::completion::WcStatus;
 use crate::memory::{Access, gather, validate_list};
@@ -34,6 +35,11 @@ pub(super) struct Requester {
     pub rnr_retries_left: u8,
     /// When to retransmit if no progress is made.
     pub retry_deadline: Option<Instant>,
+    /// The adaptive timer's estimate of the path.
+    pub rto: RtoEstimator,
+    /// When the flight last made progress (or began): a retry is spent
+    /// once the QP's `timeout` has passed since.
+    pub progress_at: Instant,
     /// Sending waits until then after an RNR NAK.
     pub rnr_until: Option<Instant>,
     /// READ and ATOMIC requests started and not yet completed.
@@ -130,6 +136,14 @@ impl QueuePair {
         // responses it asks for.
         let span = if matches!(wqe.wr.op, SendOp::Read { .. }) { read_chunk } else { 1 };
         let end = psn.add(span);
+        if !self.req.outstanding() {
+            self.req.progress_at = ctx.now;
+        }
+        if is_new {
+            self.req.rto.on_new_packet(psn, ctx.now);
+        } else {
+            self.req.rto.on_retransmit();
+        }
         if self.req.sent_end.is_before(end) {
             self.req.sent_end = end;
         }
@@ -143,7 +157,7 @@ impl QueuePair {
             self.req.cursor_pkt += span;
         }
         if self.req.retry_deadline.is_none() {
-            self.arm_retry_timer(ctx.now);
+            self.arm_retry_timer(ctx);
         }
         if let Some(pacer) = &mut self.pacer {
             pacer.on_send(ctx.now, len);
@@ -307,11 +321,20 @@ impl QueuePair {
         headers.emit_around_payload(buf, 0).map_err(|_| WcStatus::LocLenErr)
     }
 
-    pub(super) fn arm_retry_timer(&mut self, now: Instant) {
+    /// Arms the retransmission timer if packets are in flight: the QP's
+    /// `timeout`, or the adaptive timer's estimate (`rto.rs`).
+    pub(super) fn arm_retry_timer(&mut self, ctx: &Ctx) {
         self.req.retry_deadline = match ack_timeout(self.attrs.timeout) {
-            Some(timeout) if self.req.outstanding() => Some(now + timeout),
+            Some(timeout) if self.req.outstanding() => Some(ctx.now + self.retry_wait(ctx, timeout)),
             _ => None,
         };
+    }
+
+    fn retry_wait(&self, ctx: &Ctx, timeout: std::time::Duration) -> std::time::Duration {
+        match ctx.config.retransmission {
+            Retransmission::Fixed => timeout,
+            Retransmission::Adaptive { floor } => self.req.rto.timeout(floor, timeout),
+        }
     }
 
     /// Goes back to `psn` because of a NAK or a missing response, once
@@ -346,7 +369,7 @@ impl QueuePair {
     pub(super) fn requester_timeout(&mut self, ctx: &mut Ctx) {
         if self.req.rnr_until.is_some_and(|t| t <= ctx.now) {
             self.req.rnr_until = None;
-            self.arm_retry_timer(ctx.now);
+            self.arm_retry_timer(ctx);
         }
         if self.req.retry_deadline.is_none_or(|t| t > ctx.now) {
             return;
@@ -356,11 +379,28 @@ impl QueuePair {
             return;
         }
         ctx.counters.timeouts += 1;
-        if self.req.retries_left == 0 {
-            self.fail_oldest(ctx, WcStatus::RetryExcErr);
-        } else {
+        // A retry is spent each time the QP's full `timeout` passes without
+        // progress; the adaptive timer's earlier expiries are free.
+        let timeout = ack_timeout(self.attrs.timeout).unwrap_or_default();
+        let adaptive = matches!(ctx.config.retransmission, Retransmission::Adaptive { .. });
+        if !adaptive || ctx.now - self.req.progress_at >= timeout {
+            if self.req.retries_left == 0 {
+                self.fail_oldest(ctx, WcStatus::RetryExcErr);
+                return;
+            }
             self.req.retries_left -= 1;
-            self.req.recovering_from = None;
+            self.req.progress_at = ctx.now;
+        }
+        self.req.rto.on_expiry();
+        self.req.recovering_from = None;
+        let last = self.req.sent_end.sub(1);
+        if adaptive && !self.req.rto.probed && last != self.req.una {
+            // The tail-loss probe: the last packet alone, which is what a
+            // lost tail needs and what makes a lost ACK be repeated.
+            self.req.rto.probed = true;
+            ctx.counters.tail_loss_probes += 1;
+            self.go_back(last);
+        } else {
             self.go_back(self.req.una);
         }
     }

@@ -1,0 +1,142 @@
+//! Loss recovery, one loss pattern at a time: which packet is lost decides
+//! which mechanism recovers it (a sequence NAK, the tail-loss probe, the
+//! retransmission timer) and what it costs in time. Each test runs with the
+//! IBTA's fixed timer and with the adaptive one (`qp/rto.rs`).
+
+use std::time::Duration;
+
+use softrnic_sim::harness::{IOVA, Pair, PairOptions};
+use softrnic_transport::{Mtu, Payload, QpState, RemoteAddr, Retransmission, SendOp, TransportConfig, WcStatus};
+
+/// Host 0 sends, host 1 answers; `(sender, n)` in `doomed` is the n-th
+/// datagram a host puts on the wire.
+const A: usize = 0;
+const B: usize = 1;
+
+/// The harness's `timeout` attribute, 10: 4.096 µs × 2^10.
+const TIMEOUT: Duration = Duration::from_nanos(4096 << 10);
+
+/// A pair whose QPs time retransmissions as `retransmission` says, with
+/// one small WRITE done first so that the adaptive timer has measured the
+/// path (its first flight waits the full timeout, as a fixed timer does).
+fn pair(retransmission: Retransmission) -> Pair {
+    let config = TransportConfig { retransmission, ..TransportConfig::default() };
+    let mut pair = Pair::new(PairOptions { mtu: Mtu::Mtu1024, config, ..PairOptions::default() });
+    write(&mut pair, 0, 64);
+    let [a, _] = pair.settle();
+    assert_eq!(a[0].status, WcStatus::Success);
+    pair
+}
+
+fn write(pair: &mut Pair, wr_id: u64, len: u32) {
+    let remote = RemoteAddr { addr: IOVA, rkey: pair.b.mr.rkey };
+    let payload: Payload = pair.a.gather(0, len);
+    pair.post(A, wr_id, SendOp::Write { remote, imm: None }, payload);
+}
+
+/// Sends an 8-packet WRITE with `doomed` lost; returns how long it took
+/// to complete.
+fn eight_packets_losing(pair: &mut Pair, doomed: &[(usize, u64)]) -> Duration {
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
+    pair.a.buffer.write(0, &data);
+    // The datagrams each host sent so far (the warm-up's) come first.
+    let base = [pair.world.device(A).counters().tx_packets, pair.world.device(B).counters().tx_packets];
+    pair.world.network.doomed = doomed.iter().map(|&(host, n)| (host, base[host] + n)).collect();
+    let start = pair.world.now;
+    write(pair, 1, 8192);
+    let done = pair.wait(A, 1);
+    assert_eq!(done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(1, WcStatus::Success)]);
+    assert_eq!(pair.b.buffer.to_vec()[..8192], data[..], "every byte placed");
+    assert_eq!(pair.state(A), QpState::Rts);
+    pair.world.now - start
+}
+
+fn counters(pair: &mut Pair) -> softrnic_transport::Counters {
+    pair.world.device(A).counters().clone()
+}
+
+#[test]
+fn a_lost_last_packet_costs_a_probe_not_the_timeout() {
+    let mut fixed = pair(Retransmission::Fixed);
+    let slow = eight_packets_losing(&mut fixed, &[(A, 7)]);
+    assert!(slow >= TIMEOUT, "the fixed timer waits the attribute: {slow:?}");
+
+    let mut adaptive = pair(Retransmission::ADAPTIVE);
+    let fast = eight_packets_losing(&mut adaptive, &[(A, 7)]);
+    let c = counters(&mut adaptive);
+    assert_eq!((c.timeouts, c.tail_loss_probes, c.retransmitted_packets), (1, 1, 1), "one probe, one packet");
+    assert!(fast < TIMEOUT / 10, "the adaptive timer recovers a tail loss in {fast:?}");
+}
+
+#[test]
+fn a_lost_first_or_middle_packet_is_recovered_by_a_sequence_nak() {
+    for mode in [Retransmission::Fixed, Retransmission::ADAPTIVE] {
+        for lost in [0, 3] {
+            let mut pair = pair(mode);
+            let took = eight_packets_losing(&mut pair, &[(A, lost)]);
+            let c = counters(&mut pair);
+            assert_eq!((c.seq_naks_received, c.timeouts), (1, 0), "{mode:?}, packet {lost}");
+            assert_eq!(c.retransmitted_packets, 8 - lost, "go-back-N resends from the gap");
+            assert!(took < TIMEOUT / 10, "{mode:?}, packet {lost}: {took:?}");
+        }
+    }
+}
+
+#[test]
+fn a_lost_ack_is_repeated_after_a_probe() {
+    // B acknowledges the warm-up with its datagram 0 here; the WRITE's
+    // one ACK (8 packets, fewer than the ACK request interval) is next.
+    let mut adaptive = pair(Retransmission::ADAPTIVE);
+    let fast = eight_packets_losing(&mut adaptive, &[(B, 0)]);
+    let c = counters(&mut adaptive);
+    assert_eq!((c.tail_loss_probes, c.retransmitted_packets), (1, 1), "the last packet alone goes again");
+    assert_eq!(adaptive.world.device(B).counters().rx_duplicate_requests, 1);
+    assert!(fast < TIMEOUT / 10, "{fast:?}");
+
+    let mut fixed = pair(Retransmission::Fixed);
+    let slow = eight_packets_losing(&mut fixed, &[(B, 0)]);
+    assert!(slow >= TIMEOUT);
+    assert_eq!(counters(&mut fixed).retransmitted_packets, 8, "go-back-N resends the whole flight");
+}
+
+#[test]
+fn a_lost_probe_falls_back_to_going_back() {
+    // The last packet, then its probe, are lost: the next expiry goes back
+    // to the oldest unacknowledged packet.
+    let mut pair = pair(Retransmission::ADAPTIVE);
+    let took = eight_packets_losing(&mut pair, &[(A, 7), (A, 8)]);
+    let c = counters(&mut pair);
+    assert_eq!((c.timeouts, c.tail_loss_probes), (2, 1));
+    assert!(took < TIMEOUT / 10, "{took:?}");
+}
+
+#[test]
+fn a_lost_nak_is_covered_by_the_timer() {
+    // Packet 2 is lost; B's sequence NAK (its first datagram) is lost too.
+    for mode in [Retransmission::Fixed, Retransmission::ADAPTIVE] {
+        let mut pair = pair(mode);
+        let took = eight_packets_losing(&mut pair, &[(A, 2), (B, 0)]);
+        let c = counters(&mut pair);
+        assert!(c.timeouts >= 1, "{mode:?}");
+        if mode == Retransmission::Fixed {
+            assert!(took >= TIMEOUT, "{took:?}");
+        } else {
+            assert!(took < TIMEOUT / 10, "{took:?}");
+        }
+    }
+}
+
+#[test]
+fn an_adaptive_timer_spends_retries_no_faster_than_the_attribute() {
+    // A dead peer: the QP fails after retry_cnt + 1 full timeouts, however
+    // short the adaptive timer is.
+    let mut pair = pair(Retransmission::ADAPTIVE);
+    pair.world.hosts[B].up = false;
+    let start = pair.world.now;
+    write(&mut pair, 1, 64);
+    let [a, _] = pair.settle();
+    assert_eq!(a[0].status, WcStatus::RetryExcErr);
+    let took = pair.world.now - start;
+    assert!(took >= TIMEOUT * 8, "7 retries and the first try, each a full timeout: {took:?}");
+    assert!(counters(&mut pair).timeouts > 8, "the adaptive timer also tried in between");
+}

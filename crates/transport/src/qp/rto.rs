@@ -1,0 +1,182 @@
+//! The adaptive retransmission timeout: how long a requester waits for an
+//! acknowledgement before it sends again, learned from the path.
+//!
+//! RoCE waits the QP's `timeout` attribute (4.096 µs × 2^timeout, 67 ms
+//! for perftest's 14) whatever the path, so one lost tail packet on a
+//! 10 µs path costs 67 ms. An adaptive QP times one packet at a time
+//! (Karn's rule: never one that was sent twice), keeps a smoothed RTT and
+//! its variation, and waits `srtt + 4·rttvar` (RFC 6298), no less than a
+//! floor and never more than the attribute allows, doubling on each
+//! expiry. The first expiry after new data is a tail-loss probe (RFC 8985
+//! in spirit): only the last packet sent goes again, which is all a lost
+//! tail needs and all a lost ACK needs to be repeated.
+//!
+//! `retry_cnt` keeps its meaning: a retry is spent only when the QP's
+//! full `timeout` has passed with no progress, so a QP fails no sooner
+//! than a fixed-timer one would; the expiries before that are free.
+
+use std::time::Duration;
+
+use softrnic_wire::Psn;
+
+use crate::time::Instant;
+
+/// How a QP times retransmissions (`TransportConfig::retransmission`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retransmission {
+    /// The IBTA's: wait the QP's `timeout` attribute.
+    Fixed,
+    /// Learned from the path, waiting at least `floor`.
+    Adaptive { floor: Duration },
+}
+
+impl Retransmission {
+    /// The adaptive timer with the floor softrnic recommends.
+    pub const ADAPTIVE: Retransmission = Retransmission::Adaptive { floor: Duration::from_micros(100) };
+
+    /// `fixed` or `adaptive`.
+    pub fn parse(text: &str) -> Result<Retransmission, String> {
+        match text {
+            "fixed" => Ok(Retransmission::Fixed),
+            "adaptive" => Ok(Retransmission::ADAPTIVE),
+            other => Err(format!("`{other}` is not a retransmission timer; give fixed or adaptive")),
+        }
+    }
+}
+
+/// The most expiries back-off doubles for.
+const MAX_BACKOFF: u32 = 16;
+
+/// A QP's RTT estimate and back-off.
+#[derive(Debug, Clone, Default)]
+pub(super) struct RtoEstimator {
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    /// Expiries since the last acknowledgement of new data.
+    backoff: u32,
+    /// The packet being timed: its PSN and when it left.
+    timing: Option<(Psn, Instant)>,
+    /// The tail-loss probe for the current flight went already.
+    pub probed: bool,
+}
+
+impl RtoEstimator {
+    /// A packet left for the first time.
+    pub fn on_new_packet(&mut self, psn: Psn, now: Instant) {
+        if self.timing.is_none() {
+            self.timing = Some((psn, now));
+        }
+    }
+
+    /// Packets are going again: none of them may be timed.
+    pub fn on_retransmit(&mut self) {
+        self.timing = None;
+    }
+
+    /// Everything before `una` is acknowledged as of `now`.
+    pub fn on_progress(&mut self, una: Psn, now: Instant) {
+        self.backoff = 0;
+        self.probed = false;
+        let Some((psn, sent)) = self.timing else {
+            return;
+        };
+        if !psn.is_before(una) {
+            return;
+        }
+        self.timing = None;
+        let sample = now - sent;
+        match self.srtt {
+            None => {
+                self.srtt = Some(sample);
+                self.rttvar = sample / 2;
+            }
+            Some(srtt) => {
+                // RFC 6298: beta = 1/4, alpha = 1/8.
+                let error = srtt.abs_diff(sample);
+                self.rttvar = (self.rttvar * 3 + error) / 4;
+                self.srtt = Some((srtt * 7 + sample) / 8);
+            }
+        }
+    }
+
+    /// The timer ran out.
+    pub fn on_expiry(&mut self) {
+        self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
+    }
+
+    /// How long to wait for an acknowledgement: the learned timeout,
+    /// backed off, within `floor` and `ceiling`; `ceiling` itself before
+    /// the first sample.
+    pub fn timeout(&self, floor: Duration, ceiling: Duration) -> Duration {
+        let Some(srtt) = self.srtt else {
+            return ceiling;
+        };
+        let base = (srtt + self.rttvar * 4).max(floor);
+        base.saturating_mul(1 << self.backoff).min(ceiling)
+    }
+
+    #[cfg(test)]
+    pub fn srtt(&self) -> Option<Duration> {
+        self.srtt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+    const CEILING: Duration = Duration::from_millis(67);
+
+    fn at(us: u64) -> Instant {
+        Instant::from_nanos(us * 1000)
+    }
+
+    #[test]
+    fn waits_the_attribute_until_it_has_a_sample() {
+        let rto = RtoEstimator::default();
+        assert_eq!(rto.timeout(100 * US, CEILING), CEILING);
+    }
+
+    #[test]
+    fn learns_the_path_and_keeps_the_floor() {
+        let mut rto = RtoEstimator::default();
+        rto.on_new_packet(Psn::new(10), at(0));
+        rto.on_progress(Psn::new(11), at(20));
+        // srtt 20, rttvar 10: 20 + 40 = 60 µs, under the floor.
+        assert_eq!(rto.timeout(100 * US, CEILING), 100 * US);
+        assert_eq!(rto.timeout(10 * US, CEILING), 60 * US);
+        // A steady path narrows the variation.
+        for i in 1..50 {
+            rto.on_new_packet(Psn::new(10 + i), at(100 * u64::from(i)));
+            rto.on_progress(Psn::new(11 + i), at(100 * u64::from(i) + 20));
+        }
+        assert!(rto.timeout(US, CEILING) < 25 * US);
+        assert_eq!(rto.srtt(), Some(20 * US));
+    }
+
+    #[test]
+    fn karn_never_times_a_retransmitted_packet() {
+        let mut rto = RtoEstimator::default();
+        rto.on_new_packet(Psn::new(1), at(0));
+        rto.on_retransmit();
+        rto.on_progress(Psn::new(2), at(5000));
+        assert_eq!(rto.srtt(), None, "an ACK of a packet sent twice says nothing of the path");
+    }
+
+    #[test]
+    fn backs_off_to_the_ceiling_and_resets_on_progress() {
+        let mut rto = RtoEstimator::default();
+        rto.on_new_packet(Psn::new(1), at(0));
+        rto.on_progress(Psn::new(2), at(200));
+        let base = rto.timeout(100 * US, CEILING);
+        rto.on_expiry();
+        assert_eq!(rto.timeout(100 * US, CEILING), base * 2);
+        for _ in 0..40 {
+            rto.on_expiry();
+        }
+        assert_eq!(rto.timeout(100 * US, CEILING), CEILING);
+        rto.on_progress(Psn::new(2), at(300));
+        assert_eq!(rto.timeout(100 * US, CEILING), base);
+    }
+}
