@@ -17,10 +17,13 @@ softrnic runs over its UDP datapath there. Other modes:
   --scaling   the E2 shape: 8 QPs, 64 B and 64 KiB, engine threads 1, 2,
               4 and 8, inline and dedicated progress (on a machine with
               the cores to show it);
+  --loss      64 KiB write_bw and send_bw at 0.1, 1 and 5 % loss and the
+              CI fault mix, and 64 B send_lat p99 at 1 %, with the fixed
+              and the adaptive retransmission timer;
   --perftest  Debian's perftest over softrnic's drop-in libibverbs.so.1
               beside `softrnic bench` on the same tests.
 
-    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --perftest]
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -194,6 +197,42 @@ def scaling_main(a, extra):
     print("\nAll runs:", json.dumps({f"{m}-{t}-{k}": [round(x, 3) for x in v] for (m, t, k), v in r.items()}))
 
 
+def loss_main(a, extra):
+    """Throughput and tail latency under injected loss, each retransmission
+    timer, against lossless in the same run (issue 14's sweep)."""
+    losses = [0.0, 0.001, 0.01, 0.05]
+    timers = ["fixed", "adaptive"]
+    tests = [("write_bw", 65536), ("send_bw", 65536)]
+    r = {}
+    for run in range(a.runs):
+        print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+        for timer in timers:
+            for test, size in tests:
+                for p in losses:
+                    args = extra + ["--retransmission", timer, "--loss", str(p), "-D", "3"]
+                    r.setdefault((timer, test, p), []).append(softrnic(test, size, args)["bw_avg_gbps"])
+                mix = extra + ["--retransmission", timer, "--loss", "0.05", "--reorder", "0.05",
+                               "--duplicate", "0.02", "--corrupt", "0.01", "-D", "3"]
+                r.setdefault((timer, test, "mix"), []).append(softrnic(test, size, mix)["bw_avg_gbps"])
+            for p in [0.0, 0.01]:
+                lat = softrnic("send_lat", 64, extra + ["--retransmission", timer, "--loss", str(p), "-n", "5000"])
+                r.setdefault((timer, "p99", p), []).append(lat["p99_ns"] / 1000)
+    ratio = lambda key, base: median([x / y for x, y in zip(r[key], r[base])])
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one QP, loss in each direction:\n")
+    print("| test | timer | lossless | 0.1 % | 1 % | 5 % | CI mix |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for test, _ in tests:
+        for timer in timers:
+            cells = [f"{median(r[(timer, test, 0.0)]):.2f} Gb/s"]
+            cells += [f"{median(r[(timer, test, p)]):.2f} Gb/s ({ratio((timer, test, p), (timer, test, 0.0)):.0%})" for p in losses[1:]]
+            cells.append(f"{median(r[(timer, test, 'mix')]):.2f} Gb/s")
+            print(f"| 64 KiB {test} | {timer} | " + " | ".join(cells) + " |")
+    for timer in timers:
+        lossless, lossy = median(r[(timer, "p99", 0.0)]), median(r[(timer, "p99", 0.01)])
+        print(f"| 64 B send_lat p99 | {timer} | {lossless:.1f} µs | | {lossy:.1f} µs ({lossy / lossless:.1f}×) | | |")
+    print("\nAll runs:", json.dumps({f"{k[0]}-{k[1]}-{k[2]}": [round(x, 3) for x in v] for k, v in r.items()}))
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -205,6 +244,7 @@ def main():
     parser.add_argument("--perftest", action="store_true", help="perftest over libibverbs.so.1 beside softrnic bench")
     parser.add_argument("--shm", action="store_true", help="the shared-memory wire against UCX's")
     parser.add_argument("--scaling", action="store_true", help="8 QPs over 1, 2, 4 and 8 engine threads")
+    parser.add_argument("--loss", action="store_true", help="throughput and tail latency under loss, each retransmission timer")
     parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
     a = parser.parse_args()
     if "SOFTRNIC_BIN" not in os.environ:
@@ -214,6 +254,8 @@ def main():
         return shm_main(a, extra)
     if a.scaling:
         return scaling_main(a, extra)
+    if a.loss:
+        return loss_main(a, extra)
     if a.perftest:
         if shutil.which("ib_send_lat") is None:
             sys.exit("perftest is missing: sudo apt-get install perftest")

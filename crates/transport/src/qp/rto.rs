@@ -75,7 +75,6 @@ impl RtoEstimator {
 
     /// Everything before `una` is acknowledged as of `now`.
     pub fn on_progress(&mut self, una: Psn, now: Instant) {
-        self.backoff = 0;
         self.probed = false;
         let Some((psn, sent)) = self.timing else {
             return;
@@ -83,6 +82,11 @@ impl RtoEstimator {
         if !psn.is_before(una) {
             return;
         }
+        // Only a valid sample ends the back-off (Karn; RFC 6298 5.7): an
+        // ACK of retransmitted packets says nothing of how long the path
+        // now takes, and a timer reset on it fires early again and again
+        // while a deep queue drains.
+        self.backoff = 0;
         self.timing = None;
         let sample = now - sent;
         match self.srtt {
@@ -176,7 +180,14 @@ mod tests {
             rto.on_expiry();
         }
         assert_eq!(rto.timeout(100 * US, CEILING), CEILING);
+        // An ACK of packets sent twice keeps the back-off (Karn)...
+        rto.on_retransmit();
         rto.on_progress(Psn::new(2), at(300));
-        assert_eq!(rto.timeout(100 * US, CEILING), base);
+        assert_eq!(rto.timeout(100 * US, CEILING), CEILING);
+        // ...and the next timed packet's ACK ends it: 200 µs again, so
+        // the variation shrinks (200 + 4 × 75).
+        rto.on_new_packet(Psn::new(3), at(400));
+        rto.on_progress(Psn::new(4), at(600));
+        assert_eq!((base, rto.timeout(100 * US, CEILING)), (600 * US, 500 * US));
     }
 }
