@@ -142,7 +142,7 @@ impl QueuePair {
         if is_new {
             self.req.rto.on_new_packet(psn, ctx.now);
         } else {
-            self.req.rto.on_retransmit();
+            self.req.rto.on_retransmit(psn);
         }
         if self.req.sent_end.is_before(end) {
             self.req.sent_end = end;

@@ -68,9 +68,14 @@ impl RtoEstimator {
         }
     }
 
-    /// Packets are going again: none of them may be timed.
-    pub fn on_retransmit(&mut self) {
-        self.timing = None;
+    /// The packet of `psn` is going again. A timed packet at or after it
+    /// goes again too (go-back-N resends in order from there), and its
+    /// ACK will not say which copy it answers; one before it stays timed,
+    /// so samples keep coming while the tail of a flight is repaired.
+    pub fn on_retransmit(&mut self, psn: Psn) {
+        if self.timing.is_some_and(|(timed, _)| !timed.is_before(psn)) {
+            self.timing = None;
+        }
     }
 
     /// Everything before `una` is acknowledged as of `now`.
@@ -163,9 +168,14 @@ mod tests {
     fn karn_never_times_a_retransmitted_packet() {
         let mut rto = RtoEstimator::default();
         rto.on_new_packet(Psn::new(1), at(0));
-        rto.on_retransmit();
+        rto.on_retransmit(Psn::new(1));
         rto.on_progress(Psn::new(2), at(5000));
         assert_eq!(rto.srtt(), None, "an ACK of a packet sent twice says nothing of the path");
+        // Repairing what follows the timed packet leaves it timed.
+        rto.on_new_packet(Psn::new(2), at(6000));
+        rto.on_retransmit(Psn::new(5));
+        rto.on_progress(Psn::new(3), at(6030));
+        assert_eq!(rto.srtt(), Some(30 * US));
     }
 
     #[test]
@@ -181,7 +191,7 @@ mod tests {
         }
         assert_eq!(rto.timeout(100 * US, CEILING), CEILING);
         // An ACK of packets sent twice keeps the back-off (Karn)...
-        rto.on_retransmit();
+        rto.on_retransmit(Psn::new(1));
         rto.on_progress(Psn::new(2), at(300));
         assert_eq!(rto.timeout(100 * US, CEILING), CEILING);
         // ...and the next timed packet's ACK ends it: 200 µs again, so
