@@ -450,11 +450,12 @@ impl Nic {
         SendQueue { core: &self.core, shard, poster: Some(qp.send_poster()), qpn: qp.qpn() }
     }
 
-    /// Posts a receive request. It sends nothing, so it rings no doorbell:
-    /// an ACK the last poll owes waits for the next send and leaves in the
-    /// same system call (a ping-pong posts its receive, then its send), or
-    /// with the engine thread's next pass. The QP takes the request when
-    /// its next packet arrives, or with the shard's next pass.
+    /// Posts a receive request. The QP takes it with the shard's next pass,
+    /// or with the packet that needs it if that comes first. Inline, it
+    /// sends nothing, so it drives nothing: an ACK the last poll owes waits
+    /// for the next send and leaves in the same system call (a ping-pong
+    /// posts its receive, then its send). Dedicated, it sets the doorbell,
+    /// so that the engine thread's next pass takes it.
     pub fn post_recv(&self, qp: &PostQueues, wr: RecvWorkRequest) -> Result<()> {
         if qp.post_recv(wr)? == Posted::Tell {
             let shard = self.core.shard(qp.qpn());

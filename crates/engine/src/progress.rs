@@ -437,3 +437,19 @@ fn set_timer_slack(slack: Duration) {
     // calling thread.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack.as_nanos() as libc::c_ulong, 0, 0, 0) };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ProgressMode::{Auto, Dedicated, Inline};
+
+    #[test]
+    fn auto_dedicates_cores_only_where_there_are_enough() {
+        assert!(!Auto.is_dedicated(1, 2), "two cores: the applications need them");
+        assert!(Auto.is_dedicated(1, 4));
+        assert!(Auto.is_dedicated(7, 16));
+        assert!(!Auto.is_dedicated(8, 16), "8 + 8 engine threads and the applications would not fit");
+        assert!(Dedicated.is_dedicated(8, 2), "asked for, given");
+        assert!(!Inline.is_dedicated(1, 64));
+        assert!(!Dedicated.is_dedicated(0, 64), "without engine threads only the application drives");
+    }
+}

@@ -256,7 +256,11 @@ impl EngineShard {
                 }
                 n
             };
-            if let Some(mut state) = state {
+            // Collected even when the last hold ended with the batch: what
+            // the datagrams raised (a completion channel to wake) must not
+            // wait for the next pass.
+            if n + released > 0 || state.is_some() {
+                let mut state = state.unwrap_or_else(|| self.lock());
                 self.collect(&mut state.transport, after);
             }
             n + released
