@@ -50,7 +50,7 @@ pub struct PostQueues {
 pub enum Posted {
     /// The QP had nothing waiting: its shard must be told to look.
     Tell,
-    /// The shard knows, or the QP's next packet takes the request.
+    /// The shard has been told already.
     Queued,
 }
 
