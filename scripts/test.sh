@@ -41,6 +41,8 @@ if [ "$fuzz_seconds" -gt 0 ]; then
     if cargo fuzz --version >/dev/null 2>&1 && cargo +nightly --version >/dev/null 2>&1; then
         step "fuzzing the packet parser for ${fuzz_seconds}s"
         (cd fuzz && cargo +nightly fuzz run parse_packet -- -max_total_time="$fuzz_seconds" 2>&1 | tail -n 3)
+        step "fuzzing the responder and completer of live QPs for ${fuzz_seconds}s"
+        (cd fuzz && cargo +nightly fuzz run respond -- -max_total_time="$fuzz_seconds" 2>&1 | tail -n 3)
     else
         step "fuzzing skipped: needs cargo-fuzz and a nightly toolchain (cargo install cargo-fuzz)"
     fi

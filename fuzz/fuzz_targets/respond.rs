@@ -1,0 +1,173 @@
+//! Feeds arbitrary packets to a device with live QPs: an RC QP in RTS with
+//! work outstanding and receives posted, and a UD QP, over registered
+//! memory. The parser target stops at the headers; this one reaches the
+//! responder, the completer and the UD receive path, because every packet
+//! is addressed to one of the QPs, comes from its peer and carries a valid
+//! ICRC (sealed here), so only its headers and payload are the fuzzer's.
+//!
+//! The property: a hostile peer touches no memory it has no key and right
+//! for. Only the remotely writable region may change; the guard bytes
+//! around it and a region registered for local access only never do.
+//!
+//! Input: frames of a selector byte (which QP, which peer, whether time
+//! passes, whether a RETH-shaped field gets one of the device's real keys
+//! and addresses), a length byte and that many bytes of packet, BTH first.
+//! The keys are handed over because no fuzzer guesses a 32-bit key and an
+//! address at once: what is under test is what the device does with a
+//! valid key used where its rights do not reach.
+#![no_main]
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use libfuzzer_sys::fuzz_target;
+use softrnic_transport::{
+    Access, CqId, Device, DmaBuffer, Instant, MAX_DATAGRAM_LEN, Mtu, Payload, Psn, QpCaps, QpInitAttr, QpType,
+    RcConnection, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, TransportConfig, smallvec, ud_steps,
+};
+use softrnic_wire::ROCEV2_UDP_PORT;
+use softrnic_wire::icrc::UdpFlow;
+
+const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+const PEER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+const GUARD: usize = 256;
+const REGION: usize = 8192;
+/// Layout: guard, remotely writable region, guard, local-only region, guard.
+const REMOTE_AT: usize = GUARD;
+const LOCAL_AT: usize = 2 * GUARD + REGION;
+const LEN: usize = 3 * GUARD + 2 * REGION;
+const IOVA: u64 = 0x1000_0000;
+const LOCAL_IOVA: u64 = 0x1010_0000;
+/// Where a RETH (and an AtomicETH) sits: right after the 12-byte BTH.
+const RETH_VA: std::ops::Range<usize> = 12..20;
+const RETH_RKEY: std::ops::Range<usize> = 20..24;
+
+struct Target {
+    device: Device,
+    buffer: Arc<DmaBuffer>,
+    cq: CqId,
+    /// The rkeys of the remote region and of the local-only one.
+    rkeys: [u32; 2],
+    rc: u32,
+    ud: u32,
+    now: Instant,
+}
+
+fn setup() -> Target {
+    let mut device = Device::new(TransportConfig { local_addr: LOCAL, ..TransportConfig::default() });
+    let buffer = Arc::new(DmaBuffer::from_bytes(&vec![0x5a; LEN]));
+    let pd = device.alloc_pd();
+    let remote = device
+        .register_memory(pd, buffer.clone(), REMOTE_AT, REGION, IOVA, Access::LOCAL_WRITE | Access::REMOTE)
+        .expect("register");
+    // Registered, but for local access only: no packet may reach it.
+    let local = device
+        .register_memory(pd, buffer.clone(), LOCAL_AT, REGION, LOCAL_IOVA, Access::LOCAL_WRITE)
+        .expect("register");
+    let sge = |offset: usize, length: u32| Sge { addr: IOVA + offset as u64, length, lkey: remote.lkey };
+    let cq = device.create_cq(1 << 16);
+    let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, ..QpCaps::default() };
+    let init = |qp_type| QpInitAttr { qp_type, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: true, srq: None };
+    let rc = device.create_qp(init(QpType::Rc)).expect("create rc");
+    let ud = device.create_qp(init(QpType::Ud)).expect("create ud");
+    let now = Instant::ZERO;
+    let connection = RcConnection {
+        access: Access::REMOTE,
+        remote_addr: PEER,
+        dest_qpn: 0x11,
+        rq_psn: Psn::new(0),
+        sq_psn: Psn::new(0),
+        mtu: Mtu::Mtu1024,
+        max_dest_rd_atomic: 4,
+        max_rd_atomic: 4,
+        min_rnr_timer: 1,
+        timeout: 10,
+        retry_cnt: 7,
+        rnr_retry: 7,
+    };
+    for attr in connection.steps() {
+        device.modify_qp(now, rc, &attr).expect("modify rc");
+    }
+    for attr in ud_steps(0x1111_1111, Psn::new(0)) {
+        device.modify_qp(now, ud, &attr).expect("modify ud");
+    }
+    // Receives into the remotely writable region, for SENDs.
+    for (qpn, i) in [(rc, 0u64), (rc, 1), (ud, 2), (ud, 3)] {
+        let wr = RecvWorkRequest { wr_id: i, sges: smallvec![sge(i as usize * 2048, 2048)] };
+        device.post_recv(now, qpn, wr).expect("post_recv");
+    }
+    // Work outstanding at the peer, so that responses have something to
+    // complete: a WRITE, a READ into the remote region, an ATOMIC.
+    let peer_region = RemoteAddr { addr: 0x2000_0000, rkey: 0x77 };
+    let ops = [
+        SendOp::Write { remote: peer_region, imm: None },
+        SendOp::Read { remote: peer_region },
+        SendOp::FetchAdd { remote: peer_region, add: 1 },
+    ];
+    for (i, op) in ops.into_iter().enumerate() {
+        let len = if matches!(op, SendOp::FetchAdd { .. }) { 8 } else { 3000 };
+        let wr = SendWorkRequest::new(10 + i as u64, op, Payload::Gather(smallvec![sge(4096, len)]));
+        device.post_send(now, rc, wr).expect("post_send");
+    }
+    Target { device, buffer, cq, rkeys: [remote.rkey, local.rkey], rc, ud, now }
+}
+
+impl Target {
+    /// Sends everything the device wants to send (to nobody).
+    fn drain(&mut self) {
+        let mut out = vec![0u8; MAX_DATAGRAM_LEN];
+        while self.device.poll_transmit(self.now, &mut out).is_some() {}
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut t = setup();
+    let snapshot = t.buffer.to_vec();
+    t.drain();
+    let mut rest = data;
+    while rest.len() >= 2 {
+        let (selector, len) = (rest[0], usize::from(rest[1]) * 8);
+        rest = &rest[2..];
+        let body = &rest[..len.min(rest.len())];
+        rest = &rest[body.len()..];
+        if body.len() < 12 {
+            continue;
+        }
+        // The fuzzer's headers and payload, with room for the ICRC, to one
+        // of the QPs, from the RC QP's peer (or another host).
+        let mut packet = body.to_vec();
+        packet.extend_from_slice(&[0; 4]);
+        let qpn = if selector & 1 == 0 { t.rc } else { t.ud };
+        packet[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        let from = if selector & 2 == 0 { PEER } else { IpAddr::V4(Ipv4Addr::new(127, 0, 0, 9)) };
+        if selector & 8 != 0 && packet.len() >= RETH_RKEY.end {
+            let target = usize::from(selector & 16 != 0);
+            let base = [IOVA, LOCAL_IOVA][target];
+            let offset = u64::from_be_bytes(packet[RETH_VA].try_into().expect("8 bytes")) % (2 * REGION as u64);
+            packet[RETH_VA].copy_from_slice(&(base + offset).to_be_bytes());
+            packet[RETH_RKEY].copy_from_slice(&t.rkeys[target].to_be_bytes());
+        }
+        let flow = UdpFlow { src: from, dst: LOCAL, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT };
+        if flow.seal(&mut packet).is_err() {
+            continue;
+        }
+        t.device.handle_datagram(t.now, SocketAddr::new(from, ROCEV2_UDP_PORT), &packet);
+        t.drain();
+        if selector & 4 != 0 {
+            t.now = t.now + Duration::from_millis(10);
+            t.device.handle_timeout(t.now);
+            t.drain();
+        }
+        let mut completions = Vec::new();
+        while t.device.poll_cq(t.cq, 64, &mut completions) > 0 {
+            completions.clear();
+        }
+    }
+    let after = t.buffer.to_vec();
+    let untouchable =
+        [0..REMOTE_AT, REMOTE_AT + REGION..LOCAL_AT, LOCAL_AT..LOCAL_AT + REGION, LOCAL_AT + REGION..LEN];
+    for range in untouchable {
+        assert_eq!(after[range.clone()], snapshot[range.clone()], "bytes {range:?} changed without a key");
+    }
+});
