@@ -10,6 +10,7 @@
 //!
 //! Which one a device uses is [`DatapathKind`] (`SOFTRNIC_DATAPATH`).
 
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +19,10 @@ use softrnic_transport::MAX_DATAGRAM_LEN;
 
 use crate::shm::{self, InboxRing, Peers, Sent};
 use crate::socket::{BATCH, RecvBatch, RoceSocket};
+
+/// The most datagrams a shared-memory wire holds for full rings before it
+/// drops: about what a 4 MiB UDP receive buffer holds of small ones.
+const MAX_HELD: usize = 8192;
 
 /// How a shard moves datagrams. Called with the shard's wire lock held, so
 /// one thread at a time.
@@ -40,6 +45,13 @@ pub trait Datapath: Send {
 
     /// After the engine thread wakes.
     fn awake(&mut self) {}
+
+    /// Whether the wire holds datagrams it took but could not pass on yet
+    /// (a full shared-memory ring): the next pass must call `send` again,
+    /// even with nothing new.
+    fn holds_back(&self) -> bool {
+        false
+    }
 
     /// Datagrams dropped on arrival for want of buffer space.
     fn receive_drops(&self) -> u64;
@@ -147,6 +159,10 @@ pub struct SharedMemory {
     /// writing the slot, so it is never handled in place).
     buf: Box<[u8]>,
     malformed: u64,
+    /// Datagrams for a peer whose ring was full, oldest first: held, as a
+    /// lossless link holds them, rather than dropped (a UD datagram dropped
+    /// between two processes on one host would be lost for good).
+    held: VecDeque<(SocketAddr, Box<[u8]>)>,
     /// Until when UDP counts as carrying traffic.
     udp_busy_until: Instant,
     /// When an idle socket is next looked at.
@@ -161,6 +177,7 @@ impl SharedMemory {
             peers: Peers::default(),
             buf: vec![0u8; MAX_DATAGRAM_LEN].into_boxed_slice(),
             malformed: 0,
+            held: VecDeque::new(),
             udp_busy_until: Instant::now(),
             udp_next_look: Instant::now(),
         }
@@ -171,10 +188,25 @@ impl Datapath for SharedMemory {
     fn send(&mut self, packets: &[(SocketAddr, &[u8])]) -> usize {
         let source = self.udp.socket.local_addr();
         let mut remote = [(source, &[][..]); BATCH];
-        let mut wakes: [(usize, IpAddr); BATCH] = [(0, source.ip()); BATCH];
+        let mut wakes: [(usize, IpAddr); 2 * BATCH] = [(0, source.ip()); 2 * BATCH];
         let (mut n_remote, mut n_wakes, mut taken) = (0, 0, 0);
-        for &(dst, bytes) in packets.iter().take(BATCH) {
+        // What was held goes first, in order, as far as the rings take it.
+        while let Some((dst, bytes)) = self.held.front() {
             match self.peers.send(source, dst.ip(), bytes) {
+                Some(Sent::Full) => break,
+                Some(Sent::DeliveredWake(shard)) if n_wakes < wakes.len() => {
+                    wakes[n_wakes] = (shard, dst.ip());
+                    n_wakes += 1;
+                }
+                // Delivered, or the peer is gone (its datagrams are lost,
+                // as to a host that went away).
+                _ => {}
+            }
+            self.held.pop_front();
+        }
+        for &(dst, bytes) in packets.iter().take(BATCH) {
+            let sent = if self.held.is_empty() { self.peers.send(source, dst.ip(), bytes) } else { Some(Sent::Full) };
+            match sent {
                 None => {
                     remote[n_remote] = (dst, bytes);
                     n_remote += 1;
@@ -185,7 +217,12 @@ impl Datapath for SharedMemory {
                     wakes[n_wakes] = (shard, dst.ip());
                     n_wakes += 1;
                 }
-                // Lost, as on a full link; counted by the caller.
+                // Held behind what is held already; past the bound, lost
+                // as on a full link (and counted by the caller).
+                Some(Sent::Full) if self.held.len() < MAX_HELD => {
+                    self.held.push_back((dst, bytes.into()));
+                    taken += 1;
+                }
                 Some(Sent::Full) => {}
             }
         }
@@ -215,7 +252,11 @@ impl Datapath for SharedMemory {
     }
 
     fn prepare_to_sleep(&mut self) -> bool {
-        self.inbox.prepare_to_sleep()
+        self.held.is_empty() && self.inbox.prepare_to_sleep()
+    }
+
+    fn holds_back(&self) -> bool {
+        !self.held.is_empty()
     }
 
     fn awake(&mut self) {

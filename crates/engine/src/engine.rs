@@ -533,6 +533,16 @@ impl Drop for Nic {
         for shard in self.core.shards.iter() {
             self.core.drive(shard, shard.lock_wire(), Pass::TRANSMIT);
         }
+        // Datagrams a full shared-memory ring made the wire hold go too,
+        // while the peer drains its ring (for at most a second).
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while self.core.shards.iter().any(|s| s.holding.load(Ordering::Relaxed)) && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_micros(50));
+            for shard in self.core.shards.iter() {
+                self.core.drive(shard, shard.lock_wire(), Pass::TRANSMIT);
+            }
+        }
         self.core.stop.store(true, Ordering::SeqCst);
         for shard in self.core.shards.iter() {
             shard.tx_waker.signal();

@@ -377,7 +377,8 @@ fn run_dedicated(core: &Core, index: usize, role: Role) {
         }
         if role != Role::Rx {
             let rang = shard.doorbell.swap(false, Ordering::SeqCst);
-            if rang || moved > 0 || shard.timer_due(now) {
+            let holding = shard.holding.load(Ordering::Relaxed);
+            if rang || moved > 0 || holding || shard.timer_due(now) {
                 moved += core.drive_at(shard, shard.lock_wire(), Pass::TRANSMIT, now);
             }
         }

@@ -116,6 +116,9 @@ pub(crate) struct EngineShard {
     /// When the shard's next timer is due (ns of NIC time; `u64::MAX`:
     /// none), as of its last pass.
     pub next_timer: AtomicU64,
+    /// The wire held datagrams back at the end of its last transmit pass
+    /// (a full shared-memory ring): another pass must follow.
+    pub holding: AtomicBool,
     /// Whether this shard's traffic passes through fault injectors.
     injects_faults: bool,
     /// Bumped by every application poll that drives this shard: while it
@@ -154,6 +157,7 @@ impl EngineShard {
             doorbell: AtomicBool::new(false),
             told: Mutex::new(Vec::new()),
             next_timer: AtomicU64::new(u64::MAX),
+            holding: AtomicBool::new(false),
             app_polls: AtomicU64::new(0),
             idle_transmit_at: AtomicU64::new(0),
         })
@@ -338,6 +342,7 @@ impl EngineShard {
                     break;
                 }
             }
+            self.holding.store(wire.holds_back(), Ordering::Relaxed);
             total
         })
     }
@@ -360,6 +365,13 @@ impl EngineShard {
 /// Sends a batch; what the wire refuses is dropped, as a full link would
 /// drop it, and retransmitted by the transport.
 fn send_all(wire: &mut dyn Datapath, packets: &mut [(SocketAddr, &[u8])], pass: &PassContext) {
+    if packets.is_empty() {
+        // Nothing new, but what the wire held back must still go.
+        if wire.holds_back() {
+            wire.send(&[]);
+        }
+        return;
+    }
     crate::socket::group_runs(packets);
     if let Some(tracer) = pass.tracer {
         for (dst, bytes) in packets.iter() {
