@@ -348,12 +348,7 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
             std::hint::spin_loop();
             continue;
         }
-        core.publish_counters(false);
-        let timeout = match role {
-            Role::Rx => MAX_SLEEP,
-            Role::Both | Role::Tx => core.until_deadline(shard).min(MAX_SLEEP),
-        };
-        sleep(shard, role, timeout);
+        sleep(core, shard, role);
         idle_since = None;
     }
 }
@@ -391,19 +386,25 @@ fn run_dedicated(core: &Core, index: usize, role: Role) {
             std::hint::spin_loop();
             continue;
         }
-        core.publish_counters(false);
-        let timeout = match role {
-            Role::Rx => MAX_SLEEP,
-            Role::Both | Role::Tx => core.until_deadline(shard).min(MAX_SLEEP),
-        };
-        sleep(shard, role, timeout);
+        sleep(core, shard, role);
         idle_since = None;
     }
 }
 
-/// Blocks an engine thread until a datagram arrives (unless it only
-/// sends), its doorbell rings, or `timeout` passes.
-fn sleep(shard: &EngineShard, role: Role, timeout: Duration) {
+/// Publishes the counters, then blocks an engine thread until a datagram
+/// arrives (unless it only sends), its doorbell rings, or its shard's next
+/// timer is due (the sender's; a receiver looks around every
+/// [`MAX_SLEEP`]). A wire holding datagrams for a full ring cuts the sleep
+/// to [`STANDBY_MIN`]: the ring may drain without a word to this thread.
+fn sleep(core: &Core, shard: &EngineShard, role: Role) {
+    core.publish_counters(false);
+    let mut timeout = match role {
+        Role::Rx => MAX_SLEEP,
+        Role::Both | Role::Tx => core.until_deadline(shard).min(MAX_SLEEP),
+    };
+    if shard.holding.load(Ordering::Relaxed) {
+        timeout = timeout.min(STANDBY_MIN);
+    }
     let own_waker = match role {
         Role::Rx => &shard.rx_waker,
         Role::Both | Role::Tx => &shard.tx_waker,
