@@ -17,9 +17,12 @@ softrnic runs over its UDP datapath there. Other modes:
   --scaling   the E2 shape: 8 QPs, 64 B and 64 KiB, engine threads 1, 2,
               4 and 8, inline and dedicated progress (on a machine with
               the cores to show it);
-  --loss      64 KiB write_bw and send_bw at 0.1, 1 and 5 % loss and the
-              CI fault mix, and 64 B send_lat p99 at 1 %, with the fixed
-              and the adaptive retransmission timer;
+  --loss      64 KiB write_bw and send_bw at 0.1, 1 and 5 % loss, every
+              operation under the CI fault mix, and 64 B send_lat p99 at
+              1 %, for go-back-N (fixed and adaptive timer) and selective
+              repeat; then, as root, softrnic and Linux TCP (iperf3)
+              across a link between two namespaces that loses 0.1, 1 and
+              5 % in the kernel (netem, or nftables without it);
   --perftest  Debian's perftest over softrnic's drop-in libibverbs.so.1
               beside `softrnic bench` on the same tests.
 
@@ -197,40 +200,162 @@ def scaling_main(a, extra):
     print("\nAll runs:", json.dumps({f"{m}-{t}-{k}": [round(x, 3) for x in v] for (m, t, k), v in r.items()}))
 
 
+RECOVERIES = [
+    ("go-back-N, fixed timer", ["--retransmission", "fixed"]),
+    ("go-back-N, adaptive timer", ["--retransmission", "adaptive"]),
+    ("selective repeat", ["--selective-repeat"]),
+]
+MIX = ["--loss", "0.05", "--reorder", "0.05", "--duplicate", "0.02", "--corrupt", "0.01"]
+
+
+def gbps_or_zero(test, size, args, key="bw_avg_gbps"):
+    """A run's Gb/s (or another figure); 0 when it failed (go-back-N gives
+    up at high loss)."""
+    try:
+        return softrnic(test, size, args)[key]
+    except RuntimeError as e:
+        print(f"  {test} {' '.join(args)}: {e}", file=sys.stderr)
+        return 0.0
+
+
 def loss_main(a, extra):
-    """Throughput and tail latency under injected loss, each retransmission
-    timer, against lossless in the same run (issue 14's sweep)."""
+    """Throughput and tail latency under injected loss for each recovery,
+    against lossless in the same run, then softrnic and Linux TCP (iperf3)
+    across a link between two namespaces that loses in the kernel (issue
+    14's sweep)."""
     losses = [0.0, 0.001, 0.01, 0.05]
-    timers = ["fixed", "adaptive"]
     tests = [("write_bw", 65536), ("send_bw", 65536)]
     r = {}
     for run in range(a.runs):
         print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
-        for timer in timers:
+        for mode, flags in RECOVERIES:
             for test, size in tests:
                 for p in losses:
-                    args = extra + ["--retransmission", timer, "--loss", str(p), "-D", "3"]
-                    r.setdefault((timer, test, p), []).append(softrnic(test, size, args)["bw_avg_gbps"])
-                mix = extra + ["--retransmission", timer, "--loss", "0.05", "--reorder", "0.05",
-                               "--duplicate", "0.02", "--corrupt", "0.01", "-D", "3"]
-                r.setdefault((timer, test, "mix"), []).append(softrnic(test, size, mix)["bw_avg_gbps"])
+                    args = extra + flags + ["--loss", str(p), "-D", "2"]
+                    r.setdefault((mode, test, p), []).append(gbps_or_zero(test, size, args))
+            for test, size in tests + [("read_bw", 65536)]:
+                r.setdefault((mode, test, "mix"), []).append(gbps_or_zero(test, size, extra + flags + MIX + ["-D", "2"]))
+            # 8-byte operands: operations per second say more than Gb/s.
+            ops = lambda *more: gbps_or_zero("atomic_bw", 8, extra + flags + list(more) + ["-D", "2"], "msg_rate_mpps") * 1e6
+            r.setdefault((mode, "atomic_bw", 0.0), []).append(ops())
+            r.setdefault((mode, "atomic_bw", "mix"), []).append(ops(*MIX))
             for p in [0.0, 0.01]:
-                lat = softrnic("send_lat", 64, extra + ["--retransmission", timer, "--loss", str(p), "-n", "5000"])
-                r.setdefault((timer, "p99", p), []).append(lat["p99_ns"] / 1000)
-    ratio = lambda key, base: median([x / y for x, y in zip(r[key], r[base])])
+                lat = softrnic("send_lat", 64, extra + flags + ["--loss", str(p), "-n", "5000"])
+                r.setdefault((mode, "p99", p), []).append(lat["p99_ns"] / 1000)
+    ratio = lambda key, base: median([x / y for x, y in zip(r[key], r[base]) if y > 0])
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one QP, loss in each direction:\n")
-    print("| test | timer | lossless | 0.1 % | 1 % | 5 % | CI mix |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| test | recovery | lossless | 0.1 % | 1 % | 5 % |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for test, _ in tests:
-        for timer in timers:
-            cells = [f"{median(r[(timer, test, 0.0)]):.2f} Gb/s"]
-            cells += [f"{median(r[(timer, test, p)]):.2f} Gb/s ({ratio((timer, test, p), (timer, test, 0.0)):.0%})" for p in losses[1:]]
-            cells.append(f"{median(r[(timer, test, 'mix')]):.2f} Gb/s")
-            print(f"| 64 KiB {test} | {timer} | " + " | ".join(cells) + " |")
-    for timer in timers:
-        lossless, lossy = median(r[(timer, "p99", 0.0)]), median(r[(timer, "p99", 0.01)])
-        print(f"| 64 B send_lat p99 | {timer} | {lossless:.1f} µs | | {lossy:.1f} µs ({lossy / lossless:.1f}×) | | |")
+        for mode, _ in RECOVERIES:
+            cells = [f"{median(r[(mode, test, 0.0)]):.2f} Gb/s"]
+            cells += [f"{median(r[(mode, test, p)]):.2f} Gb/s ({ratio((mode, test, p), (mode, test, 0.0)):.0%})" for p in losses[1:]]
+            print(f"| 64 KiB {test} | {mode} | " + " | ".join(cells) + " |")
+    print("\nThe CI fault mix (5 % loss, 5 % reordering, 2 % duplication, 1 % corruption):\n")
+    print("| recovery | write_bw | send_bw | read_bw | atomic_bw (lossless) |")
+    print("| --- | --- | --- | --- | --- |")
+    for mode, _ in RECOVERIES:
+        cells = [f"{median(r[(mode, t, 'mix')]):.3f} Gb/s" for t in ["write_bw", "send_bw", "read_bw"]]
+        cells.append(f"{median(r[(mode, 'atomic_bw', 'mix')]):,.0f} ops/s ({median(r[(mode, 'atomic_bw', 0.0)]):,.0f})")
+        print(f"| {mode} | " + " | ".join(cells) + " |")
+    print("\n| 64 B send_lat p99 | lossless | 1 % loss |")
+    print("| --- | --- | --- |")
+    for mode, _ in RECOVERIES:
+        lossless, lossy = median(r[(mode, "p99", 0.0)]), median(r[(mode, "p99", 0.01)])
+        print(f"| {mode} | {lossless:.1f} µs | {lossy:.1f} µs ({ratio((mode, 'p99', 0.01), (mode, 'p99', 0.0)):.1f}×) |")
     print("\nAll runs:", json.dumps({f"{k[0]}-{k[1]}-{k[2]}": [round(x, 3) for x in v] for k, v in r.items()}))
+    if os.geteuid() == 0:
+        netns_loss(a, [0.0, 0.1, 1.0, 5.0])
+    else:
+        print("\n(the namespace sweep against iperf3 needs root)")
+
+
+class LossyLink:
+    """Two network namespaces joined by a veth pair whose ends drop a
+    given percentage of what they send: netem, or nftables where the
+    kernel has no netem. Removed on exit, whatever happened."""
+
+    NAMES = ("srnic-loss-a", "srnic-loss-b")
+    DEVS = ("srnic-la", "srnic-lb")
+    ADDRS = ("10.78.0.1", "10.78.0.2")
+
+    def __enter__(self):
+        self.remove()
+        a, b = self.NAMES
+        for args in [["netns", "add", a], ["netns", "add", b],
+                     ["link", "add", self.DEVS[0], "type", "veth", "peer", "name", self.DEVS[1]],
+                     ["link", "set", self.DEVS[0], "netns", a], ["link", "set", self.DEVS[1], "netns", b]]:
+            subprocess.run(["ip", *args], check=True, capture_output=True)
+        for ns, dev, addr in zip(self.NAMES, self.DEVS, self.ADDRS):
+            for args in [["addr", "add", addr + "/24", "dev", dev], ["link", "set", dev, "up"], ["link", "set", "lo", "up"]]:
+                subprocess.run(["ip", "-n", ns, *args], check=True, capture_output=True)
+        return self
+
+    def lose(self, percent):
+        """Sets the loss of both ends; returns what applies it."""
+        for ns, dev in zip(self.NAMES, self.DEVS):
+            sh(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"])
+            sh(["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "lossy"])
+        if percent == 0:
+            return "none"
+        if all(sh(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem", "loss", f"{percent}%"]).returncode == 0
+               for ns, dev in zip(self.NAMES, self.DEVS)):
+            return "netem"
+        for ns, dev in zip(self.NAMES, self.DEVS):
+            nft = lambda *rest: subprocess.run(["ip", "netns", "exec", ns, "nft", *rest], check=True, capture_output=True)
+            nft("add", "table", "inet", "lossy")
+            nft("add", "chain", "inet", "lossy", "out", "{ type filter hook output priority 0; }")
+            nft("add", "rule", "inet", "lossy", "out", "oifname", dev, "numgen", "random", "mod", "10000", "<", str(round(percent * 100)), "drop")
+        return "nftables"
+
+    def run(self, i, args):
+        return ["ip", "netns", "exec", self.NAMES[i], *args]
+
+    def remove(self):
+        for ns in self.NAMES:
+            sh(["ip", "netns", "del", ns])
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def netns_loss(a, percents):
+    """softrnic (each recovery) and Linux TCP (iperf3, one stream) across
+    the same lossy link between two namespaces, same run."""
+    install_peers()
+    r, how = {}, {}
+    with LossyLink() as link:
+        for run in range(a.runs):
+            print(f"namespaces, run {run + 1}/{a.runs} ...", file=sys.stderr)
+            for p in percents:
+                how[p] = link.lose(p)
+                with Server(link.run(0, ["iperf3", "-s", "-B", link.ADDRS[0], "-1"])):
+                    out = sh(link.run(1, ["iperf3", "-c", link.ADDRS[0], "-t", "3", "-J"]), timeout=30)
+                try:
+                    gbps = json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 1e9
+                except (ValueError, KeyError):
+                    gbps = 0.0
+                r.setdefault(("iperf3 (TCP)", p), []).append(gbps)
+                for mode, flags in RECOVERIES[1:]:
+                    with Server(link.run(0, [SOFTRNIC, "bench", "write_bw", "--server", "--addr", link.ADDRS[0]])):
+                        out = sh(link.run(1, [SOFTRNIC, "bench", "write_bw", link.ADDRS[0], "--addr", link.ADDRS[1],
+                                              "-s", "65536", "-m", "1024", "-D", "3", "--json", *flags]), timeout=60)
+                    try:
+                        gbps = json.loads(out.stdout.strip().splitlines()[-1])["bw_avg_gbps"]
+                    except (ValueError, IndexError, KeyError):
+                        gbps = 0.0
+                    r.setdefault((mode, p), []).append(gbps)
+    tools = ["iperf3 (TCP)"] + [m for m, _ in RECOVERIES[1:]]
+    print(f"\nAcross a veth between two namespaces (1500-byte MTU, 1024-byte path MTU), loss in the kernel ({', '.join(sorted(set(how.values()) - {'none'}))}), medians of {a.runs} runs:\n")
+    print("| | " + " | ".join(f"{p} % loss" for p in percents) + " |")
+    print("| --- |" + " --- |" * len(percents))
+    for tool in tools:
+        base = median(r[(tool, 0.0)])
+        cells = [f"{median(r[(tool, p)]):.2f} Gb/s" + (f" ({median(r[(tool, p)]) / base:.0%})" if p and base else "") for p in percents]
+        print(f"| {tool} | " + " | ".join(cells) + " |")
+    sr = RECOVERIES[2][0]
+    print("\n| softrnic selective repeat ÷ TCP | " + " | ".join(f"{median(r[(sr, p)]) / median(r[('iperf3 (TCP)', p)]):.2f}×" for p in percents) + " |")
+    print("\nAll runs:", json.dumps({f"{k[0]}-{k[1]}": [round(x, 3) for x in v] for k, v in r.items()}))
 
 
 def median(xs):
@@ -244,7 +369,7 @@ def main():
     parser.add_argument("--perftest", action="store_true", help="perftest over libibverbs.so.1 beside softrnic bench")
     parser.add_argument("--shm", action="store_true", help="the shared-memory wire against UCX's")
     parser.add_argument("--scaling", action="store_true", help="8 QPs over 1, 2, 4 and 8 engine threads")
-    parser.add_argument("--loss", action="store_true", help="throughput and tail latency under loss, each retransmission timer")
+    parser.add_argument("--loss", action="store_true", help="throughput and tail latency under loss, each recovery, and against TCP")
     parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
     a = parser.parse_args()
     if "SOFTRNIC_BIN" not in os.environ:

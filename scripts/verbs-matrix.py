@@ -79,8 +79,8 @@ class Site:
         return any(f":{port:04X} " in line and line.split()[3] == "0A" for line in out.splitlines()[1:] if len(line.split()) > 3)
 
 
-def environment(libdir, addr):
-    return {**os.environ, "LD_LIBRARY_PATH": libdir, "SOFTRNIC_ADDR": addr}
+def environment(libdir, addr, extra=None):
+    return {**os.environ, "LD_LIBRARY_PATH": libdir, "SOFTRNIC_ADDR": addr, **(extra or {})}
 
 
 def run_single(libdir, site, args, expect):
@@ -97,13 +97,14 @@ def last_lines(text, n=3):
     return " | ".join(lines[-n:]) or "(no output)"
 
 
-def run_pair(libdir, site, program, args, port, parse):
+def run_pair(libdir, site, program, args, port, parse, env=None):
     """Runs the server, waits for it to listen, runs the client; both must
-    exit 0 and the client's output must parse."""
+    exit 0 and the client's output must parse. `env` adds to both ends'
+    environment."""
     port_flag = ["-p", str(port)]
     server = subprocess.Popen(
         site.command(site.server_ns, [program, *args, *port_flag]),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment(libdir, site.server_addr),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment(libdir, site.server_addr, env),
     )
     deadline = time.time() + 10
     while not site.listening(port) and time.time() < deadline and server.poll() is None:
@@ -111,7 +112,7 @@ def run_pair(libdir, site, program, args, port, parse):
     try:
         client = subprocess.run(
             site.command(site.client_ns, [program, *args, *port_flag, site.server_addr]),
-            capture_output=True, text=True, env=environment(libdir, site.client_addr), timeout=TIMEOUT,
+            capture_output=True, text=True, env=environment(libdir, site.client_addr, env), timeout=TIMEOUT,
         )
         server_out, _ = server.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -178,7 +179,7 @@ def lat_within(limit_us):
 
 
 def entries(quick):
-    """(name, program, args, parse) for every pair in the matrix."""
+    """(name, program, args, parse, env) for every pair in the matrix."""
     out = [
         ("ibv_rc_pingpong -g 0", "ibv_rc_pingpong", ["-g", "0"], pingpong_figure),
         ("ibv_rc_pingpong -g 0 -e", "ibv_rc_pingpong", ["-g", "0", "-e"], pingpong_figure),
@@ -201,6 +202,12 @@ def entries(quick):
         out.append(("ib_send_bw -c UD", "ib_send_bw", ["-c", "UD"], bw_figure))
         out.append(("ib_send_lat -c UD", "ib_send_lat", ["-c", "UD"], lat_figure))
         out.append(("ib_send_lat -e", "ib_send_lat", ["-e"], lat_figure))
+    out = [(*entry, None) for entry in out]
+    # perftest knows no ECE: both ends ask for selective repeat by the
+    # environment.
+    selective = {"SOFTRNIC_SELECTIVE_REPEAT": "1"}
+    for program, parse in [("ib_write_bw", bw_figure), ("ib_read_bw", bw_figure), ("ib_send_lat", lat_figure)]:
+        out.append((f"{program} (SOFTRNIC_SELECTIVE_REPEAT=1)", program, [], parse, selective))
     return out
 
 
@@ -266,10 +273,10 @@ def main():
         for name, argv, expect in singles:
             if not wanted or wanted.search(name):
                 results.append((site.name, name, *run_single(libdir, site, argv, expect)))
-        for i, (name, program, argv, parse) in enumerate(entries(args.quick)):
+        for i, (name, program, argv, parse, env) in enumerate(entries(args.quick)):
             if wanted and not wanted.search(name):
                 continue
-            verdict = run_pair(libdir, site, program, argv, 18600 + i, parse)
+            verdict = run_pair(libdir, site, program, argv, 18600 + i, parse, env)
             results.append((site.name, name, *verdict))
             print(f"  {site.name:9} {name:32} {verdict[0]}", file=sys.stderr, flush=True)
 

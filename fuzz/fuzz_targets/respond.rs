@@ -9,9 +9,12 @@
 //! for. Only the remotely writable region may change; the guard bytes
 //! around it and a region registered for local access only never do.
 //!
-//! Input: frames of a selector byte (which QP, which peer, whether time
-//! passes, whether a RETH-shaped field gets one of the device's real keys
-//! and addresses), a length byte and that many bytes of packet, BTH first.
+//! Input: a byte whose low bit makes the RC connection selective-repeat
+//! (then SEND and WRITE packets carry an SRETH, whose address and key sit
+//! where a RETH's would when no other header precedes it), then frames of
+//! a selector byte (which QP, which peer, whether time passes, whether a
+//! RETH-shaped field gets one of the device's real keys and addresses), a
+//! length byte and that many bytes of packet, BTH first.
 //! The keys are handed over because no fuzzer guesses a 32-bit key and an
 //! address at once: what is under test is what the device does with a
 //! valid key used where its rights do not reach.
@@ -54,7 +57,7 @@ struct Target {
     now: Instant,
 }
 
-fn setup() -> Target {
+fn setup(selective_repeat: bool) -> Target {
     let mut device = Device::new(TransportConfig { local_addr: LOCAL, ..TransportConfig::default() });
     let buffer = Arc::new(DmaBuffer::from_bytes(&vec![0x5a; LEN]));
     let pd = device.alloc_pd();
@@ -85,6 +88,7 @@ fn setup() -> Target {
         timeout: 10,
         retry_cnt: 7,
         rnr_retry: 7,
+        selective_repeat,
     };
     for attr in connection.steps() {
         device.modify_qp(now, rc, &attr).expect("modify rc");
@@ -122,10 +126,12 @@ impl Target {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let mut t = setup();
+    let Some((&mode, mut rest)) = data.split_first() else {
+        return;
+    };
+    let mut t = setup(mode & 1 != 0);
     let snapshot = t.buffer.to_vec();
     t.drain();
-    let mut rest = data;
     while rest.len() >= 2 {
         let (selector, len) = (rest[0], usize::from(rest[1]) * 8);
         rest = &rest[2..];

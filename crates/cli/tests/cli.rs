@@ -204,6 +204,8 @@ fn killing_the_server_mid_run_fails_the_client_quickly() {
 /// address, removed again when the test ends.
 struct Namespaces {
     names: [String; 2],
+    /// Each namespace's end of the veth pair.
+    devs: [String; 2],
 }
 
 impl Namespaces {
@@ -218,7 +220,7 @@ impl Namespaces {
                 Err(format!("ip {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()))
             }
         };
-        let ns = Namespaces { names: names.clone() };
+        let ns = Namespaces { names: names.clone(), devs: [format!("va{id}"), format!("vb{id}")] };
         ip(&["netns", "add", &names[0]])?;
         ip(&["netns", "add", &names[1]])?;
         let (va, vb) = (format!("va{id}"), format!("vb{id}"));
@@ -237,6 +239,76 @@ impl Namespaces {
         Ok(ns)
     }
 
+    /// Makes the link drop `percent` % of what each end sends: netem, or
+    /// where the kernel lacks it, an nftables rule that drops at random.
+    /// Returns which.
+    fn lose(&self, percent: f64) -> Result<&'static str, String> {
+        let run = |args: &[&str]| -> Result<(), String> {
+            let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
+            match out.status.success() {
+                true => Ok(()),
+                false => Err(format!("{args:?}: {}", String::from_utf8_lossy(&out.stderr).trim())),
+            }
+        };
+        let loss = format!("{percent}%");
+        let netem = self.names.iter().zip(&self.devs).try_for_each(|(ns, dev)| {
+            run(&["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem", "loss", &loss])
+        });
+        if netem.is_ok() {
+            return Ok("netem");
+        }
+        let per_ten_thousand = ((percent * 100.0).round() as u32).to_string();
+        for (ns, dev) in self.names.iter().zip(&self.devs) {
+            let nft = |rest: &[&str]| {
+                let mut args = vec!["ip", "netns", "exec", ns.as_str(), "nft"];
+                args.extend_from_slice(rest);
+                run(&args)
+            };
+            nft(&["add", "table", "inet", "lossy"])
+                .and_then(|()| {
+                    nft(&["add", "chain", "inet", "lossy", "out", "{ type filter hook output priority 0; }"])
+                })
+                .and_then(|()| {
+                    nft(&[
+                        "add",
+                        "rule",
+                        "inet",
+                        "lossy",
+                        "out",
+                        "oifname",
+                        dev,
+                        "numgen",
+                        "random",
+                        "mod",
+                        "10000",
+                        "<",
+                        &per_ten_thousand,
+                        "drop",
+                    ])
+                })
+                .map_err(|e| format!("no netem ({}) and no nftables ({e})", netem.clone().unwrap_err()))?;
+        }
+        Ok("nftables")
+    }
+
+    /// Runs `softrnic bench test` with its server in the first namespace
+    /// and its client (with `client_args` after the addresses) in the
+    /// second; returns the client's output once the server has exited.
+    fn bench(&self, test: &str, (server_addr, client_addr): (&str, &str), client_args: &[&str]) -> Output {
+        let server = self
+            .exec(0)
+            .args(["bench", test, "--server", "--addr", server_addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out =
+            self.exec(1).args(["bench", test, server_addr, "--addr", client_addr]).args(client_args).output().unwrap();
+        let server = server.wait_with_output().unwrap();
+        assert!(server.status.success(), "{test} server: {}", String::from_utf8_lossy(&server.stderr));
+        out
+    }
+
     fn exec(&self, i: usize) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.names[i], env!("CARGO_BIN_EXE_softrnic")]);
@@ -252,19 +324,25 @@ impl Drop for Namespaces {
     }
 }
 
+/// Two namespaced hosts, or why there are none: a skip on a developer's
+/// machine, a failure under CI (`CI=true`), which must run every test.
+fn namespaces(test: &str) -> Option<Namespaces> {
+    let is_root = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
+    let outcome = if is_root { Namespaces::create() } else { Err("needs root to create network namespaces".into()) };
+    match outcome {
+        Ok(ns) => Some(ns),
+        Err(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("{test} must run under CI: {reason}"),
+        Err(reason) => {
+            eprintln!("SKIPPED {test}: {reason}");
+            None
+        }
+    }
+}
+
 #[test]
 fn two_hosts_in_network_namespaces() {
-    let is_root = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
-    if !is_root {
-        eprintln!("SKIPPED two_hosts_in_network_namespaces: needs root to create network namespaces");
+    let Some(ns) = namespaces("two_hosts_in_network_namespaces") else {
         return;
-    }
-    let ns = match Namespaces::create() {
-        Ok(ns) => ns,
-        Err(reason) => {
-            eprintln!("SKIPPED two_hosts_in_network_namespaces: {reason}");
-            return;
-        }
     };
     // A veth has a 1500-byte MTU: a 1024-byte path MTU fits, as on RoCE.
     // The last run uses IPv6 addresses as GIDs.
@@ -274,20 +352,31 @@ fn two_hosts_in_network_namespaces() {
         ("read_bw", "10.79.0.1", "10.79.0.2"),
         ("send_bw", "fd79::1", "fd79::2"),
     ] {
-        let mut server = ns
-            .exec(0)
-            .args(["bench", test, "--server", "--addr", server_addr])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = ns
-            .exec(1)
-            .args(["bench", test, server_addr, "--addr", client_addr, "-m", "1024", "-n", "300", "--verify", "--json"])
-            .output()
-            .unwrap();
+        let out = ns.bench(test, (server_addr, client_addr), &["-m", "1024", "-n", "300", "--verify", "--json"]);
         assert!(out.status.success(), "{test} across namespaces:\n{}", text(&out));
         assert!(String::from_utf8_lossy(&out.stdout).contains("\"verified\":true"), "{}", text(&out));
-        assert!(server.wait().unwrap().success());
+    }
+}
+
+#[test]
+fn selective_repeat_delivers_every_byte_across_a_lossy_link() {
+    let Some(ns) = namespaces("selective_repeat_delivers_every_byte_across_a_lossy_link") else {
+        return;
+    };
+    // 2 % of what each end sends is lost on the link, in the kernel.
+    let how = ns.lose(2.0).unwrap_or_else(|e| panic!("cannot make the link lossy: {e}"));
+    eprintln!("loss on the link by {how}");
+    for (test, extra) in [("write_bw", &["-n", "300"][..]), ("send_bw", &["-n", "300"]), ("read_bw", &["-n", "200"])] {
+        let args = [&["-m", "1024", "-s", "16K", "--verify", "--json", "--selective-repeat"][..], extra].concat();
+        let out = ns.bench(test, ("10.79.0.1", "10.79.0.2"), &args);
+        let t = text(&out);
+        assert!(out.status.success(), "{test} across a lossy link:\n{t}");
+        let result: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+        assert_eq!(result["verified"], true, "{t}");
+        if test != "read_bw" {
+            // The requester is the client: it repaired what the link lost.
+            assert!(result["retransmitted"].as_u64().unwrap() > 0, "2 % loss and nothing sent again? {t}");
+        }
     }
 }

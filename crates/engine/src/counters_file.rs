@@ -18,7 +18,7 @@ pub fn path(addr: IpAddr) -> PathBuf {
 /// The counters as `name value` lines, in a fixed order.
 pub fn render(c: &NicCounters) -> String {
     let t = &c.transport;
-    let rows: [(&str, u64); 25] = [
+    let rows: [(&str, u64); 29] = [
         ("tx_packets", t.tx_packets),
         ("tx_bytes", t.tx_bytes),
         ("rx_packets", t.rx_packets),
@@ -37,6 +37,10 @@ pub fn render(c: &NicCounters) -> String {
         ("rnr_naks_received", t.rnr_naks_received),
         ("fatal_naks_sent", t.fatal_naks_sent),
         ("fatal_naks_received", t.fatal_naks_received),
+        ("rx_placed_out_of_order", t.rx_placed_out_of_order),
+        ("rx_beyond_window", t.rx_beyond_window),
+        ("selective_naks_sent", t.selective_naks_sent),
+        ("selective_naks_received", t.selective_naks_received),
         ("rx_cnps", t.rx_cnps),
         ("tx_dropped_by_kernel", c.tx_dropped_by_kernel),
         ("rx_missteered", c.rx_missteered),

@@ -105,13 +105,15 @@ impl EngineConfig {
 
     /// [`EngineConfig::new`] with the engine threads `SOFTRNIC_ENGINE_THREADS`,
     /// the datapath `SOFTRNIC_DATAPATH`, the progress `SOFTRNIC_PROGRESS` and
-    /// the retransmission timer `SOFTRNIC_RETRANSMISSION` ask for, if set.
+    /// the retransmission timer `SOFTRNIC_RETRANSMISSION` ask for, if set
+    /// (and a check of `SOFTRNIC_SELECTIVE_REPEAT`).
     pub fn from_env(addr: IpAddr) -> std::result::Result<EngineConfig, String> {
         let mut config = EngineConfig {
             datapath: DatapathKind::from_env()?,
             progress: ProgressMode::from_env()?,
             ..EngineConfig::new(addr)
         };
+        selective_repeat_from_env()?;
         config.transport.retransmission = retransmission_from_env()?;
         match std::env::var("SOFTRNIC_ENGINE_THREADS") {
             Err(_) => Ok(config),
@@ -149,6 +151,17 @@ pub fn retransmission_from_env() -> std::result::Result<Retransmission, String> 
     match std::env::var("SOFTRNIC_RETRANSMISSION") {
         Err(_) => Ok(Retransmission::Fixed),
         Ok(text) => Retransmission::parse(&text).map_err(|e| format!("SOFTRNIC_RETRANSMISSION: {e}")),
+    }
+}
+
+/// `SOFTRNIC_SELECTIVE_REPEAT`: whether connections ask for selective
+/// repeat unless the program says (ECE, or the Rust API's connect
+/// options); off when unset.
+pub fn selective_repeat_from_env() -> std::result::Result<bool, String> {
+    match std::env::var("SOFTRNIC_SELECTIVE_REPEAT").as_deref() {
+        Err(_) | Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(other) => Err(format!("SOFTRNIC_SELECTIVE_REPEAT={other}: give 1 (selective repeat) or 0 (go-back-N)")),
     }
 }
 

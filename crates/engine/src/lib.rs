@@ -17,7 +17,10 @@ pub mod socket;
 mod trace;
 
 pub use datapath::DatapathKind;
-pub use engine::{EngineConfig, MAX_SHARDS, Nic, NicCounters, OpenError, Role, SendQueue, retransmission_from_env};
+pub use engine::{
+    EngineConfig, MAX_SHARDS, Nic, NicCounters, OpenError, Role, SendQueue, retransmission_from_env,
+    selective_repeat_from_env,
+};
 pub use event_queue::EventQueue;
 pub use eventfd::EventFd;
 pub use faults::{FaultConfig, FaultStats};

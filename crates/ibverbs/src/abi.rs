@@ -372,6 +372,16 @@ pub const IBV_QPS_SQD: c_int = 4;
 pub const IBV_QPS_SQE: c_int = 5;
 pub const IBV_QPS_ERR: c_int = 6;
 
+/// Enhanced Connection Establishment: options a QP offers or agreed on,
+/// and whose (`vendor_id`) they are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ibv_ece {
+    pub vendor_id: u32,
+    pub options: u32,
+    pub comp_mask: u32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_qp_attr {

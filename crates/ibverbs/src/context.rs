@@ -146,7 +146,7 @@ fn device_attr(device: &SoftDevice) -> ibv_device_attr {
     a.sys_image_guid = device.guid_be();
     a.max_mr_size = u64::MAX;
     a.page_size_cap = !0xfff;
-    a.vendor_id = 0;
+    a.vendor_id = VENDOR_ID;
     a.vendor_part_id = 0;
     a.hw_ver = 1;
     a.max_qp = MAX_QP as c_int;

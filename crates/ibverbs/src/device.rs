@@ -39,8 +39,9 @@ impl SoftDevice {
     fn new(addr: IpAddr) -> SoftDevice {
         let interface = interface_of(addr);
         let if_mtu = interface.as_ref().and_then(|(name, _)| interface_mtu(name)).unwrap_or(1500);
-        // IP, UDP, BTH, the largest extended header (RETH) and the ICRC.
-        let overhead = if addr.is_ipv4() { 20 } else { 40 } + 8 + 12 + 16 + 4;
+        // IP, UDP, BTH, the largest extended headers (RETH and ImmDt, and
+        // the SRETH a selective-repeat connection adds) and the ICRC.
+        let overhead = if addr.is_ipv4() { 20 } else { 40 } + 8 + 12 + 16 + 4 + 24 + 4;
         let active_mtu = [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512]
             .into_iter()
             .find(|m| m.bytes() + overhead <= if_mtu)

@@ -34,6 +34,7 @@ mod c_view;
 pub mod context;
 pub mod cq;
 pub mod device;
+pub mod ece;
 mod ffi;
 pub mod memory;
 pub mod qp;

@@ -17,6 +17,7 @@ use crate::c_view::CView;
 use crate::context::{Context, limits};
 use crate::cq::Cq;
 use crate::device::{addr_of_gid, gid_of};
+use crate::ece::Ece;
 use crate::ffi::{refuse, refuse_null};
 use crate::memory::Pd;
 use crate::qp_ex::{self, Builder};
@@ -35,6 +36,8 @@ pub struct Qp {
     pub builder: Mutex<Builder>,
     /// Asynchronous events naming this QP handed out.
     pub async_events: Reported,
+    /// The ECE options offered or agreed (`ece.rs`).
+    pub ece: Mutex<Ece>,
 }
 
 impl Qp {
@@ -166,6 +169,7 @@ unsafe fn create(verb: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *m
         posts,
         builder: Mutex::default(),
         async_events: Reported::default(),
+        ece: Mutex::new(Ece::Offered),
     });
     let qp = Box::into_raw(qp);
     ctx.objects().qps.insert(qpn, qp as usize);
@@ -380,10 +384,15 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
         }
         // SAFETY: a live QP and readable attributes (caller).
         let (q, a) = unsafe { (Qp::from_ibv(qp), &*attr) };
-        let converted = match attr_of(VERB, a, mask) {
+        let mut converted = match attr_of(VERB, a, mask) {
             Ok(c) => c,
             Err(e) => return e,
         };
+        // An RC connection's recovery is fixed as it starts to receive:
+        // what ECE agreed, else SOFTRNIC_SELECTIVE_REPEAT.
+        if q.qp_type == QpType::Rc && converted.state == Some(QpState::Rtr) {
+            converted.selective_repeat = Some(q.ece.lock().unwrap_or_else(|e| e.into_inner()).selective_repeat());
+        }
         let qpn = q.qpn();
         let nic = &q.context().nic;
         let result = nic.modify_qp(qpn, &converted).and_then(|state| {

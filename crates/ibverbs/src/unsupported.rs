@@ -56,8 +56,6 @@ macro_rules! doing_nothing {
 failing_with_errno!(
     ibv_attach_mcast,
     ibv_detach_mcast,
-    ibv_query_ece,
-    ibv_set_ece,
     ibv_resolve_eth_l2_from_gid,
     ibv_read_ibdev_sysfs_file,
     execute_ioctl,

@@ -59,6 +59,7 @@ fn structures_match_the_real_header() {
             qp_access_flags, cap, ah_attr, alt_ah_attr, pkey_index, alt_pkey_index, en_sqd_async_notify,
             sq_draining, max_rd_atomic, max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry,
             alt_port_num, alt_timeout, rate_limit }
+        ibv_ece { vendor_id, options, comp_mask }
         ibv_sge { addr, length, lkey }
         ibv_send_wr { wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr.rdma.remote_addr,
             wr.rdma.rkey, wr.atomic.remote_addr, wr.atomic.compare_add, wr.atomic.swap, wr.atomic.rkey, wr.ud.ah,

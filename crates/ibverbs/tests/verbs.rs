@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use softrnic_ibverbs::abi::*;
-use softrnic_ibverbs::{ah, context, cq, device, memory, qp, srq, unsupported};
+use softrnic_ibverbs::{ah, context, cq, device, ece, memory, qp, srq, unsupported};
 
 const ADDR: &str = "127.0.5.1";
 /// An address where nobody listens: a peer that died.
@@ -294,6 +294,69 @@ fn rc_operations_through_ibv_post_send() {
     assert_eq!(poll_one(cq_a).status, 0);
     assert_eq!(src.read(512, 8), 5u64.to_ne_bytes(), "the swap returns the original value");
     assert_eq!(dst.read(1024, 8), 99u64.to_ne_bytes());
+}
+
+/// Whether the QP recovers by selective repeat, as the engine has it.
+fn selective_repeat(q: *mut ibv_qp) -> bool {
+    // SAFETY: a live QP of the fixture's live context.
+    let (ctx, qpn) = unsafe { (context::Context::from_ibv((*q).context), (*q).qp_num) };
+    ctx.nic.query_qp(qpn).expect("qp").1.selective_repeat
+}
+
+#[test]
+fn ece_agrees_on_selective_repeat_and_not_with_another_vendor() {
+    let (cq_a, cq_b) = (create_cq(null_mut()), create_cq(null_mut()));
+    let (a, b) = (create_qp(cq_a, IBV_QPT_RC), create_qp(cq_b, IBV_QPT_RC));
+    // SAFETY: live QPs, ECE structures on the stack.
+    unsafe {
+        let (mut ece_a, mut ece_b) = (ibv_ece::default(), ibv_ece::default());
+        assert_eq!((ece::ibv_query_ece(a, &mut ece_a), ece::ibv_query_ece(b, &mut ece_b)), (0, 0));
+        assert_eq!(ece_a.options, ece::SELECTIVE_REPEAT, "a fresh RC QP offers selective repeat");
+        assert_ne!(ece_a.vendor_id, 0);
+        // Each end sets what the other offered, as rdma_cm does.
+        assert_eq!((ece::ibv_set_ece(a, &mut ece_b), ece::ibv_set_ece(b, &mut ece_a)), (0, 0));
+        let mut agreed = ibv_ece::default();
+        assert_eq!(ece::ibv_query_ece(a, &mut agreed), 0);
+        assert_eq!(agreed.options, ece::SELECTIVE_REPEAT);
+        connect(a, ADDR, (*b).qp_num, 14, 7);
+        connect(b, ADDR, (*a).qp_num, 14, 7);
+        assert!(selective_repeat(a) && selective_repeat(b));
+        // Too late once the QP receives.
+        assert_eq!(ece::ibv_set_ece(a, &mut ece_b), libc::EINVAL);
+    }
+    // A multi-packet WRITE with immediate and a SEND over the agreed
+    // connection, every byte checked.
+    let (src, dst) = (buffer(16384), buffer(16384));
+    for i in 0..16384 {
+        // SAFETY: our own buffer, before posting.
+        unsafe { *(src.bytes.as_ptr() as *mut u8).add(i) = (i * 7 % 251) as u8 };
+    }
+    post_recv(b, &mut dst.sge(0, 0), 1);
+    let mut sge = src.sge(0, 16384);
+    let mut wr = send_wr(2, IBV_WR_RDMA_WRITE_WITH_IMM, &mut sge);
+    wr.wr.rdma = ibv_send_wr_rdma { remote_addr: dst.addr(), rkey: dst.rkey() };
+    assert_eq!(post_send(a, &mut wr), 0);
+    assert_eq!(poll_one(cq_a).status, 0);
+    let got = poll_one(cq_b);
+    assert_eq!((got.wr_id, got.status, got.byte_len), (1, 0, 16384));
+    assert_eq!(dst.read(0, 16384), src.read(0, 16384));
+
+    // Another vendor's options agree nothing: plain go-back-N.
+    let (c, d) = (create_qp(cq_a, IBV_QPT_RC), create_qp(cq_b, IBV_QPT_RC));
+    // SAFETY: live QPs.
+    unsafe {
+        let mut mellanox = ibv_ece { vendor_id: 0x02c9, options: ece::SELECTIVE_REPEAT, comp_mask: 0 };
+        assert_eq!(ece::ibv_set_ece(c, &mut mellanox), libc::EINVAL);
+        let mut bad_mask = ibv_ece { vendor_id: mellanox.vendor_id, comp_mask: 1, ..ibv_ece::default() };
+        assert_eq!(ece::ibv_set_ece(d, &mut bad_mask), libc::EINVAL);
+        let mut nobody = ibv_ece::default();
+        assert_eq!(ece::ibv_set_ece(d, &mut nobody), libc::EOPNOTSUPP);
+        let mut agreed = ibv_ece::default();
+        assert_eq!(ece::ibv_query_ece(c, &mut agreed), 0);
+        assert_eq!(agreed.options, 0);
+        connect(c, ADDR, (*d).qp_num, 14, 7);
+        assert!(!selective_repeat(c));
+    }
 }
 
 #[test]

@@ -63,6 +63,8 @@ pub struct PairOptions {
     pub config: TransportConfig,
     /// Give host 1's QP a shared receive queue (of 64 requests).
     pub srq: bool,
+    /// Recover by selective repeat rather than go-back-N.
+    pub selective_repeat: bool,
 }
 
 impl Default for PairOptions {
@@ -80,6 +82,7 @@ impl Default for PairOptions {
             min_rnr_timer: 1,
             config: TransportConfig::default(),
             srq: false,
+            selective_repeat: false,
         }
     }
 }
@@ -100,6 +103,7 @@ pub fn connect_rc(world: &mut World, host: usize, qpn: u32, dest_qpn: u32, psn: 
         timeout: 10,
         retry_cnt: 7,
         rnr_retry: 7,
+        selective_repeat: false,
     };
     let now = world.now;
     for attr in connection.steps() {
@@ -153,6 +157,7 @@ impl Pair {
                     timeout: o.timeout,
                     retry_cnt: o.retry_cnt,
                     rnr_retry: o.rnr_retry,
+                    selective_repeat: o.selective_repeat,
                 }
                 .steps(),
                 QpType::Ud => ud_steps(QKEY, Psn::new(0)),

@@ -59,6 +59,9 @@ pub struct Network {
     /// Datagrams to lose on purpose: `(sender, n)` loses the `n`-th (from
     /// 0) that `sender` puts on the wire, for tests of one loss pattern.
     pub doomed: Vec<(usize, u64)>,
+    /// Datagrams `(sender, n)` held back by the given time: overtaken,
+    /// not lost.
+    pub late: Vec<(usize, u64, Duration)>,
     pub stats: NetworkStats,
 }
 
@@ -84,6 +87,7 @@ impl Network {
             busy_until: vec![Instant::ZERO; senders],
             sent_by: vec![0; senders],
             doomed: Vec::new(),
+            late: Vec::new(),
             stats: NetworkStats::default(),
         }
     }
@@ -104,6 +108,10 @@ impl Network {
         if self.rng.f64() < self.faults.loss {
             self.stats.dropped += 1;
             return;
+        }
+        if let Some(&(_, _, by)) = self.late.iter().find(|(s, n, _)| (*s, *n) == (sender, nth)) {
+            self.stats.reordered += 1;
+            arrival = arrival + by;
         }
         let mut packet = packet;
         if self.rng.f64() < self.faults.corrupt && !packet.bytes.is_empty() {

@@ -40,6 +40,10 @@ pub struct Outcome {
     pub tail_loss_probes: u64,
     /// Whether the QPs timed retransmissions adaptively.
     pub adaptive: bool,
+    /// Whether the QPs recovered by selective repeat.
+    pub selective_repeat: bool,
+    /// Request packets placed before the ones ahead of them arrived.
+    pub placed_out_of_order: u64,
     pub rnr_naks: u64,
     pub seq_naks: u64,
     pub duplicates: u64,
@@ -83,6 +87,10 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         2 => Retransmission::ADAPTIVE,
         _ => Retransmission::Adaptive { floor: Duration::from_micros(rng.u64(1..=50)) },
     };
+    // Half the seeds recover by selective repeat (which always times
+    // adaptively, with the floor drawn here if there is one), the other
+    // half by go-back-N.
+    let selective_repeat = rng.bool();
     let config = TransportConfig {
         max_inflight_packets: [4, 16, 64, 512][rng.usize(..4)],
         ack_request_interval: [1, 4, 32][rng.usize(..3)],
@@ -95,7 +103,11 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     let shape = Shape { ops_per_direction: limits.ops_per_direction, max_len, mtu };
     let plans: Vec<PairPlan> = (0..pairs).map(|p| PairPlan::generate(&mut rng, p, &shape)).collect();
     let mut world = World::with_config(2, faults, seed, config);
-    let context = format!("seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, {retransmission:?})", mtu.bytes());
+    let recovery = if selective_repeat { "selective repeat" } else { "go-back-N" };
+    let context = format!(
+        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, {retransmission:?}, {recovery})",
+        mtu.bytes()
+    );
 
     // Set up both ends of every pair and connect them.
     let mut live: Vec<[Live; 2]> = Vec::new();
@@ -104,7 +116,8 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         let rd_atomic = [rng.u8(1..=16), rng.u8(1..=16)];
         for side in 0..2 {
             let (me, peer) = (&ends[side], &ends[1 - side]);
-            connect(&mut world, me, peer.qpn, mtu, rd_atomic[side], rd_atomic[1 - side], &mut rng)
+            let limits = (rd_atomic[side], rd_atomic[1 - side]);
+            connect(&mut world, me, peer.qpn, mtu, limits, selective_repeat, &mut rng)
                 .map_err(|e| format!("{context}: connect: {e}"))?;
             // Now and then congestion control would pace a QP.
             if rng.u8(0..10) == 0 {
@@ -173,9 +186,12 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         retransmitted: sum(|c| c.retransmitted_packets),
         timeouts: sum(|c| c.timeouts),
         tail_loss_probes: sum(|c| c.tail_loss_probes),
-        adaptive: retransmission != Retransmission::Fixed,
+        // Selective repeat always times adaptively.
+        adaptive: retransmission != Retransmission::Fixed || selective_repeat,
+        selective_repeat,
+        placed_out_of_order: sum(|c| c.rx_placed_out_of_order),
         rnr_naks: sum(|c| c.rnr_naks_sent),
-        seq_naks: sum(|c| c.seq_naks_sent),
+        seq_naks: sum(|c| c.seq_naks_sent + c.selective_naks_sent),
         duplicates: sum(|c| c.rx_duplicate_requests + c.rx_duplicate_responses),
         icrc_drops: sum(|c| c.rx_icrc_errors),
     })
@@ -212,13 +228,15 @@ fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut 
     }
 }
 
+/// Connects `me` to the peer's QP; `rd_atomic` is what this end issues and
+/// what the peer does.
 fn connect(
     world: &mut World,
     me: &Live,
     peer_qpn: u32,
     mtu: Mtu,
-    max_rd_atomic: u8,
-    peer_max_rd_atomic: u8,
+    (max_rd_atomic, peer_max_rd_atomic): (u8, u8),
+    selective_repeat: bool,
     rng: &mut fastrand::Rng,
 ) -> softrnic_transport::Result<()> {
     // Both ends agree on PSNs; start near the wrap now and then.
@@ -237,6 +255,7 @@ fn connect(
         timeout: rng.u8(8..=12),
         retry_cnt: 7,
         rnr_retry: 7,
+        selective_repeat,
     };
     let now = world.now;
     for attr in connection.steps() {

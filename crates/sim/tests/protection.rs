@@ -11,8 +11,8 @@ use softrnic_transport::{
     Access, Completion, DmaBuffer, Payload, QpAttr, QpState, RecvWorkRequest, RemoteAddr, SendOp, Sge, WcStatus,
 };
 use softrnic_wire::icrc::UdpFlow;
-use softrnic_wire::packet::{Extensions, Headers};
-use softrnic_wire::{Opcode, Psn, ROCEV2_UDP_PORT, atomic_eth, bth, reth};
+use softrnic_wire::packet::{Extensions, Headers, SelectiveRepeatLayout};
+use softrnic_wire::{Opcode, Psn, ROCEV2_UDP_PORT, atomic_eth, bth, reth, sack, sreth};
 
 const FILL: u8 = 0x5a;
 
@@ -291,23 +291,26 @@ proptest! {
 
     /// Correctly sealed packets with arbitrary opcodes, PSNs, keys and
     /// addresses never panic the device and never write outside the
-    /// registered region, whatever they claim.
+    /// registered region, whatever they claim; on a selective-repeat
+    /// connection too, whose SEND and WRITE packets say where they belong.
     #[test]
     fn hostile_packets_stay_inside_registered_memory(
+        selective in any::<bool>(),
+        claims in prop::collection::vec((0u32..70_000, 0u32..6), 40),
         packets in prop::collection::vec((
             prop::sample::select(Opcode::ALL.to_vec()), 0u32..64, any::<bool>(),
             prop_oneof![Just(0u64), 0u64..70_000, any::<u64>()], any::<bool>(), 0u32..5000,
             prop::collection::vec(any::<u8>(), 0..1100),
         ), 1..40),
     ) {
-        let mut pair = Pair::new(PairOptions::default());
+        let mut pair = Pair::new(PairOptions { selective_repeat: selective, ..PairOptions::default() });
         let guard = Arc::new(DmaBuffer::new(4096));
         guard.fill(FILL);
         // A second region without remote rights, which no packet may touch.
         let pd = pair.b.pd;
         pair.world.device(1).register_memory(pd, guard.clone(), 0, 4096, 0x9000_0000, Access::LOCAL_WRITE).unwrap();
         let (qpn, rkey, epsn) = (pair.b.qpn, pair.b.mr.rkey, Psn::new(pair.a.qpn * 1000));
-        for (opcode, psn_offset, right_key, va, relative, len, payload) in packets {
+        for ((opcode, psn_offset, right_key, va, relative, len, payload), (offset, receive_number)) in packets.into_iter().zip(claims) {
             let addr = if relative { IOVA.wrapping_add(va) } else { va };
             let key = if right_key { rkey } else { rkey ^ 0x300 };
             let layout = opcode.layout();
@@ -319,11 +322,19 @@ proptest! {
                 atomic_ack: layout.atomic_ack_eth.then_some(0),
                 immediate: layout.immdt.then_some(0),
                 invalidate_rkey: layout.ieth.then_some(key),
+                sreth: None,
+                sack: None,
             };
-            let headers = Headers {
+            let mut headers = Headers {
                 bth: bth::Repr { ack_request: true, ..bth::Repr::new(opcode, qpn, epsn.add(psn_offset)) },
                 ext,
             };
+            let bth = bth::Repr { selective_repeat: true, ..headers.bth };
+            if selective && let Ok(s) = SelectiveRepeatLayout::of(&bth) {
+                headers.bth = bth;
+                headers.ext.sreth = s.sreth.then_some(sreth::Repr { virtual_address: addr, rkey: key, message_length: len, offset, receive_number });
+                headers.ext.sack = s.sack.then_some(sack::Repr { words: [u64::from(offset); 8] });
+            }
             let payload: &[u8] = if layout.payload { &payload } else { &[] };
             inject(&mut pair, &headers, payload);
             pair.world.flush();

@@ -21,7 +21,8 @@ fn random_workloads_survive_a_hostile_network() {
             (first..first + env("SOFTRNIC_SIM_SEEDS").unwrap_or(1000)).collect()
         }
     };
-    let mut totals = [0u64; 7];
+    let mut totals = [0u64; 8];
+    let mut recoveries = [0usize; 2];
     for &seed in &seeds {
         match scenario::run(seed, Limits::default()) {
             Ok(outcome) => {
@@ -32,6 +33,8 @@ fn random_workloads_survive_a_hostile_network() {
                 totals[4] += outcome.duplicates;
                 totals[5] += outcome.icrc_drops;
                 totals[6] += outcome.tail_loss_probes;
+                totals[7] += outcome.placed_out_of_order;
+                recoveries[usize::from(outcome.selective_repeat)] += 1;
             }
             Err(failure) => {
                 panic!("{failure}\nreplay with: SOFTRNIC_SIM_SEED={seed} cargo test -p softrnic-sim --test simulation")
@@ -39,19 +42,23 @@ fn random_workloads_survive_a_hostile_network() {
         }
     }
     println!(
-        "{} seeds: {} packets dropped, {} retransmitted, {} RNR NAKs, {} sequence NAKs, {} duplicates, {} ICRC drops, {} tail-loss probes",
+        "{} seeds ({} go-back-N, {} selective repeat): {} packets dropped, {} retransmitted, {} RNR NAKs, {} sequence NAKs, {} duplicates, {} ICRC drops, {} tail-loss probes, {} packets placed out of order",
         seeds.len(),
+        recoveries[0],
+        recoveries[1],
         totals[0],
         totals[1],
         totals[2],
         totals[3],
         totals[4],
         totals[5],
-        totals[6]
+        totals[6],
+        totals[7]
     );
     // The faults must actually have exercised the recovery paths.
     if seeds.len() >= 100 {
         assert!(totals.iter().all(|&t| t > 0), "some recovery path never ran: {totals:?}");
+        assert!(recoveries.iter().all(|&n| n > 0), "both recoveries ran: {recoveries:?}");
     }
 }
 

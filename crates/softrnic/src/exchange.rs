@@ -3,8 +3,12 @@
 //! its GID, QPN, PSN and a memory region's rkey, address and length.
 //!
 //! ```text
-//! SOFTRNIC gid=127.0.0.2 qpn=0x11 psn=0x3f2a1c rkey=0x101 addr=0x7f0000001000 len=65536
+//! SOFTRNIC gid=127.0.0.2 qpn=0x11 psn=0x3f2a1c rkey=0x101 addr=0x7f0000001000 len=65536 sr=1
 //! ```
+//!
+//! `sr=1` offers selective repeat; a peer that does not write it (an
+//! older softrnic) does not offer it, and a connection uses it only when
+//! both ends offer it and ask for it ([`crate::ConnectOptions`]).
 //!
 //! The same connection then serves as a barrier between the two ends.
 
@@ -28,18 +32,21 @@ pub struct Endpoint {
     pub rkey: u32,
     pub addr: u64,
     pub len: u64,
+    /// This end can recover from loss by selective repeat.
+    pub selective_repeat: bool,
 }
 
 impl Endpoint {
     pub fn to_line(&self) -> String {
         format!(
-            "SOFTRNIC gid={} qpn={:#x} psn={:#x} rkey={:#x} addr={:#x} len={}\n",
+            "SOFTRNIC gid={} qpn={:#x} psn={:#x} rkey={:#x} addr={:#x} len={} sr={}\n",
             self.gid,
             self.qpn,
             self.psn.value(),
             self.rkey,
             self.addr,
-            self.len
+            self.len,
+            u8::from(self.selective_repeat)
         )
     }
 
@@ -50,6 +57,7 @@ impl Endpoint {
             return Err(bad("not a softrnic peer (no SOFTRNIC tag)"));
         }
         let (mut gid, mut qpn, mut psn, mut rkey, mut addr, mut len) = (None, None, None, None, None, None);
+        let mut selective_repeat = false;
         for word in words {
             let (key, value) = word.split_once('=').ok_or_else(|| bad("a word without '='"))?;
             let hex = |v: &str| u64::from_str_radix(v.trim_start_matches("0x"), 16).map_err(|_| bad(key));
@@ -60,6 +68,7 @@ impl Endpoint {
                 "rkey" => rkey = Some(hex(value)? as u32),
                 "addr" => addr = Some(hex(value)?),
                 "len" => len = Some(value.parse::<u64>().map_err(|_| bad("len"))?),
+                "sr" => selective_repeat = value == "1",
                 _ => {}
             }
         }
@@ -70,6 +79,7 @@ impl Endpoint {
             rkey: rkey.unwrap_or(0),
             addr: addr.unwrap_or(0),
             len: len.unwrap_or(0),
+            selective_repeat,
         })
     }
 }
@@ -191,8 +201,12 @@ mod tests {
             rkey: 0x101,
             addr: 0x7f00_0000_1000,
             len: 65536,
+            selective_repeat: true,
         };
         assert_eq!(Endpoint::parse(&e.to_line()).unwrap(), e);
+        // An older peer's line, without `sr`, offers no selective repeat.
+        let old = Endpoint::parse("SOFTRNIC gid=127.0.0.2 qpn=0x11 psn=0x1 rkey=0x1 addr=0x0 len=0").unwrap();
+        assert!(!old.selective_repeat);
         assert!(Endpoint::parse("HELLO gid=1.2.3.4").is_err());
         assert!(Endpoint::parse("SOFTRNIC gid=nope qpn=1 psn=2").is_err());
     }

@@ -51,6 +51,7 @@ pub use qp::{ConnectOptions, QueuePair};
 
 pub use softrnic_engine::{
     DatapathKind, EngineConfig, FaultConfig, NicCounters, ProgressMode, Role, retransmission_from_env,
+    selective_repeat_from_env,
 };
 pub use softrnic_transport::{
     Access, Completion, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpState, QpType, RecvWorkRequest, RemoteAddr,

@@ -21,6 +21,13 @@ pub struct ConnectOptions {
     pub access: Access,
     /// The Q_Key of a UD QP.
     pub qkey: u32,
+    /// Recover from loss by selective repeat rather than go-back-N: only
+    /// what was lost is sent again. Used when the peer's endpoint offers it
+    /// too; both ends must ask for it, as both ends of a perftest run pass
+    /// the same flags (a go-back-N requester's packets are refused by a
+    /// selective-repeat responder). `SOFTRNIC_SELECTIVE_REPEAT=1` turns it
+    /// on by default.
+    pub selective_repeat: bool,
 }
 
 impl Default for ConnectOptions {
@@ -34,6 +41,8 @@ impl Default for ConnectOptions {
             max_rd_atomic: 16,
             access: Access::REMOTE,
             qkey: 0x1111_1111,
+            // A bad value is reported when the device opens.
+            selective_repeat: crate::selective_repeat_from_env().unwrap_or(false),
         }
     }
 }
@@ -83,12 +92,20 @@ impl QueuePair {
             rkey: mr.rkey(),
             addr: mr.iova(),
             len: mr.len() as u64,
+            selective_repeat: self.qp_type == QpType::Rc,
         }
     }
 
     pub fn state(&self) -> QpState {
         let qpn = self.qpn;
         self.pd.ctx.nic.query_qp(qpn).map_or(QpState::Error, |(state, _)| state)
+    }
+
+    /// Whether the connection recovers from loss by selective repeat (both
+    /// ends asked for it and offered it).
+    pub fn selective_repeat(&self) -> bool {
+        let qpn = self.qpn;
+        self.pd.ctx.nic.query_qp(qpn).is_some_and(|(_, attrs)| attrs.selective_repeat)
     }
 
     pub fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
@@ -114,6 +131,7 @@ impl QueuePair {
                 timeout: o.timeout,
                 retry_cnt: o.retry_cnt,
                 rnr_retry: o.rnr_retry,
+                selective_repeat: o.selective_repeat && remote.selective_repeat,
             }
             .steps(),
             QpType::Ud => ud_steps(o.qkey, self.psn),

@@ -31,11 +31,16 @@ fn side(addr: IpAddr, faults: FaultConfig, len: usize) -> Side {
 }
 
 fn pair(faults: FaultConfig, len: usize) -> (Side, Side) {
+    pair_recovering(faults, len, false)
+}
+
+/// A connected pair; `selective_repeat` asks both ends for it.
+fn pair_recovering(faults: FaultConfig, len: usize, selective_repeat: bool) -> (Side, Side) {
     let n = NEXT.fetch_add(2, Ordering::Relaxed);
     let a = side(IpAddr::from([127, 0, 1, n]), faults, len);
     let b = side(IpAddr::from([127, 0, 1, n + 1]), faults, len);
     // Short timeouts keep faulty runs quick.
-    let options = ConnectOptions { timeout: 10, min_rnr_timer: 1, ..ConnectOptions::default() };
+    let options = ConnectOptions { timeout: 10, min_rnr_timer: 1, selective_repeat, ..ConnectOptions::default() };
     a.qp.connect(&b.qp.endpoint(&b.mr), &options).unwrap();
     b.qp.connect(&a.qp.endpoint(&a.mr), &options).unwrap();
     (a, b)
@@ -51,8 +56,14 @@ fn wait(cq: &CompletionQueue) -> softrnic::Completion {
 
 /// Runs every operation once with `faults` and checks every byte.
 fn every_operation(faults: FaultConfig) {
-    const LEN: usize = 1 << 20;
     let (a, b) = pair(faults, 4 * LEN);
+    every_operation_on(&a, &b);
+}
+
+const LEN: usize = 1 << 20;
+
+/// Every operation once from `a` to `b`, every byte checked.
+fn every_operation_on(a: &Side, b: &Side) {
     let data = pattern(LEN, 3);
     a.mr.write(0, &data);
     b.mr.write(LEN, &data);
@@ -126,6 +137,40 @@ fn every_operation_over_loopback() {
 fn every_operation_through_injected_faults() {
     let faults = FaultConfig { loss: 0.02, reorder: 0.02, duplicate: 0.02, corrupt: 0.02 };
     every_operation(faults);
+}
+
+#[test]
+fn every_operation_by_selective_repeat_through_injected_faults() {
+    let faults = FaultConfig { loss: 0.03, reorder: 0.02, duplicate: 0.02, corrupt: 0.01 };
+    let (a, b) = pair_recovering(faults, 4 * LEN, true);
+    assert!(a.qp.selective_repeat() && b.qp.selective_repeat());
+    every_operation_on(&a, &b);
+    let (ca, cb) = (a.ctx.counters().transport, b.ctx.counters().transport);
+    assert!(cb.rx_placed_out_of_order > 0, "the responder placed what came after a loss: {cb:?}");
+    assert!(ca.selective_naks_received > 0 && ca.retransmitted_packets > 0, "{ca:?}");
+    assert_eq!((ca.seq_naks_received, cb.seq_naks_sent), (0, 0), "no go-back-N NAK on this connection");
+}
+
+#[test]
+fn a_connection_uses_selective_repeat_only_if_both_ends_offer_it() {
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    let a = side(IpAddr::from([127, 0, 1, n]), FaultConfig::default(), 4096);
+    let b = side(IpAddr::from([127, 0, 1, n + 1]), FaultConfig::default(), 4096);
+    let asks = ConnectOptions { selective_repeat: true, ..ConnectOptions::default() };
+    let mut older_peer = b.qp.endpoint(&b.mr);
+    assert!(older_peer.selective_repeat, "a softrnic RC endpoint offers it");
+    // An endpoint line without `sr=1` (an older softrnic) offers nothing.
+    older_peer.selective_repeat = false;
+    a.qp.connect(&older_peer, &asks).unwrap();
+    b.qp.connect(&a.qp.endpoint(&a.mr), &ConnectOptions { selective_repeat: false, ..asks }).unwrap();
+    assert!(!a.qp.selective_repeat() && !b.qp.selective_repeat());
+    a.mr.write(0, b"plain RoCE");
+    a.qp.post_send(SendWorkRequest::new(1, SendOp::Write { remote: b.mr.remote(0), imm: None }, a.mr.gather(0, 10)))
+        .unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    let mut got = [0u8; 10];
+    b.mr.read(0, &mut got);
+    assert_eq!(&got, b"plain RoCE");
 }
 
 #[test]

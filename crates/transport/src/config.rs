@@ -16,7 +16,8 @@ pub struct TransportConfig {
     /// The MTU of unreliable datagrams (the port's active MTU).
     pub ud_mtu: Mtu,
     /// How RC requesters time retransmissions: the IBTA's fixed timeout
-    /// (the default) or the adaptive timer.
+    /// (the default) or the adaptive timer. Selective-repeat QPs always
+    /// time adaptively.
     pub retransmission: Retransmission,
 }
 

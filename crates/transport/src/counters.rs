@@ -8,7 +8,8 @@ pub struct Counters {
     pub tx_bytes: u64,
     pub rx_packets: u64,
     pub rx_bytes: u64,
-    /// Request packets sent again (go-back-N).
+    /// Request packets sent again (go-back-N, or the holes selective
+    /// repeat found).
     pub retransmitted_packets: u64,
     /// Retransmission timer expiries.
     pub timeouts: u64,
@@ -35,6 +36,15 @@ pub struct Counters {
     pub rnr_naks_received: u64,
     pub fatal_naks_sent: u64,
     pub fatal_naks_received: u64,
+    /// Selective repeat: request packets placed before the ones ahead of
+    /// them had arrived.
+    pub rx_placed_out_of_order: u64,
+    /// Selective repeat: request packets dropped beyond the responder's
+    /// window.
+    pub rx_beyond_window: u64,
+    /// Selective NAKs (a gap and what arrived beyond it).
+    pub selective_naks_sent: u64,
+    pub selective_naks_received: u64,
 }
 
 impl std::ops::AddAssign<&Counters> for Counters {
@@ -64,5 +74,9 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.rnr_naks_received += other.rnr_naks_received;
         self.fatal_naks_sent += other.fatal_naks_sent;
         self.fatal_naks_received += other.fatal_naks_received;
+        self.rx_placed_out_of_order += other.rx_placed_out_of_order;
+        self.rx_beyond_window += other.rx_beyond_window;
+        self.selective_naks_sent += other.selective_naks_sent;
+        self.selective_naks_received += other.selective_naks_received;
     }
 }

@@ -25,3 +25,7 @@ pub const MAX_MSG_SIZE: u32 = 1 << 31;
 pub const GID_TABLE_LEN: u32 = 1;
 /// The largest path MTU, in bytes.
 pub const MAX_MTU: u32 = 4096;
+/// The vendor ID the device reports (`ibv_query_device`, and ECE, where it
+/// says whose options these are). softrnic has no IEEE OUI; these are the
+/// letters "SRN".
+pub const VENDOR_ID: u32 = 0x53_52_4e;

@@ -11,6 +11,12 @@
 //! +---------------+-----------------------------------------------+
 //! ```
 //! F and B are RoCEv2's FECN and BECN bits (annex A17.9.2).
+//!
+//! TVer is 0 in every IBTA packet. softrnic sends 1 on the SEND, WRITE and
+//! selective-NAK packets of a connection that negotiated selective repeat,
+//! which carry headers of its own ([`crate::sreth`], [`crate::sack`]): a
+//! peer that does not speak them drops such a packet (IBTA 9.2.5) instead
+//! of misreading it.
 
 use crate::view::{get_u24, put_u24};
 use crate::{Error, Opcode, Psn, Result};
@@ -33,6 +39,8 @@ const TVER_MASK: u8 = 0x0f;
 const FECN: u8 = 0x80;
 const BECN: u8 = 0x40;
 const ACK_REQUEST: u8 = 0x80;
+/// The transport version of softrnic's selective-repeat packets.
+const SELECTIVE_REPEAT_VERSION: u8 = 1;
 
 typed_view!(
     /// A view over a Base Transport Header.
@@ -145,6 +153,9 @@ pub struct Repr {
     /// The requester asks the responder to acknowledge this packet.
     pub ack_request: bool,
     pub psn: Psn,
+    /// Transport version 1: the packet carries softrnic's selective-repeat
+    /// headers.
+    pub selective_repeat: bool,
 }
 
 impl Repr {
@@ -161,15 +172,18 @@ impl Repr {
             dest_qpn,
             ack_request: false,
             psn,
+            selective_repeat: false,
         }
     }
 
     /// Parses a BTH, rejecting unknown opcodes and transport versions.
     pub fn parse<T: AsRef<[u8]>>(header: &Header<T>) -> Result<Repr> {
         header.check_len()?;
-        if header.transport_version() != 0 {
-            return Err(Error::UnsupportedVersion(header.transport_version()));
-        }
+        let selective_repeat = match header.transport_version() {
+            0 => false,
+            SELECTIVE_REPEAT_VERSION => true,
+            other => return Err(Error::UnsupportedVersion(other)),
+        };
         Ok(Repr {
             opcode: Opcode::try_from(header.opcode_byte())?,
             solicited: header.solicited(),
@@ -181,6 +195,7 @@ impl Repr {
             dest_qpn: header.dest_qpn(),
             ack_request: header.ack_request(),
             psn: header.psn(),
+            selective_repeat,
         })
     }
 
@@ -191,7 +206,7 @@ impl Repr {
         header.set_solicited(self.solicited);
         header.set_migration(self.migration);
         header.set_pad_count(self.pad_count);
-        header.set_transport_version(0);
+        header.set_transport_version(if self.selective_repeat { SELECTIVE_REPEAT_VERSION } else { 0 });
         header.set_pkey(self.pkey);
         header.set_fecn(self.fecn);
         header.set_becn(self.becn);
@@ -224,6 +239,7 @@ mod tests {
             dest_qpn: 0x11,
             ack_request: true,
             psn: Psn::new(0x123456),
+            selective_repeat: false,
         }
     }
 
@@ -253,10 +269,11 @@ mod tests {
             dest_qpn: 0xabcdef,
             ack_request: false,
             psn: Psn::new(0xfedcba),
+            selective_repeat: true,
         };
         let mut bytes = [0u8; 12];
         r.emit(&mut Header::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, [0x09, 0xf0, 0x80, 0x01, 0xc0, 0xab, 0xcd, 0xef, 0x00, 0xfe, 0xdc, 0xba]);
+        assert_eq!(bytes, [0x09, 0xf1, 0x80, 0x01, 0xc0, 0xab, 0xcd, 0xef, 0x00, 0xfe, 0xdc, 0xba]);
         assert_eq!(Repr::parse(&Header::new_unchecked(&bytes[..])), Ok(r));
     }
 
@@ -264,8 +281,8 @@ mod tests {
     fn rejects_short_buffers_versions_and_opcodes() {
         assert_eq!(Header::new_checked(&BYTES[..11]).unwrap_err(), Error::Truncated);
         let mut bytes = BYTES;
-        bytes[1] = 0x01;
-        assert_eq!(Repr::parse(&Header::new_unchecked(&bytes[..])), Err(Error::UnsupportedVersion(1)));
+        bytes[1] = 0x02;
+        assert_eq!(Repr::parse(&Header::new_unchecked(&bytes[..])), Err(Error::UnsupportedVersion(2)));
         bytes[1] = 0;
         bytes[0] = 0x15;
         assert_eq!(Repr::parse(&Header::new_unchecked(&bytes[..])), Err(Error::UnknownOpcode(0x15)));

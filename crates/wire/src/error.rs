@@ -7,7 +7,8 @@ pub enum Error {
     Truncated,
     /// The BTH opcode is not one softrnic speaks.
     UnknownOpcode(u8),
-    /// The BTH transport header version is not 0.
+    /// The BTH transport header version is neither 0 nor, on the packets
+    /// that may carry them, softrnic's selective-repeat headers' 1.
     UnsupportedVersion(u8),
     /// The pad count makes the payload negative or misaligned.
     BadPadding,

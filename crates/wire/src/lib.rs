@@ -29,6 +29,8 @@ pub mod opcode;
 pub mod packet;
 pub mod psn;
 pub mod reth;
+pub mod sack;
+pub mod sreth;
 
 pub use error::{Error, Result};
 pub use opcode::Opcode;

@@ -5,13 +5,15 @@
 //! for are all there and that the pad count agrees with the length; it does
 //! not check the ICRC, which needs the IP and UDP headers ([`crate::icrc`]).
 
-use crate::{Error, Result, aeth, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth};
+use crate::{Error, Opcode, Result, aeth, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth, sack, sreth};
 
 /// Length of the invariant CRC trailer.
 pub const ICRC_LEN: usize = 4;
 
 /// The extension headers of one packet. Which of them are present is fixed
-/// by the opcode ([`crate::Opcode::layout`]).
+/// by the opcode ([`crate::Opcode::layout`]), and for softrnic's
+/// selective-repeat headers by the BTH's transport version as well
+/// ([`SelectiveRepeatLayout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Extensions {
     pub deth: Option<deth::Repr>,
@@ -24,6 +26,44 @@ pub struct Extensions {
     pub immediate: Option<u32>,
     /// IETH: the R_Key to invalidate.
     pub invalidate_rkey: Option<u32>,
+    /// softrnic's SRETH: where a selective-repeat SEND or WRITE packet
+    /// belongs in its message.
+    pub sreth: Option<sreth::Repr>,
+    /// softrnic's SACK ETH: what a selective NAK's responder holds beyond
+    /// the gap.
+    pub sack: Option<sack::Repr>,
+}
+
+/// Which of softrnic's selective-repeat headers a packet carries: with
+/// transport version 1, an SRETH after the standard headers of an RC SEND
+/// or WRITE, a SACK ETH after the AETH of an RC ACK. Both come last, just
+/// before the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SelectiveRepeatLayout {
+    pub sreth: bool,
+    pub sack: bool,
+}
+
+impl SelectiveRepeatLayout {
+    /// The layout a BTH implies; an error for transport version 1 on an
+    /// opcode that has no selective-repeat form.
+    pub fn of(bth: &bth::Repr) -> Result<SelectiveRepeatLayout> {
+        let op = bth.opcode;
+        let sreth = (op.is_send() || op.is_write()) && !op.is_ud();
+        let sack = op == Opcode::RcAck;
+        match bth.selective_repeat {
+            false => Ok(SelectiveRepeatLayout { sreth: false, sack: false }),
+            true if sreth || sack => Ok(SelectiveRepeatLayout { sreth, sack }),
+            true => Err(Error::UnsupportedVersion(1)),
+        }
+    }
+
+    /// Bytes these headers add.
+    pub fn header_len(&self) -> usize {
+        let sreth = if self.sreth { sreth::Header::<&[u8]>::LEN } else { 0 };
+        let sack = if self.sack { sack::Header::<&[u8]>::LEN } else { 0 };
+        sreth + sack
+    }
 }
 
 /// The BTH and extension headers of a packet.
@@ -55,7 +95,8 @@ pub const fn packet_len(header_len: usize, payload_len: usize) -> usize {
 impl Headers {
     /// Bytes from the start of the BTH to the payload.
     pub fn len(&self) -> usize {
-        bth::Header::<&[u8]>::LEN + self.bth.opcode.extension_len()
+        let selective = SelectiveRepeatLayout::of(&self.bth).map_or(0, |l| l.header_len());
+        bth::Header::<&[u8]>::LEN + self.bth.opcode.extension_len() + selective
     }
 
     /// Always false: a packet has at least a BTH. Present for symmetry with
@@ -75,6 +116,8 @@ impl Headers {
             && l.atomic_ack_eth == e.atomic_ack.is_some()
             && l.immdt == e.immediate.is_some()
             && l.ieth == e.invalidate_rkey.is_some();
+        let s = SelectiveRepeatLayout::of(&self.bth)?;
+        let agree = agree && s.sreth == e.sreth.is_some() && s.sack == e.sack.is_some();
         if agree { Ok(()) } else { Err(Error::Reserved) }
     }
 
@@ -130,6 +173,14 @@ impl Headers {
             ieth::Header::new_unchecked(&mut buf[at..]).set_rkey(v);
             at += ieth::Header::<&[u8]>::LEN;
         }
+        if let Some(r) = e.sreth {
+            r.emit(&mut sreth::Header::new_unchecked(&mut buf[at..]));
+            at += sreth::Header::<&[u8]>::LEN;
+        }
+        if let Some(r) = e.sack {
+            r.emit(&mut sack::Header::new_unchecked(&mut buf[at..]));
+            at += sack::Header::<&[u8]>::LEN;
+        }
         // Reserved bytes (a CNP's 16), the pad and the ICRC placeholder are zero.
         buf[at..header_len].fill(0);
         buf[header_len + payload_len..total].fill(0);
@@ -150,7 +201,8 @@ impl<'a> PacketRepr<'a> {
     pub fn parse(datagram: &'a [u8]) -> Result<PacketRepr<'a>> {
         let bth = bth::Repr::parse(&bth::Header::new_checked(datagram)?)?;
         let layout = bth.opcode.layout();
-        let header_len = bth::Header::<&[u8]>::LEN + bth.opcode.extension_len();
+        let selective = SelectiveRepeatLayout::of(&bth)?;
+        let header_len = bth::Header::<&[u8]>::LEN + bth.opcode.extension_len() + selective.header_len();
         let body_len = datagram.len().checked_sub(header_len + ICRC_LEN).ok_or(Error::Truncated)?;
         let pad = usize::from(bth.pad_count);
         if body_len % 4 != 0 || pad > body_len || (!layout.payload && body_len != 0) {
@@ -187,6 +239,16 @@ impl<'a> PacketRepr<'a> {
         }
         if layout.ieth {
             ext.invalidate_rkey = Some(ieth::parse(&ieth::Header::new_checked(&datagram[at..])?)?);
+            at += ieth::Header::<&[u8]>::LEN;
+        }
+        // A CNP's reserved bytes come last among the opcode's headers.
+        at += layout.reserved;
+        if selective.sreth {
+            ext.sreth = Some(sreth::Repr::parse(&sreth::Header::new_checked(&datagram[at..])?)?);
+            at += sreth::Header::<&[u8]>::LEN;
+        }
+        if selective.sack {
+            ext.sack = Some(sack::Repr::parse(&sack::Header::new_checked(&datagram[at..])?)?);
         }
 
         let payload = &datagram[header_len..header_len + body_len - pad];
@@ -299,5 +361,78 @@ mod tests {
         let mut ack = [0u8; 24];
         ack[0] = Opcode::RcAck as u8;
         assert_eq!(PacketRepr::parse(&ack), Err(Error::BadPadding));
+    }
+
+    #[test]
+    fn selective_repeat_write_middle_literal_bytes() {
+        let headers = Headers {
+            bth: bth::Repr { selective_repeat: true, ..bth(Opcode::RcWriteMiddle) },
+            ext: Extensions {
+                sreth: Some(sreth::Repr {
+                    virtual_address: 0x1000,
+                    rkey: 0x55,
+                    message_length: 12,
+                    offset: 4,
+                    receive_number: 2,
+                }),
+                ..Extensions::default()
+            },
+        };
+        let mut buf = [0u8; 64];
+        let len = headers.emit_packet(&mut buf, b"wxyz").unwrap();
+        #[rustfmt::skip]
+        let expected: &[u8] = &[
+            0x07, 0x01, 0xff, 0xff, 0x00, 0x00, 0x00, 0x12, 0x80, 0x00, 0x00, 0x07, // BTH, TVer 1
+            0, 0, 0, 0, 0, 0, 0x10, 0x00, 0, 0, 0, 0x55, 0, 0, 0, 12,                // SRETH: va, rkey, length
+            0, 0, 0, 4, 0, 0, 0, 2,                                                  //   offset, receive
+            b'w', b'x', b'y', b'z',                                                  // payload
+            0, 0, 0, 0,                                                              // ICRC slot
+        ];
+        assert_eq!(&buf[..len], expected);
+        let parsed = PacketRepr::parse(expected).unwrap();
+        assert_eq!(
+            (parsed.headers, parsed.payload),
+            (Headers { bth: bth::Repr { pad_count: 0, ..headers.bth }, ..headers }, &b"wxyz"[..])
+        );
+        // Without TVer 1 the same bytes are a WRITE MIDDLE whose payload
+        // starts with the SRETH: the version is what tells them apart.
+        let mut plain = expected.to_vec();
+        plain[1] = 0;
+        assert_eq!(PacketRepr::parse(&plain).unwrap().payload.len(), 28);
+    }
+
+    #[test]
+    fn selective_nak_literal_bytes_and_versions_elsewhere_rejected() {
+        let mut sack = sack::Repr::default();
+        sack.set_received(0);
+        sack.set_received(9);
+        let headers = Headers {
+            bth: bth::Repr { selective_repeat: true, ..bth(Opcode::RcAck) },
+            ext: Extensions {
+                aeth: Some(aeth::Repr { syndrome: aeth::Syndrome::Nak(aeth::NakCode::PsnSequenceError), msn: 3 }),
+                sack: Some(sack),
+                ..Extensions::default()
+            },
+        };
+        let mut buf = [0u8; 96];
+        let len = headers.emit_packet(&mut buf, &[]).unwrap();
+        assert_eq!(len, 12 + 4 + 64 + 4);
+        assert_eq!(&buf[12..20], &[0x60, 0, 0, 3, 0x80, 0x40, 0, 0]);
+        assert!(buf[20..80].iter().all(|b| *b == 0));
+        assert_eq!(PacketRepr::parse(&buf[..len]).unwrap().headers.ext, headers.ext);
+        // Version 1 means nothing on a READ request: refused both ways.
+        let read = Headers {
+            bth: bth::Repr { selective_repeat: true, ..bth(Opcode::RcReadRequest) },
+            ext: Extensions {
+                reth: Some(reth::Repr { virtual_address: 0, rkey: 1, dma_length: 8 }),
+                ..Extensions::default()
+            },
+        };
+        assert_eq!(read.emit_packet(&mut buf, &[]), Err(Error::UnsupportedVersion(1)));
+        let mut bytes = [0u8; 32];
+        let plain = Headers { bth: bth::Repr { selective_repeat: false, ..read.bth }, ..read };
+        let len = plain.emit_packet(&mut bytes, &[]).unwrap();
+        bytes[1] |= 1;
+        assert_eq!(PacketRepr::parse(&bytes[..len]), Err(Error::UnsupportedVersion(1)));
     }
 }

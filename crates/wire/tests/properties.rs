@@ -4,8 +4,9 @@
 use proptest::prelude::*;
 use softrnic_wire::aeth::{NakCode, Syndrome};
 use softrnic_wire::icrc::UdpFlow;
+use softrnic_wire::packet::SelectiveRepeatLayout;
 use softrnic_wire::packet::{Extensions, Headers, PacketRepr};
-use softrnic_wire::{Opcode, Psn, aeth, atomic_eth, bth, deth, reth};
+use softrnic_wire::{Opcode, Psn, aeth, atomic_eth, bth, deth, reth, sack, sreth};
 
 fn opcode() -> impl Strategy<Value = Opcode> {
     prop::sample::select(Opcode::ALL.to_vec())
@@ -34,10 +35,15 @@ prop_compose! {
         qkey: u32, src_qpn in 0u32..1 << 24,
         va: u64, rkey: u32, len: u32, swap: u64, compare: u64,
         syndrome in syndrome(), msn in 0u32..1 << 24, original: u64, imm: u32, inv: u32,
+        selective: bool, offset: u32, receive_number: u32, sack_words: [u64; 8],
     ) -> Headers {
         let l = opcode.layout();
+        let mut bth = bth::Repr { opcode, solicited, migration, pad_count: 0, pkey, fecn, becn, dest_qpn, ack_request, psn: Psn::new(psn), selective_repeat: selective };
+        // Version 1 only where softrnic's selective-repeat headers exist.
+        bth.selective_repeat &= SelectiveRepeatLayout::of(&bth).is_ok();
+        let s = SelectiveRepeatLayout::of(&bth).unwrap();
         Headers {
-            bth: bth::Repr { opcode, solicited, migration, pad_count: 0, pkey, fecn, becn, dest_qpn, ack_request, psn: Psn::new(psn) },
+            bth,
             ext: Extensions {
                 deth: l.deth.then_some(deth::Repr { qkey, src_qpn }),
                 reth: l.reth.then_some(reth::Repr { virtual_address: va, rkey, dma_length: len }),
@@ -46,6 +52,8 @@ prop_compose! {
                 atomic_ack: l.atomic_ack_eth.then_some(original),
                 immediate: l.immdt.then_some(imm),
                 invalidate_rkey: l.ieth.then_some(inv),
+                sreth: s.sreth.then_some(sreth::Repr { virtual_address: va, rkey, message_length: len, offset, receive_number }),
+                sack: s.sack.then_some(sack::Repr { words: sack_words }),
             },
         }
     }

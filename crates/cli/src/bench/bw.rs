@@ -315,6 +315,7 @@ pub fn result(test: Test, s: &Session, size: usize, o: &BwOutcome, verified: Opt
     let rate = o.sent as f64 / secs;
     let peak = peak_rate(&o.timeline, o.sent).max(rate);
     let gbps = |msgs_per_sec: f64| msgs_per_sec * size as f64 * 8.0 / 1e9;
+    let counters = s.ctx.counters().transport;
     BwResult {
         test: test.name(),
         size,
@@ -327,5 +328,7 @@ pub fn result(test: Test, s: &Session, size: usize, o: &BwOutcome, verified: Opt
         msg_rate_mpps: rate / 1e6,
         seconds: secs,
         verified,
+        retransmitted: counters.retransmitted_packets,
+        timeouts: counters.timeouts,
     }
 }

@@ -190,6 +190,13 @@ pub struct BenchArgs {
     /// Default: SOFTRNIC_RETRANSMISSION, else fixed.
     #[arg(long, value_parser = Retransmission::parse)]
     pub retransmission: Option<Retransmission>,
+    /// Recover from loss by selective repeat: the responder keeps what
+    /// arrives beyond a gap and the requester sends only what was lost
+    /// (softrnic's extension, negotiated with the server; always with the
+    /// adaptive timer). Default: SOFTRNIC_SELECTIVE_REPEAT, else go-back-N
+    /// as RoCE does.
+    #[arg(long)]
+    pub selective_repeat: bool,
     /// Drop this fraction of datagrams, in each direction.
     #[arg(long, value_parser = probability)]
     pub loss: Option<f64>,
@@ -216,6 +223,8 @@ pub struct Params {
     pub mtu: Mtu,
     pub bidirectional: bool,
     pub verify: bool,
+    /// Connections recover by selective repeat.
+    pub selective_repeat: bool,
 }
 
 impl Params {
@@ -256,6 +265,7 @@ impl Params {
             mtu: a.mtu,
             bidirectional: a.bidirectional,
             verify: a.verify,
+            selective_repeat: a.selective_repeat || softrnic::selective_repeat_from_env()?,
         })
     }
 
@@ -263,7 +273,7 @@ impl Params {
     pub fn to_line(&self) -> String {
         let sizes: Vec<String> = self.sizes.iter().map(usize::to_string).collect();
         format!(
-            "PARAMS test={} sizes={} iters={} duration={} qps={} depth={} mtu={} bidir={} verify={}",
+            "PARAMS test={} sizes={} iters={} duration={} qps={} depth={} mtu={} bidir={} verify={} sr={}",
             self.test,
             sizes.join(","),
             self.iters,
@@ -272,7 +282,8 @@ impl Params {
             self.tx_depth,
             self.mtu.bytes(),
             self.bidirectional,
-            self.verify
+            self.verify,
+            self.selective_repeat
         )
     }
 
@@ -292,6 +303,7 @@ impl Params {
             mtu: Mtu::Mtu4096,
             bidirectional: false,
             verify: false,
+            selective_repeat: false,
         };
         for word in words {
             let (k, v) = word.split_once('=').ok_or_else(|| bad("word"))?;
@@ -310,6 +322,7 @@ impl Params {
                 "mtu" => p.mtu = Mtu::from_bytes(v.parse().map_err(|_| bad("mtu"))?).ok_or_else(|| bad("mtu"))?,
                 "bidir" => p.bidirectional = v == "true",
                 "verify" => p.verify = v == "true",
+                "sr" => p.selective_repeat = v == "true",
                 _ => {}
             }
         }
@@ -378,7 +391,8 @@ mod tests {
 
     #[test]
     fn parameters_travel_as_one_line() {
-        let p = parse(&["send_bw", "-a", "-q", "2", "-D", "1.5", "-b", "--verify"]).unwrap();
+        let p = parse(&["send_bw", "-a", "-q", "2", "-D", "1.5", "-b", "--verify", "--selective-repeat"]).unwrap();
+        assert!(p.selective_repeat);
         assert_eq!(Params::parse(&p.to_line()).unwrap(), p);
         assert!(Params::parse("HELLO").is_err());
     }

@@ -25,6 +25,10 @@ pub struct BwResult {
     pub seconds: f64,
     /// `true` when `--verify` checked every byte, `null` without it.
     pub verified: Option<bool>,
+    /// This end's request packets sent again and retransmission timer
+    /// expiries since its device opened: what loss recovery cost.
+    pub retransmitted: u64,
+    pub timeouts: u64,
 }
 
 /// One size of a latency test.

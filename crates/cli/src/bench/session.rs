@@ -70,7 +70,8 @@ impl Session {
             };
             remote.push(peer);
         }
-        let options = ConnectOptions { mtu: params.mtu, ..ConnectOptions::default() };
+        let options =
+            ConnectOptions { mtu: params.mtu, selective_repeat: params.selective_repeat, ..ConnectOptions::default() };
         for (qp, peer) in qps.iter().zip(&remote) {
             qp.connect(peer, &options).map_err(|e| format!("cannot connect QP {:#x}: {e}", qp.qpn()))?;
         }

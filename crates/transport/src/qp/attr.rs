@@ -118,6 +118,12 @@ pub struct QpAttr {
     pub timeout: Option<u8>,
     pub retry_cnt: Option<u8>,
     pub rnr_retry: Option<u8>,
+    /// Recover from loss by selective repeat (`scoreboard.rs`,
+    /// `placement.rs`) rather than
+    /// go-back-N. Both ends must agree, so it is set from what they
+    /// negotiated (ECE, or the Rust API's connect options), before the QP
+    /// receives: up to INIT -> RTR.
+    pub selective_repeat: Option<bool>,
 }
 
 /// The attributes in force (`ibv_query_qp`).
@@ -138,6 +144,7 @@ pub struct QpAttributes {
     pub timeout: u8,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
+    pub selective_repeat: bool,
 }
 
 impl Default for QpAttributes {
@@ -158,6 +165,7 @@ impl Default for QpAttributes {
             timeout: 14,
             retry_cnt: 7,
             rnr_retry: 7,
+            selective_repeat: false,
         }
     }
 }
@@ -181,6 +189,8 @@ pub struct RcConnection {
     pub timeout: u8,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
+    /// Both ends agreed on selective repeat.
+    pub selective_repeat: bool,
 }
 
 impl RcConnection {
@@ -202,6 +212,7 @@ impl RcConnection {
                 rq_psn: Some(self.rq_psn),
                 max_dest_rd_atomic: Some(self.max_dest_rd_atomic),
                 min_rnr_timer: Some(self.min_rnr_timer),
+                selective_repeat: Some(self.selective_repeat),
                 ..QpAttr::default()
             },
             QpAttr {
@@ -295,6 +306,14 @@ impl QpAttr {
             return Err(VerbsError::invalid("port_num must be 1"));
         }
         range("pkey_index", self.pkey_index.map(u32::from), 0)?;
+        if self.selective_repeat.is_some() && !matches!((from, to), (Reset | Init, Init) | (Init, Rtr)) {
+            return Err(VerbsError::invalid(
+                "selective repeat is chosen before the QP receives: set it up to INIT -> RTR",
+            ));
+        }
+        if self.selective_repeat == Some(true) && qp_type != QpType::Rc {
+            return Err(VerbsError::invalid("selective repeat is a reliable-connection recovery; a UD QP has none"));
+        }
         Ok(to)
     }
 
@@ -304,7 +323,7 @@ impl QpAttr {
             ($($field:ident),+) => { $(if let Some(v) = self.$field { attrs.$field = v; })+ };
         }
         copy!(access, pkey_index, port, qkey, path_mtu, dest_qpn, rq_psn, sq_psn);
-        copy!(max_dest_rd_atomic, max_rd_atomic, min_rnr_timer, timeout, retry_cnt, rnr_retry);
+        copy!(max_dest_rd_atomic, max_rd_atomic, min_rnr_timer, timeout, retry_cnt, rnr_retry, selective_repeat);
         if self.remote_addr.is_some() {
             attrs.remote_addr = self.remote_addr;
         }

@@ -11,18 +11,32 @@
 //!   request it names and the QP.
 //!
 //! Requests complete strictly in order, each once, at the head of the queue.
+//!
+//! Under selective repeat a selective NAK feeds the scoreboard instead of
+//! moving the cursor back, READ responses are placed in any order, and a
+//! missing response is asked for again alone (`scoreboard.rs`).
 
 use softrnic_wire::Opcode;
 use softrnic_wire::Psn;
 use softrnic_wire::aeth::{NakCode, Syndrome};
 use softrnic_wire::opcode::Position;
 use softrnic_wire::packet::PacketRepr;
+use softrnic_wire::sack;
+
+use std::collections::VecDeque;
 
 use super::requester::rnr_wait;
+use super::scoreboard::{DUPLICATE_THRESHOLD, Resend};
+use super::send_queue::SendWqe;
 use super::{Ctx, QpState, QueuePair};
 use crate::completion::WcStatus;
 use crate::memory::scatter;
-use crate::work_request::Payload;
+use crate::work_request::{Payload, SendOp};
+
+/// Is the READ response or ATOMIC result of `psn` still wanted?
+pub(super) fn response_missing(sq: &VecDeque<SendWqe>, psn: Psn) -> bool {
+    sq.iter().any(|w| w.status.is_none() && w.index_of(psn).is_some_and(|k| !w.has_response(k)))
+}
 
 /// Whether acknowledging up to a PSN found a response missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,18 +62,27 @@ impl QueuePair {
             return;
         }
         let una_before = self.req.una;
+        // A hole was known: what this packet acknowledges may have waited
+        // for its repair.
+        let gap = self.req.scoreboard.has_report();
         match bth.opcode {
             Opcode::RcAck => {
                 let Some(aeth) = packet.headers.ext.aeth else {
                     return;
                 };
-                self.handle_aeth(ctx, psn, aeth.syndrome);
+                self.handle_aeth(ctx, psn, aeth.syndrome, packet.headers.ext.sack);
             }
             Opcode::RcAtomicAck => {
-                if self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder {
-                    self.place_atomic_result(ctx, psn, packet.headers.ext.atomic_ack.unwrap_or(0));
+                let original = packet.headers.ext.atomic_ack.unwrap_or(0);
+                let in_order = self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder;
+                // Under selective repeat a result lands whatever came
+                // before it; the missing ones are asked for alone.
+                if in_order || self.attrs.selective_repeat {
+                    self.place_atomic_result(ctx, psn, original);
                 }
+                self.req.scoreboard.note_response(ctx.now);
             }
+            op if op.is_read_response() && self.attrs.selective_repeat => self.take_read_response(ctx, psn, packet),
             op if op.is_read_response() => {
                 if self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder {
                     self.place_read_response(ctx, psn, packet);
@@ -67,20 +90,22 @@ impl QueuePair {
             }
             _ => ctx.counters.rx_malformed += 1,
         }
+        self.settle_una();
         if self.req.una != una_before {
             if self.req.recovering_from.is_some_and(|p| p.is_before(self.req.una)) {
                 self.req.recovering_from = None;
             }
             self.req.retries_left = self.attrs.retry_cnt;
             self.req.rnr_retries_left = self.attrs.rnr_retry;
-            self.req.rto.on_progress(self.req.una, ctx.now);
+            self.req.rto.on_progress(self.req.una, ctx.now, gap);
+            self.req.scoreboard.on_progress(self.req.una);
             self.req.progress_at = ctx.now;
             self.arm_retry_timer(ctx);
         }
         self.complete_front(ctx);
     }
 
-    fn handle_aeth(&mut self, ctx: &mut Ctx, psn: Psn, syndrome: Syndrome) {
+    fn handle_aeth(&mut self, ctx: &mut Ctx, psn: Psn, syndrome: Syndrome, sack: Option<sack::Repr>) {
         match syndrome {
             Syndrome::Ack { .. } => {
                 self.acknowledge_through(psn);
@@ -101,9 +126,21 @@ impl QueuePair {
                 self.go_back(psn);
             }
             Syndrome::Nak(NakCode::PsnSequenceError) => {
-                ctx.counters.seq_naks_received += 1;
+                let selective = sack.filter(|_| self.attrs.selective_repeat);
+                match selective {
+                    Some(_) => ctx.counters.selective_naks_received += 1,
+                    None => ctx.counters.seq_naks_received += 1,
+                }
                 if self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder {
-                    self.recover_from(psn);
+                    match selective {
+                        Some(bitmap) => {
+                            self.req.scoreboard.on_report(psn, bitmap, self.req.sent_end);
+                            if self.req.rto.timed().is_some_and(|timed| self.req.scoreboard.has_arrived(timed)) {
+                                self.req.rto.on_timed_arrival(ctx.now);
+                            }
+                        }
+                        None => self.recover_from(psn),
+                    }
                 }
             }
             Syndrome::Nak(code) => {
@@ -144,7 +181,18 @@ impl QueuePair {
             if wqe.is_read_or_atomic() {
                 let expected = wqe.expected_response().expect("sent");
                 if expected.is_at_or_before(psn) {
-                    self.recover_from(expected);
+                    // The responder answers in PSN order: what it sent before
+                    // `psn` has gone, or (selective repeat, which tolerates
+                    // reordering) has once answers to three PSNs after it
+                    // have arrived.
+                    if !self.attrs.selective_repeat {
+                        self.recover_from(expected);
+                    } else if psn.distance_from(expected) + 1 >= DUPLICATE_THRESHOLD as i32 {
+                        // Only what was due before `psn`: a READ's later
+                        // responses may still be on their way.
+                        let below = psn.distance_from(first) as u32;
+                        self.lose_responses(index, below, true);
+                    }
                     return Acknowledged::ResponseMissing;
                 }
                 break;
@@ -161,6 +209,24 @@ impl QueuePair {
         Acknowledged::InOrder
     }
 
+    /// Moves `una` up to the oldest request still in progress (and past
+    /// the responses it has), since everything before that is done.
+    /// Selective repeat can finish a request before an older one, which
+    /// leaves `una` behind when the older one finishes.
+    fn settle_una(&mut self) {
+        let floor = match self.sq.iter().find(|w| w.status.is_none()) {
+            Some(wqe) => match wqe.first_psn {
+                Some(first) if wqe.is_read_or_atomic() => first.add(wqe.responses),
+                Some(first) => first,
+                None => self.req.sent_end,
+            },
+            None => self.req.sent_end,
+        };
+        if self.req.una.is_before(floor) {
+            self.req.una = floor;
+        }
+    }
+
     /// The oldest request still waiting, if it is the READ or ATOMIC whose
     /// next response is `psn`.
     fn awaiting_response(&self, psn: Psn) -> Option<usize> {
@@ -174,9 +240,18 @@ impl QueuePair {
             ctx.counters.rx_duplicate_responses += 1;
             return;
         };
+        let k = self.sq[index].responses;
+        if self.land_read_response(ctx, index, k, psn, packet) {
+            self.req.una = psn.next();
+        }
+    }
+
+    /// Checks READ response `k` of the request at `index` (PSN `psn`) and
+    /// writes its data into local memory; false when that failed the
+    /// request.
+    fn land_read_response(&mut self, ctx: &mut Ctx, index: usize, k: u32, psn: Psn, packet: &PacketRepr) -> bool {
         let mtu = u64::from(self.mtu());
         let wqe = &self.sq[index];
-        let k = wqe.responses;
         let offset = u64::from(k) * mtu;
         let expected_len = (wqe.len - offset).min(mtu) as usize;
         // A long READ is asked for a window at a time, and a resumed one
@@ -188,23 +263,97 @@ impl QueuePair {
         let is_last = k + 1 == wqe.npsn;
         if !opcode.is_read_response() || (is_last && !ends) || packet.payload.len() != expected_len {
             self.fail_at(psn, WcStatus::BadRespErr);
-            return;
+            return false;
         }
         let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("READ into inline data") };
         if scatter(ctx.memory, self.init.pd, sges, offset, packet.payload).is_err() {
             self.fail_at(psn, WcStatus::LocProtErr);
-            return;
+            return false;
         }
         let wqe = &mut self.sq[index];
-        wqe.responses += 1;
+        wqe.record_response(k);
         if wqe.responses == wqe.npsn {
             wqe.status = Some(WcStatus::Success);
         }
-        self.req.una = psn.next();
+        true
     }
 
+    /// Selective repeat: places READ response `psn`, whatever arrived
+    /// before it.
+    fn take_read_response(&mut self, ctx: &mut Ctx, psn: Psn, packet: &PacketRepr) {
+        let index = self.sq.iter().position(|w| w.status.is_none() && w.index_of(psn).is_some());
+        let Some(index) = index.filter(|&i| matches!(self.sq[i].wr.op, SendOp::Read { .. })) else {
+            ctx.counters.rx_duplicate_responses += 1;
+            return;
+        };
+        let wqe = &self.sq[index];
+        let first = wqe.first_psn.expect("sent");
+        let k = psn.distance_from(first) as u32;
+        if wqe.has_response(k) {
+            ctx.counters.rx_duplicate_responses += 1;
+            return;
+        }
+        // The READ request that asked for this response has been answered:
+        // the path's round trip, however the rest of the READ fares.
+        if self.req.rto.timed().is_some_and(|timed| timed.is_at_or_before(psn) && wqe.index_of(timed).is_some()) {
+            self.req.rto.on_timed_arrival(ctx.now);
+        }
+        let settle = self.req.rto.settle_time();
+        let sq = &self.sq;
+        self.req.scoreboard.on_response(psn, self.req.sent_end, ctx.now, settle, |p| response_missing(sq, p));
+        // A READ response acknowledges every request before it, and shows
+        // the responses still missing before it lost once it is far enough
+        // past them (`una` follows in `settle_una`).
+        self.acknowledge_through(psn.sub(1));
+        if !self.land_read_response(ctx, index, k, psn, packet) {
+            return;
+        }
+        if k > self.sq[index].responses {
+            let ends = packet.headers.bth.opcode.position().is_some_and(Position::ends_message);
+            // The end of a request's stream means what is missing before
+            // it is gone; before that, `DUPLICATE_THRESHOLD` later
+            // responses do.
+            self.lose_responses(index, k, ends);
+        }
+    }
+
+    /// Selective repeat: reports the runs of responses missing below
+    /// response `below` of the READ at `index` lost, each once
+    /// `DUPLICATE_THRESHOLD` responses above it arrived (or at once when
+    /// `gone`). An ATOMIC's missing response is lost at once.
+    pub(super) fn lose_responses(&mut self, index: usize, below: u32, gone: bool) {
+        let wqe = &self.sq[index];
+        let Some(first) = wqe.first_psn else { return };
+        let sent_end = self.req.sent_end;
+        if wqe.wr.op.is_atomic() {
+            self.req.scoreboard.lose(Resend::Responses(first), sent_end);
+            return;
+        }
+        // Only responses asked for can be missing.
+        let asked = self.req.sent_end.distance_from(first).clamp(1, wqe.npsn as i32) as u32;
+        let top = below.min(asked - 1);
+        let mut above = 0;
+        let mut lost = Vec::new();
+        for i in (wqe.responses..=top).rev() {
+            if wqe.has_response(i) {
+                above += 1;
+            } else if (gone || above >= DUPLICATE_THRESHOLD) && (i == wqe.responses || wqe.has_response(i - 1)) {
+                lost.push(first.add(i));
+            }
+        }
+        for psn in lost.into_iter().rev() {
+            self.req.scoreboard.lose(Resend::Responses(psn), sent_end);
+        }
+    }
+
+    /// Places the result of the ATOMIC at `psn`: the oldest request still
+    /// waiting, or under selective repeat any ATOMIC still waiting.
     fn place_atomic_result(&mut self, ctx: &mut Ctx, psn: Psn, original: u64) {
-        let Some(index) = self.awaiting_response(psn) else {
+        let waiting = match self.attrs.selective_repeat {
+            true => self.sq.iter().position(|w| w.status.is_none() && w.wr.op.is_atomic() && w.first_psn == Some(psn)),
+            false => self.awaiting_response(psn),
+        };
+        let Some(index) = waiting else {
             ctx.counters.rx_duplicate_responses += 1;
             return;
         };
@@ -222,7 +371,11 @@ impl QueuePair {
         let wqe = &mut self.sq[index];
         wqe.responses = 1;
         wqe.status = Some(WcStatus::Success);
-        self.req.una = psn.next();
+        // `una` moves past it only if nothing before it waits
+        // (`settle_una`).
+        if self.req.una == psn {
+            self.req.una = psn.next();
+        }
     }
 
     /// Fails the request that `psn` belongs to (or the oldest one).

@@ -9,6 +9,11 @@
 //! - the [responder](responder) executes incoming requests against local
 //!   memory and receive work requests, and answers them.
 //!
+//! Loss is repaired by go-back-N, as RoCE does, or on a connection that
+//! negotiated it by selective repeat: the responder places what arrives
+//! beyond a gap ([placement]) and the requester sends only the holes its
+//! selective NAKs show ([scoreboard]).
+//!
 //! A UD queue pair ([ud]) sends and receives single-packet datagrams.
 //!
 //! None of them reads a clock or touches a socket: they are driven through
@@ -18,10 +23,12 @@
 mod attr;
 mod completer;
 mod pacing;
+mod placement;
 mod post_queues;
 mod requester;
 mod responder;
 mod rto;
+mod scoreboard;
 mod send_queue;
 mod ud;
 
@@ -310,7 +317,9 @@ impl QueuePair {
     /// Could `poll_transmit` produce something now? (Cheap, may say yes
     /// when the answer turns out to be no.)
     pub(crate) fn wants_to_transmit(&self) -> bool {
-        self.resp.has_output() || (!self.sq.is_empty() && self.req.cursor < self.sq.len())
+        self.resp.has_output()
+            || (!self.sq.is_empty() && self.req.cursor < self.sq.len())
+            || self.req.scoreboard.has_queued()
     }
 
     /// Moves the QP to the error state: every outstanding work request

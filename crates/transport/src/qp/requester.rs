@@ -5,12 +5,18 @@
 //! send cursor back to a PSN and the requester sends everything from there
 //! again, with the same PSNs. A READ retransmitted from its k-th response
 //! asks only for the rest of the data, from PSN first + k (IBTA 9.4.4).
+//!
+//! Under selective repeat the repairs the scoreboard queues go first, and
+//! a go-back (after a timeout or an RNR NAK) skips what the responder has
+//! reported holding.
 
 use softrnic_wire::aeth;
 use softrnic_wire::packet::{Extensions, Headers};
-use softrnic_wire::{Opcode, Psn, atomic_eth, bth, reth};
+use softrnic_wire::{Opcode, Psn, atomic_eth, bth, reth, sreth};
 
+use super::completer::response_missing;
 use super::rto::{Retransmission, RtoEstimator};
+use super::scoreboard::{self, Resend, Scoreboard};
 use super::{Ctx, QpAttributes, QpState, QueuePair, Transmit};
 use crate::completion::WcStatus;
 use crate::memory::{Access, gather, validate_list};
@@ -49,6 +55,14 @@ pub(super) struct Requester {
     /// (responses of the old stream, duplicated NAKs) is ignored: one
     /// retransmission per gap, and the timer for a lost one.
     pub recovering_from: Option<Psn>,
+    /// Selective repeat: the number the next message that consumes a
+    /// receive at the responder takes.
+    pub receive_number: u32,
+    /// Selective repeat: what the responder holds, what to send again.
+    pub scoreboard: Scoreboard,
+    /// Selective repeat: when a repaired READ response or ATOMIC result
+    /// is due (`Scoreboard::on_response_repair_timer`).
+    pub repair_deadline: Option<Instant>,
 }
 
 impl Requester {
@@ -66,6 +80,7 @@ impl Requester {
     pub fn stop(&mut self) {
         self.retry_deadline = None;
         self.rnr_until = None;
+        self.repair_deadline = None;
     }
 
     /// Are packets in flight that nobody has acknowledged yet?
@@ -74,41 +89,58 @@ impl Requester {
     }
 
     pub fn deadline(&self) -> Option<Instant> {
-        match (self.retry_deadline, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.retry_deadline, self.rnr_until, self.repair_deadline].into_iter().flatten().min()
     }
 }
 
 impl QueuePair {
+    /// Most PSNs the requester keeps unacknowledged: the device's window,
+    /// within what a selective-repeat responder accepts.
+    pub(super) fn window(&self, ctx: &Ctx) -> u32 {
+        let window = ctx.config.max_inflight_packets.max(1);
+        if self.attrs.selective_repeat { window.min(scoreboard::WINDOW) } else { window }
+    }
+
     /// Builds the next request packet, if the window, the READ/ATOMIC limit
     /// and any fence allow one.
     pub(super) fn poll_request(&mut self, ctx: &mut Ctx, buf: &mut [u8]) -> Option<Transmit> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_until.is_some() {
             return None;
         }
+        let repairing = self.req.scoreboard.has_queued();
         if let Some(pacer) = self.pacer.filter(|p| !p.may_send(ctx.now)) {
-            if self.req.cursor < self.sq.len() {
+            if repairing || self.req.cursor < self.sq.len() {
                 self.paced_until = Some(pacer.ready_at());
             }
             return None;
         }
         let dst = self.attrs.remote_addr?;
-        let index = self.req.cursor;
-        let wqe = self.sq.get(index)?;
-        // A request that failed locally stops the queue: retransmissions of
-        // earlier ones may still go out, nothing from it on.
-        if wqe.status.is_some() {
-            return None;
+        if repairing && let Some(len) = self.poll_repair(ctx, buf) {
+            return Some(Transmit { dst, len });
         }
-        if wqe.first_psn.is_none() && !self.may_start(ctx, index) {
-            return None;
-        }
+        let (index, psn, is_new) = loop {
+            let index = self.req.cursor;
+            let wqe = self.sq.get(index)?;
+            // A request that failed locally stops the queue: retransmissions
+            // of earlier ones may still go out, nothing from it on.
+            if wqe.status.is_some() {
+                return None;
+            }
+            if wqe.first_psn.is_none() && !self.may_start(ctx, index) {
+                return None;
+            }
+            let wqe = &self.sq[index];
+            let psn = wqe.first_psn?.add(self.req.cursor_pkt);
+            let is_new = !psn.is_before(self.req.sent_end);
+            // Going back, skip what the responder reported holding.
+            if !is_new && !wqe.is_read_or_atomic() && self.req.scoreboard.has_arrived(psn) {
+                self.advance_cursor(1);
+                continue;
+            }
+            break (index, psn, is_new);
+        };
         let wqe = &self.sq[index];
-        let psn = wqe.first_psn?.add(self.req.cursor_pkt);
-        let is_new = !psn.is_before(self.req.sent_end);
-        if is_new && psn.distance_from(self.req.una) >= ctx.config.max_inflight_packets as i32 {
+        if is_new && psn.distance_from(self.req.una) >= self.window(ctx) as i32 {
             return None;
         }
         // The next chunk of a long READ waits until the previous one has
@@ -117,11 +149,12 @@ impl QueuePair {
             return None;
         }
 
-        let read_chunk = self.read_chunk(ctx, index);
+        let k = self.req.cursor_pkt;
+        let read_chunk = self.read_chunk(ctx, index, k);
         let built = match wqe.wr.op {
-            SendOp::Read { .. } => self.build_read_request(buf, index, psn, read_chunk),
+            SendOp::Read { .. } => self.build_read_request(buf, index, k, read_chunk),
             SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => self.build_atomic(buf, index, psn),
-            _ => self.build_send_or_write(ctx, buf, index, psn),
+            _ => self.build_send_or_write(ctx, buf, index, k),
         };
         let len = match built {
             Ok(len) => len,
@@ -150,19 +183,86 @@ impl QueuePair {
         if !is_new {
             ctx.counters.retransmitted_packets += 1;
         }
-        if self.req.cursor_pkt + span >= wqe.npsn {
+        self.advance_cursor(span);
+        self.on_request_sent(ctx, len);
+        Some(Transmit { dst, len })
+    }
+
+    /// Moves the cursor `span` PSNs on within its request, or to the next.
+    fn advance_cursor(&mut self, span: u32) {
+        if self.req.cursor_pkt + span >= self.sq[self.req.cursor].npsn {
             self.req.cursor += 1;
             self.req.cursor_pkt = 0;
         } else {
             self.req.cursor_pkt += span;
         }
+    }
+
+    /// A request packet of `len` bytes left: the timer runs, the pacer
+    /// counts it.
+    fn on_request_sent(&mut self, ctx: &Ctx, len: usize) {
         if self.req.retry_deadline.is_none() {
             self.arm_retry_timer(ctx);
         }
         if let Some(pacer) = &mut self.pacer {
             pacer.on_send(ctx.now, len);
         }
-        Some(Transmit { dst, len })
+    }
+
+    /// Selective repeat: sends the next repair the scoreboard queued, if
+    /// one is still wanted. Returns the packet's length.
+    fn poll_repair(&mut self, ctx: &mut Ctx, buf: &mut [u8]) -> Option<usize> {
+        while let Some(what) = self.req.scoreboard.next(self.req.una) {
+            let psn = what.psn();
+            let Some((index, k)) = self.sq.iter().enumerate().find_map(|(i, w)| Some((i, w.index_of(psn)?))) else {
+                continue;
+            };
+            let wqe = &self.sq[index];
+            if wqe.status.is_some() {
+                continue;
+            }
+            let built = match (what, wqe.wr.op) {
+                (_, SendOp::Read { .. }) => {
+                    let count = match what {
+                        // A lost READ request goes again whole; the PSNs of
+                        // its responses are not requests of their own.
+                        Resend::Request(_) if k % self.window(ctx) != 0 => continue,
+                        Resend::Request(_) => self.read_chunk(ctx, index, k),
+                        Resend::Responses(_) => self.missing_responses(ctx, index, k),
+                    };
+                    if count == 0 {
+                        continue;
+                    }
+                    self.build_read_request(buf, index, k, count)
+                }
+                (_, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }) => self.build_atomic(buf, index, psn),
+                (Resend::Responses(_), _) => continue,
+                (Resend::Request(_), _) => self.build_send_or_write(ctx, buf, index, k),
+            };
+            match built {
+                Ok(len) => {
+                    ctx.counters.retransmitted_packets += 1;
+                    self.req.scoreboard.on_sent(what, ctx.now);
+                    self.req.rto.on_repair(psn);
+                    self.on_request_sent(ctx, len);
+                    self.arm_repair_timer(ctx);
+                    return Some(len);
+                }
+                Err(status) => {
+                    self.fail_locally(ctx, index, status);
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// The run of READ responses missing from response `k` of the request
+    /// at `index`, within the chunk that holds it.
+    fn missing_responses(&self, ctx: &Ctx, index: usize, k: u32) -> u32 {
+        let wqe = &self.sq[index];
+        let chunk_end = k + self.read_chunk(ctx, index, k);
+        (k..chunk_end).take_while(|&i| !wqe.has_response(i)).count() as u32
     }
 
     /// Admits the request at `index` into flight: checks the limits that
@@ -171,7 +271,7 @@ impl QueuePair {
         if self.state == QpState::Sqd {
             return false;
         }
-        if self.req.next_psn.distance_from(self.req.una) >= ctx.config.max_inflight_packets as i32 {
+        if self.req.next_psn.distance_from(self.req.una) >= self.window(ctx) as i32 {
             return false;
         }
         let wqe = &self.sq[index];
@@ -192,6 +292,10 @@ impl QueuePair {
         let wqe = &mut self.sq[index];
         wqe.first_psn = Some(self.req.next_psn);
         self.req.next_psn = self.req.next_psn.add(wqe.npsn);
+        wqe.receive_number = self.req.receive_number;
+        if wqe.consumes_receive() {
+            self.req.receive_number = self.req.receive_number.wrapping_add(1);
+        }
         if wqe.is_read_or_atomic() {
             self.req.rd_atomic_outstanding += 1;
         }
@@ -209,10 +313,11 @@ impl QueuePair {
         bth::Repr { ack_request, solicited, ..bth::Repr::new(opcode, self.attrs.dest_qpn, psn) }
     }
 
-    fn build_send_or_write(&self, ctx: &mut Ctx, buf: &mut [u8], index: usize, psn: Psn) -> Result<usize, WcStatus> {
+    /// Builds packet `k` of the SEND or WRITE at `index`.
+    fn build_send_or_write(&self, ctx: &mut Ctx, buf: &mut [u8], index: usize, k: u32) -> Result<usize, WcStatus> {
         let wqe = &self.sq[index];
+        let psn = wqe.first_psn.expect("started").add(k);
         let mtu = u64::from(self.mtu());
-        let k = self.req.cursor_pkt;
         let offset = u64::from(k) * mtu;
         let payload_len = (wqe.len - offset).min(mtu) as usize;
         let first = k == 0;
@@ -224,6 +329,12 @@ impl QueuePair {
             (false, true) => last_op,
         };
         let mut ext = Extensions::default();
+        let mut sr = sreth::Repr {
+            message_length: wqe.len as u32,
+            offset: offset as u32,
+            receive_number: wqe.receive_number,
+            ..sreth::Repr::default()
+        };
         let opcode = match wqe.wr.op {
             SendOp::Send { imm: None } => {
                 pick(Opcode::RcSendOnly, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLast)
@@ -233,6 +344,7 @@ impl QueuePair {
                 pick(Opcode::RcSendOnlyImm, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLastImm)
             }
             SendOp::Write { remote, imm } => {
+                (sr.virtual_address, sr.rkey) = (remote.addr, remote.rkey);
                 ext.reth = first.then_some(reth::Repr {
                     virtual_address: remote.addr,
                     rkey: remote.rkey,
@@ -254,9 +366,14 @@ impl QueuePair {
         // Ask for an ACK at the end of the message, every few packets of a
         // long one, and when this packet fills the window.
         let interval = ctx.config.ack_request_interval.max(1);
-        let window_full = psn.distance_from(self.req.una) + 1 >= ctx.config.max_inflight_packets as i32;
+        let window_full = psn.distance_from(self.req.una) + 1 >= self.window(ctx) as i32;
         let ack_request = last || (k + 1).is_multiple_of(interval) || window_full;
-        let headers = Headers { bth: self.bth(opcode, psn, ack_request, wqe.wr.solicited && last), ext };
+        let mut bth = self.bth(opcode, psn, ack_request, wqe.wr.solicited && last);
+        if self.attrs.selective_repeat {
+            bth.selective_repeat = true;
+            ext.sreth = Some(sr);
+        }
+        let headers = Headers { bth, ext };
         let start = headers.len();
         let body = buf.get_mut(start..start + payload_len).ok_or(WcStatus::LocLenErr)?;
         match &wqe.wr.payload {
@@ -268,27 +385,28 @@ impl QueuePair {
         headers.emit_around_payload(buf, payload_len).map_err(|_| WcStatus::LocLenErr)
     }
 
-    /// Responses the next READ request of the request at `index` asks
-    /// for. A long READ is asked for in chunks of one window, whose
-    /// boundaries are fixed (multiples of the window) so that a resumed
-    /// request repeats part of exactly one earlier request, as a duplicate
-    /// must (its PSNs must all belong to the original).
-    fn read_chunk(&self, ctx: &Ctx, index: usize) -> u32 {
+    /// Responses a READ request from response `k` of the request at
+    /// `index` asks for. A long READ is asked for in chunks of one window,
+    /// whose boundaries are fixed (multiples of the window) so that a
+    /// resumed request repeats part of exactly one earlier request, as a
+    /// duplicate must (its PSNs must all belong to the original).
+    fn read_chunk(&self, ctx: &Ctx, index: usize, k: u32) -> u32 {
         let wqe = &self.sq[index];
-        let window = ctx.config.max_inflight_packets.max(1);
-        let k = self.req.cursor_pkt;
+        let window = self.window(ctx);
         let chunk_end = (k / window + 1).saturating_mul(window).min(wqe.npsn);
         chunk_end - k
     }
 
-    fn build_read_request(&self, buf: &mut [u8], index: usize, psn: Psn, chunk: u32) -> Result<usize, WcStatus> {
+    /// Builds a READ request for `count` responses from response `k` on.
+    fn build_read_request(&self, buf: &mut [u8], index: usize, k: u32, count: u32) -> Result<usize, WcStatus> {
         let wqe = &self.sq[index];
         let SendOp::Read { remote } = wqe.wr.op else { unreachable!() };
+        let psn = wqe.first_psn.expect("started").add(k);
         // Resuming at response k asks only for the data not yet received,
         // and a long READ asks for one window of responses at a time.
         let mtu = u64::from(self.mtu());
-        let skip = u64::from(self.req.cursor_pkt) * mtu;
-        let length = (wqe.len - skip).min(u64::from(chunk) * mtu);
+        let skip = u64::from(k) * mtu;
+        let length = (wqe.len - skip).min(u64::from(count) * mtu);
         let ext = Extensions {
             reth: Some(reth::Repr {
                 virtual_address: remote.addr.wrapping_add(skip),
@@ -331,9 +449,20 @@ impl QueuePair {
     }
 
     fn retry_wait(&self, ctx: &Ctx, timeout: std::time::Duration) -> std::time::Duration {
-        match ctx.config.retransmission {
+        match self.retransmission(ctx) {
             Retransmission::Fixed => timeout,
+            Retransmission::Adaptive { floor } if !self.req.rto.probed => self.req.rto.probe_timeout(floor, timeout),
             Retransmission::Adaptive { floor } => self.req.rto.timeout(floor, timeout),
+        }
+    }
+
+    /// How this QP times retransmissions: as the device says, but always
+    /// adaptively under selective repeat, whose lost repairs only the
+    /// timer recovers (67 ms each at perftest's fixed timeout).
+    fn retransmission(&self, ctx: &Ctx) -> Retransmission {
+        match ctx.config.retransmission {
+            Retransmission::Fixed if self.attrs.selective_repeat => Retransmission::ADAPTIVE,
+            chosen => chosen,
         }
     }
 
@@ -365,8 +494,43 @@ impl QueuePair {
         self.req.cursor_pkt = 0;
     }
 
-    /// The retransmission timer or the RNR wait ran out.
+    /// How long a repaired READ response or ATOMIC result may take once
+    /// the flight has drained: two of the path's shortest round trips (at
+    /// least a quarter of the timer's floor). The smoothed RTT would be
+    /// the wrong measure: it includes the queue of responses that the
+    /// READ limit then no longer feeds, and waiting it out (milliseconds)
+    /// stalled lossy READs.
+    fn repair_wait(&self, ctx: &Ctx) -> Option<std::time::Duration> {
+        let Retransmission::Adaptive { floor } = self.retransmission(ctx) else {
+            return None;
+        };
+        Some((self.req.rto.min_rtt()? * 2).max(floor / 4))
+    }
+
+    fn arm_repair_timer(&mut self, ctx: &Ctx) {
+        self.req.repair_deadline = self.repair_wait(ctx).and_then(|wait| self.req.scoreboard.response_repair_due(wait));
+    }
+
+    /// The repair timer ran out: repaired responses overdue on a drained
+    /// flight go again; while responses still arrive it looks again later.
+    fn repair_timeout(&mut self, ctx: &mut Ctx) {
+        let Some(wait) = self.repair_wait(ctx) else {
+            self.req.repair_deadline = None;
+            return;
+        };
+        let sq = &self.sq;
+        self.req.scoreboard.on_response_repair_timer(ctx.now, wait, |psn| response_missing(sq, psn));
+        self.arm_repair_timer(ctx);
+        if self.req.repair_deadline.is_some_and(|due| due <= ctx.now) {
+            self.req.repair_deadline = Some(ctx.now + wait);
+        }
+    }
+
+    /// The retransmission timer, the repair timer or the RNR wait ran out.
     pub(super) fn requester_timeout(&mut self, ctx: &mut Ctx) {
+        if self.req.repair_deadline.is_some_and(|t| t <= ctx.now) {
+            self.repair_timeout(ctx);
+        }
         if self.req.rnr_until.is_some_and(|t| t <= ctx.now) {
             self.req.rnr_until = None;
             self.arm_retry_timer(ctx);
@@ -379,10 +543,11 @@ impl QueuePair {
             return;
         }
         ctx.counters.timeouts += 1;
+        self.req.scoreboard.on_timeout();
         // A retry is spent each time the QP's full `timeout` passes without
         // progress; the adaptive timer's earlier expiries are free.
         let timeout = ack_timeout(self.attrs.timeout).unwrap_or_default();
-        let adaptive = matches!(ctx.config.retransmission, Retransmission::Adaptive { .. });
+        let adaptive = matches!(self.retransmission(ctx), Retransmission::Adaptive { .. });
         if !adaptive || ctx.now - self.req.progress_at >= timeout {
             if self.req.retries_left == 0 {
                 self.fail_oldest(ctx, WcStatus::RetryExcErr);
@@ -393,15 +558,44 @@ impl QueuePair {
         }
         self.req.rto.on_expiry();
         self.req.recovering_from = None;
-        let last = self.req.sent_end.sub(1);
+        // The last packet the responder has not reported holding.
+        let mut last = self.req.sent_end.sub(1);
+        while last != self.req.una && self.req.scoreboard.has_arrived(last) {
+            last = last.sub(1);
+        }
         if adaptive && !self.req.rto.probed && last != self.req.una {
             // The tail-loss probe: the last packet alone, which is what a
             // lost tail needs and what makes a lost ACK be repeated.
             self.req.rto.probed = true;
             ctx.counters.tail_loss_probes += 1;
             self.go_back(last);
+            // Selective repeat probes the head of the queue too: a flight
+            // that stalls behind a lost repair (no later packet shows it
+            // lost) sends the oldest request's holes again.
+            if self.attrs.selective_repeat {
+                self.repair_head();
+            }
         } else {
+            // Go back; selective repeat skips what the responder holds.
             self.go_back(self.req.una);
+        }
+        // The timer runs until the flight is acknowledged, whatever the
+        // cursor finds to send.
+        self.arm_retry_timer(ctx);
+    }
+
+    /// Queues the holes of the oldest request still in progress: its
+    /// missing READ responses or ATOMIC result, or the oldest packet not
+    /// acknowledged when a selective NAK has reported it missing (without
+    /// one, the probe of the last packet brings the news).
+    fn repair_head(&mut self) {
+        let Some(index) = self.sq.iter().position(|w| w.status.is_none() && w.first_psn.is_some()) else {
+            return;
+        };
+        if self.sq[index].is_read_or_atomic() {
+            self.lose_responses(index, u32::MAX, true);
+        } else if self.req.scoreboard.has_report() {
+            self.req.scoreboard.lose(Resend::Request(self.req.una), self.req.sent_end);
         }
     }
 

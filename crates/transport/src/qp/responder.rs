@@ -16,6 +16,7 @@ use softrnic_wire::opcode::Position;
 use softrnic_wire::packet::{Extensions, Headers, PacketRepr};
 use softrnic_wire::{Opcode, Psn, bth};
 
+use super::placement::Ahead;
 use super::{Ctx, MAX_RD_ATOMIC, QpState, QueuePair, Transmit};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::event::AsyncEvent;
@@ -31,7 +32,7 @@ enum Message {
 
 /// A READ being answered, one response packet at a time.
 #[derive(Debug, Clone, Copy)]
-struct ReadResponse {
+pub(super) struct ReadResponse {
     first_psn: Psn,
     va: u64,
     rkey: u32,
@@ -45,7 +46,7 @@ struct ReadResponse {
 
 /// An answer waiting to be sent.
 #[derive(Debug, Clone, Copy)]
-enum Answer {
+pub(super) enum Answer {
     Ack {
         psn: Psn,
         msn: u32,
@@ -71,11 +72,14 @@ enum Answer {
         code: NakCode,
         msn: u32,
     },
+    /// Selective repeat: the first missing PSN and what arrived beyond
+    /// it, both as they are when the answer leaves.
+    SelectiveNak,
 }
 
 /// Why a request did not execute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
+pub(super) enum Refusal {
     /// No receive work request is posted: the requester should retry.
     ReceiverNotReady,
     /// A fatal error: NAK with this code, and complete the current receive
@@ -86,19 +90,22 @@ enum Refusal {
 #[derive(Debug, Default)]
 pub(super) struct Responder {
     /// The PSN expected next.
-    epsn: Psn,
+    pub(super) epsn: Psn,
     /// Messages completed, modulo 2^24, reported in every AETH.
-    msn: u32,
+    pub(super) msn: u32,
     /// A NAK (sequence or RNR) was sent for `epsn`; stay quiet until it
     /// arrives.
-    nak_sent: bool,
+    pub(super) nak_sent: bool,
     current: Option<Message>,
-    answers: VecDeque<Answer>,
+    pub(super) answers: VecDeque<Answer>,
     /// Original values of recent ATOMICs, by PSN, to answer duplicates.
     atomic_replay: VecDeque<(Psn, u64)>,
     /// After a fatal error the QP is in ERR, but the answers to requests
     /// that executed before it still go out, then the NAK.
     draining: bool,
+    /// Selective repeat (`placement.rs`): what arrived at and beyond
+    /// `epsn`.
+    pub(super) ahead: Ahead,
 }
 
 impl Responder {
@@ -121,19 +128,29 @@ impl Responder {
     }
 
     /// Stops answering (unless draining the answers owed before a fatal
-    /// error) and gives back the receive work request of a SEND in
-    /// progress, for flushing.
-    pub fn abandon(&mut self) -> Option<RecvWorkRequest> {
+    /// error) and gives back the receive work requests taken for messages
+    /// not yet complete, for flushing.
+    pub fn abandon(&mut self) -> Vec<RecvWorkRequest> {
         if !self.draining {
             self.answers.clear();
         }
+        let mut taken = self.ahead.abandon();
+        if let Some(Message::Send { recv, .. }) = self.current.take() {
+            taken.insert(0, recv);
+        }
+        taken
+    }
+
+    /// Takes the receive work request of the message being received, when
+    /// it fails.
+    fn take_current_receive(&mut self) -> Option<RecvWorkRequest> {
         match self.current.take() {
             Some(Message::Send { recv, .. }) => Some(recv),
-            _ => None,
+            _ => self.ahead.take_first_claim(),
         }
     }
 
-    fn queue_ack(&mut self, psn: Psn) {
+    pub(super) fn queue_ack(&mut self, psn: Psn) {
         let msn = self.msn;
         if let Some(Answer::Ack { psn: p, msn: m }) = self.answers.back_mut() {
             *p = psn;
@@ -166,6 +183,10 @@ impl QueuePair {
         if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             return;
         }
+        if self.attrs.selective_repeat {
+            self.respond_selectively(ctx, packet);
+            return;
+        }
         let psn = packet.headers.bth.psn;
         let distance = psn.distance_from(self.resp.epsn);
         if distance > 0 {
@@ -192,15 +213,23 @@ impl QueuePair {
                     self.resp.queue_ack(psn);
                 }
             }
-            Err(Refusal::ReceiverNotReady) => {
+            Err(refusal) => self.refuse(ctx, psn, refusal),
+        }
+    }
+
+    /// Answers the request at `psn`, which did not execute: an RNR NAK, or
+    /// the NAK of a fatal error and the error state.
+    pub(super) fn refuse(&mut self, ctx: &mut Ctx, psn: Psn, refusal: Refusal) {
+        match refusal {
+            Refusal::ReceiverNotReady => {
                 ctx.counters.rnr_naks_sent += 1;
                 self.resp.nak_sent = true;
                 let msn = self.resp.msn;
                 self.resp.answers.push_back(Answer::RnrNak { psn, msn });
             }
-            Err(Refusal::Fatal(code, recv_status)) => {
+            Refusal::Fatal(code, recv_status) => {
                 ctx.counters.fatal_naks_sent += 1;
-                if let (Some(status), Some(Message::Send { recv, .. })) = (recv_status, self.resp.current.take()) {
+                if let (Some(status), Some(recv)) = (recv_status, self.resp.take_current_receive()) {
                     self.complete_recv(ctx, Completion::new(recv.wr_id, status, WcOpcode::Recv, self.qpn));
                 }
                 self.resp.fail(psn, code);
@@ -215,8 +244,30 @@ impl QueuePair {
         }
     }
 
+    /// Does the QP's own access allow remote requests of `op`?
+    pub(super) fn permits(&self, op: Opcode) -> bool {
+        match op {
+            _ if op.is_write() => self.attrs.access.contains(Access::REMOTE_WRITE),
+            Opcode::RcReadRequest => self.attrs.access.contains(Access::REMOTE_READ),
+            _ if op.is_atomic() => self.attrs.access.contains(Access::REMOTE_ATOMIC),
+            _ => true,
+        }
+    }
+
+    /// Does a SEND or WRITE payload of `len` bytes have the length its
+    /// position in the message calls for? Every packet but the last of a
+    /// message carries exactly one MTU.
+    pub(super) fn fits(&self, position: Position, len: usize) -> bool {
+        let mtu = self.mtu() as usize;
+        match position {
+            Position::First | Position::Middle => len == mtu,
+            Position::Last => (1..=mtu).contains(&len),
+            Position::Only => len <= mtu,
+        }
+    }
+
     /// Executes the request at `epsn`; returns how many PSNs it used.
-    fn execute(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<u32, Refusal> {
+    pub(super) fn execute(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<u32, Refusal> {
         let op = packet.headers.bth.opcode;
         let invalid = Refusal::Fatal(NakCode::InvalidRequest, None);
         let position = op.position().ok_or(invalid)?;
@@ -233,26 +284,11 @@ impl QueuePair {
             return Err(invalid);
         }
         // The QP's own access flags gate each kind of remote operation.
-        let allowed = match op {
-            _ if op.is_write() => self.attrs.access.contains(Access::REMOTE_WRITE),
-            Opcode::RcReadRequest => self.attrs.access.contains(Access::REMOTE_READ),
-            _ if op.is_atomic() => self.attrs.access.contains(Access::REMOTE_ATOMIC),
-            _ => true,
-        };
-        if !allowed {
+        if !self.permits(op) {
             return Err(invalid);
         }
-        if op.is_send() || op.is_write() {
-            let mtu = self.mtu() as usize;
-            let len = packet.payload.len();
-            let fits = match position {
-                Position::First | Position::Middle => len == mtu,
-                Position::Last => (1..=mtu).contains(&len),
-                Position::Only => len <= mtu,
-            };
-            if !fits {
-                return Err(invalid);
-            }
+        if (op.is_send() || op.is_write()) && !self.fits(position, packet.payload.len()) {
+            return Err(invalid);
         }
         match op {
             _ if op.is_send() => self.execute_send(ctx, packet, position).map(|()| 1),
@@ -410,7 +446,7 @@ impl QueuePair {
     }
 
     /// Answers a request the responder has already executed.
-    fn answer_duplicate(&mut self, ctx: &mut Ctx, packet: &PacketRepr) {
+    pub(super) fn answer_duplicate(&mut self, ctx: &mut Ctx, packet: &PacketRepr) {
         let psn = packet.headers.bth.psn;
         let op = packet.headers.bth.opcode;
         match op {
@@ -434,9 +470,11 @@ impl QueuePair {
                     Answer::Read(r) => r.first_psn.is_at_or_before(psn) && psn.is_before(r.first_psn.add(r.count)),
                     _ => false,
                 });
+                // Under selective repeat it asks for a hole in what arrived:
+                // the rest of the stream is still wanted.
                 match same_read {
-                    Some(index) => self.resp.answers[index] = Answer::Read(response),
-                    None => self.resp.answers.push_back(Answer::Read(response)),
+                    Some(index) if !self.attrs.selective_repeat => self.resp.answers[index] = Answer::Read(response),
+                    _ => self.resp.answers.push_back(Answer::Read(response)),
                 }
             }
             _ if op.is_atomic() => {
@@ -451,7 +489,7 @@ impl QueuePair {
         }
     }
 
-    fn answer_headers(&self, opcode: Opcode, psn: Psn, syndrome: Option<Syndrome>, msn: u32) -> Headers {
+    pub(super) fn answer_headers(&self, opcode: Opcode, psn: Psn, syndrome: Option<Syndrome>, msn: u32) -> Headers {
         Headers {
             bth: bth::Repr::new(opcode, self.attrs.dest_qpn, psn),
             ext: Extensions { aeth: syndrome.map(|syndrome| aeth::Repr { syndrome, msn }), ..Extensions::default() },
@@ -460,7 +498,7 @@ impl QueuePair {
 
     /// End-to-end credits to advertise: the receive queue's depth, or
     /// "unlimited" for a QP on an SRQ, which has no credits of its own.
-    fn credits(&self) -> Syndrome {
+    pub(super) fn credits(&self) -> Syndrome {
         let credit_code = match self.init.srq {
             Some(_) => aeth::CREDITS_UNLIMITED,
             None => aeth::credit_code(self.rq.len() as u32),
@@ -492,6 +530,7 @@ impl QueuePair {
             Answer::FatalNak { psn, code, msn } => {
                 (self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::Nak(code)), msn), 0)
             }
+            Answer::SelectiveNak => (self.selective_nak(ctx), 0),
             Answer::Read(read) => match self.read_response_packet(ctx, read, buf) {
                 Ok(built) => built,
                 Err(_) => {

@@ -18,15 +18,49 @@ pub(super) struct SendWqe {
     /// Set once the request is finished, successfully or not; it completes
     /// when it reaches the head of the queue.
     pub status: Option<WcStatus>,
-    /// READ: response packets placed in local memory so far.
+    /// READ: response packets placed in local memory, in order, so far.
     pub responses: u32,
+    /// READ under selective repeat: responses placed beyond `responses`,
+    /// a bit per response (empty until one arrives out of order).
+    pub ahead: Vec<u64>,
+    /// Selective repeat: the number of the receive the message consumes
+    /// at the responder (SEND, WRITE with immediate), or that the next
+    /// such message will.
+    pub receive_number: u32,
 }
 
 impl SendWqe {
     pub fn new(wr: SendWorkRequest, mtu: u32) -> SendWqe {
         let len = wr.payload.len();
         let npsn = if wr.op.is_atomic() { 1 } else { len.div_ceil(u64::from(mtu)).max(1) as u32 };
-        SendWqe { wr, len, npsn, first_psn: None, status: None, responses: 0 }
+        SendWqe { wr, len, npsn, first_psn: None, status: None, responses: 0, ahead: Vec::new(), receive_number: 0 }
+    }
+
+    /// Does the message consume a receive work request at the responder?
+    pub fn consumes_receive(&self) -> bool {
+        matches!(self.wr.op, SendOp::Send { .. } | SendOp::Write { imm: Some(_), .. })
+    }
+
+    /// READ: has response `k` been placed?
+    pub fn has_response(&self, k: u32) -> bool {
+        k < self.responses || self.ahead.get((k / 64) as usize).is_some_and(|w| w & (1 << (k % 64)) != 0)
+    }
+
+    /// READ: response `k` was placed; the in-order count moves past every
+    /// response placed.
+    pub fn record_response(&mut self, k: u32) {
+        if k == self.responses {
+            // In order: no bitmap needed (go-back-N never allocates one).
+            self.responses += 1;
+        } else if k > self.responses {
+            if self.ahead.is_empty() {
+                self.ahead = vec![0; self.npsn.div_ceil(64) as usize];
+            }
+            self.ahead[(k / 64) as usize] |= 1 << (k % 64);
+        }
+        while self.responses < self.npsn && self.has_response(self.responses) {
+            self.responses += 1;
+        }
     }
 
     pub fn is_read_or_atomic(&self) -> bool {
