@@ -140,3 +140,31 @@ fn an_adaptive_timer_spends_retries_no_faster_than_the_attribute() {
     assert!(took >= TIMEOUT * 8, "7 retries and the first try, each a full timeout: {took:?}");
     assert!(counters(&mut pair).timeouts > 8, "the adaptive timer also tried in between");
 }
+
+#[test]
+fn long_reads_on_a_path_slower_than_a_window_per_timeout_complete() {
+    // At 100 MB/s one READ window (512 responses of 4 KiB) takes 21 ms,
+    // five times the 4.2 ms timeout: after a loss the repair waits behind
+    // the rest of the window, and the timer must not fire behind it (each
+    // expiry asked for every READ again and deepened the backlog until
+    // the retries ran out).
+    for retransmission in [Retransmission::Fixed, Retransmission::ADAPTIVE] {
+        for seed in 0..3 {
+            let config = TransportConfig { retransmission, ..TransportConfig::default() };
+            let faults = softrnic_sim::Faults { loss: 0.002, ..softrnic_sim::Faults::NONE };
+            let len = 4 << 20;
+            let options =
+                PairOptions { mtu: Mtu::Mtu4096, region_len: len, config, faults, seed, ..PairOptions::default() };
+            let mut pair = Pair::new(options);
+            pair.world.network.bytes_per_micro = 100;
+            let remote = RemoteAddr { addr: IOVA, rkey: pair.b.mr.rkey };
+            for wr_id in 0..8 {
+                let payload: Payload = pair.a.gather(0, len as u32);
+                pair.post(A, wr_id, SendOp::Read { remote }, payload);
+            }
+            let done = pair.wait(A, 8);
+            let statuses: Vec<_> = done.iter().map(|c| c.status).collect();
+            assert_eq!(statuses, [WcStatus::Success; 8], "{retransmission:?}, seed {seed}: {:?}", counters(&mut pair));
+        }
+    }
+}

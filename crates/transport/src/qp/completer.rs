@@ -59,6 +59,7 @@ impl QueuePair {
         let in_window = self.req.una.sub(1).is_at_or_before(psn) && psn.is_before(self.req.sent_end);
         if !in_window {
             ctx.counters.rx_stale_responses += 1;
+            self.wait_behind_backlog(ctx, bth.opcode);
             return;
         }
         let una_before = self.req.una;
@@ -91,7 +92,9 @@ impl QueuePair {
             _ => ctx.counters.rx_malformed += 1,
         }
         self.settle_una();
-        if self.req.una != una_before {
+        if self.req.una == una_before {
+            self.wait_behind_backlog(ctx, bth.opcode);
+        } else {
             if self.req.recovering_from.is_some_and(|p| p.is_before(self.req.una)) {
                 self.req.recovering_from = None;
             }
@@ -103,6 +106,19 @@ impl QueuePair {
             self.arm_retry_timer(ctx);
         }
         self.complete_front(ctx);
+    }
+
+    /// Go-back-N: a READ response that moves nothing on belongs to a
+    /// stream the responder began before the requester went back, and the
+    /// repair waits behind it. It shows the responder alive and the path
+    /// busy, so the retransmission timer counts from it (without giving
+    /// back a retry): on a path slower than one READ window per timeout,
+    /// timing out behind the backlog sent every request again, deepened the
+    /// backlog, and spent the retries without the path ever going quiet.
+    fn wait_behind_backlog(&mut self, ctx: &Ctx, opcode: Opcode) {
+        if opcode.is_read_response() && !self.attrs.selective_repeat && self.req.retry_deadline.is_some() {
+            self.arm_retry_timer(ctx);
+        }
     }
 
     fn handle_aeth(&mut self, ctx: &mut Ctx, psn: Psn, syndrome: Syndrome, sack: Option<sack::Repr>) {
