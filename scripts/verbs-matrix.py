@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Runs unmodified RDMA programs over softrnic's libibverbs.so.1.
 
-Debian's ibverbs-utils (ibv_devices, ibv_devinfo, ibv_rc_pingpong) and
-perftest (ib_{send,write,read,atomic}_{bw,lat}), both ends of each pair on
+Debian's ibverbs-utils (ibv_devices, ibv_devinfo, ibv_rc_pingpong),
+perftest (ib_{send,write,read,atomic}_{bw,lat}) and the project's own
+rdma_bench (libr's flags and lines), both ends of each pair on
 this machine, each end with its own loopback address (SOFTRNIC_ADDR); then
 the same pairs between two network namespaces joined by a veth pair (as
 root; skipped with the reason otherwise). Prints a table of what passed
@@ -30,9 +31,13 @@ TIMEOUT = 90
 
 
 def build_library():
+    """Builds libibverbs.so.1 and rdma_bench; returns the library's directory."""
     out = subprocess.run([os.path.join(ROOT, "scripts", "build-libibverbs.sh")], capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"building libibverbs.so.1 failed:\n{out.stderr}")
+    bench = subprocess.run(["cargo", "build", "--release", "--locked", "-p", "softrnic-rdma-bench"], cwd=ROOT, capture_output=True, text=True)
+    if bench.returncode != 0:
+        sys.exit(f"building rdma_bench failed:\n{bench.stderr}")
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -97,13 +102,24 @@ def last_lines(text, n=3):
     return " | ".join(lines[-n:]) or "(no output)"
 
 
+def command_lines(program, args, port, server_addr):
+    """The server's and the client's command lines: perftest's style (-p
+    PORT, the client names the server last) or libr's (rdma_bench:
+    -serverIp, -nodeId, -port)."""
+    if os.path.basename(program) == "rdma_bench":
+        common = [program, *args, "-serverIp", server_addr, "-port", str(port)]
+        return common + ["-nodeId", "0"], common + ["-nodeId", "1"]
+    return [program, *args, "-p", str(port)], [program, *args, "-p", str(port), server_addr]
+
+
 def run_pair(libdir, site, program, args, port, parse, env=None):
     """Runs the server, waits for it to listen, runs the client; both must
-    exit 0 and the client's output must parse. `env` adds to both ends'
-    environment."""
-    port_flag = ["-p", str(port)]
+    exit 0 and the output must parse: the client's, or for rdma_bench,
+    whose server prints the verification lines, both ends'. `env` adds to
+    both ends' environment."""
+    server_argv, client_argv = command_lines(program, args, port, site.server_addr)
     server = subprocess.Popen(
-        site.command(site.server_ns, [program, *args, *port_flag]),
+        site.command(site.server_ns, server_argv),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment(libdir, site.server_addr, env),
     )
     deadline = time.time() + 10
@@ -111,7 +127,7 @@ def run_pair(libdir, site, program, args, port, parse, env=None):
         time.sleep(0.02)
     try:
         client = subprocess.run(
-            site.command(site.client_ns, [program, *args, *port_flag, site.server_addr]),
+            site.command(site.client_ns, client_argv),
             capture_output=True, text=True, env=environment(libdir, site.client_addr, env), timeout=TIMEOUT,
         )
         server_out, _ = server.communicate(timeout=TIMEOUT)
@@ -124,6 +140,8 @@ def run_pair(libdir, site, program, args, port, parse, env=None):
         return ("FAIL", "client: " + last_lines(client_out))
     if server.returncode != 0:
         return ("FAIL", "server: " + last_lines(server_out))
+    if os.path.basename(program) == "rdma_bench":
+        client_out = server_out + "\n" + client_out
     try:
         figure = parse(client_out)
     except ValueError as e:
@@ -178,6 +196,35 @@ def lat_within(limit_us):
     return parse
 
 
+# rdma_bench's lines, as libr prints them (the seeds spell Gbps "Gpbs" too).
+VERIFIED = re.compile(r"Data verification success, thread \[(\d+)\], duration \[([\d.]+)\]s, throughput \[([\d.]+)\] (?:Gbps|Gpbs)")
+MEDIAN = re.compile(r"^50th percentile \(median\): (\d+) ns$", re.M)
+SUMMARY = re.compile(r"^\[Mean\s+=\s+([\d.]+), StdDeviation\s+=\s+([\d.]+)\]\n\[Max\s+=\s+([\d.]+), Total count\s+=\s+(\d+)\]\n"
+                     r"\[Buckets\s+=\s+(\d+), SubBuckets\s+=\s+2048\]$", re.M)
+
+
+def rdma_bench_throughput(threads):
+    """rdma_bench's throughput: one verification line per thread."""
+    def parse(text):
+        lines = VERIFIED.findall(text)
+        if sorted(int(t) for t, _, _ in lines) != list(range(threads)):
+            raise ValueError(f"expected a verification line for each of {threads} threads: " + last_lines(text))
+        return f"{sum(float(g) for _, _, g in lines):.2f} Gb/s over {threads} QPs, data verified"
+    return parse
+
+
+def rdma_bench_latency(count):
+    """rdma_bench's latency block: percentiles and the histogram summary."""
+    def parse(text):
+        median, summary = MEDIAN.search(text), SUMMARY.search(text)
+        if not median or not summary or not VERIFIED.search(text):
+            raise ValueError("no verified latency block: " + last_lines(text))
+        if int(summary.group(4)) != count:
+            raise ValueError(f"Total count {summary.group(4)}, expected {count}")
+        return f"{int(median.group(1)) / 1000:.2f} µs median round trip at 1024 B (mean {float(summary.group(1)) / 1000:.2f})"
+    return parse
+
+
 def entries(quick):
     """(name, program, args, parse, env) for every pair in the matrix."""
     out = [
@@ -202,6 +249,11 @@ def entries(quick):
         out.append(("ib_send_bw -c UD", "ib_send_bw", ["-c", "UD"], bw_figure))
         out.append(("ib_send_lat -c UD", "ib_send_lat", ["-c", "UD"], lat_figure))
         out.append(("ib_send_lat -e", "ib_send_lat", ["-e"], lat_figure))
+    bench = os.path.join(ROOT, "target", "release", "rdma_bench")
+    out.append(("rdma_bench -threads 2 -packSize 64", bench,
+                ["-threads", "2", "-packSize", "64", "-iterations", "20", "-numPack", "1000"], rdma_bench_throughput(2)))
+    out.append(("rdma_bench -outstanding 1", bench,
+                ["-outstanding", "1", "-iterations", "10", "-numPack", "200"], rdma_bench_latency(2000)))
     out = [(*entry, None) for entry in out]
     # perftest knows no ECE: both ends ask for selective repeat by the
     # environment.

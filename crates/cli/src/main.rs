@@ -33,6 +33,7 @@ enum Command {
 }
 
 fn main() {
+    end_quietly_on_a_closed_pipe();
     let cli = Cli::parse();
     let command = cli.command.unwrap_or_else(|| {
         let args = Cli::parse_from(["softrnic", "bench", "write_bw"]);
@@ -47,4 +48,15 @@ fn main() {
         eprintln!("softrnic: {message}");
         std::process::exit(1);
     }
+}
+
+/// `softrnic devinfo | head`: a reader that stops early ends the program
+/// quietly, as it does `ibv_devinfo`, instead of `println!` panicking on
+/// the broken pipe. Rust starts programs with SIGPIPE ignored; this gives
+/// it back its default. Sockets are unaffected: the engine's are UDP, and
+/// the exchange's TCP writes pass MSG_NOSIGNAL.
+fn end_quietly_on_a_closed_pipe() {
+    // SAFETY: called first thing in main, before any thread exists; SIG_DFL
+    // is a valid disposition for SIGPIPE.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }

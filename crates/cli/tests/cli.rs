@@ -380,3 +380,15 @@ fn selective_repeat_delivers_every_byte_across_a_lossy_link() {
         }
     }
 }
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    // `softrnic devinfo | head -0`: the reader is gone before the first line.
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = softrnic().args(["devinfo", "--addr", "127.0.0.1"]).stdout(writer).output().expect("run softrnic");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "ended by SIGPIPE, as a C tool is");
+}

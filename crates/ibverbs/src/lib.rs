@@ -13,8 +13,8 @@
 //! the real library gives it (a Rust `cdylib` cannot carry version nodes).
 //!
 //! The map to the C API:
-//! - [`abi`]: the structures of `<infiniband/verbs.h>`, checked against the
-//!   real header by `tests/layout.rs`.
+//! - [`abi`]: the structures of `<infiniband/verbs.h>` (the
+//!   `softrnic-verbs-abi` crate, which checks them against the real header).
 //! - [`device`] and [`context`]: `softrnic0`, its port and GID table, and
 //!   an open device, which is a running softrnic NIC.
 //! - [`memory`], [`cq`], [`qp`], [`qp_ex`], [`srq`], [`ah`]: the objects,
@@ -27,7 +27,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-pub mod abi;
+pub use softrnic_verbs_abi as abi;
 mod acks;
 pub mod ah;
 mod c_view;

@@ -208,27 +208,10 @@ pub fn print_lat(r: &LatResult, format: Format) {
     }
 }
 
-/// The E1 block: percentiles in ns and the HDR histogram's summary.
+/// The E1 block: percentiles in ns and the HDR histogram's summary, as
+/// `rdma_bench` prints it.
 pub fn print_percentile_block(h: &Histogram<u64>) {
-    for (q, name) in [
-        (0.05, "5th percentile"),
-        (0.25, "25th percentile"),
-        (0.50, "50th percentile (median)"),
-        (0.75, "75th percentile"),
-        (0.95, "95th percentile"),
-    ] {
-        println!("{name}: {} ns", h.value_at_quantile(q));
-    }
-    println!("[Mean    = {:>12.3}, StdDeviation   = {:>12.3}]", h.mean(), h.stdev());
-    println!("[Max     = {:>12.3}, Total count    = {:>12}]", h.max() as f64, h.len());
-    println!("[Buckets = {:>12}, SubBuckets     = {:>12}]", h.buckets(), sub_buckets(SIGFIG));
-}
-
-/// The sub-bucket count of an HDR histogram with `sigfig` significant
-/// figures: the power of two that holds 2 × 10^sigfig distinct values.
-pub fn sub_buckets(sigfig: u8) -> u32 {
-    let largest = 2 * 10u32.pow(u32::from(sigfig));
-    largest.next_power_of_two()
+    print!("{}", softrnic_rdma_bench::report::latency(h));
 }
 
 pub fn footer(format: Format) {
@@ -245,12 +228,6 @@ pub fn new_histogram() -> Histogram<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sub_buckets_match_hdrhistogram() {
-        assert_eq!(sub_buckets(3), 2048);
-        assert_eq!(sub_buckets(2), 256);
-    }
 
     #[test]
     fn latency_json_has_the_documented_fields() {

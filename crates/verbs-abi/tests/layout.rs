@@ -1,4 +1,4 @@
-//! The structures in `abi.rs` against rdma-core's real `<infiniband/verbs.h>`:
+//! The structures in `lib.rs` against rdma-core's real `<infiniband/verbs.h>`:
 //! a C program compiled with the header prints every size and field offset,
 //! and each must equal Rust's.
 //!
@@ -8,7 +8,7 @@
 use std::mem::{offset_of, size_of};
 use std::process::Command;
 
-use softrnic_ibverbs::abi::*;
+use softrnic_verbs_abi::*;
 
 /// `(C expression, Rust value)` pairs: sizes and offsets.
 macro_rules! layout {

@@ -5,6 +5,10 @@
 //! Names are the header's own, so that each type can be read against
 //! verbs.h line by line; `tests/layout.rs` compiles the real header and
 //! checks every size and field offset here against it.
+//!
+//! Both sides of the ABI use it: softrnic's drop-in `libibverbs.so.1`
+//! (`crates/ibverbs`) fills these structures, and `rdma_bench`
+//! (`crates/rdma-bench`), an ordinary verbs program, reads them.
 
 #![allow(non_camel_case_types)]
 
