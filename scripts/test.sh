@@ -20,6 +20,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "tests (simulation seeds: ${SOFTRNIC_SIM_SEEDS:=2000})"
 export SOFTRNIC_SIM_SEEDS
+# The experiment runner's tests (softrnic exp e1, e2 --quick) run
+# rdma_bench over the drop-in library, which must exist first.
+scripts/build-libibverbs.sh >/dev/null
 cargo test --workspace --locked
 
 # The model checker over the shared-memory rings' index protocol, in a

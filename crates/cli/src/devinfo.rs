@@ -25,10 +25,9 @@ pub fn gid(addr: IpAddr) -> String {
 }
 
 pub fn run(args: &DevinfoArgs) -> Result<(), String> {
-    let addr = match (args.addr, std::env::var("SOFTRNIC_ADDR")) {
-        (Some(a), _) => a,
-        (None, Ok(text)) => text.parse().map_err(|_| format!("SOFTRNIC_ADDR={text:?} is not an IP address"))?,
-        (None, Err(_)) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+    let addr = match args.addr {
+        Some(a) => a,
+        None => crate::addr::from_env()?.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
     };
     println!("hca_id: softrnic0");
     println!("\ttransport:\t\t\tInfiniBand (RoCEv2 over UDP, by softrnic)");

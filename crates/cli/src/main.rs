@@ -4,9 +4,12 @@
 //! 64 KiB RDMA WRITE bandwidth test between two devices on this machine,
 //! each on its own loopback address.
 
+mod addr;
 mod bench;
+mod careful;
 mod demo;
 mod devinfo;
+mod exp;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +33,12 @@ enum Command {
     Devinfo(devinfo::DevinfoArgs),
     /// Run the transport between two simulated RNICs over a faulty network.
     Demo(demo::DemoArgs),
+    /// Throughput the careful way (E9): one end of a run, over softrnic
+    /// SEND or WRITE or a plain TCP socket.
+    Careful(careful::CarefulArgs),
+    /// Run an evaluation (e1 latency, e2 throughput, e9 careful): its sweep,
+    /// a CSV, a log per role and point, and an SVG figure.
+    Exp(exp::ExpArgs),
 }
 
 fn main() {
@@ -43,6 +52,8 @@ fn main() {
         Command::Bench(args) => bench::run(&args),
         Command::Devinfo(args) => devinfo::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Careful(args) => careful::run(&args),
+        Command::Exp(args) => exp::run(&args),
     };
     if let Err(message) = result {
         eprintln!("softrnic: {message}");

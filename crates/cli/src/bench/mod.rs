@@ -10,7 +10,7 @@ pub mod params;
 pub mod report;
 mod session;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::time::Duration;
 
 use softrnic::exchange::Exchange;
@@ -112,25 +112,9 @@ fn engine_config(args: &BenchArgs, addr: IpAddr) -> Result<EngineConfig, String>
     Ok(config.with_threads(args.engine_threads, args.split_rx_tx))
 }
 
-/// This end's device address: `--addr`, else `SOFTRNIC_ADDR`, else the
-/// address this machine would use to reach the peer.
+/// This end's device address (`addr.rs`).
 fn local_addr(args: &BenchArgs, peer: Option<IpAddr>) -> Result<IpAddr, String> {
-    if let Some(addr) = args.addr {
-        return Ok(addr);
-    }
-    if let Ok(text) = std::env::var("SOFTRNIC_ADDR") {
-        return text.parse().map_err(|_| format!("SOFTRNIC_ADDR={text:?} is not an IP address"));
-    }
-    match peer {
-        // Connecting a UDP socket sends nothing; it only picks the route.
-        Some(peer) => UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
-            .and_then(|s| s.connect((peer, 9)).and_then(|()| s.local_addr()))
-            .map(|a| a.ip())
-            .map_err(|e| format!("no route to {peer}: {e}")),
-        None => {
-            Err("the server needs its device address: give --addr (or SOFTRNIC_ADDR), e.g. --addr 127.0.0.3".into())
-        }
-    }
+    crate::addr::device_addr(args.addr, peer)
 }
 
 fn client(

@@ -1,0 +1,288 @@
+//! `softrnic exp NAME`: the evaluations as commands (E8). Each experiment
+//! sweeps its parameters, runs every role of every point as its own
+//! process (`roles.rs`), retries a failed point once, and writes
+//!
+//! ```text
+//! results/<exp>_results.csv    a row per measurement (kept as it goes)
+//! results/<exp>_logs/          one log per role per point
+//! results/<exp>_figure.svg     one line per configuration, references beside
+//! ```
+//!
+//! Experiments are reachable by their number in EXPERIMENTS.md (`e9`) and
+//! by name (`careful`); `experiments.rs` has them.
+
+mod experiments;
+mod figure;
+mod roles;
+
+use std::fs::File;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+pub use experiments::EXPERIMENTS;
+use figure::{Figure, Reference, Series};
+use roles::Role;
+
+#[derive(Args, Debug, Clone)]
+pub struct ExpArgs {
+    /// The experiment: its number (e1, e2, e9) or name (latency,
+    /// throughput, careful); none lists them.
+    pub name: Option<String>,
+    /// A small sweep (for CI and a first look).
+    #[arg(long)]
+    pub quick: bool,
+    /// Where the CSV, the logs and the figure go.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+    /// Only these configurations, in one figure (e.g. send,write,tcp).
+    #[arg(long, value_delimiter = ',')]
+    pub compare: Vec<String>,
+}
+
+/// One point of a sweep: its configuration (a line in the figure), its
+/// parameters, its roles, and how its output becomes rows.
+pub struct Point {
+    pub config: String,
+    pub params: Vec<String>,
+    pub roles: Vec<Role>,
+    /// Why this point cannot run here (a peer program not installed): it
+    /// is recorded as failed with the reason, not run.
+    pub unavailable: Option<String>,
+    /// The roles' logs, concatenated, to rows of the experiment's
+    /// measured columns.
+    pub read: Box<Reader>,
+}
+
+/// A CSV row's fields.
+pub type Row = Vec<String>;
+/// Reads a point's logs into rows.
+pub type Reader = dyn Fn(&str) -> Result<Vec<Row>, String>;
+
+/// What an experiment is made of.
+pub struct Experiment {
+    pub id: &'static str,
+    pub name: &'static str,
+    pub about: &'static str,
+    /// The parameter columns, then the measured ones.
+    pub params: &'static [&'static str],
+    pub measured: &'static [&'static str],
+    /// The figure: its axes (column names) and the seeds' references.
+    pub x: &'static str,
+    pub y: &'static str,
+    pub x_log: bool,
+    pub x_label: &'static str,
+    pub y_label: &'static str,
+    pub references: fn() -> Vec<Reference>,
+    pub points: fn(&Setup) -> Result<Vec<Point>, String>,
+    /// How long one point may take.
+    pub deadline: fn(bool) -> Duration,
+}
+
+/// Where the programs the roles run are, and the sweep's size.
+pub struct Setup {
+    pub quick: bool,
+    pub softrnic: PathBuf,
+    pub bin_dir: PathBuf,
+}
+
+impl Setup {
+    /// `rdma_bench` and the drop-in library, built beside `softrnic`.
+    pub fn rdma_bench(&self) -> Result<(PathBuf, PathBuf), String> {
+        let bench = self.bin_dir.join("rdma_bench");
+        let lib = self.bin_dir.join("../softrnic/lib");
+        if !bench.exists() || !lib.join("libibverbs.so.1").exists() {
+            return Err(format!(
+                "this experiment runs rdma_bench over softrnic's libibverbs.so.1, not found beside {}: run cargo build --release -p softrnic-rdma-bench && scripts/build-libibverbs.sh",
+                self.softrnic.display()
+            ));
+        }
+        Ok((bench, lib.canonicalize().map_err(|e| e.to_string())?))
+    }
+
+    /// A fresh pair of loopback addresses (server, client) and a TCP port
+    /// for point `i`, so that no point meets another's leftovers.
+    pub fn endpoints(&self, i: usize) -> (String, String, u16) {
+        let pid = std::process::id() as usize;
+        let third = 100 + (pid + i) % 100;
+        let fourth = 1 + (i / 100) % 250;
+        (
+            format!("127.{third}.{fourth}.1"),
+            format!("127.{third}.{fourth}.2"),
+            20_000 + ((pid * 7 + i * 2) % 20_000) as u16,
+        )
+    }
+}
+
+pub fn run(args: &ExpArgs) -> Result<(), String> {
+    let Some(name) = &args.name else {
+        println!("Experiments (softrnic exp NAME [--quick] [--out DIR] [--compare A,B]):");
+        for e in EXPERIMENTS {
+            println!("  {:4} {:11} {}", e.id, e.name, e.about);
+        }
+        return Ok(());
+    };
+    let exp = EXPERIMENTS.iter().find(|e| e.id.eq_ignore_ascii_case(name) || e.name.eq_ignore_ascii_case(name));
+    let Some(exp) = exp else {
+        let known: Vec<String> = EXPERIMENTS.iter().map(|e| format!("{} ({})", e.id, e.name)).collect();
+        return Err(format!("no experiment {name:?}: give one of {}", known.join(", ")));
+    };
+    let softrnic = std::env::current_exe().map_err(|e| e.to_string())?;
+    let bin_dir = softrnic.parent().ok_or("softrnic has no directory")?.to_path_buf();
+    let setup = Setup { quick: args.quick, softrnic, bin_dir };
+    let mut points = (exp.points)(&setup)?;
+    if !args.compare.is_empty() {
+        let known: Vec<&str> = points.iter().map(|p| p.config.as_str()).collect();
+        if let Some(bad) = args.compare.iter().find(|c| !known.contains(&c.as_str())) {
+            let mut names = known.clone();
+            names.dedup();
+            return Err(format!("--compare {bad}: {} has the configurations {}", exp.id, names.join(", ")));
+        }
+        points.retain(|p| args.compare.contains(&p.config));
+    }
+    let out = Output::create(&args.out, exp)?;
+    let rows = sweep(exp, &setup, &points, &out)?;
+    let figure = figure_of(exp, &rows, args.quick);
+    figure.write_svg(&out.figure)?;
+    let failed = rows.iter().filter(|r| r.last().is_some_and(|e| !e.is_empty())).count();
+    println!("{}: {} rows in {}", exp.id, rows.len(), out.csv.display());
+    println!("logs in {}, figure {}", out.logs.display(), out.figure.display());
+    match failed {
+        0 => Ok(()),
+        n => Err(format!("{n} point(s) failed twice; their rows say why, their logs say more")),
+    }
+}
+
+/// The result files of one experiment.
+struct Output {
+    csv: PathBuf,
+    logs: PathBuf,
+    figure: PathBuf,
+}
+
+impl Output {
+    fn create(dir: &Path, exp: &Experiment) -> Result<Output, String> {
+        let logs = dir.join(format!("{}_logs", exp.id));
+        std::fs::create_dir_all(&logs).map_err(|e| {
+            format!("cannot write results into {} ({e}): give --out a writable directory", dir.display())
+        })?;
+        Ok(Output {
+            csv: dir.join(format!("{}_results.csv", exp.id)),
+            logs,
+            figure: dir.join(format!("{}_figure.svg", exp.id)),
+        })
+    }
+}
+
+/// Runs every point (a failed one twice), writing each row to the CSV as
+/// it comes, so a sweep that fails midway keeps what it measured.
+fn sweep(exp: &Experiment, setup: &Setup, points: &[Point], out: &Output) -> Result<Vec<Vec<String>>, String> {
+    let mut csv = File::create(&out.csv).map_err(|e| format!("cannot write {}: {e}", out.csv.display()))?;
+    let header: Vec<&str> =
+        ["config"].iter().chain(exp.params).chain(exp.measured).chain(&["status", "error"]).copied().collect();
+    writeln!(csv, "{}", header.join(",")).map_err(|e| e.to_string())?;
+    let progress = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(points.len() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} ETA {eta} {msg}")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(exp.id);
+        bar
+    });
+    let mut rows = Vec::new();
+    for (i, point) in points.iter().enumerate() {
+        let label = format!("{} {}", point.config, point.params.join(" "));
+        if let Some(bar) = &progress {
+            bar.set_message(label.clone());
+        }
+        let start = Instant::now();
+        let result = measure(exp, setup, point, &out.logs, i).or_else(|first| {
+            measure(exp, setup, point, &out.logs, i).map_err(|second| format!("{first}; again: {second}"))
+        });
+        let new_rows = match result {
+            Ok(measured) => measured.into_iter().map(|m| row(point, m, "ok", "")).collect::<Vec<_>>(),
+            Err(e) => vec![row(point, vec![String::new(); exp.measured.len()], "failed", &e)],
+        };
+        for r in &new_rows {
+            writeln!(csv, "{}", r.iter().map(|f| csv_field(f)).collect::<Vec<_>>().join(","))
+                .map_err(|e| e.to_string())?;
+        }
+        csv.flush().map_err(|e| e.to_string())?;
+        let verdict = if new_rows.iter().any(|r| r[r.len() - 2] == "failed") { "FAILED" } else { "ok" };
+        match &progress {
+            Some(bar) => bar.inc(1),
+            None => {
+                eprintln!("[{}/{}] {label}: {verdict} ({:.1}s)", i + 1, points.len(), start.elapsed().as_secs_f64())
+            }
+        }
+        rows.extend(new_rows);
+    }
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    Ok(rows)
+}
+
+/// Runs one point's roles and reads their logs.
+fn measure(exp: &Experiment, setup: &Setup, point: &Point, logs: &Path, i: usize) -> Result<Vec<Vec<String>>, String> {
+    if let Some(reason) = &point.unavailable {
+        return Err(reason.clone());
+    }
+    let tag = format!("{i:03}_{}", sanitize(&format!("{}_{}", point.config, point.params.join("_"))));
+    let paths = roles::run_point(&point.roles, logs, &tag, (exp.deadline)(setup.quick))?;
+    let text: String =
+        paths.iter().map(|p| std::fs::read_to_string(p).unwrap_or_default()).collect::<Vec<_>>().join("\n");
+    let rows = (point.read)(&text)?;
+    if rows.is_empty() {
+        return Err("the roles printed no result".to_string());
+    }
+    Ok(rows)
+}
+
+fn row(point: &Point, measured: Vec<String>, status: &str, error: &str) -> Vec<String> {
+    let mut r = vec![point.config.clone()];
+    r.extend(point.params.iter().cloned());
+    r.extend(measured);
+    r.push(status.to_string());
+    r.push(error.to_string());
+    r
+}
+
+fn csv_field(f: &str) -> String {
+    if f.contains([',', '"', '\n']) { format!("\"{}\"", f.replace('"', "\"\"")) } else { f.to_string() }
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect()
+}
+
+/// The figure from the rows that measured: a series per configuration.
+fn figure_of(exp: &Experiment, rows: &[Vec<String>], quick: bool) -> Figure {
+    let columns: Vec<&str> = ["config"].iter().chain(exp.params).chain(exp.measured).copied().collect();
+    let at = |name: &str| columns.iter().position(|c| *c == name).expect("the figure's columns exist");
+    let (x, y) = (at(exp.x), at(exp.y));
+    let mut series: Vec<Series> = Vec::new();
+    for r in rows.iter().filter(|r| r[r.len() - 2] == "ok") {
+        let (Ok(px), Ok(py)) = (r[x].parse::<f64>(), r[y].parse::<f64>()) else { continue };
+        match series.iter_mut().find(|s| s.name == r[0]) {
+            Some(s) => s.points.push((px, py)),
+            None => series.push(Series { name: r[0].clone(), points: vec![(px, py)] }),
+        }
+    }
+    for s in &mut series {
+        s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    let quick = if quick { " (--quick)" } else { "" };
+    Figure {
+        title: format!("{}: {}{quick}", exp.id.to_uppercase(), exp.about),
+        x_label: exp.x_label,
+        y_label: exp.y_label,
+        x_log: exp.x_log,
+        series,
+        references: (exp.references)(),
+    }
+}
