@@ -42,9 +42,10 @@ fn e9_quick_compares_send_write_and_tcp() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (header, rows) = csv(&out.join("e9_results.csv"));
     assert_eq!(header, "config,size,mbps,status,error");
-    // Three transports, five sizes each, every one measured.
-    assert_eq!(rows.len(), 15, "{rows:?}");
-    for config in ["send", "write", "tcp"] {
+    // softrnic's two operations over its two wires, and TCP: five sizes
+    // each, every one measured.
+    assert_eq!(rows.len(), 25, "{rows:?}");
+    for config in ["send-udp", "write-udp", "send-shm", "write-shm", "tcp"] {
         let sizes: Vec<&str> = rows
             .iter()
             .filter(|r| r.starts_with(&format!("{config},")))
@@ -55,8 +56,8 @@ fn e9_quick_compares_send_write_and_tcp() {
     assert!(rows.iter().all(|r| r.ends_with(",ok,") && r.split(',').nth(2).unwrap().parse::<f64>().unwrap() > 0.0));
     // A log per role per point.
     let logs = std::fs::read_dir(out.join("e9_logs")).unwrap().count();
-    assert_eq!(logs, 6);
-    assert_figure_parses(&out.join("e9_figure.svg"), &["send", "write", "tcp", "sockets on 1 GbE"]);
+    assert_eq!(logs, 10);
+    assert_figure_parses(&out.join("e9_figure.svg"), &["send-udp", "write-shm", "tcp", "sockets on 1 GbE"]);
     // --compare keeps the configurations named.
     let o = run(&["exp", "e9", "--quick", "--out", out.to_str().unwrap(), "--compare", "tcp"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -149,7 +150,10 @@ fn bad_experiment_input_gets_one_clear_line() {
     assert!(!o.status.success() && err.contains("no experiment \"e42\": give one of e1 (latency)"), "{err}");
     let o = run(&["exp", "e9", "--compare", "udp", "--out", out_dir("bad").to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("--compare udp: e9 has the configurations send, write, tcp"), "{err}");
+    assert!(
+        err.contains("--compare udp: e9 has the configurations send-udp, write-udp, send-shm, write-shm, tcp"),
+        "{err}"
+    );
     let o = run(&["exp", "e9", "--quick", "--out", "/proc/softrnic-results"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("cannot write results into /proc/softrnic-results") && err.contains("--out"), "{err}");
@@ -158,4 +162,42 @@ fn bad_experiment_input_gets_one_clear_line() {
     for id in ["e1", "e2", "e9"] {
         assert!(text.contains(id), "{text}");
     }
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let tasks =
+        std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+    tasks
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u32>>())
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+#[test]
+fn roles_die_with_a_killed_runner() {
+    let out = out_dir("killed");
+    let mut runner = softrnic().args(["exp", "e9", "--out", out.to_str().unwrap()]).spawn().expect("run softrnic");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let roles = loop {
+        let roles = children(runner.id());
+        if roles.len() == 2 || std::time::Instant::now() > deadline {
+            break roles;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(roles.len(), 2, "the first point's server and client");
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while roles.iter().any(|&p| alive(p)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(roles.iter().all(|&p| !alive(p)), "roles outlived the runner: {roles:?}");
+    let _ = std::fs::remove_dir_all(&out);
 }

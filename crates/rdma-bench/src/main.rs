@@ -116,17 +116,9 @@ fn server(args: &Args) -> Result<bool, String> {
     channel.send_qps(&ends.iter().map(|e| e.info).collect::<Vec<_>>())?;
     println!("{}", describe("server", &verbs, &w));
 
-    let results: Vec<Result<Duration, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..)
-            .zip(ends.iter_mut())
-            .map(|(thread, end)| {
-                s.spawn(move || match w.outstanding {
-                    1 => run::echo(&end.qp, &end.buf, thread, &w),
-                    _ => run::receive_stream(&end.qp, &end.buf, thread, &w),
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".to_string()))).collect()
+    let results = each_thread(&mut ends, |thread, end| match w.outstanding {
+        1 => run::echo(&end.qp, &end.buf, thread, &w),
+        _ => run::receive_stream(&end.qp, &end.buf, thread, &w),
     });
     let mut ok = true;
     for (thread, result) in (0..).zip(results) {
@@ -161,32 +153,18 @@ fn client(args: &Args) -> Result<bool, String> {
     println!("{}", describe("client", &verbs, &w));
 
     if args.latency_mode() {
-        let histograms = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..)
-                .zip(ends.iter_mut())
-                .map(|(thread, end)| s.spawn(move || run::ping(&end.qp, &end.buf, thread, &w)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".to_string())))
-                .collect::<Result<Vec<_>, String>>()
-        })?;
+        let histograms = each_thread(&mut ends, |thread, end| run::ping(&end.qp, &end.buf, thread, &w))
+            .into_iter()
+            .collect::<Result<Vec<_>, String>>()?;
         let mut all = report::histogram();
         for h in &histograms {
             all.add(h).map_err(|e| format!("merging histograms: {e}"))?;
         }
         print!("{}", report::latency(&all));
     } else {
-        let durations = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..)
-                .zip(ends.iter_mut())
-                .map(|(thread, end)| s.spawn(move || run::send_stream(&end.qp, &end.buf, thread, &w)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".to_string())))
-                .collect::<Result<Vec<_>, String>>()
-        })?;
+        let durations = each_thread(&mut ends, |thread, end| run::send_stream(&end.qp, &end.buf, thread, &w))
+            .into_iter()
+            .collect::<Result<Vec<_>, String>>()?;
         for (thread, duration) in (0..).zip(durations) {
             println!("{}", report::sent(thread, duration, w.messages * u64::from(w.pack_size)));
         }
@@ -196,6 +174,20 @@ fn client(args: &Args) -> Result<bool, String> {
         eprintln!("rdma_bench: the server found data that did not verify");
     }
     Ok(ok)
+}
+
+/// Runs `work` on every endpoint, each on a thread of its own (libr's
+/// one thread per QP), and returns what each returned, in thread order.
+fn each_thread<T: Send>(
+    ends: &mut [Endpoint],
+    work: impl Fn(u32, &mut Endpoint) -> Result<T, String> + Sync,
+) -> Vec<Result<T, String>> {
+    std::thread::scope(|s| {
+        let work = &work;
+        let handles: Vec<_> =
+            (0..).zip(ends.iter_mut()).map(|(thread, end)| s.spawn(move || work(thread, end))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".to_string()))).collect()
+    })
 }
 
 fn describe(role: &str, verbs: &Verbs, w: &Workload) -> String {

@@ -44,7 +44,7 @@ pub static EXPERIMENTS: &[Experiment] = &[
     Experiment {
         id: "e9",
         name: "careful",
-        about: "throughput the careful way: softrnic SEND and WRITE beside a TCP socket",
+        about: "throughput the careful way: softrnic SEND and WRITE (UDP, shared memory) beside a TCP socket",
         params: &[],
         measured: &["size", "mbps"],
         x: "size",
@@ -242,8 +242,13 @@ fn e2_references() -> Vec<Reference> {
 }
 
 fn e9_points(setup: &Setup) -> Result<Vec<Point>, String> {
+    use careful::Transport::{Send, Tcp, Write};
     let mut points = Vec::new();
-    for transport in [careful::Transport::Send, careful::Transport::Write, careful::Transport::Tcp] {
+    // softrnic over each of its wires (UDP sockets, or the shared-memory
+    // wire between devices on one host), and the kernel's TCP.
+    for (transport, datapath) in
+        [(Send, Some("udp")), (Write, Some("udp")), (Send, Some("shm")), (Write, Some("shm")), (Tcp, None)]
+    {
         let (server, client, port) = setup.endpoints(points.len());
         let port = port.to_string();
         let name = careful::name(transport);
@@ -262,13 +267,17 @@ fn e9_points(setup: &Setup) -> Result<Vec<Point>, String> {
         if setup.quick {
             client_args.push("--quick");
         }
+        let mut roles = vec![
+            Role::new("server", &setup.softrnic, &["careful", "--server", "--addr", &server, "--port", &port]),
+            Role::new("client", &setup.softrnic, &client_args),
+        ];
+        if let Some(datapath) = datapath {
+            roles = roles.into_iter().map(|r| r.env("SOFTRNIC_DATAPATH", datapath)).collect();
+        }
         points.push(Point {
-            config: name.to_string(),
+            config: datapath.map_or(name.to_string(), |d| format!("{name}-{d}")),
             params: vec![],
-            roles: vec![
-                Role::new("server", &setup.softrnic, &["careful", "--server", "--addr", &server, "--port", &port]),
-                Role::new("client", &setup.softrnic, &client_args),
-            ],
+            roles,
             unavailable: None,
             read: Box::new(|text| {
                 Ok(careful::parse_lines(text)

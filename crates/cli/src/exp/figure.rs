@@ -61,12 +61,28 @@ impl Figure {
         if self.x_log {
             let mut chart =
                 builder.build_cartesian_2d((x0.max(1e-9)..x1 * 1.3).log_scale(), y0..y1).map_err(|e| fail(&e))?;
-            chart.configure_mesh().x_desc(self.x_label).y_desc(self.y_label).draw().map_err(|e| fail(&e))?;
-            self.draw_into(&mut chart, (x0.max(1e-9), x1 * 1.3)).map_err(|e| fail(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc(self.x_label)
+                .y_desc(self.y_label)
+                .max_light_lines(1)
+                .x_label_formatter(&|v| tick(*v))
+                .y_label_formatter(&|v| tick(*v))
+                .draw()
+                .map_err(|e| fail(&e))?;
+            self.draw_into(&mut chart, (x0.max(1e-9) / 1.3, x1 * 1.3)).map_err(|e| fail(&e))?;
         } else {
             let pad = (x1 - x0).max(1.0) * 0.05;
             let mut chart = builder.build_cartesian_2d(x0 - pad..x1 + pad, y0..y1).map_err(|e| fail(&e))?;
-            chart.configure_mesh().x_desc(self.x_label).y_desc(self.y_label).draw().map_err(|e| fail(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc(self.x_label)
+                .y_desc(self.y_label)
+                .max_light_lines(1)
+                .x_label_formatter(&|v| tick(*v))
+                .y_label_formatter(&|v| tick(*v))
+                .draw()
+                .map_err(|e| fail(&e))?;
             self.draw_into(&mut chart, (x0 - pad, x1 + pad)).map_err(|e| fail(&e))?;
         }
         root.present().map_err(|e| fail(&e))
@@ -107,7 +123,21 @@ impl Figure {
                 }
             }
         }
-        chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+    }
+}
+
+/// An axis label: whole numbers from 10 up, two significant digits below.
+fn tick(v: f64) -> String {
+    if v.abs() >= 10.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}").trim_end_matches('0').trim_end_matches('.').to_string()
     }
 }
 

@@ -1,8 +1,10 @@
 //! Roles: each end of an experiment point runs as its own process, its
 //! output in a log file. A role that outlives its point is stopped the
-//! way a careful operator would: SIGINT, then SIGTERM, then SIGKILL.
+//! way a careful operator would: SIGINT, then SIGTERM, then SIGKILL; and
+//! every role dies with the runner, however the runner ends.
 
 use std::fs::File;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -63,7 +65,18 @@ pub fn run_point(roles: &[Role], logs: &Path, tag: &str, deadline: Duration) -> 
         use std::io::Write as _;
         writeln!(log, "$ {}", role.command_line()).map_err(|e| e.to_string())?;
         let stderr = log.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new(&role.program)
+        let mut command = Command::new(&role.program);
+        // SAFETY: runs in the child between fork and exec, where only
+        // async-signal-safe calls are allowed; prctl is one, and it touches
+        // nothing of the parent's. A role dies with the runner (even a
+        // killed one) instead of spinning on as an orphan.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            })
+        };
+        let child = command
             .args(&role.args)
             .envs(role.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
