@@ -156,13 +156,17 @@ impl Drop for Verbs {
     }
 }
 
+/// What to do when this libibverbs sees no device.
+const NO_DEVICE_HINT: &str =
+    "run over softrnic's libibverbs.so.1 (LD_LIBRARY_PATH=target/softrnic/lib), or load a NIC's driver";
+
 /// Opens the device named `wanted`, or the first one.
 fn open_device(f: &Functions, wanted: Option<&str>) -> Result<(*mut abi::ibv_context, String), String> {
     let mut count: c_int = 0;
     // SAFETY: `count` is a valid out-parameter.
     let list = unsafe { (f.get_device_list)(&mut count) };
     if list.is_null() {
-        return Err(last_os_error("ibv_get_device_list"));
+        return Err(format!("{}: {NO_DEVICE_HINT}", last_os_error("ibv_get_device_list found no RDMA support")));
     }
     // SAFETY: the list holds `count` device pointers.
     let devices = unsafe { std::slice::from_raw_parts(list, count.max(0) as usize) };
@@ -181,8 +185,12 @@ fn open_device(f: &Functions, wanted: Option<&str>) -> Result<(*mut abi::ibv_con
             context if context.is_null() => Err(last_os_error(&format!("ibv_open_device({})", names[i]))),
             context => Ok((context, names[i].clone())),
         },
-        None if names.is_empty() => Err("no RDMA device: run over softrnic's libibverbs.so.1 (LD_LIBRARY_PATH=target/softrnic/lib), or load a NIC's driver".to_string()),
-        None => Err(format!("no device named {}: -deviceName takes one of {}", wanted.unwrap_or_default(), names.join(", "))),
+        None if names.is_empty() => Err(format!("no RDMA device: {NO_DEVICE_HINT}")),
+        None => Err(format!(
+            "no device named {}: -deviceName takes one of {}",
+            wanted.unwrap_or_default(),
+            names.join(", ")
+        )),
     };
     // SAFETY: the list came from ibv_get_device_list; an opened context
     // does not need it.

@@ -242,7 +242,12 @@ fn method(
 /// lines.
 fn measure(addr: IpAddr, server: SocketAddr, args: &CarefulArgs, timeout: Duration) -> Result<(), String> {
     let plan = Plan::new(args.quick);
-    let mut control = Exchange::connect(server, timeout).map_err(|e| e.to_string())?;
+    let mut control = Exchange::connect(server, timeout).map_err(|_| {
+        format!(
+            "no careful server answered at {server} within {timeout:?}: start `softrnic careful --server --addr {}` there first",
+            server.ip()
+        )
+    })?;
     control.send_text(&format!("transport {}", name(args.transport))).map_err(|e| e.to_string())?;
     let link = Link::connect(args.transport, addr, server, &mut control, timeout)?;
     let mut client = Client { control, link };
