@@ -58,11 +58,18 @@ fn e9_quick_compares_send_write_and_tcp() {
     let logs = std::fs::read_dir(out.join("e9_logs")).unwrap().count();
     assert_eq!(logs, 10);
     assert_figure_parses(&out.join("e9_figure.svg"), &["send-udp", "write-shm", "tcp", "sockets on 1 GbE"]);
+    // --plot draws the figure again from the CSV, measuring nothing.
+    std::fs::remove_file(out.join("e9_figure.svg")).unwrap();
+    let o = run(&["exp", "e9", "--plot", "--out", out.to_str().unwrap(), "--compare", "tcp,send-shm"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_figure_parses(&out.join("e9_figure.svg"), &["tcp", "send-shm"]);
+    assert_eq!(std::fs::read_dir(out.join("e9_logs")).unwrap().count(), 10, "no role ran");
     // --compare keeps the configurations named.
     let o = run(&["exp", "e9", "--quick", "--out", out.to_str().unwrap(), "--compare", "tcp"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (_, rows) = csv(&out.join("e9_results.csv"));
     assert!(rows.len() == 5 && rows.iter().all(|r| r.starts_with("tcp,")), "{rows:?}");
+    assert_eq!(std::fs::read_dir(out.join("e9_logs")).unwrap().count(), 2, "the last sweep's logs only");
     std::fs::remove_dir_all(&out).unwrap();
 }
 
@@ -157,6 +164,10 @@ fn bad_experiment_input_gets_one_clear_line() {
     let o = run(&["exp", "e9", "--quick", "--out", "/proc/softrnic-results"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("cannot write results into /proc/softrnic-results") && err.contains("--out"), "{err}");
+    let empty = out_dir("empty");
+    let o = run(&["exp", "e2", "--plot", "--out", empty.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("e2_results.csv") && err.contains("run `softrnic exp e2` first"), "{err}");
     let listing = run(&["exp"]);
     let text = String::from_utf8_lossy(&listing.stdout);
     for id in ["e1", "e2", "e9"] {

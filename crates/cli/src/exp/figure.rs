@@ -48,7 +48,8 @@ impl Figure {
         let ys: Vec<f64> = ys.chain(ref_y).filter(|v| v.is_finite()).collect();
         let (x0, x1) = bounds(&xs, 1.0);
         let (_, y1) = bounds(&ys, 1.0);
-        ((x0, x1), (0.0, y1 * 1.15))
+        // Headroom above the data for the legend.
+        ((x0, x1), (0.0, y1 * 1.5))
     }
 
     pub fn write_svg(&self, path: &Path) -> Result<(), String> {
@@ -125,7 +126,7 @@ impl Figure {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()

@@ -16,7 +16,7 @@ mod figure;
 mod roles;
 
 use std::fs::File;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -37,9 +37,12 @@ pub struct ExpArgs {
     /// Where the CSV, the logs and the figure go.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
-    /// Only these configurations, in one figure (e.g. send,write,tcp).
+    /// Only these configurations, in one figure (e.g. send-udp,tcp).
     #[arg(long, value_delimiter = ',')]
     pub compare: Vec<String>,
+    /// Measure nothing: draw the figure again from the CSV in --out.
+    #[arg(long)]
+    pub plot: bool,
 }
 
 /// One point of a sweep: its configuration (a line in the figure), its
@@ -103,16 +106,23 @@ impl Setup {
     }
 
     /// A fresh pair of loopback addresses (server, client) and a TCP port
-    /// for point `i`, so that no point meets another's leftovers.
+    /// for point `i`: the second octet from this runner's pid, the third
+    /// from the point, and a pair no device holds yet (another runner may
+    /// be sweeping beside this one), so that no point meets another's
+    /// leftovers.
     pub fn endpoints(&self, i: usize) -> (String, String, u16) {
         let pid = std::process::id() as usize;
-        let third = 100 + (pid + i) % 100;
-        let fourth = 1 + (i / 100) % 250;
-        (
-            format!("127.{third}.{fourth}.1"),
-            format!("127.{third}.{fourth}.2"),
-            20_000 + ((pid * 7 + i * 2) % 20_000) as u16,
-        )
+        let free = |addr: &str| std::net::UdpSocket::bind((addr, softrnic_wire::ROCEV2_UDP_PORT)).is_ok();
+        let (mut server, mut client) = (String::new(), String::new());
+        for attempt in 0..100 {
+            let second = 100 + (pid + attempt) % 100;
+            let third = 1 + i % 250;
+            (server, client) = (format!("127.{second}.{third}.1"), format!("127.{second}.{third}.2"));
+            if free(&server) && free(&client) {
+                break;
+            }
+        }
+        (server, client, 20_000 + ((pid * 7 + i * 2) % 20_000) as u16)
     }
 }
 
@@ -129,30 +139,44 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         let known: Vec<String> = EXPERIMENTS.iter().map(|e| format!("{} ({})", e.id, e.name)).collect();
         return Err(format!("no experiment {name:?}: give one of {}", known.join(", ")));
     };
-    let softrnic = std::env::current_exe().map_err(|e| e.to_string())?;
-    let bin_dir = softrnic.parent().ok_or("softrnic has no directory")?.to_path_buf();
-    let setup = Setup { quick: args.quick, softrnic, bin_dir };
-    let mut points = (exp.points)(&setup)?;
-    if !args.compare.is_empty() {
-        let known: Vec<&str> = points.iter().map(|p| p.config.as_str()).collect();
-        if let Some(bad) = args.compare.iter().find(|c| !known.contains(&c.as_str())) {
-            let mut names = known.clone();
-            names.dedup();
-            return Err(format!("--compare {bad}: {} has the configurations {}", exp.id, names.join(", ")));
-        }
-        points.retain(|p| args.compare.contains(&p.config));
-    }
     let out = Output::create(&args.out, exp)?;
-    let rows = sweep(exp, &setup, &points, &out)?;
+    let rows = match args.plot {
+        true => read_rows(exp, &out)?
+            .into_iter()
+            .filter(|r| args.compare.is_empty() || args.compare.contains(&r[0]))
+            .collect(),
+        false => {
+            let softrnic = std::env::current_exe().map_err(|e| e.to_string())?;
+            let bin_dir = softrnic.parent().ok_or("softrnic has no directory")?.to_path_buf();
+            let setup = Setup { quick: args.quick, softrnic, bin_dir };
+            let points = compared((exp.points)(&setup)?, &args.compare, exp)?;
+            out.clear_logs()?;
+            sweep(exp, &setup, &points, &out)?
+        }
+    };
     let figure = figure_of(exp, &rows, args.quick);
     figure.write_svg(&out.figure)?;
     let failed = rows.iter().filter(|r| r.last().is_some_and(|e| !e.is_empty())).count();
     println!("{}: {} rows in {}", exp.id, rows.len(), out.csv.display());
     println!("logs in {}, figure {}", out.logs.display(), out.figure.display());
     match failed {
-        0 => Ok(()),
-        n => Err(format!("{n} point(s) failed twice; their rows say why, their logs say more")),
+        n if n > 0 && !args.plot => Err(format!("{n} point(s) failed twice; their rows say why, their logs say more")),
+        _ => Ok(()),
     }
+}
+
+/// The points of the configurations `--compare` names (all without it).
+fn compared(mut points: Vec<Point>, compare: &[String], exp: &Experiment) -> Result<Vec<Point>, String> {
+    if compare.is_empty() {
+        return Ok(points);
+    }
+    let mut known: Vec<&str> = points.iter().map(|p| p.config.as_str()).collect();
+    known.dedup();
+    if let Some(bad) = compare.iter().find(|c| !known.contains(&c.as_str())) {
+        return Err(format!("--compare {bad}: {} has the configurations {}", exp.id, known.join(", ")));
+    }
+    points.retain(|p| compare.contains(&p.config));
+    Ok(points)
 }
 
 /// The result files of one experiment.
@@ -176,13 +200,23 @@ impl Output {
     }
 }
 
+impl Output {
+    /// A new sweep's logs replace the last one's.
+    fn clear_logs(&self) -> Result<(), String> {
+        let entries = std::fs::read_dir(&self.logs).map_err(|e| format!("{}: {e}", self.logs.display()))?;
+        for entry in entries.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "log")) {
+            std::fs::remove_file(entry.path()).map_err(|e| format!("{}: {e}", entry.path().display()))?;
+        }
+        Ok(())
+    }
+}
+
 /// Runs every point (a failed one twice), writing each row to the CSV as
 /// it comes, so a sweep that fails midway keeps what it measured.
 fn sweep(exp: &Experiment, setup: &Setup, points: &[Point], out: &Output) -> Result<Vec<Vec<String>>, String> {
-    let mut csv = File::create(&out.csv).map_err(|e| format!("cannot write {}: {e}", out.csv.display()))?;
-    let header: Vec<&str> =
-        ["config"].iter().chain(exp.params).chain(exp.measured).chain(&["status", "error"]).copied().collect();
-    writeln!(csv, "{}", header.join(",")).map_err(|e| e.to_string())?;
+    let file = File::create(&out.csv).map_err(|e| format!("cannot write {}: {e}", out.csv.display()))?;
+    let mut csv = csv::Writer::from_writer(file);
+    csv.write_record(header(exp)).map_err(|e| e.to_string())?;
     let progress = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new(points.len() as u64);
         bar.set_style(
@@ -208,8 +242,7 @@ fn sweep(exp: &Experiment, setup: &Setup, points: &[Point], out: &Output) -> Res
             Err(e) => vec![row(point, vec![String::new(); exp.measured.len()], "failed", &e)],
         };
         for r in &new_rows {
-            writeln!(csv, "{}", r.iter().map(|f| csv_field(f)).collect::<Vec<_>>().join(","))
-                .map_err(|e| e.to_string())?;
+            csv.write_record(r).map_err(|e| e.to_string())?;
         }
         csv.flush().map_err(|e| e.to_string())?;
         let verdict = if new_rows.iter().any(|r| r[r.len() - 2] == "failed") { "FAILED" } else { "ok" };
@@ -252,8 +285,23 @@ fn row(point: &Point, measured: Vec<String>, status: &str, error: &str) -> Vec<S
     r
 }
 
-fn csv_field(f: &str) -> String {
-    if f.contains([',', '"', '\n']) { format!("\"{}\"", f.replace('"', "\"\"")) } else { f.to_string() }
+/// The CSV's columns.
+fn header(exp: &Experiment) -> Vec<&'static str> {
+    ["config"].iter().chain(exp.params).chain(exp.measured).chain(&["status", "error"]).copied().collect()
+}
+
+/// `--plot`: the rows of an earlier sweep, to draw its figure again.
+fn read_rows(exp: &Experiment, out: &Output) -> Result<Vec<Row>, String> {
+    let mut reader = csv::Reader::from_path(&out.csv)
+        .map_err(|e| format!("cannot read {} ({e}): run `softrnic exp {}` first", out.csv.display(), exp.id))?;
+    let found: Vec<String> = reader.headers().map_err(|e| e.to_string())?.iter().map(str::to_string).collect();
+    if found != header(exp) {
+        return Err(format!("{} has the columns {}, not {}'s", out.csv.display(), found.join(","), exp.id));
+    }
+    reader
+        .records()
+        .map(|r| r.map(|r| r.iter().map(str::to_string).collect()).map_err(|e| format!("{}: {e}", out.csv.display())))
+        .collect()
 }
 
 fn sanitize(s: &str) -> String {
@@ -278,7 +326,7 @@ fn figure_of(exp: &Experiment, rows: &[Vec<String>], quick: bool) -> Figure {
     }
     let quick = if quick { " (--quick)" } else { "" };
     Figure {
-        title: format!("{}: {}{quick}", exp.id.to_uppercase(), exp.about),
+        title: format!("{} {}{quick}", exp.id.to_uppercase(), exp.name),
         x_label: exp.x_label,
         y_label: exp.y_label,
         x_log: exp.x_log,
