@@ -60,35 +60,19 @@ impl Figure {
         let mut builder = ChartBuilder::on(&root);
         builder.caption(&self.title, ("sans-serif", 22)).margin(16).x_label_area_size(44).y_label_area_size(64);
         if self.x_log {
-            let mut chart =
-                builder.build_cartesian_2d((x0.max(1e-9)..x1 * 1.3).log_scale(), y0..y1).map_err(|e| fail(&e))?;
-            chart
-                .configure_mesh()
-                .x_desc(self.x_label)
-                .y_desc(self.y_label)
-                .max_light_lines(1)
-                .x_label_formatter(&|v| tick(*v))
-                .y_label_formatter(&|v| tick(*v))
-                .draw()
-                .map_err(|e| fail(&e))?;
-            self.draw_into(&mut chart, (x0.max(1e-9) / 1.3, x1 * 1.3)).map_err(|e| fail(&e))?;
+            let (lo, hi) = (x0.max(1e-9) / 1.3, x1 * 1.3);
+            let mut chart = builder.build_cartesian_2d((lo..hi).log_scale(), y0..y1).map_err(|e| fail(&e))?;
+            self.draw_into(&mut chart, (lo, hi)).map_err(|e| fail(&e))?;
         } else {
             let pad = (x1 - x0).max(1.0) * 0.05;
             let mut chart = builder.build_cartesian_2d(x0 - pad..x1 + pad, y0..y1).map_err(|e| fail(&e))?;
-            chart
-                .configure_mesh()
-                .x_desc(self.x_label)
-                .y_desc(self.y_label)
-                .max_light_lines(1)
-                .x_label_formatter(&|v| tick(*v))
-                .y_label_formatter(&|v| tick(*v))
-                .draw()
-                .map_err(|e| fail(&e))?;
             self.draw_into(&mut chart, (x0 - pad, x1 + pad)).map_err(|e| fail(&e))?;
         }
         root.present().map_err(|e| fail(&e))
     }
 
+    /// The mesh, the series, the references and the legend, on either
+    /// kind of x axis.
     fn draw_into<'a, X, DB>(
         &self,
         chart: &mut ChartContext<'a, DB, Cartesian2d<X, plotters::coord::types::RangedCoordf64>>,
@@ -96,8 +80,17 @@ impl Figure {
     ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>>
     where
         DB: DrawingBackend + 'a,
-        X: Ranged<ValueType = f64>,
+        X: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
     {
+        chart
+            .configure_mesh()
+            .x_desc(self.x_label)
+            .y_desc(self.y_label)
+            .max_light_lines(1)
+            .x_labels(8)
+            .x_label_formatter(&|v| tick(*v))
+            .y_label_formatter(&|v| tick(*v))
+            .draw()?;
         for (i, s) in self.series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             chart
