@@ -21,6 +21,13 @@ fn csv(path: &Path) -> (String, Vec<String>) {
     (lines.next().expect("a header"), lines.collect())
 }
 
+/// The CSV's rows as fields, read by the csv crate (a config may hold a
+/// comma, and is then quoted).
+fn records(path: &Path) -> Vec<Vec<String>> {
+    let mut reader = csv::Reader::from_path(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    reader.records().map(|r| r.expect("a well-formed row").iter().map(str::to_string).collect()).collect()
+}
+
 fn assert_figure_parses(path: &Path, series: &[&str]) {
     let text = std::fs::read_to_string(path).unwrap();
     let doc = roxmltree::Document::parse(&text).expect("a well-formed SVG");
@@ -105,18 +112,17 @@ fn e2_quick_measures_each_size_and_qp_count_with_verified_data() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (header, rows) = csv(&out.join("e2_results.csv"));
     assert_eq!(header, "config,pack_size,qps,engine_threads,gbps,status,error");
-    // Each row: "config",pack_size,qps,engine_threads,gbps,ok, (the
-    // config is quoted: it holds a comma).
-    let points: Vec<(u32, u32, f64)> = rows
-        .iter()
-        .map(|r| {
-            let f: Vec<&str> = r.rsplitn(7, ',').collect();
-            (f[5].parse().unwrap(), f[4].parse().unwrap(), f[2].parse().unwrap())
-        })
-        .collect();
-    let shape: Vec<(u32, u32)> = points.iter().map(|p| (p.0, p.1)).collect();
-    assert_eq!(shape, [(64, 1), (1024, 1), (64, 2), (1024, 2)], "{rows:?}");
-    assert!(rows.iter().all(|r| r.ends_with(",ok,")) && points.iter().all(|p| p.2 > 0.0), "{rows:?}");
+    let records = records(&out.join("e2_results.csv"));
+    let shape: Vec<(&str, &str, &str)> =
+        records.iter().map(|r| (r[0].as_str(), r[1].as_str(), r[2].as_str())).collect();
+    let expected = [
+        ("qps=1,engines=1", "64", "1"),
+        ("qps=1,engines=1", "1024", "1"),
+        ("qps=2,engines=1", "64", "2"),
+        ("qps=2,engines=1", "1024", "2"),
+    ];
+    assert_eq!(shape, expected, "{rows:?}");
+    assert!(records.iter().all(|r| r[5] == "ok" && r[4].parse::<f64>().unwrap() > 0.0), "{rows:?}");
     assert_figure_parses(&out.join("e2_figure.svg"), &["qps=1,engines=1", "qps=2,engines=1", "Soft-RoCE"]);
     std::fs::remove_dir_all(&out).unwrap();
 }

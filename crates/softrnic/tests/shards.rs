@@ -249,6 +249,13 @@ fn workload_recovering(
     [a.counters(), b.counters()]
 }
 
+/// Each named counter of device `side` is zero.
+fn assert_none(side: &str, c: &NicCounters, counted: &[(&str, u64)]) {
+    for &(name, n) in counted {
+        assert_eq!(n, 0, "device {side} counted {n} {name}: {c:?}");
+    }
+}
+
 /// What a clean run must not count.
 fn assert_undisturbed(counters: &[NicCounters; 2]) {
     for (side, c) in ["A", "B"].iter().zip(counters) {
@@ -266,9 +273,7 @@ fn assert_undisturbed(counters: &[NicCounters; 2]) {
             ("tx_dropped_by_kernel", c.tx_dropped_by_kernel),
             ("rx_ring_malformed", c.rx_ring_malformed),
         ];
-        for (name, n) in disturbances {
-            assert_eq!(n, 0, "device {side} counted {n} {name}: {c:?}");
-        }
+        assert_none(side, c, &disturbances);
         assert!(t.rx_packets > 0 && t.tx_packets > 0);
     }
 }
@@ -330,9 +335,7 @@ fn selective_repeat_across_shards_and_threads() {
                 ("rx_missteered", c.rx_missteered),
                 ("rx_dropped_by_kernel", c.rx_dropped_by_kernel),
             ];
-            for (name, n) in disorder {
-                assert_eq!(n, 0, "device {side} counted {n} {name}: {c:?}");
-            }
+            assert_none(side, c, &disorder);
         }
         let faults = FaultConfig { loss: 0.02, reorder: 0.02, duplicate: 0.01, corrupt: 0.01 };
         let [a, b] = workload_recovering(mode, (2, false), 2, 3, faults, true);

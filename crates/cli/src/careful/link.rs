@@ -117,7 +117,10 @@ impl Link {
                 let (mut pinged, mut answered) = (0, 0);
                 while answered < n {
                     r.take_completions()?;
-                    for c in std::mem::take(&mut r.completions) {
+                    // Taken out to post while reading it, and put back so
+                    // its buffer serves the next poll.
+                    let batch = std::mem::take(&mut r.completions);
+                    for &c in &batch {
                         if !matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
                             answered += 1;
                             continue;
@@ -128,6 +131,7 @@ impl Link {
                         }
                         pinged += 1;
                     }
+                    r.completions = batch;
                 }
                 Ok(())
             }
