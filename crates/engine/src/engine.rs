@@ -115,6 +115,8 @@ impl EngineConfig {
         };
         selective_repeat_from_env()?;
         config.transport.retransmission = retransmission_from_env()?;
+        // A UD message must fit one packet the link carries.
+        config.transport.ud_mtu = crate::interface::active_mtu(addr);
         match std::env::var("SOFTRNIC_ENGINE_THREADS") {
             Err(_) => Ok(config),
             Ok(text) => match text.parse::<usize>() {

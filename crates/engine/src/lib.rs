@@ -9,6 +9,7 @@ pub mod engine;
 pub mod event_queue;
 pub mod eventfd;
 pub mod faults;
+pub mod interface;
 pub mod progress;
 pub mod ring;
 mod shard;

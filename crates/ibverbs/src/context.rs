@@ -7,7 +7,7 @@ use std::mem::offset_of;
 use std::sync::Mutex;
 
 use softrnic_engine::{BindError, EngineConfig, FaultConfig, Nic, OpenError};
-use softrnic_transport::{AsyncEvent, CqId, SrqId, TransportConfig};
+use softrnic_transport::{AsyncEvent, CqId, SrqId};
 
 use crate::abi::*;
 use crate::acks::Reported;
@@ -97,8 +97,7 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
                 return refuse_null("ibv_open_device", libc::EINVAL, why);
             }
         };
-        let transport = TransportConfig { ud_mtu: device.active_mtu, ..TransportConfig::default() };
-        let config = EngineConfig { faults, transport, ..config };
+        let config = EngineConfig { faults, ..config };
         let nic = match Nic::open(config) {
             Ok(nic) => nic,
             Err(why) => {

@@ -6,6 +6,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::OnceLock;
 
+use softrnic_engine::interface;
 use softrnic_transport::Mtu;
 
 use crate::abi::{self, ibv_device, ibv_gid};
@@ -37,15 +38,8 @@ unsafe impl Send for SoftDevice {}
 
 impl SoftDevice {
     fn new(addr: IpAddr) -> SoftDevice {
-        let interface = interface_of(addr);
-        let if_mtu = interface.as_ref().and_then(|(name, _)| interface_mtu(name)).unwrap_or(1500);
-        // IP, UDP, BTH, the largest extended headers (RETH and ImmDt, and
-        // the SRETH a selective-repeat connection adds) and the ICRC.
-        let overhead = if addr.is_ipv4() { 20 } else { 40 } + 8 + 12 + 16 + 4 + 24 + 4;
-        let active_mtu = [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512]
-            .into_iter()
-            .find(|m| m.bytes() + overhead <= if_mtu)
-            .unwrap_or(Mtu::Mtu256);
+        let interface = interface::interface_of(addr);
+        let active_mtu = interface::active_mtu(addr);
         let mut ibv = ibv_device {
             _ops: abi::ibv_device_ops { _dummy1: std::ptr::null_mut(), _dummy2: std::ptr::null_mut() },
             node_type: abi::IBV_NODE_CA,
@@ -117,27 +111,6 @@ fn device_addr() -> Result<IpAddr, String> {
     let interfaces = if_addrs::get_if_addrs().unwrap_or_default();
     let host = interfaces.iter().find(|i| !i.is_loopback() && i.ip().is_ipv4()).map(|i| i.ip());
     Ok(host.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
-}
-
-/// The interface whose subnet holds `addr` (loopback's /8 holds every
-/// 127.x address): its name and index.
-fn interface_of(addr: IpAddr) -> Option<(String, u32)> {
-    let interfaces = if_addrs::get_if_addrs().ok()?;
-    let exact = interfaces.iter().find(|i| i.ip() == addr);
-    let within = || {
-        interfaces.iter().find(|i| match (&i.addr, addr) {
-            (if_addrs::IfAddr::V4(v4), IpAddr::V4(a)) => {
-                let mask = u32::from(v4.netmask);
-                u32::from(v4.ip) & mask == u32::from(a) & mask
-            }
-            _ => false,
-        })
-    };
-    exact.or_else(within).map(|i| (i.name.clone(), i.index.unwrap_or(0)))
-}
-
-fn interface_mtu(name: &str) -> Option<u32> {
-    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?.trim().parse().ok()
 }
 
 /// Reports a bad `SOFTRNIC_ADDR` once, on stderr: programs only say they
@@ -231,11 +204,9 @@ mod tests {
     }
 
     #[test]
-    fn loopback_addresses_find_the_loopback_interface() {
-        let (name, index) = interface_of("127.0.9.9".parse().unwrap()).expect("lo holds 127/8");
-        assert_eq!(name, "lo");
-        assert!(index > 0);
-        // lo's MTU (65536) fits 4096-byte packets.
-        assert_eq!(SoftDevice::new("127.0.9.9".parse().unwrap()).active_mtu, Mtu::Mtu4096);
+    fn a_loopback_device_is_on_lo_with_4096_byte_packets() {
+        let device = SoftDevice::new("127.0.9.9".parse().unwrap());
+        assert_eq!(device.interface.expect("lo holds 127/8").0, "lo");
+        assert_eq!(device.active_mtu, Mtu::Mtu4096);
     }
 }

@@ -1,7 +1,8 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, ProgressMode};
+use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, ProgressMode, interface};
+use softrnic_transport::Mtu;
 
 use crate::{CompletionQueue, Error, ProtectionDomain};
 
@@ -9,6 +10,7 @@ use crate::{CompletionQueue, Error, ProtectionDomain};
 #[derive(Clone)]
 pub struct Context {
     pub(crate) nic: Arc<Nic>,
+    active_mtu: Mtu,
 }
 
 impl Context {
@@ -23,12 +25,19 @@ impl Context {
     }
 
     pub fn with_config(config: EngineConfig) -> Result<Context, Error> {
-        Ok(Context { nic: Arc::new(Nic::open(config)?) })
+        let active_mtu = interface::active_mtu(config.addr);
+        Ok(Context { nic: Arc::new(Nic::open(config)?), active_mtu })
     }
 
     /// The device's address, which is also its GID.
     pub fn addr(&self) -> IpAddr {
         self.nic.addr()
+    }
+
+    /// The largest path MTU whose packets the device's network interface
+    /// carries (4096 on loopback, 1024 on a 1500-byte Ethernet link).
+    pub fn active_mtu(&self) -> Mtu {
+        self.active_mtu
     }
 
     pub fn alloc_pd(&self) -> ProtectionDomain {

@@ -10,6 +10,10 @@ use crate::{Endpoint, Error, MemoryRegion, ProtectionDomain};
 /// Connection settings, with perftest's defaults where it has them.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectOptions {
+    /// The path MTU; lowered to the device's [`Context::active_mtu`] when
+    /// larger, as perftest takes the smaller of its `-m` and the port's.
+    ///
+    /// [`Context::active_mtu`]: crate::Context::active_mtu
     pub mtu: Mtu,
     /// Local ACK timeout, 4.096 µs × 2^timeout.
     pub timeout: u8,
@@ -124,7 +128,7 @@ impl QueuePair {
                 dest_qpn: remote.qpn,
                 rq_psn: remote.psn,
                 sq_psn: self.psn,
-                mtu: o.mtu,
+                mtu: o.mtu.min(self.pd.ctx.active_mtu()),
                 max_dest_rd_atomic: o.max_rd_atomic,
                 max_rd_atomic: o.max_rd_atomic,
                 min_rnr_timer: o.min_rnr_timer,

@@ -124,6 +124,9 @@ fn client(
     timeout: Duration,
     format: Format,
 ) -> Result<(), String> {
+    // The MTU the connections will use (and the report shows): -m, or the
+    // link's if that is smaller.
+    let params = Params { mtu: params.mtu.min(ctx.active_mtu()), ..params };
     exchange.send_text(&params.to_line()).map_err(|e| e.to_string())?;
     let mut s = Session::open(ctx, params.clone(), exchange, End::Client, timeout)?;
     report::banner(&params, format, &s.describe_local(), &s.describe_remote(), &s.ctx);

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::figure::Reference;
-use super::roles::Role;
+use super::roles::{Program, Role};
 use super::{Experiment, Point, Setup};
 use crate::careful;
 
@@ -65,16 +65,16 @@ fn deadline(quick: bool) -> Duration {
 /// An rdma_bench pair: server on `server`, client on `client`, each on
 /// softrnic's library with `env` added.
 fn rdma_bench_pair(setup: &Setup, i: usize, client_args: &[String], env: &[(&str, &str)]) -> Result<Vec<Role>, String> {
-    let (bench, lib) = setup.rdma_bench()?;
+    setup.check_rdma_bench()?;
     let (server, client, port) = setup.endpoints(i);
     let limit = deadline(setup.quick).as_secs().to_string();
-    let lib = lib.to_string_lossy().to_string();
     let common = ["-serverIp", &server, "-port", &port.to_string(), "-auto_exit_sec", &limit].map(str::to_string);
     let role = |name, addr: &str, node: &str, extra: &[String]| {
         let args: Vec<String> =
             common.iter().cloned().chain(["-nodeId".into(), node.into()]).chain(extra.iter().cloned()).collect();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut role = Role::new(name, &bench, &args).env("LD_LIBRARY_PATH", &lib).env("SOFTRNIC_ADDR", addr);
+        let mut role =
+            Role::new(name, Program::Built("rdma_bench"), &args).on_softrnic_lib().env("SOFTRNIC_ADDR", addr);
         for (k, v) in env {
             role = role.env(k, v);
         }
@@ -99,8 +99,7 @@ fn e1_points(setup: &Setup) -> Result<Vec<Point>, String> {
         });
     }
     // The floor: a spinning raw UDP ping-pong (sockperf), round trips too.
-    let found = which("sockperf");
-    let sockperf = found.clone().unwrap_or_else(|| "sockperf".into());
+    let sockperf = || Program::OnPath("sockperf");
     let (server, _, port) = setup.endpoints(points.len());
     let seconds = if setup.quick { "1" } else { "5" };
     let port = port.to_string();
@@ -108,14 +107,14 @@ fn e1_points(setup: &Setup) -> Result<Vec<Point>, String> {
         config: "raw-udp".into(),
         params: vec!["1024".into()],
         roles: vec![
-            Role::new("server", &sockperf, &["server", "-i", &server, "-p", &port, "--nonblocked"]).until_stopped(),
+            Role::new("server", sockperf(), &["server", "-i", &server, "-p", &port, "--nonblocked"]).until_stopped(),
             Role::new(
                 "client",
-                &sockperf,
+                sockperf(),
                 &["ping-pong", "-i", &server, "-p", &port, "-m", "1024", "-t", seconds, "--nonblocked", "--full-rtt"],
             ),
         ],
-        unavailable: found.is_none().then(|| "raw UDP needs sockperf: apt-get install sockperf".to_string()),
+        unavailable: setup.missing("sockperf").then(|| "raw UDP needs sockperf: apt-get install sockperf".to_string()),
         read: Box::new(read_sockperf),
     });
     Ok(points)
@@ -268,8 +267,12 @@ fn e9_points(setup: &Setup) -> Result<Vec<Point>, String> {
             client_args.push("--quick");
         }
         let mut roles = vec![
-            Role::new("server", &setup.softrnic, &["careful", "--server", "--addr", &server, "--port", &port]),
-            Role::new("client", &setup.softrnic, &client_args),
+            Role::new(
+                "server",
+                Program::Built("softrnic"),
+                &["careful", "--server", "--addr", &server, "--port", &port],
+            ),
+            Role::new("client", Program::Built("softrnic"), &client_args),
         ];
         if let Some(datapath) = datapath {
             roles = roles.into_iter().map(|r| r.env("SOFTRNIC_DATAPATH", datapath)).collect();
@@ -298,7 +301,7 @@ fn e9_references() -> Vec<Reference> {
 }
 
 /// A program on PATH.
-fn which(program: &str) -> Option<std::path::PathBuf> {
+pub(super) fn which(program: &str) -> Option<std::path::PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(program)).find(|p| p.is_file())
 }
 

@@ -13,6 +13,7 @@
 
 mod experiments;
 mod figure;
+mod hosts;
 mod roles;
 
 use std::fs::File;
@@ -24,7 +25,8 @@ use clap::Args;
 
 pub use experiments::EXPERIMENTS;
 use figure::{Figure, Reference, Series};
-use roles::Role;
+use hosts::{Build, Inventory};
+use roles::{Placement, Role};
 
 #[derive(Args, Debug, Clone)]
 pub struct ExpArgs {
@@ -43,6 +45,12 @@ pub struct ExpArgs {
     /// Measure nothing: draw the figure again from the CSV in --out.
     #[arg(long)]
     pub plot: bool,
+    /// Run the roles on other hosts over SSH: a TOML inventory with a
+    /// [server] and a [client] table, each with the host's address and
+    /// optionally ssh, user, key, port, bin, lib and options (README,
+    /// "Reproducing the evaluations").
+    #[arg(long, value_name = "FILE")]
+    pub hosts: Option<PathBuf>,
 }
 
 /// One point of a sweep: its configuration (a line in the figure), its
@@ -84,34 +92,47 @@ pub struct Experiment {
     pub deadline: fn(bool) -> Duration,
 }
 
-/// Where the programs the roles run are, and the sweep's size.
+/// Where the roles run, and the sweep's size.
 pub struct Setup {
     pub quick: bool,
-    pub softrnic: PathBuf,
-    pub bin_dir: PathBuf,
+    pub placement: Placement,
 }
 
 impl Setup {
-    /// `rdma_bench` and the drop-in library, built beside `softrnic`.
-    pub fn rdma_bench(&self) -> Result<(PathBuf, PathBuf), String> {
-        let bench = self.bin_dir.join("rdma_bench");
-        let lib = self.bin_dir.join("../softrnic/lib");
-        if !bench.exists() || !lib.join("libibverbs.so.1").exists() {
+    /// The roles run here: `rdma_bench` and the drop-in library must be
+    /// built beside `softrnic` (an inventory's hosts are checked before
+    /// the sweep instead).
+    pub fn check_rdma_bench(&self) -> Result<(), String> {
+        let Build { bin, lib } = &self.placement.local;
+        if self.placement.hosts.is_none() && !(bin.join("rdma_bench").exists() && lib.join("libibverbs.so.1").exists())
+        {
             return Err(format!(
                 "this experiment runs rdma_bench over softrnic's libibverbs.so.1, not found beside {}: run cargo build --release -p softrnic-rdma-bench && scripts/build-libibverbs.sh",
-                self.softrnic.display()
+                bin.join("softrnic").display()
             ));
         }
-        Ok((bench, lib.canonicalize().map_err(|e| e.to_string())?))
+        Ok(())
     }
 
-    /// A fresh pair of loopback addresses (server, client) and a TCP port
-    /// for point `i`: the second octet from this runner's pid, the third
+    /// Whether `program` can run (checked here only; a host's PATH shows
+    /// in the point's log).
+    pub fn missing(&self, program: &str) -> bool {
+        self.placement.hosts.is_none() && experiments::which(program).is_none()
+    }
+
+    /// The addresses of the server and the client and a TCP port for
+    /// point `i`. With an inventory, its hosts' addresses. Here, a fresh
+    /// loopback pair: the second octet from this runner's pid, the third
     /// from the point, and a pair no device holds yet (another runner may
     /// be sweeping beside this one), so that no point meets another's
     /// leftovers.
     pub fn endpoints(&self, i: usize) -> (String, String, u16) {
         let pid = std::process::id() as usize;
+        let port = 20_000 + ((pid * 7 + i * 2) % 20_000) as u16;
+        if let Some(hosts) = &self.placement.hosts {
+            let [server, client] = hosts::ROLES.map(|r| hosts.host(r).address.to_string());
+            return (server, client, port);
+        }
         let free = |addr: &str| std::net::UdpSocket::bind((addr, softrnic_wire::ROCEV2_UDP_PORT)).is_ok();
         let (mut server, mut client) = (String::new(), String::new());
         for attempt in 0..100 {
@@ -122,7 +143,7 @@ impl Setup {
                 break;
             }
         }
-        (server, client, 20_000 + ((pid * 7 + i * 2) % 20_000) as u16)
+        (server, client, port)
     }
 }
 
@@ -147,8 +168,15 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
             .collect(),
         false => {
             let softrnic = std::env::current_exe().map_err(|e| e.to_string())?;
-            let bin_dir = softrnic.parent().ok_or("softrnic has no directory")?.to_path_buf();
-            let setup = Setup { quick: args.quick, softrnic, bin_dir };
+            let bin = softrnic.parent().ok_or("softrnic has no directory")?.to_path_buf();
+            // The library's place in a build tree (scripts/build-libibverbs.sh).
+            let lib = bin.join("../softrnic/lib");
+            let local = Build { lib: lib.canonicalize().unwrap_or(lib), bin };
+            let hosts = args.hosts.as_deref().map(Inventory::load).transpose()?;
+            if let Some(hosts) = &hosts {
+                hosts.check(&local)?;
+            }
+            let setup = Setup { quick: args.quick, placement: Placement { local, hosts } };
             let points = compared((exp.points)(&setup)?, &args.compare, exp)?;
             out.clear_logs()?;
             sweep(exp, &setup, &points, &out)?
@@ -266,7 +294,7 @@ fn measure(exp: &Experiment, setup: &Setup, point: &Point, logs: &Path, i: usize
         return Err(reason.clone());
     }
     let tag = format!("{i:03}_{}", sanitize(&format!("{}_{}", point.config, point.params.join("_"))));
-    let paths = roles::run_point(&point.roles, logs, &tag, (exp.deadline)(setup.quick))?;
+    let paths = roles::run_point(&point.roles, &setup.placement, logs, &tag, (exp.deadline)(setup.quick))?;
     let text: String =
         paths.iter().map(|p| std::fs::read_to_string(p).unwrap_or_default()).collect::<Vec<_>>().join("\n");
     let rows = (point.read)(&text)?;

@@ -1,7 +1,8 @@
 //! Roles: each end of an experiment point runs as its own process, its
 //! output in a log file. A role that outlives its point is stopped the
 //! way a careful operator would: SIGINT, then SIGTERM, then SIGKILL; and
-//! every role dies with the runner, however the runner ends.
+//! every role dies with the runner, however the runner ends. A role runs
+//! here or, given an inventory, on its host over SSH (`hosts.rs`).
 
 use std::fs::File;
 use std::os::unix::process::CommandExt;
@@ -9,23 +10,51 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::hosts::{self, Build, Inventory};
+
 /// One process of a point.
 #[derive(Debug, Clone)]
 pub struct Role {
-    /// "server", "client": names the log.
+    /// "server", "client": names the log, and the host in an inventory.
     pub name: &'static str,
-    pub program: PathBuf,
+    pub program: Program,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Runs over softrnic's `libibverbs.so.1` (wherever the build is on
+    /// the role's host).
+    pub softrnic_lib: bool,
     /// A server that serves until it is stopped (sockperf's): stopped,
     /// not waited for, once the client is done.
     pub until_stopped: bool,
 }
 
+/// What a role runs, found where the role runs.
+#[derive(Debug, Clone)]
+pub enum Program {
+    /// A program of softrnic's build (`softrnic`, `rdma_bench`).
+    Built(&'static str),
+    /// A program on the host's PATH (`sockperf`).
+    OnPath(&'static str),
+}
+
+/// Where the roles of a sweep run.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// This machine's build.
+    pub local: Build,
+    /// The hosts, when the sweep has an inventory; else all runs here.
+    pub hosts: Option<Inventory>,
+}
+
 impl Role {
-    pub fn new(name: &'static str, program: &Path, args: &[&str]) -> Role {
+    pub fn new(name: &'static str, program: Program, args: &[&str]) -> Role {
         let args = args.iter().map(|s| s.to_string()).collect();
-        Role { name, program: program.to_path_buf(), args, env: Vec::new(), until_stopped: false }
+        Role { name, program, args, env: Vec::new(), softrnic_lib: false, until_stopped: false }
+    }
+
+    pub fn on_softrnic_lib(mut self) -> Role {
+        self.softrnic_lib = true;
+        self
     }
 
     pub fn until_stopped(mut self) -> Role {
@@ -38,11 +67,42 @@ impl Role {
         self
     }
 
-    /// The command line, as a log's first line shows it.
-    pub fn command_line(&self) -> String {
-        let env: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let args = self.args.join(" ");
-        format!("{} {} {args}", env.join(" "), self.program.display()).trim().to_string()
+    /// The program and environment on a host with `build`.
+    fn resolve(&self, build: &Build) -> (String, Vec<(String, String)>) {
+        let program = match &self.program {
+            Program::Built(name) => build.bin.join(name).to_string_lossy().to_string(),
+            Program::OnPath(name) => name.to_string(),
+        };
+        let mut env = self.env.clone();
+        if self.softrnic_lib {
+            env.push(("LD_LIBRARY_PATH".to_string(), build.lib.to_string_lossy().to_string()));
+        }
+        (program, env)
+    }
+
+    /// The process that runs this role, here or over SSH, and its command
+    /// line as the log's first line shows it.
+    fn command(&self, placement: &Placement) -> (Command, String) {
+        let line = |program: &str, env: &[(String, String)]| {
+            let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("{} {program} {}", env.join(" "), self.args.join(" ")).trim().to_string()
+        };
+        match &placement.hosts {
+            None => {
+                let (program, env) = self.resolve(&placement.local);
+                let mut command = Command::new(&program);
+                command.args(&self.args).envs(env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
+                (command, line(&program, &env))
+            }
+            Some(inventory) => {
+                let host = inventory.host(self.name);
+                let (program, env) = self.resolve(&host.build(&placement.local));
+                let mut ssh = host.ssh();
+                // The input stays open while the role should run (hosts.rs).
+                ssh.arg(hosts::remote_script(&env, &program, &self.args)).stdin(Stdio::piped());
+                (ssh, format!("[{}] {}", host.destination(), line(&program, &env)))
+            }
+        }
     }
 }
 
@@ -55,7 +115,13 @@ const SERVER_AFTER_CLIENT: Duration = Duration::from_secs(15);
 /// first; the point ends when the last (the client) exits and every
 /// server has followed. Returns each role's log; an error names the role
 /// that failed, timed out or had to be stopped.
-pub fn run_point(roles: &[Role], logs: &Path, tag: &str, deadline: Duration) -> Result<Vec<PathBuf>, String> {
+pub fn run_point(
+    roles: &[Role],
+    placement: &Placement,
+    logs: &Path,
+    tag: &str,
+    deadline: Duration,
+) -> Result<Vec<PathBuf>, String> {
     let start = Instant::now();
     let mut children = Vec::new();
     let mut paths = Vec::new();
@@ -63,9 +129,9 @@ pub fn run_point(roles: &[Role], logs: &Path, tag: &str, deadline: Duration) -> 
         let path = logs.join(format!("{tag}_{}.log", role.name));
         let mut log = File::create(&path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         use std::io::Write as _;
-        writeln!(log, "$ {}", role.command_line()).map_err(|e| e.to_string())?;
+        let (mut command, line) = role.command(placement);
+        writeln!(log, "$ {line}").map_err(|e| e.to_string())?;
         let stderr = log.try_clone().map_err(|e| e.to_string())?;
-        let mut command = Command::new(&role.program);
         // SAFETY: runs in the child between fork and exec, where only
         // async-signal-safe calls are allowed; prctl is one, and it touches
         // nothing of the parent's. A role dies with the runner (even a
@@ -77,13 +143,10 @@ pub fn run_point(roles: &[Role], logs: &Path, tag: &str, deadline: Duration) -> 
             })
         };
         let child = command
-            .args(&role.args)
-            .envs(role.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
             .stdout(log)
             .stderr(stderr)
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", role.program.display()));
+            .map_err(|e| format!("cannot start the {} ({line}): {e}", role.name));
         let child = match child {
             Ok(child) => child,
             Err(e) => {
@@ -138,8 +201,16 @@ fn wait(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus
     }
 }
 
-/// SIGINT, SIGTERM, SIGKILL, each after the last has had its grace.
+/// SIGINT, SIGTERM, SIGKILL, each after the last has had its grace. A
+/// remote role's ladder runs on its host once its input closes; the ssh
+/// here ends when the program there has.
 fn stop(child: &mut Child) {
+    if let Some(input) = child.stdin.take() {
+        drop(input);
+        if wait(child, GRACE * 3).is_some() {
+            return;
+        }
+    }
     for signal in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: kill() on our own child's pid, which try_wait has not
         // reaped (it is still running), so the pid is still ours.
@@ -166,22 +237,24 @@ mod tests {
     fn a_role_that_would_run_for_ever_is_stopped() {
         let dir = std::env::temp_dir().join(format!("softrnic-roles-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let sh = Path::new("/bin/sh");
+        let sh = || Program::OnPath("sh");
+        let here = Placement { local: Build { bin: dir.clone(), lib: dir.clone() }, hosts: None };
         // A server that ignores SIGINT and waits for ever; a client that
         // finishes at once.
-        let server = Role::new("server", sh, &["-c", "trap '' INT; while :; do sleep 0.1; done"]);
-        let client = Role::new("client", sh, &["-c", "echo hello"]);
-        let error = run_point(&[server, client], &dir, "p0", Duration::from_millis(300)).unwrap_err();
+        let server = Role::new("server", sh(), &["-c", "trap '' INT; while :; do sleep 0.1; done"]);
+        let client = Role::new("client", sh(), &["-c", "echo hello"]);
+        let error = run_point(&[server, client], &here, &dir, "p0", Duration::from_millis(300)).unwrap_err();
         assert!(error.contains("server was still running"), "{error}");
         // One that serves until stopped is stopped, and that is no failure.
-        let server = Role::new("server", sh, &["-c", "while :; do sleep 0.1; done"]).until_stopped();
-        let client = Role::new("client", sh, &["-c", "exit 0"]);
-        assert!(run_point(&[server, client], &dir, "p3", Duration::from_secs(5)).is_ok());
+        let server = Role::new("server", sh(), &["-c", "while :; do sleep 0.1; done"]).until_stopped();
+        let client = Role::new("client", sh(), &["-c", "exit 0"]);
+        assert!(run_point(&[server, client], &here, &dir, "p3", Duration::from_secs(5)).is_ok());
         let log = std::fs::read_to_string(dir.join("p0_client.log")).unwrap();
-        assert!(log.starts_with("$ /bin/sh -c echo hello") && log.contains("hello"), "{log}");
-        let ok = run_point(&[Role::new("client", sh, &["-c", "exit 0"])], &dir, "p1", Duration::from_secs(5));
+        assert!(log.starts_with("$ sh -c echo hello") && log.contains("hello"), "{log}");
+        let ok = run_point(&[Role::new("client", sh(), &["-c", "exit 0"])], &here, &dir, "p1", Duration::from_secs(5));
         assert!(ok.is_ok());
-        let failed = run_point(&[Role::new("client", sh, &["-c", "exit 3"])], &dir, "p2", Duration::from_secs(5));
+        let failed =
+            run_point(&[Role::new("client", sh(), &["-c", "exit 3"])], &here, &dir, "p2", Duration::from_secs(5));
         assert!(failed.unwrap_err().contains("exit status: 3"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
