@@ -27,6 +27,9 @@ pub struct Figure {
     pub x_label: &'static str,
     pub y_label: &'static str,
     pub x_log: bool,
+    /// A log y axis, for values over several decades (E9: 1 B to 256 KiB
+    /// messages span Mb/s to tens of Gb/s).
+    pub y_log: bool,
     pub series: Vec<Series>,
     pub references: Vec<Reference>,
 }
@@ -47,9 +50,16 @@ impl Figure {
         let xs: Vec<f64> = xs.chain(ref_x).filter(|v| v.is_finite()).collect();
         let ys: Vec<f64> = ys.chain(ref_y).filter(|v| v.is_finite()).collect();
         let (x0, x1) = bounds(&xs, 1.0);
-        let (_, y1) = bounds(&ys, 1.0);
-        // Headroom above the data for the legend.
-        ((x0, x1), (0.0, y1 * 1.5))
+        // Headroom above the data for the legend: half again on a linear
+        // axis, as much on a log one.
+        if self.y_log {
+            let positive: Vec<f64> = ys.into_iter().filter(|&y| y > 0.0).collect();
+            let (y0, y1) = bounds(&positive, 1.0);
+            ((x0, x1), (y0 / 2.0, y1 * (y1 / y0).max(10.0).powf(0.35)))
+        } else {
+            let (_, y1) = bounds(&ys, 1.0);
+            ((x0, x1), (0.0, y1 * 1.5))
+        }
     }
 
     pub fn write_svg(&self, path: &Path) -> Result<(), String> {
@@ -59,28 +69,42 @@ impl Figure {
         let ((x0, x1), (y0, y1)) = self.ranges();
         let mut builder = ChartBuilder::on(&root);
         builder.caption(&self.title, ("sans-serif", 22)).margin(16).x_label_area_size(44).y_label_area_size(64);
-        if self.x_log {
-            let (lo, hi) = (x0.max(1e-9) / 1.3, x1 * 1.3);
-            let mut chart = builder.build_cartesian_2d((lo..hi).log_scale(), y0..y1).map_err(|e| fail(&e))?;
-            self.draw_into(&mut chart, (lo, hi)).map_err(|e| fail(&e))?;
-        } else {
-            let pad = (x1 - x0).max(1.0) * 0.05;
-            let mut chart = builder.build_cartesian_2d(x0 - pad..x1 + pad, y0..y1).map_err(|e| fail(&e))?;
-            self.draw_into(&mut chart, (x0 - pad, x1 + pad)).map_err(|e| fail(&e))?;
+        // Four kinds of chart, one drawing: x and y each linear or log.
+        let (x_lo, x_hi) = match self.x_log {
+            true => (x0.max(1e-9) / 1.3, x1 * 1.3),
+            false => (x0 - (x1 - x0).max(1.0) * 0.05, x1 + (x1 - x0).max(1.0) * 0.05),
+        };
+        let (x, y) = (x_lo..x_hi, y0..y1);
+        match (self.x_log, self.y_log) {
+            (false, false) => {
+                self.draw_into(&mut builder.build_cartesian_2d(x, y).map_err(|e| fail(&e))?, (x_lo, x_hi))
+            }
+            (true, false) => {
+                self.draw_into(&mut builder.build_cartesian_2d(x.log_scale(), y).map_err(|e| fail(&e))?, (x_lo, x_hi))
+            }
+            (false, true) => {
+                self.draw_into(&mut builder.build_cartesian_2d(x, y.log_scale()).map_err(|e| fail(&e))?, (x_lo, x_hi))
+            }
+            (true, true) => self.draw_into(
+                &mut builder.build_cartesian_2d(x.log_scale(), y.log_scale()).map_err(|e| fail(&e))?,
+                (x_lo, x_hi),
+            ),
         }
+        .map_err(|e| fail(&e))?;
         root.present().map_err(|e| fail(&e))
     }
 
-    /// The mesh, the series, the references and the legend, on either
-    /// kind of x axis.
-    fn draw_into<'a, X, DB>(
+    /// The mesh, the series, the references and the legend, on any kind
+    /// of axes.
+    fn draw_into<'a, X, Y, DB>(
         &self,
-        chart: &mut ChartContext<'a, DB, Cartesian2d<X, plotters::coord::types::RangedCoordf64>>,
+        chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
         (x0, x1): (f64, f64),
     ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>>
     where
         DB: DrawingBackend + 'a,
         X: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
+        Y: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
     {
         chart
             .configure_mesh()
@@ -148,11 +172,18 @@ mod tests {
 
     #[test]
     fn writes_an_svg_that_parses_with_every_series_named() {
+        for y_log in [false, true] {
+            draw_and_parse(y_log);
+        }
+    }
+
+    fn draw_and_parse(y_log: bool) {
         let figure = Figure {
             title: "E2 throughput".into(),
             x_label: "packet size (B)",
             y_label: "Gb/s",
             x_log: true,
+            y_log,
             series: vec![
                 Series { name: "qps=1,eng=1".into(), points: vec![(64.0, 0.4), (1024.0, 3.1)] },
                 Series { name: "qps=8,eng=2".into(), points: vec![(64.0, 0.7), (1024.0, 5.2)] },

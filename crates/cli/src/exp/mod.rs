@@ -84,6 +84,7 @@ pub struct Experiment {
     pub x: &'static str,
     pub y: &'static str,
     pub x_log: bool,
+    pub y_log: bool,
     pub x_label: &'static str,
     pub y_label: &'static str,
     pub references: fn() -> Vec<Reference>,
@@ -358,6 +359,7 @@ fn figure_of(exp: &Experiment, rows: &[Vec<String>], quick: bool) -> Figure {
         x_label: exp.x_label,
         y_label: exp.y_label,
         x_log: exp.x_log,
+        y_log: exp.y_log,
         series,
         references: (exp.references)(),
     }
