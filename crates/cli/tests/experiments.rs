@@ -71,12 +71,14 @@ fn e9_quick_compares_send_write_and_tcp() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_figure_parses(&out.join("e9_figure.svg"), &["tcp", "send-shm"]);
     assert_eq!(std::fs::read_dir(out.join("e9_logs")).unwrap().count(), 10, "no role ran");
-    // --compare keeps the configurations named.
-    let o = run(&["exp", "e9", "--quick", "--out", out.to_str().unwrap(), "--compare", "tcp"]);
+    // --compare keeps the configurations named; --runs 2 measures each
+    // point twice (a log per role per run) and keeps one row per size.
+    let o = run(&["exp", "e9", "--quick", "--out", out.to_str().unwrap(), "--compare", "tcp", "--runs", "2"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (_, rows) = csv(&out.join("e9_results.csv"));
     assert!(rows.len() == 5 && rows.iter().all(|r| r.starts_with("tcp,")), "{rows:?}");
-    assert_eq!(std::fs::read_dir(out.join("e9_logs")).unwrap().count(), 2, "the last sweep's logs only");
+    assert_eq!(std::fs::read_dir(out.join("e9_logs")).unwrap().count(), 4, "the last sweep's logs only");
+    assert_figure_parses(&out.join("e9_figure.svg"), &["medians of 2 runs"]);
     std::fs::remove_dir_all(&out).unwrap();
 }
 

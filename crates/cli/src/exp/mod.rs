@@ -45,6 +45,10 @@ pub struct ExpArgs {
     /// Measure nothing: draw the figure again from the CSV in --out.
     #[arg(long)]
     pub plot: bool,
+    /// Measure every point this many times and keep each value's median
+    /// (shared machines are noisy).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub runs: u32,
     /// Run the roles on other hosts over SSH: a TOML inventory with a
     /// [server] and a [client] table, each with the host's address and
     /// optionally ssh, user, key, port, bin, lib and options (README,
@@ -96,6 +100,7 @@ pub struct Experiment {
 /// Where the roles run, and the sweep's size.
 pub struct Setup {
     pub quick: bool,
+    pub runs: u32,
     pub placement: Placement,
 }
 
@@ -177,13 +182,13 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
             if let Some(hosts) = &hosts {
                 hosts.check(&local)?;
             }
-            let setup = Setup { quick: args.quick, placement: Placement { local, hosts } };
+            let setup = Setup { quick: args.quick, runs: args.runs, placement: Placement { local, hosts } };
             let points = compared((exp.points)(&setup)?, &args.compare, exp)?;
             out.clear_logs()?;
             sweep(exp, &setup, &points, &out)?
         }
     };
-    let figure = figure_of(exp, &rows, args.quick);
+    let figure = figure_of(exp, &rows, args.quick, args.runs);
     figure.write_svg(&out.figure)?;
     let failed = rows.iter().filter(|r| r.last().is_some_and(|e| !e.is_empty())).count();
     println!("{}: {} rows in {}", exp.id, rows.len(), out.csv.display());
@@ -263,9 +268,14 @@ fn sweep(exp: &Experiment, setup: &Setup, points: &[Point], out: &Output) -> Res
             bar.set_message(label.clone());
         }
         let start = Instant::now();
-        let result = measure(exp, setup, point, &out.logs, i).or_else(|first| {
-            measure(exp, setup, point, &out.logs, i).map_err(|second| format!("{first}; again: {second}"))
-        });
+        let result = (0..setup.runs)
+            .map(|run| {
+                measure(exp, setup, point, &out.logs, i, run).or_else(|first| {
+                    measure(exp, setup, point, &out.logs, i, run).map_err(|second| format!("{first}; again: {second}"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(medians);
         let new_rows = match result {
             Ok(measured) => measured.into_iter().map(|m| row(point, m, "ok", "")).collect::<Vec<_>>(),
             Err(e) => vec![row(point, vec![String::new(); exp.measured.len()], "failed", &e)],
@@ -289,12 +299,20 @@ fn sweep(exp: &Experiment, setup: &Setup, points: &[Point], out: &Output) -> Res
     Ok(rows)
 }
 
-/// Runs one point's roles and reads their logs.
-fn measure(exp: &Experiment, setup: &Setup, point: &Point, logs: &Path, i: usize) -> Result<Vec<Vec<String>>, String> {
+/// Runs one point's roles (its `run`th time) and reads their logs.
+fn measure(
+    exp: &Experiment,
+    setup: &Setup,
+    point: &Point,
+    logs: &Path,
+    i: usize,
+    run: u32,
+) -> Result<Vec<Vec<String>>, String> {
     if let Some(reason) = &point.unavailable {
         return Err(reason.clone());
     }
-    let tag = format!("{i:03}_{}", sanitize(&format!("{}_{}", point.config, point.params.join("_"))));
+    let run = if setup.runs > 1 { format!("_run{run}") } else { String::new() };
+    let tag = format!("{i:03}{run}_{}", sanitize(&format!("{}_{}", point.config, point.params.join("_"))));
     let paths = roles::run_point(&point.roles, &setup.placement, logs, &tag, (exp.deadline)(setup.quick))?;
     let text: String =
         paths.iter().map(|p| std::fs::read_to_string(p).unwrap_or_default()).collect::<Vec<_>>().join("\n");
@@ -303,6 +321,29 @@ fn measure(exp: &Experiment, setup: &Setup, point: &Point, logs: &Path, i: usize
         return Err("the roles printed no result".to_string());
     }
     Ok(rows)
+}
+
+/// Several runs' rows to one set: each value the median of its runs (the
+/// lower middle for an even count), so a key column such as a size or a
+/// percentile, the same in every run, stays as it is.
+fn medians(runs: Vec<Vec<Row>>) -> Result<Vec<Row>, String> {
+    let first = runs.first().ok_or("no runs")?;
+    if let Some(odd) =
+        runs.iter().find(|r| r.len() != first.len() || r.iter().zip(first).any(|(a, b)| a.len() != b.len()))
+    {
+        return Err(format!("runs gave different rows ({} and {})", first.len(), odd.len()));
+    }
+    let median = |values: Vec<&String>| -> String {
+        let mut numbers: Vec<(f64, &String)> = values.iter().filter_map(|v| Some((v.parse().ok()?, *v))).collect();
+        if numbers.len() < values.len() {
+            return values[0].clone();
+        }
+        numbers.sort_by(|a, b| a.0.total_cmp(&b.0));
+        numbers[(numbers.len() - 1) / 2].1.clone()
+    };
+    Ok((0..first.len())
+        .map(|r| (0..first[r].len()).map(|c| median(runs.iter().map(|run| &run[r][c]).collect())).collect())
+        .collect())
 }
 
 fn row(point: &Point, measured: Vec<String>, status: &str, error: &str) -> Vec<String> {
@@ -338,7 +379,7 @@ fn sanitize(s: &str) -> String {
 }
 
 /// The figure from the rows that measured: a series per configuration.
-fn figure_of(exp: &Experiment, rows: &[Vec<String>], quick: bool) -> Figure {
+fn figure_of(exp: &Experiment, rows: &[Vec<String>], quick: bool, runs: u32) -> Figure {
     let columns: Vec<&str> = ["config"].iter().chain(exp.params).chain(exp.measured).copied().collect();
     let at = |name: &str| columns.iter().position(|c| *c == name).expect("the figure's columns exist");
     let (x, y) = (at(exp.x), at(exp.y));
@@ -354,13 +395,30 @@ fn figure_of(exp: &Experiment, rows: &[Vec<String>], quick: bool) -> Figure {
         s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
     let quick = if quick { " (--quick)" } else { "" };
+    let runs = if runs > 1 { format!(", medians of {runs} runs") } else { String::new() };
     Figure {
-        title: format!("{} {}{quick}", exp.id.to_uppercase(), exp.name),
+        title: format!("{} {}{quick}{runs}", exp.id.to_uppercase(), exp.name),
         x_label: exp.x_label,
         y_label: exp.y_label,
         x_log: exp.x_log,
         y_log: exp.y_log,
         series,
         references: (exp.references)(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_value_is_the_median_of_its_runs() {
+        let run =
+            |a: &str, b: &str| vec![vec!["64".to_string(), a.to_string()], vec!["128".to_string(), b.to_string()]];
+        let rows = medians(vec![run("3.5", "9"), run("1.25", "7"), run("2.0", "8")]).unwrap();
+        assert_eq!(rows, [["64", "2.0"], ["128", "8"]]);
+        // Two runs: the lower middle, a value that was measured.
+        assert_eq!(medians(vec![run("3", "1"), run("1", "3")]).unwrap(), [["64", "1"], ["128", "1"]]);
+        assert!(medians(vec![run("1", "2"), vec![vec!["64".into(), "1".into()]]]).is_err());
     }
 }
