@@ -156,6 +156,21 @@ def pingpong_figure(text):
     return m and f"{m.group(2)} µs/iter, {float(m.group(1)) / 1000:.2f} Gb/s"
 
 
+def pingpong_timestamps(text):
+    """ibv_rc_pingpong -t: the extended CQ API with completion timestamps.
+    The average time between receive completions, on the device clock the
+    device reports (1 GHz: a cycle is a nanosecond), must agree with the
+    program's own usec/iter: timestamps that were zero or invented would
+    not."""
+    m = re.search(r"= ([\d.]+) usec/iter.*?Average receive completion clock cycles = ([\d.]+)", text, re.S)
+    if not m:
+        return None
+    per_iter_us, cycles = float(m.group(1)), float(m.group(2))
+    if not 0.5 < cycles / 1000 / per_iter_us < 2:
+        raise ValueError(f"completions {cycles:.0f} ns apart on the device clock, but {per_iter_us} µs per iteration")
+    return f"{per_iter_us} µs/iter, completions {cycles / 1000:.1f} µs apart by their timestamps"
+
+
 def perftest_rows(text):
     """The numeric rows of perftest's result table."""
     rows = []
@@ -231,6 +246,7 @@ def entries(quick):
         ("ibv_rc_pingpong -g 0", "ibv_rc_pingpong", ["-g", "0"], pingpong_figure),
         ("ibv_rc_pingpong -g 0 -e", "ibv_rc_pingpong", ["-g", "0", "-e"], pingpong_figure),
         ("ibv_rc_pingpong -g 0 -s 65536", "ibv_rc_pingpong", ["-g", "0", "-s", "65536"], pingpong_figure),
+        ("ibv_rc_pingpong -g 0 -t", "ibv_rc_pingpong", ["-g", "0", "-t"], pingpong_timestamps),
     ]
     for op in ["send", "write", "read", "atomic"]:
         bw, lat = f"ib_{op}_bw", f"ib_{op}_lat"

@@ -380,6 +380,15 @@ impl Nic {
         self.core.poll_cq(cq, max, out)
     }
 
+    /// Call before blocking until a completion channel fed by the shards
+    /// in `mask` (a CQ's [`CompletionQueue::shards`], or several OR'ed)
+    /// fires, and hold the guard while blocked: the engine threads then
+    /// drive those shards at once instead of waiting for polls that will
+    /// not come.
+    pub fn application_waits(&self, mask: u64) -> crate::progress::ApplicationWait<'_> {
+        self.core.application_waits(mask)
+    }
+
     /// The completion channel of `cq`, made on first use: it receives `cq`
     /// each time a notification requested with `request_notify` fires.
     pub fn channel(&self, cq: CqId) -> std::io::Result<Arc<EventQueue<CqId>>> {

@@ -20,7 +20,9 @@
 //!   interval; when the application has not polled the shard for one
 //!   interval, the thread drives it while there is work, then blocks in
 //!   `poll(2)` on the socket and its doorbell (spinning a little first once
-//!   the application has been away for [`APPLICATION_AWAY`]). The interval
+//!   the application has been away for [`APPLICATION_AWAY`]). An
+//!   application thread that blocks on a completion channel says so first
+//!   ([`Core::application_waits`]), and the thread takes over at once. The interval
 //!   adapts. When the thread takes over and finds a packet or two waiting
 //!   (a program spinning on memory, `ib_write_lat`), it halves, down to
 //!   [`STANDBY_MIN`]. When it finds nothing, or a backlog (the application
@@ -268,6 +270,25 @@ impl Core {
         }
     }
 
+    /// An application thread is about to block until a completion channel
+    /// fed by the shards in `mask` fires: nothing will poll them, so their
+    /// engine threads take over now rather than after standing by (an
+    /// event-driven ping-pong otherwise waits out the standby interval,
+    /// up to [`STANDBY_MAX`], every round). Undone when the guard drops.
+    pub(crate) fn application_waits(&self, mask: u64) -> ApplicationWait<'_> {
+        let shards: Vec<&EngineShard> = match self.dedicated {
+            // Dedicated engine threads poll anyway.
+            true => Vec::new(),
+            false => self.shards_in(mask).collect(),
+        };
+        for shard in &shards {
+            shard.app_waiting.fetch_add(1, Ordering::SeqCst);
+            // Out of its standby wait at once.
+            shard.tx_waker.signal();
+        }
+        ApplicationWait { shards }
+    }
+
     /// Receives, handles and sends on every shard from the caller's thread.
     pub(crate) fn progress_all(&self) -> usize {
         self.shards.iter().map(|shard| self.drive(shard, shard.lock_wire(), Pass::BOTH)).sum()
@@ -277,6 +298,20 @@ impl Core {
         // A CQ no QP feeds yet: every shard (there is nothing to find).
         let mask = if mask == 0 { u64::MAX } else { mask };
         self.shards.iter().filter(move |s| mask & (1 << (s.index % 64)) != 0)
+    }
+}
+
+/// An application thread blocked on a completion channel; see
+/// [`Core::application_waits`].
+pub struct ApplicationWait<'a> {
+    shards: Vec<&'a EngineShard>,
+}
+
+impl Drop for ApplicationWait<'_> {
+    fn drop(&mut self) {
+        for shard in &self.shards {
+            shard.app_waiting.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -307,7 +342,7 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
     let mut idle_since: Option<std::time::Instant> = None;
     while !core.stopping() {
         let polls = shard.app_polls.load(Ordering::Relaxed);
-        if polls != seen_polls {
+        if polls != seen_polls && shard.app_waiting.load(Ordering::SeqCst) == 0 {
             // The application polls this shard: stay out of its way.
             seen_polls = polls;
             if driving_since.take().is_none() {

@@ -124,6 +124,10 @@ pub(crate) struct EngineShard {
     /// Bumped by every application poll that drives this shard: while it
     /// moves, the engine thread stands by (see `progress`).
     pub app_polls: AtomicU64,
+    /// Application threads blocked on a completion channel this shard
+    /// feeds: while any wait, nobody polls, and the engine thread drives
+    /// at once instead of standing by (see `progress`).
+    pub app_waiting: AtomicUsize,
     /// When an idle poll last ran the transmit pass (ns of NIC time).
     pub idle_transmit_at: AtomicU64,
 }
@@ -159,6 +163,7 @@ impl EngineShard {
             next_timer: AtomicU64::new(u64::MAX),
             holding: AtomicBool::new(false),
             app_polls: AtomicU64::new(0),
+            app_waiting: AtomicUsize::new(0),
             idle_transmit_at: AtomicU64::new(0),
         })
     }

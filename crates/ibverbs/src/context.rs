@@ -69,6 +69,8 @@ fn extended_ops() -> verbs_context {
     v.query_port = Some(query_port_ex);
     v.query_device_ex = Some(query_device_ex);
     v.create_qp_ex = Some(crate::qp::create_qp_ex);
+    v.create_cq_ex = Some(crate::cq_ex::create_cq_ex);
+    v.query_rt_values = Some(crate::cq_ex::query_rt_values);
     v.sz = size_of::<verbs_context>();
     v.context.ops._compat_query_device = Some(ibv_query_device);
     v.context.ops.poll_cq = Some(crate::cq::poll_cq);
@@ -202,6 +204,11 @@ unsafe extern "C" fn query_device_ex(
         unsafe {
             std::ptr::write_bytes(attr as *mut u8, 0, attr_size.min(size_of::<ibv_device_attr_ex>()));
             (*attr).orig_attr = device_attr(Context::from_ibv(context).device);
+            if attr_size >= offset_of!(ibv_device_attr_ex, hca_core_clock) + size_of::<u64>() {
+                // Completions carry timestamps of a nanosecond clock (cq_ex.rs).
+                (*attr).completion_timestamp_mask = u64::MAX;
+                (*attr).hca_core_clock = crate::cq_ex::CORE_CLOCK_KHZ;
+            }
             if attr_size >= size_of::<ibv_device_attr_ex>() {
                 (*attr).phys_port_cnt_ex = 1;
             }

@@ -28,18 +28,23 @@ pub struct CompChannel {
     pub cqs: Mutex<HashMap<CqId, usize>>,
 }
 
+/// A CQ. Every one is an `ibv_cq_ex`, whose first fields are `ibv_cq`'s:
+/// the program may poll it with `ibv_poll_cq` or, when it made it with
+/// `ibv_create_cq_ex`, with `ibv_start_poll` and the rest (`cq_ex.rs`).
 #[repr(C)]
 pub struct Cq {
-    pub ibv: CView<ibv_cq>,
+    pub ibv: CView<ibv_cq_ex>,
     pub id: CqId,
     /// Completion events handed out by `ibv_get_cq_event`.
     pub comp_events: Reported,
     /// Asynchronous events (`IBV_EVENT_CQ_ERR`) handed out.
     pub async_events: Reported,
-    queue: Arc<CompletionQueue>,
+    pub(crate) queue: Arc<CompletionQueue>,
     /// Completions taken from the device but not yet handed out: polling
     /// reuses its allocation.
     scratch: Mutex<Vec<Completion>>,
+    /// The extended polling API's state.
+    pub(crate) extended: crate::cq_ex::Cursor,
 }
 
 impl Cq {
@@ -50,7 +55,7 @@ impl Cq {
         unsafe { &*(cq as *const Cq) }
     }
 
-    fn context(&self) -> &Context {
+    pub(crate) fn context(&self) -> &Context {
         // SAFETY: a CQ never outlives its context, and the field never
         // changes.
         unsafe { Context::from_ibv((*self.ibv.get()).context) }
@@ -61,6 +66,15 @@ impl Cq {
         // attached to it (destroying it first fails with EBUSY).
         let channel = unsafe { (*self.ibv.get()).channel };
         (!channel.is_null()).then(|| unsafe { &*(channel as *const CompChannel) })
+    }
+
+    /// One completion, or none after driving the device (the policy of
+    /// `ibv_poll_cq`).
+    pub(crate) fn poll_one(&self) -> Option<Completion> {
+        let mut out = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        out.clear();
+        self.context().nic.poll_cq(&self.queue, 1, &mut out);
+        out.pop()
     }
 
     /// The acknowledgement fields of completion events (`async` false) or
@@ -84,6 +98,18 @@ impl Cq {
 }
 
 impl CompChannel {
+    /// Tells the device that this thread is about to block on the channel
+    /// (see `Nic::application_waits`), for the shards its CQs draw on.
+    fn application_waits(&self) -> softrnic_engine::progress::ApplicationWait<'_> {
+        let cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: attached CQs are live (destroying one detaches it under
+        // this lock).
+        let mask = cqs.values().fold(0, |mask, &cq| mask | unsafe { Cq::from_ibv(cq as *mut ibv_cq) }.queue.shards());
+        drop(cqs);
+        // SAFETY: the channel's context outlives it.
+        unsafe { Context::from_ibv((*self.ibv.get()).context) }.nic.application_waits(mask)
+    }
+
     /// The CQs attached, as C's `refcnt`; only create and destroy of CQs
     /// change it, from any thread.
     fn refcnt(&self) -> &AtomicI32 {
@@ -128,44 +154,75 @@ pub unsafe extern "C" fn ibv_create_cq(
     comp_vector: c_int,
 ) -> *mut ibv_cq {
     crate::ffi::guard("ibv_create_cq", || {
-        if context.is_null() {
-            return refuse_null("ibv_create_cq", libc::EINVAL, "NULL context");
-        }
-        if cqe < 1 || cqe as u32 > limits::MAX_CQE {
+        let Ok(cqe) = u32::try_from(cqe) else {
             return refuse_null("ibv_create_cq", libc::EINVAL, format!("cqe {cqe} is outside 1..={}", limits::MAX_CQE));
-        }
-        if comp_vector != 0 {
+        };
+        let Ok(comp_vector) = u32::try_from(comp_vector) else {
             return refuse_null("ibv_create_cq", libc::EINVAL, "softrnic0 has one completion vector (0)");
-        }
-        // SAFETY: a live context (caller).
-        let ctx = unsafe { Context::from_ibv(context) };
-        let queue = ctx.nic.create_cq(cqe as usize);
-        let id = queue.id();
-        // SAFETY: all-zero pthread objects are their static initialisers.
-        let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
-        ibv.context = context;
-        ibv.channel = channel;
-        ibv.cq_context = cq_context;
-        ibv.handle = id.0;
-        ibv.cqe = cqe;
-        let cq = Box::into_raw(Box::new(Cq {
-            ibv: CView::new(ibv),
-            id,
-            comp_events: Reported::default(),
-            async_events: Reported::default(),
-            queue,
-            scratch: Mutex::new(Vec::new()),
-        }));
-        if !channel.is_null() {
-            // SAFETY: a live channel (caller), owned by `CompChannel`.
-            let ch = unsafe { &*(channel as *const CompChannel) };
-            ch.refcnt().fetch_add(1, Ordering::AcqRel);
-            ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, cq as usize);
-            ctx.nic.set_channel(id, Some(ch.events.clone()));
-        }
-        ctx.objects().cqs.insert(id, cq as usize);
-        cq as *mut ibv_cq
+        };
+        let attr = NewCq { cqe, cq_context, channel, comp_vector, wc_flags: 0 };
+        // SAFETY: a live context and channel, or NULL (caller).
+        unsafe { create(context, attr) }
+            .map_or_else(|(errno, why)| refuse_null("ibv_create_cq", errno, why), |cq| cq as *mut ibv_cq)
     })
+}
+
+/// What a new CQ is made with, from either create verb.
+pub(crate) struct NewCq {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    /// What its completions carry for the extended polling API
+    /// (`IBV_WC_EX_WITH_*`).
+    pub wc_flags: u64,
+}
+
+/// Makes a CQ, or says why not (errno, reason).
+///
+/// # Safety
+/// `context` is NULL or live; `attr.channel` is NULL or a live channel of it.
+pub(crate) unsafe fn create(context: *mut ibv_context, attr: NewCq) -> Result<*mut Cq, (c_int, String)> {
+    if context.is_null() {
+        return Err((libc::EINVAL, "NULL context".into()));
+    }
+    if attr.cqe < 1 || attr.cqe > limits::MAX_CQE {
+        return Err((libc::EINVAL, format!("cqe {} is outside 1..={}", attr.cqe, limits::MAX_CQE)));
+    }
+    if attr.comp_vector != 0 {
+        return Err((libc::EINVAL, "softrnic0 has one completion vector (0)".into()));
+    }
+    // SAFETY: a live context (caller).
+    let ctx = unsafe { Context::from_ibv(context) };
+    let queue = ctx.nic.create_cq(attr.cqe as usize);
+    let id = queue.id();
+    // SAFETY: all-zero pthread objects are their static initialisers, and
+    // the rest is pointers, integers and empty function pointers.
+    let mut ibv: ibv_cq_ex = unsafe { std::mem::zeroed() };
+    ibv.context = context;
+    ibv.channel = attr.channel;
+    ibv.cq_context = attr.cq_context;
+    ibv.handle = id.0;
+    ibv.cqe = attr.cqe as c_int;
+    crate::cq_ex::fill_ops(&mut ibv);
+    let cq = Box::into_raw(Box::new(Cq {
+        ibv: CView::new(ibv),
+        id,
+        comp_events: Reported::default(),
+        async_events: Reported::default(),
+        queue,
+        scratch: Mutex::new(Vec::new()),
+        extended: crate::cq_ex::Cursor::new(attr.wc_flags),
+    }));
+    if !attr.channel.is_null() {
+        // SAFETY: a live channel (caller), owned by `CompChannel`.
+        let ch = unsafe { &*(attr.channel as *const CompChannel) };
+        ch.refcnt().fetch_add(1, Ordering::AcqRel);
+        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, cq as usize);
+        ctx.nic.set_channel(id, Some(ch.events.clone()));
+    }
+    ctx.objects().cqs.insert(id, cq as usize);
+    Ok(cq)
 }
 
 #[unsafe(no_mangle)]
@@ -211,7 +268,7 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
             Ok(()) => {
                 // SAFETY: the program owns the CQ and is not polling it now
                 // (verbs forbids resizing concurrently with polling).
-                unsafe { (*cq).cqe = cqe };
+                unsafe { (*c.ibv.get()).cqe = cqe };
                 0
             }
             Err(e) => refuse("ibv_resize_cq", e.errno(), e),
@@ -289,12 +346,19 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // SAFETY: a live channel (caller).
         let ch = unsafe { &*(channel as *const CompChannel) };
         loop {
-            // Blocks unless the program made the channel's fd non-blocking.
-            let fired = match ch.events.pop() {
-                Ok(id) => id,
-                Err(e) => {
-                    set_errno(e.raw_os_error().unwrap_or(libc::EIO));
-                    return -1;
+            let fired = match ch.events.try_pop() {
+                Some(id) => id,
+                None => {
+                    // Blocks unless the program made the channel's fd
+                    // non-blocking; the engine threads drive meanwhile.
+                    let _waiting = ch.application_waits();
+                    match ch.events.pop() {
+                        Ok(id) => id,
+                        Err(e) => {
+                            set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                            return -1;
+                        }
+                    }
                 }
             };
             let cqs = ch.cqs.lock().unwrap_or_else(|e| e.into_inner());

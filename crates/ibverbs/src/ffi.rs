@@ -85,11 +85,17 @@ impl OnPanic for isize {
     }
 }
 
-impl OnPanic for u64 {
-    fn on_panic() -> u64 {
-        0
-    }
+/// The extended CQ's `read_*` accessors have no way to fail: a zero.
+macro_rules! zero_on_panic {
+    ($($t:ty),*) => {$(
+        impl OnPanic for $t {
+            fn on_panic() -> $t {
+                0
+            }
+        }
+    )*};
 }
+zero_on_panic!(u8, u16, u32, u64);
 
 impl OnPanic for () {
     fn on_panic() {}

@@ -33,6 +33,7 @@ pub mod ah;
 mod c_view;
 pub mod context;
 pub mod cq;
+pub mod cq_ex;
 pub mod device;
 pub mod ece;
 mod ffi;

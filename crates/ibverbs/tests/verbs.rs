@@ -642,3 +642,149 @@ fn srq_receives_and_ud_sends_with_an_address_handle() {
         assert_eq!(ah::ibv_destroy_ah(ah), 0);
     }
 }
+
+/// `ibv_create_cq_ex`, as verbs.h's inline wrapper calls it.
+fn create_cq_ex(wc_flags: u64) -> *mut ibv_cq_ex {
+    let (ctx, _) = fixture();
+    let vctx = verbs_ctx(ctx);
+    let mut attr = ibv_cq_init_attr_ex {
+        cqe: 64,
+        cq_context: null_mut(),
+        channel: null_mut(),
+        comp_vector: 0,
+        wc_flags,
+        comp_mask: 0,
+        flags: 0,
+        parent_domain: null_mut(),
+    };
+    // SAFETY: a live context and attributes.
+    unsafe { ((*vctx).create_cq_ex.expect("create_cq_ex is provided"))(ctx, &mut attr) }
+}
+
+/// One poll session's completions: (wr_id, byte_len, qp_num, timestamp).
+/// `dawdle` waits between reading a completion's wr_id and its other
+/// fields, as a program with work to do would: time for another thread's
+/// session to move the CQ on, were sessions not exclusive.
+fn poll_session(cq: *mut ibv_cq_ex, dawdle: bool) -> Vec<(u64, u32, u32, u64)> {
+    let mut seen = Vec::new();
+    let mut attr = ibv_poll_cq_attr { comp_mask: 0 };
+    // SAFETY: a live extended CQ; its ops are called as verbs.h's
+    // ibv_start_poll/ibv_next_poll/ibv_end_poll/ibv_wc_read_* call them.
+    unsafe {
+        if ((*cq).start_poll.unwrap())(cq, &mut attr) != 0 {
+            return seen;
+        }
+        loop {
+            assert_eq!((*cq).status, 0);
+            let wr_id = (*cq).wr_id;
+            if dawdle {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            assert_eq!(((*cq).read_opcode.unwrap())(cq), 128, "IBV_WC_RECV");
+            seen.push((
+                wr_id,
+                ((*cq).read_byte_len.unwrap())(cq),
+                ((*cq).read_qp_num.unwrap())(cq),
+                ((*cq).read_completion_ts.unwrap())(cq),
+            ));
+            match ((*cq).next_poll.unwrap())(cq) {
+                0 => continue,
+                rc => assert_eq!(rc, libc::ENOENT),
+            }
+            break;
+        }
+        ((*cq).end_poll.unwrap())(cq);
+    }
+    seen
+}
+
+#[test]
+fn the_extended_cq_polls_in_sessions_with_completion_timestamps() {
+    let (ctx, _) = fixture();
+    // SAFETY: plain data; a live context and a large enough buffer.
+    let mut attr: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+    let rc = unsafe { ((*verbs_ctx(ctx)).query_device_ex.unwrap())(ctx, null_mut(), &mut attr, size_of_val(&attr)) };
+    assert_eq!(rc, 0);
+    assert_eq!((attr.completion_timestamp_mask, attr.hca_core_clock), (u64::MAX, 1_000_000), "a 1 GHz clock");
+    // What softrnic does not report is refused, not faked.
+    assert!(create_cq_ex(IBV_WC_EX_WITH_CVLAN).is_null());
+    assert_eq!(errno(), libc::EOPNOTSUPP);
+
+    let cq_ex = create_cq_ex(IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
+    assert!(!cq_ex.is_null(), "errno {}", errno());
+    let cq_a = create_cq(null_mut());
+    let (a, b) = (create_qp(cq_a, IBV_QPT_RC), create_qp(cq_ex as *mut ibv_cq, IBV_QPT_RC));
+    // SAFETY: live QPs.
+    let (qpn_a, qpn_b) = unsafe { ((*a).qp_num, (*b).qp_num) };
+    connect(a, ADDR, qpn_b, 14, 7);
+    connect(b, ADDR, qpn_a, 14, 7);
+    assert!(poll_session(cq_ex, false).is_empty(), "nothing yet: ENOENT, and no session to end");
+    let clock = || {
+        let mut values =
+            ibv_values_ex { comp_mask: IBV_VALUES_MASK_RAW_CLOCK, raw_clock: libc::timespec { tv_sec: 0, tv_nsec: 0 } };
+        // SAFETY: a live context and writable values.
+        assert_eq!(unsafe { ((*verbs_ctx(ctx)).query_rt_values.unwrap())(ctx, &mut values) }, 0);
+        assert_eq!(values.comp_mask, IBV_VALUES_MASK_RAW_CLOCK);
+        values.raw_clock.tv_sec as u64 * 1_000_000_000 + values.raw_clock.tv_nsec as u64
+    };
+
+    // Rounds of 30 SENDs of sizes known by their wr_id, taken by two
+    // threads polling the one CQ in sessions: a session is the CQ's alone,
+    // so each sees every field of its own completions, and every
+    // completion is seen once.
+    let size_of_id = |id: u64| (id % 60 + 1) as u32;
+    let (src, dst) = (buffer(64), buffer(64 * 30));
+    for round in 0..5u64 {
+        let before = clock();
+        for i in 0..30u64 {
+            post_recv(b, &mut dst.sge(64 * i as usize, 64), round * 30 + i);
+        }
+        for i in 0..30u64 {
+            let id = round * 30 + i;
+            let mut sge = src.sge(0, size_of_id(id));
+            let mut wr = send_wr(id, IBV_WR_SEND, &mut sge);
+            assert_eq!(post_send(a, &mut wr), 0);
+        }
+        let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let pollers: Vec<_> = (0..2)
+            .map(|_| {
+                let (cq, taken) = (cq_ex as usize, taken.clone());
+                std::thread::spawn(move || {
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    let mut seen = Vec::new();
+                    while taken.load(Ordering::SeqCst) < 30 && Instant::now() < deadline {
+                        let session = poll_session(cq as *mut ibv_cq_ex, true);
+                        taken.fetch_add(session.len(), Ordering::SeqCst);
+                        seen.extend(session);
+                        std::thread::yield_now();
+                    }
+                    seen
+                })
+            })
+            .collect();
+        let mut seen: Vec<(u64, u32, u32, u64)> = pollers.into_iter().flat_map(|p| p.join().unwrap()).collect();
+        let after = clock();
+        seen.sort();
+        assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), (round * 30..round * 30 + 30).collect::<Vec<_>>());
+        for &(id, len, qpn, ts) in &seen {
+            assert_eq!((len, qpn), (size_of_id(id), qpn_b), "completion {id}");
+            assert!(before <= ts && ts <= after, "completion {id} stamped {ts}, outside {before}..{after}");
+        }
+        for _ in 0..30 {
+            assert_eq!(poll_one(cq_a).status, 0);
+        }
+    }
+    // SAFETY: live QPs and CQs, destroyed in order.
+    unsafe {
+        assert_eq!(qp::ibv_destroy_qp(a), 0);
+        assert_eq!(qp::ibv_destroy_qp(b), 0);
+        assert_eq!(cq::ibv_destroy_cq(cq_ex as *mut ibv_cq), 0, "an extended CQ is destroyed as any CQ");
+        assert_eq!(cq::ibv_destroy_cq(cq_a), 0);
+    }
+}
+
+fn verbs_ctx(ctx: *mut ibv_context) -> *mut verbs_context {
+    // SAFETY: softrnic's contexts are the `context` field of a
+    // `verbs_context` (verbs.h's `verbs_get_ctx`).
+    unsafe { ctx.byte_sub(std::mem::offset_of!(verbs_context, context)) as *mut verbs_context }
+}

@@ -95,6 +95,7 @@ impl CompletionQueue {
         if channel.try_pop().is_some() {
             return Ok(true);
         }
+        let _waiting = self.ctx.nic.application_waits(self.handle.queue.shards());
         wait_readable(&[channel.as_raw_fd()], timeout)?;
         Ok(channel.try_pop().is_some())
     }

@@ -5,6 +5,8 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::Instant;
+
 /// Completion status, with the values of `enum ibv_wc_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
@@ -80,6 +82,10 @@ pub struct Completion {
     pub grh: bool,
     /// The sender set the solicited-event bit.
     pub solicited: bool,
+    /// When the completion entered its queue, in the driver's time (the
+    /// engine's: nanoseconds since the device opened). Verbs' completion
+    /// timestamp.
+    pub timestamp: Instant,
 }
 
 impl Completion {
@@ -95,6 +101,7 @@ impl Completion {
             source: None,
             grh: false,
             solicited: false,
+            timestamp: Instant::ZERO,
         }
     }
 }

@@ -117,13 +117,42 @@ pub struct ibv_query_device_ex_input {
 pub struct ibv_device_attr_ex {
     pub orig_attr: ibv_device_attr,
     pub comp_mask: u32,
-    /// From `odp_caps` to `phys_port_cnt_ex`.
+    pub odp_caps: ibv_odp_caps,
+    /// The bits of a completion timestamp that count; zero for a device
+    /// without completion timestamps.
+    pub completion_timestamp_mask: u64,
+    /// The frequency of the clock completion timestamps count, in kHz.
+    pub hca_core_clock: u64,
+    /// From `device_cap_flags_ex` to `xrc_odp_caps`.
     pub extended: [u8; ATTR_EX_TAIL],
     pub phys_port_cnt_ex: u32,
 }
-/// Bytes of `ibv_device_attr_ex` between `comp_mask` and
+/// Bytes of `ibv_device_attr_ex` between `hca_core_clock` and
 /// `phys_port_cnt_ex` (checked against the header in tests).
-pub const ATTR_EX_TAIL: usize = 160;
+pub const ATTR_EX_TAIL: usize = 116;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_odp_caps {
+    pub general_caps: u64,
+    pub per_transport_caps: ibv_odp_transport_caps,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_odp_transport_caps {
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
+}
+
+/// `struct ibv_values_ex` (`ibv_query_rt_values_ex`): the device clock now.
+#[repr(C)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: libc::timespec,
+}
+pub const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1 << 0;
 
 pub const IBV_PORT_ACTIVE: c_int = 4;
 pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
@@ -581,6 +610,81 @@ pub struct ibv_cq {
     pub async_events_completed: u32,
 }
 
+/// `struct ibv_cq_ex`: `ibv_cq`'s fields, then the state and operations of
+/// the extended polling API (`ibv_start_poll` ... `ibv_end_poll`).
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+    pub comp_mask: u32,
+    /// The current completion's status and work request (`ibv_start_poll`
+    /// and `ibv_next_poll` set them).
+    pub status: c_int,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex)>,
+    pub read_opcode: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int>,
+    pub read_vendor_err: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_byte_len: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_imm_data: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_qp_num: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_src_qp: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_wc_flags: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_uint>,
+    pub read_slid: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_sl: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u8>,
+    pub read_dlid_path_bits: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u8>,
+    pub read_completion_ts: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u64>,
+    pub read_cvlan: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u16>,
+    pub read_flow_tag: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_tm_info: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut c_void)>,
+    pub read_completion_wallclock_ns: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u64>,
+}
+
+/// `struct ibv_poll_cq_attr`: `ibv_start_poll`'s argument.
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_cq_init_attr_ex`: `ibv_create_cq_ex`'s argument.
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
+pub const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
+pub const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
+pub const IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: u32 = 1 << 1;
+
+// `enum ibv_create_cq_wc_flags`: what a CQ's entries carry.
+pub const IBV_WC_EX_WITH_BYTE_LEN: u64 = 1 << 0;
+pub const IBV_WC_EX_WITH_IMM: u64 = 1 << 1;
+pub const IBV_WC_EX_WITH_QP_NUM: u64 = 1 << 2;
+pub const IBV_WC_EX_WITH_SRC_QP: u64 = 1 << 3;
+pub const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
+pub const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
+pub const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
+pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+pub const IBV_WC_EX_WITH_CVLAN: u64 = 1 << 8;
+pub const IBV_WC_EX_WITH_FLOW_TAG: u64 = 1 << 9;
+pub const IBV_WC_EX_WITH_TM_INFO: u64 = 1 << 10;
+pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
+
 #[repr(C)]
 pub struct ibv_ah {
     pub context: *mut ibv_context,
@@ -688,8 +792,8 @@ pub struct verbs_context {
     pub destroy_wq: AbsentOp,
     pub modify_wq: AbsentOp,
     pub create_wq: AbsentOp,
-    pub query_rt_values: AbsentOp,
-    pub create_cq_ex: AbsentOp,
+    pub query_rt_values: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int>,
+    pub create_cq_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex>,
     pub priv_: *mut c_void,
     pub query_device_ex: Option<
         unsafe extern "C" fn(

@@ -38,7 +38,17 @@ fn structures_match_the_real_header() {
             hw_ver, max_qp, max_qp_wr, device_cap_flags, max_sge, max_cq, max_cqe, max_mr, max_pd, max_qp_rd_atom,
             max_res_rd_atom, max_qp_init_rd_atom, atomic_cap, max_ah, max_srq, max_srq_wr, max_srq_sge, max_pkeys,
             local_ca_ack_delay, phys_port_cnt }
-        ibv_device_attr_ex { orig_attr, comp_mask, phys_port_cnt_ex }
+        ibv_device_attr_ex { orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock, extended,
+            phys_port_cnt_ex }
+        ibv_odp_caps { general_caps, per_transport_caps }
+        ibv_values_ex { comp_mask, raw_clock }
+        ibv_cq_ex { context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,
+            async_events_completed, comp_mask, status, wr_id, start_poll, next_poll, end_poll, read_opcode,
+            read_vendor_err, read_byte_len, read_imm_data, read_qp_num, read_src_qp, read_wc_flags, read_slid, read_sl,
+            read_dlid_path_bits, read_completion_ts, read_cvlan, read_flow_tag, read_tm_info,
+            read_completion_wallclock_ns }
+        ibv_poll_cq_attr { comp_mask }
+        ibv_cq_init_attr_ex { cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain }
         ibv_port_attr { state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz, pkey_tbl_len, lid,
             sm_lid, lmc, max_vl_num, active_width, active_speed, phys_state, link_layer, flags, port_cap_flags2 }
         ibv_async_event { element, event_type }
@@ -80,12 +90,17 @@ fn structures_match_the_real_header() {
         ibv_context_ops { _compat_query_device, _compat_query_port, alloc_mw, bind_mw, dealloc_mw, poll_cq,
             req_notify_cq, post_srq_recv, post_send, post_recv, _compat_async_event }
         ibv_context { device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
-        verbs_context { query_port, create_cq_ex, priv_, query_device_ex, open_qp, create_qp_ex, close_xrcd, sz,
+        verbs_context { query_port, query_rt_values, create_cq_ex, priv_, query_device_ex, open_qp, create_qp_ex, close_xrcd, sz,
             context }
     };
     // Rust spells two names differently from C.
     for (expr, _) in &mut checks {
-        *expr = expr.replace("priv_", "priv").replace("sizeof(struct ibv_gid_global)", "");
+        *expr = expr
+            .replace("priv_", "priv")
+            .replace("sizeof(struct ibv_gid_global)", "")
+            // The tail softrnic keeps opaque starts where the header's
+            // `device_cap_flags_ex` does.
+            .replace("ibv_device_attr_ex, extended)", "ibv_device_attr_ex, device_cap_flags_ex)");
     }
     let mut source =
         String::from("#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n");

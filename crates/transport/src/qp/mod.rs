@@ -405,7 +405,7 @@ impl QueuePair {
 /// Puts a completion in its queue and records what the device must say
 /// about it: a fired notification, or an overflow (`IBV_EVENT_CQ_ERR`).
 fn deliver(ctx: &mut Ctx, cq: &CompletionQueue, completion: Completion) {
-    match cq.push(completion) {
+    match cq.push(Completion { timestamp: ctx.now, ..completion }) {
         Pushed::Stored | Pushed::Dropped => {}
         Pushed::Notify => ctx.fired_cqs.push_back(cq.id()),
         Pushed::Overflowed => ctx.events.push_back(AsyncEvent::CqError { cq: cq.id() }),
