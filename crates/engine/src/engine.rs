@@ -351,6 +351,23 @@ impl Nic {
         self.core.control(|c| c.register_memory(pd, buffer, offset, len, iova, access))
     }
 
+    /// Gives the region `lkey` names a new translation, PD or access under
+    /// the same keys (`ibv_rereg_mr`). When it returns, no shard can reach
+    /// the old memory any more.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reregister_memory(
+        &self,
+        lkey: u32,
+        pd: PdId,
+        buffer: Arc<DmaBuffer>,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys> {
+        self.core.control(|c| c.reregister_memory(lkey, pd, buffer, offset, len, iova, access))
+    }
+
     /// Deregisters a region. When it returns, no shard can reach the
     /// region's memory any more: the program may free it.
     pub fn deregister_memory(&self, lkey: u32) -> Result<()> {

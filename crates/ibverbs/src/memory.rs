@@ -170,9 +170,10 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     })
 }
 
-/// `ibv_rereg_mr`: a new translation, PD or access for a live MR. The
-/// region is registered anew and keeps the same `ibv_mr`; its keys change,
-/// as verbs allows.
+/// `ibv_rereg_mr`: a new translation, PD or access for a live MR, which
+/// keeps its `ibv_mr` and its keys (as hardware does: a peer's rkey stays
+/// good). On failure the MR is unchanged and still the program's to
+/// deregister.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ibv_mr,
@@ -183,40 +184,54 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     access: c_int,
 ) -> c_int {
     crate::ffi::guard("ibv_rereg_mr", || {
+        const VERB: &str = "ibv_rereg_mr";
         let all = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
         if mr.is_null() || flags == 0 || flags & !all != 0 {
-            refuse("ibv_rereg_mr", libc::EINVAL, "bad MR or flags");
+            refuse(VERB, libc::EINVAL, "bad MR or flags");
             return IBV_REREG_MR_ERR_INPUT;
         }
         // SAFETY: a live MR (caller).
         let old = unsafe { &mut *mr };
+        // SAFETY: the MR's context is live.
+        let ctx = unsafe { Context::from_ibv(old.context) };
+        let Some(region) = ctx.nic.memory_region(old.lkey) else {
+            refuse(VERB, libc::EINVAL, "not a registered MR");
+            return IBV_REREG_MR_ERR_INPUT;
+        };
         let pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 { pd } else { old.pd };
         let (addr, length) =
             if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { (addr, length) } else { (old.addr, old.length) };
-        let access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
-            access as c_uint
-        } else {
-            // SAFETY: the MR's context is live.
-            let ctx = unsafe { Context::from_ibv(old.context) };
-            ctx.nic.memory_region(old.lkey).map_or(0, |r| r.access.bits())
+        let access = match flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+            true => match access_of(VERB, access as c_uint) {
+                Ok(a) => a,
+                Err(e) => {
+                    refuse(VERB, e, "bad access flags");
+                    return IBV_REREG_MR_ERR_INPUT;
+                }
+            },
+            false => region.access,
         };
-        // SAFETY: forwarded contract.
-        let new = unsafe { register("ibv_rereg_mr", pd, addr, length, addr as u64, access) };
-        if new.is_null() {
+        if pd.is_null() || (addr.is_null() && length > 0) {
+            refuse(VERB, libc::EINVAL, "NULL PD or address");
             return IBV_REREG_MR_ERR_INPUT;
         }
-        // SAFETY: `new` is a fresh MR from `register`; `old` stays the
-        // program's handle and takes over its fields.
-        unsafe {
-            let replacement = Box::from_raw(new);
-            let ctx = Context::from_ibv(old.context);
-            let lkey = old.lkey;
-            if ctx.nic.deregister_memory(lkey).is_err() {
-                let _ = ctx.nic.deregister_memory(replacement.lkey);
-                return IBV_REREG_MR_ERR_CMD;
+        // SAFETY: a live PD (caller, or the MR's own).
+        let pd_id = unsafe { Pd::from_ibv(pd) }.id;
+        // SAFETY: verbs' contract, as for `ibv_reg_mr`: the program keeps
+        // the new range mapped until the MR is deregistered or registered
+        // anew, and the device stops reaching the old one before this
+        // returns.
+        let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr as *mut u8, length) });
+        let iova = if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { addr as u64 } else { region.iova };
+        match ctx.nic.reregister_memory(old.lkey, pd_id, buffer, 0, length, iova, access) {
+            Ok(_) => {
+                (old.pd, old.addr, old.length) = (pd, addr, length);
+                0
             }
-            *old = *replacement;
+            Err(e) => {
+                refuse(VERB, e.errno(), e);
+                IBV_REREG_MR_ERR_INPUT
+            }
         }
-        0
     })
 }

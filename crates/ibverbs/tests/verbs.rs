@@ -788,3 +788,42 @@ fn verbs_ctx(ctx: *mut ibv_context) -> *mut verbs_context {
     // `verbs_context` (verbs.h's `verbs_get_ctx`).
     unsafe { ctx.byte_sub(std::mem::offset_of!(verbs_context, context)) as *mut verbs_context }
 }
+
+#[test]
+fn rereg_mr_moves_a_region_under_the_same_keys() {
+    let (a, _b, cq_a, _cq_b) = rc_pair();
+    let target = buffer(64);
+    // SAFETY: a live MR.
+    let (lkey, rkey) = unsafe { ((*target.mr).lkey, (*target.mr).rkey) };
+    // The new home outlives the region (leaked for the test's length).
+    let elsewhere: &'static mut [u8; 64] = Box::leak(Box::new([0u8; 64]));
+    let new_addr = elsewhere.as_mut_ptr();
+    // SAFETY: a live MR and a mapped range that stays mapped.
+    let rc = unsafe {
+        memory::ibv_rereg_mr(target.mr, IBV_REREG_MR_CHANGE_TRANSLATION, null_mut(), new_addr as *mut c_void, 64, 0)
+    };
+    assert_eq!(rc, 0);
+    // SAFETY: a live MR.
+    unsafe {
+        assert_eq!(((*target.mr).lkey, (*target.mr).rkey), (lkey, rkey), "the keys stay, as hardware keeps them");
+        assert_eq!((*target.mr).addr, new_addr as *mut c_void);
+    }
+    // A peer's WRITE under the old rkey lands in the new memory, not the old.
+    let payload = *b"moved";
+    let mut inline = ibv_sge { addr: payload.as_ptr() as u64, length: payload.len() as u32, lkey: 0 };
+    let mut wr = send_wr(1, IBV_WR_RDMA_WRITE, &mut inline);
+    wr.send_flags |= IBV_SEND_INLINE;
+    wr.wr.rdma = ibv_send_wr_rdma { remote_addr: new_addr as u64, rkey };
+    assert_eq!(post_send(a, &mut wr), 0);
+    assert_eq!(poll_one(cq_a).status, 0);
+    // SAFETY: in bounds of the live new range; volatile, the NIC wrote it.
+    let landed: Vec<u8> = (0..5).map(|i| unsafe { std::ptr::read_volatile(new_addr.add(i)) }).collect();
+    assert_eq!(landed, payload);
+    assert_eq!(target.read(0, 5), [0; 5], "the old memory is no longer the region's");
+    // Bad input leaves the MR as it was.
+    // SAFETY: a live MR.
+    let rc = unsafe { memory::ibv_rereg_mr(target.mr, 0x40, null_mut(), null_mut(), 0, 0) };
+    assert_eq!(rc, IBV_REREG_MR_ERR_INPUT);
+    // SAFETY: a live MR.
+    assert_eq!(unsafe { (*target.mr).rkey }, rkey);
+}

@@ -103,6 +103,22 @@ impl Control {
         self.memory_mut().register(pd, buffer, offset, len, iova, access)
     }
 
+    /// A new translation, PD or access for the region `lkey` names, under
+    /// the same keys.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reregister_memory(
+        &mut self,
+        lkey: u32,
+        pd: PdId,
+        buffer: Arc<DmaBuffer>,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys> {
+        self.memory_mut().reregister(lkey, pd, buffer, offset, len, iova, access)
+    }
+
     pub fn deregister_memory(&mut self, lkey: u32) -> Result<()> {
         self.memory_mut().deregister(lkey)
     }

@@ -129,6 +129,50 @@ impl MemoryTable {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys> {
+        self.validate(pd, &buffer, offset, len, iova, access)?;
+        let index = match self.free_slots.pop() {
+            Some(index) => index,
+            None if self.slots.len() < MAX_REGIONS => {
+                self.slots.push(Slot::default());
+                self.slots.len() - 1
+            }
+            None => return Err(VerbsError::OutOfResources("memory regions".into())),
+        };
+        let slot = &mut self.slots[index];
+        slot.generation = slot.generation.wrapping_add(1);
+        let key = ((index as u32) << 8) | u32::from(slot.generation);
+        let keys = MrKeys { lkey: key, rkey: key };
+        slot.region = Some(MemoryRegion { pd, iova, len: len as u64, access, keys, buffer, offset });
+        self.pd_users(pd, 1)?;
+        Ok(keys)
+    }
+
+    /// Gives the region `lkey` names a new translation, protection domain
+    /// or access (`ibv_rereg_mr`), under the same keys, as hardware keeps
+    /// them: a peer holding the rkey reaches the new memory.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reregister(
+        &mut self,
+        lkey: u32,
+        pd: PdId,
+        buffer: Arc<DmaBuffer>,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys> {
+        let old = self.lookup(lkey).ok_or(VerbsError::NotFound("memory region"))?;
+        let (old_pd, keys) = (old.pd, old.keys);
+        self.validate(pd, &buffer, offset, len, iova, access)?;
+        self.slots[(lkey >> 8) as usize].region =
+            Some(MemoryRegion { pd, iova, len: len as u64, access, keys, buffer, offset });
+        self.pd_users(old_pd, -1)?;
+        self.pd_users(pd, 1)?;
+        Ok(keys)
+    }
+
+    /// The checks every registration passes.
+    fn validate(&self, pd: PdId, buffer: &DmaBuffer, offset: usize, len: usize, iova: u64, access: Access) -> Result<()> {
         if !self.pd_exists(pd) {
             return Err(VerbsError::NotFound("protection domain"));
         }
@@ -145,21 +189,7 @@ impl MemoryTable {
         if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !access.contains(Access::LOCAL_WRITE) {
             return Err(VerbsError::invalid("REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE as well"));
         }
-        let index = match self.free_slots.pop() {
-            Some(index) => index,
-            None if self.slots.len() < MAX_REGIONS => {
-                self.slots.push(Slot::default());
-                self.slots.len() - 1
-            }
-            None => return Err(VerbsError::OutOfResources("memory regions".into())),
-        };
-        let slot = &mut self.slots[index];
-        slot.generation = slot.generation.wrapping_add(1);
-        let key = ((index as u32) << 8) | u32::from(slot.generation);
-        let keys = MrKeys { lkey: key, rkey: key };
-        slot.region = Some(MemoryRegion { pd, iova, len: len as u64, access, keys, buffer, offset });
-        self.pd_users(pd, 1)?;
-        Ok(keys)
+        Ok(())
     }
 
     pub fn deregister(&mut self, lkey: u32) -> Result<()> {
@@ -267,6 +297,24 @@ mod tests {
         let again = table.register(pd, Arc::new(DmaBuffer::new(8)), 0, 8, 0, Access::LOCAL_WRITE).unwrap();
         assert_ne!(again.lkey, keys.lkey);
         assert!(table.lookup(keys.lkey).is_none());
+    }
+
+    #[test]
+    fn reregistering_keeps_the_keys_and_moves_the_pd_count() {
+        let (mut table, pd, keys) = table_with_region(Access::LOCAL_WRITE);
+        let other = table.alloc_pd();
+        let buffer = Arc::new(DmaBuffer::new(16));
+        // A bad request changes nothing.
+        assert!(table.reregister(keys.lkey, other, buffer.clone(), 8, 16, 0, Access::empty()).is_err());
+        assert_eq!(table.lookup(keys.lkey).unwrap().pd, pd);
+        let again = table.reregister(keys.lkey, other, buffer, 0, 16, 0x9000, Access::LOCAL_WRITE).unwrap();
+        assert_eq!(again, keys);
+        assert!(table.check(other, keys.lkey, 0x9000, 16, Access::LOCAL_WRITE).is_ok());
+        assert_eq!(table.check(pd, keys.lkey, 0x9000, 1, Access::empty()).unwrap_err(), AccessFault::WrongPd);
+        // The first PD has no user left; the second has the region.
+        assert!(table.dealloc_pd(pd).is_ok());
+        assert!(table.dealloc_pd(other).is_err());
+        assert!(table.reregister(0xdead, other, Arc::new(DmaBuffer::new(1)), 0, 1, 0, Access::empty()).is_err());
     }
 
     #[test]
