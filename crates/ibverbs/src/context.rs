@@ -6,6 +6,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::mem::offset_of;
 use std::sync::Mutex;
 
+use softrnic_engine::eventfd::EventFd;
 use softrnic_engine::{BindError, EngineConfig, FaultConfig, Nic, OpenError};
 use softrnic_transport::{AsyncEvent, CqId, SrqId};
 
@@ -38,6 +39,11 @@ pub struct Context {
     pub nic: Nic,
     pub device: &'static SoftDevice,
     pub objects: Mutex<Objects>,
+    /// What `cmd_fd` holds: the kernel's would be the uverbs command file.
+    /// softrnic takes no commands through it, but programs `dup` it or
+    /// hand it to `poll`, so it is a real descriptor that never becomes
+    /// readable, closed with the context.
+    command_fd: EventFd,
 }
 
 impl Context {
@@ -80,7 +86,6 @@ fn extended_ops() -> verbs_context {
     v.context.ops.post_recv = Some(crate::qp::post_recv);
     v.context.abi_compat = VERBS_ABI_IS_EXTENDED;
     v.context.num_comp_vectors = 1;
-    v.context.cmd_fd = -1;
     v
 }
 
@@ -114,12 +119,18 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
                 return refuse_null("ibv_open_device", errno, why);
             }
         };
-        let ctx = Box::new(Context { vctx: CView::new(extended_ops()), nic, device, objects: Mutex::default() });
+        let command_fd = match EventFd::new() {
+            Ok(fd) => fd,
+            Err(e) => return refuse_null("ibv_open_device", e.raw_os_error().unwrap_or(libc::EMFILE), e),
+        };
+        let ctx =
+            Box::new(Context { vctx: CView::new(extended_ops()), nic, device, objects: Mutex::default(), command_fd });
         let ctx = Box::leak(ctx);
         // SAFETY: the context is ours alone until returned.
         unsafe {
             (*ctx.ibv()).device = ibv_device;
             (*ctx.ibv()).async_fd = std::os::fd::AsRawFd::as_raw_fd(&**ctx.nic.async_events());
+            (*ctx.ibv()).cmd_fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.command_fd);
         }
         ctx.ibv()
     })

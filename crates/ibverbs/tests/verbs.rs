@@ -239,6 +239,13 @@ fn the_device_its_port_and_gid_table() {
         assert_eq!(attr.phys_port_cnt, 1);
         // The extended context the header's inline functions look for.
         assert_eq!((*ctx).abi_compat, VERBS_ABI_IS_EXTENDED);
+        assert_ne!(attr.vendor_id, 0, "a vendor, as UCX and ECE read it");
+        // The command descriptor is real: it dups, and polls as quiet.
+        let copy = libc::dup((*ctx).cmd_fd);
+        assert!(copy >= 0, "dup(cmd_fd): errno {}", errno());
+        let mut pfd = libc::pollfd { fd: copy, events: libc::POLLIN, revents: 0 };
+        assert_eq!(libc::poll(&mut pfd, 1, 0), 0, "never readable");
+        libc::close(copy);
     }
 }
 

@@ -172,7 +172,15 @@ impl MemoryTable {
     }
 
     /// The checks every registration passes.
-    fn validate(&self, pd: PdId, buffer: &DmaBuffer, offset: usize, len: usize, iova: u64, access: Access) -> Result<()> {
+    fn validate(
+        &self,
+        pd: PdId,
+        buffer: &DmaBuffer,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<()> {
         if !self.pd_exists(pd) {
             return Err(VerbsError::NotFound("protection domain"));
         }
