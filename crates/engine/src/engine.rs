@@ -217,6 +217,8 @@ pub(crate) struct Core {
     channels: Mutex<HashMap<CqId, Arc<EventQueue<CqId>>>>,
     /// Asynchronous events the device raised, for `ibv_get_async_event`.
     async_events: Arc<EventQueue<AsyncEvent>>,
+    /// Where events go instead, when a front end routes them.
+    async_router: std::sync::RwLock<Option<AsyncRouter>>,
     tx_dropped_by_kernel: AtomicU64,
     pub(crate) missteered: AtomicU64,
     /// Prints every datagram (`SOFTRNIC_TRACE=1`).
@@ -226,13 +228,16 @@ pub(crate) struct Core {
 }
 
 /// A running software RNIC.
+/// Takes a device's asynchronous events ([`Nic::route_async_events`]).
+pub type AsyncRouter = Box<dyn Fn(AsyncEvent) + Send + Sync>;
+
 pub struct Nic {
     core: Arc<Core>,
     threads: Vec<JoinHandle<()>>,
 }
 
 /// Asynchronous events kept for a program that does not read them.
-const MAX_QUEUED_ASYNC_EVENTS: usize = 4096;
+pub const MAX_QUEUED_ASYNC_EVENTS: usize = 4096;
 
 impl Nic {
     /// Binds the device's sockets and starts its engine threads.
@@ -277,6 +282,7 @@ impl Nic {
             stop: AtomicBool::new(false),
             channels: Mutex::new(HashMap::new()),
             async_events: Arc::new(EventQueue::new()?),
+            async_router: std::sync::RwLock::new(None),
             tx_dropped_by_kernel: AtomicU64::new(0),
             missteered: AtomicU64::new(0),
             tracer: std::env::var_os("SOFTRNIC_TRACE").map(|_| Tracer { local: config.addr, epoch }),
@@ -527,9 +533,19 @@ impl Nic {
         self.core.progress_all() > 0
     }
 
-    /// The device's asynchronous events, in the order they happened.
+    /// The device's asynchronous events, in the order they happened
+    /// (unless a router takes them).
     pub fn async_events(&self) -> &Arc<EventQueue<AsyncEvent>> {
         &self.core.async_events
+    }
+
+    /// Hands every asynchronous event from now on to `router` instead of
+    /// [`Nic::async_events`]: a front end that serves several users of
+    /// the device (the C library's contexts) delivers each to the one that
+    /// owns its object. The router runs on the thread that raised the
+    /// event, with no lock of the device held.
+    pub fn route_async_events(&self, router: AsyncRouter) {
+        *self.core.async_router.write().unwrap_or_else(|e| e.into_inner()) = Some(router);
     }
 
     pub fn counters(&self) -> NicCounters {
@@ -641,7 +657,10 @@ impl Core {
     }
 
     pub(crate) fn raise(&self, event: AsyncEvent) {
-        self.async_events.push_bounded(event, MAX_QUEUED_ASYNC_EVENTS);
+        match self.async_router.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(route) => route(event),
+            None => self.async_events.push_bounded(event, MAX_QUEUED_ASYNC_EVENTS),
+        }
     }
 
     /// How long until the shard's next timer.

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::mem::offset_of;
-use std::sync::Mutex;
+use std::sync::Arc;
 
 use softrnic_engine::eventfd::EventFd;
 use softrnic_engine::{BindError, EngineConfig, FaultConfig, Nic, OpenError};
@@ -15,6 +15,7 @@ use crate::acks::Reported;
 use crate::c_view::CView;
 use crate::cq::Cq;
 use crate::device::{SoftDevice, device};
+use crate::engines::{self, ContextEvents, Engine};
 use crate::ffi::{copy_c_string, refuse, refuse_null, set_errno};
 use crate::qp::Qp;
 use crate::srq::Srq;
@@ -36,9 +37,12 @@ pub struct Objects {
 #[repr(C)]
 pub struct Context {
     pub vctx: CView<verbs_context>,
-    pub nic: Nic,
+    /// The engine, shared with the process's other contexts on the device
+    /// (`engines.rs`); it derefs to the `Nic`.
+    pub nic: Arc<Engine>,
     pub device: &'static SoftDevice,
-    pub objects: Mutex<Objects>,
+    /// This context's objects and asynchronous events.
+    pub events: Arc<ContextEvents>,
     /// What `cmd_fd` holds: the kernel's would be the uverbs command file.
     /// softrnic takes no commands through it, but programs `dup` it or
     /// hand it to `poll`, so it is a real descriptor that never becomes
@@ -63,7 +67,7 @@ impl Context {
     }
 
     pub fn objects(&self) -> std::sync::MutexGuard<'_, Objects> {
-        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+        self.events.objects()
     }
 }
 
@@ -105,7 +109,11 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
             }
         };
         let config = EngineConfig { faults, ..config };
-        let nic = match Nic::open(config) {
+        let events = match ContextEvents::new() {
+            Ok(events) => events,
+            Err(e) => return refuse_null("ibv_open_device", e.raw_os_error().unwrap_or(libc::EMFILE), e),
+        };
+        let nic = match engines::attach(device.addr, &events, || Nic::open(config)) {
             Ok(nic) => nic,
             Err(why) => {
                 // Programs print only "Couldn't get context"; say what to do.
@@ -123,13 +131,12 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
             Ok(fd) => fd,
             Err(e) => return refuse_null("ibv_open_device", e.raw_os_error().unwrap_or(libc::EMFILE), e),
         };
-        let ctx =
-            Box::new(Context { vctx: CView::new(extended_ops()), nic, device, objects: Mutex::default(), command_fd });
+        let ctx = Box::new(Context { vctx: CView::new(extended_ops()), nic, device, events, command_fd });
         let ctx = Box::leak(ctx);
         // SAFETY: the context is ours alone until returned.
         unsafe {
             (*ctx.ibv()).device = ibv_device;
-            (*ctx.ibv()).async_fd = std::os::fd::AsRawFd::as_raw_fd(&**ctx.nic.async_events());
+            (*ctx.ibv()).async_fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.events.queue);
             (*ctx.ibv()).cmd_fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.command_fd);
         }
         ctx.ibv()
@@ -142,7 +149,8 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         // SAFETY: the program hands back a context from `ibv_open_device`; the
         // box was leaked there and is reclaimed exactly once, here.
         let ctx = unsafe { Box::from_raw(Context::from_ibv(context) as *const Context as *mut Context) };
-        drop(ctx);
+        let Context { nic, events, .. } = *ctx;
+        engines::detach(nic, &events);
         0
     })
 }
@@ -415,7 +423,7 @@ pub unsafe extern "C" fn ibv_get_pkey_index(_context: *mut ibv_context, port: u8
 
 /// The pointer and `ibv_event_type` of an event, or `None` when the object
 /// it names is already gone.
-fn translate(objects: &Objects, event: AsyncEvent) -> Option<(*mut c_void, c_int)> {
+pub(crate) fn translate(objects: &Objects, event: AsyncEvent) -> Option<(*mut c_void, c_int)> {
     let qp = |qpn: u32| objects.qps.get(&qpn).map(|&p| p as *mut c_void);
     Some(match event {
         AsyncEvent::QpFatal { qpn } => (qp(qpn)?, IBV_EVENT_QP_FATAL),
@@ -434,7 +442,7 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
         let ctx = unsafe { Context::from_ibv(context) };
         loop {
             // Blocks unless the program made `async_fd` non-blocking.
-            let next = match ctx.nic.async_events().pop() {
+            let next = match ctx.events.queue.pop() {
                 Ok(e) => e,
                 Err(e) => {
                     set_errno(e.raw_os_error().unwrap_or(libc::EIO));

@@ -36,6 +36,7 @@ pub mod cq;
 pub mod cq_ex;
 pub mod device;
 pub mod ece;
+pub mod engines;
 mod ffi;
 pub mod memory;
 pub mod qp;

@@ -834,3 +834,107 @@ fn rereg_mr_moves_a_region_under_the_same_keys() {
     // SAFETY: a live MR.
     assert_eq!(unsafe { (*target.mr).rkey }, rkey);
 }
+
+#[test]
+fn a_second_context_on_the_device_shares_its_engine_and_has_its_own_events() {
+    let (ctx1, _) = fixture();
+    // SAFETY: the verbs' own sequence on live objects; the second context
+    // and everything made on it are destroyed before the end.
+    unsafe {
+        let mut n = 0;
+        let list = device::ibv_get_device_list(&mut n);
+        let ctx2 = context::ibv_open_device(*list);
+        device::ibv_free_device_list(list);
+        assert!(!ctx2.is_null(), "a second open of softrnic0 in one process: errno {}", errno());
+        assert_ne!((*ctx2).async_fd, (*ctx1).async_fd, "each context its own event descriptor");
+        let pd2 = memory::ibv_alloc_pd(ctx2);
+        let cq2 = cq::ibv_create_cq(ctx2, 16, null_mut(), null_mut(), 0);
+        let mut init = ibv_qp_init_attr {
+            qp_context: null_mut(),
+            send_cq: cq2,
+            recv_cq: cq2,
+            srq: null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: IBV_QPT_RC,
+            sq_sig_all: 1,
+        };
+        let qp2 = qp::ibv_create_qp(pd2, &mut init);
+        assert!(!qp2.is_null());
+        let cq1 = create_cq(null_mut());
+        let qp1 = create_qp(cq1, IBV_QPT_RC);
+        connect(qp1, ADDR, (*qp2).qp_num, 14, 7);
+        connect(qp2, ADDR, (*qp1).qp_num, 14, 7);
+        // A SEND from the first context's QP into the second's, through the
+        // one engine both share.
+        let mut inbox = vec![0u8; 16];
+        let mr2 = memory::ibv_reg_mr(pd2, inbox.as_mut_ptr() as *mut c_void, 16, IBV_ACCESS_LOCAL_WRITE as c_int);
+        post_recv(qp2, &mut ibv_sge { addr: inbox.as_ptr() as u64, length: 16, lkey: (*mr2).lkey }, 5);
+        let payload = *b"other context";
+        let mut inline = ibv_sge { addr: payload.as_ptr() as u64, length: payload.len() as u32, lkey: 0 };
+        let mut wr = send_wr(1, IBV_WR_SEND, &mut inline);
+        wr.send_flags |= IBV_SEND_INLINE;
+        assert_eq!(post_send(qp1, &mut wr), 0);
+        assert_eq!(poll_one(cq1).status, 0);
+        let got = poll_one(cq2);
+        assert_eq!((got.wr_id, got.status, got.byte_len), (5, 0, payload.len() as u32));
+        assert_eq!(std::ptr::read_volatile(inbox.as_ptr().cast::<[u8; 13]>()), payload);
+        // A bad rkey at the second context's QP: its access error comes to
+        // the second context, whose descriptor nobody else reads.
+        let mut wr = send_wr(2, IBV_WR_RDMA_WRITE, &mut inline);
+        wr.send_flags |= IBV_SEND_INLINE;
+        wr.wr.rdma = ibv_send_wr_rdma { remote_addr: 0x1000, rkey: 0xdead_0000 };
+        assert_eq!(post_send(qp1, &mut wr), 0);
+        assert_eq!(poll_one(cq1).status, 10, "IBV_WC_REM_ACCESS_ERR");
+        let mut pfd = libc::pollfd { fd: (*ctx2).async_fd, events: libc::POLLIN, revents: 0 };
+        assert_eq!(libc::poll(&mut pfd, 1, 10_000), 1, "no event on the second context");
+        let mut event: ibv_async_event = std::mem::zeroed();
+        assert_eq!(context::ibv_get_async_event(ctx2, &mut event), 0);
+        assert_eq!((event.element, event.event_type), (qp2 as *mut c_void, IBV_EVENT_QP_ACCESS_ERR));
+        context::ibv_ack_async_event(&mut event);
+        // Closing the second context leaves the engine to the first.
+        assert_eq!(qp::ibv_destroy_qp(qp2), 0);
+        assert_eq!(cq::ibv_destroy_cq(cq2), 0);
+        assert_eq!(memory::ibv_dereg_mr(mr2), 0);
+        assert_eq!(memory::ibv_dealloc_pd(pd2), 0);
+        assert_eq!(context::ibv_close_device(ctx2), 0);
+        assert_eq!(qp::ibv_destroy_qp(qp1), 0);
+    }
+    let (a, b, cq_a, cq_b) = rc_pair();
+    let dst = buffer(16);
+    post_recv(b, &mut dst.sge(0, 16), 3);
+    let mut inline = ibv_sge { addr: b"still".as_ptr() as u64, length: 5, lkey: 0 };
+    let mut wr = send_wr(3, IBV_WR_SEND, &mut inline);
+    wr.send_flags |= IBV_SEND_INLINE;
+    assert_eq!(post_send(a, &mut wr), 0);
+    assert_eq!((poll_one(cq_a).status, poll_one(cq_b).status), (0, 0), "the first context's engine runs on");
+}
+
+#[test]
+fn contexts_open_and_close_from_many_threads_on_one_engine() {
+    fixture();
+    // The fixture's context keeps the engine; threads open and close more
+    // at once. None may find the port taken by a second engine.
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(|| {
+                for _ in 0..25 {
+                    // SAFETY: the verbs' own sequence; each context is
+                    // closed by the thread that opened it.
+                    unsafe {
+                        let mut n = 0;
+                        let list = device::ibv_get_device_list(&mut n);
+                        let ctx = context::ibv_open_device(*list);
+                        device::ibv_free_device_list(list);
+                        assert!(!ctx.is_null(), "errno {}", errno());
+                        let pd = memory::ibv_alloc_pd(ctx);
+                        assert_eq!(memory::ibv_dealloc_pd(pd), 0);
+                        assert_eq!(context::ibv_close_device(ctx), 0);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
