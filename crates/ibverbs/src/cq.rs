@@ -276,6 +276,18 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     })
 }
 
+/// What a RoCE NIC reports in `sl` of a UD receive: the network header in
+/// front of the payload, as mlx5's CQE has it (0 a GRH, 1 IPv6, 2 IPv4).
+/// UCX reads it to find the sender's address in the 40 bytes before the
+/// data; with 0 it reads an IPv4 packet's header as a GRH and drops it.
+fn roce_network_header(c: &Completion) -> u8 {
+    match (c.grh, c.source) {
+        (true, Some(std::net::IpAddr::V4(_))) => 2,
+        (true, Some(std::net::IpAddr::V6(_))) => 1,
+        _ => 0,
+    }
+}
+
 /// Writes a completion in `ibv_wc`'s form.
 pub fn to_wc(c: &Completion) -> ibv_wc {
     let mut flags = 0;
@@ -299,7 +311,7 @@ pub fn to_wc(c: &Completion) -> ibv_wc {
         wc_flags: flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: roce_network_header(c),
         dlid_path_bits: 0,
     }
 }

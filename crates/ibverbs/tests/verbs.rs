@@ -639,6 +639,7 @@ fn srq_receives_and_ud_sends_with_an_address_handle() {
         let recv = seen[1];
         assert_eq!((recv.wr_id, recv.status, recv.byte_len), (77, 0, 40 + 8));
         assert_ne!(recv.wc_flags & IBV_WC_GRH, 0);
+        assert_eq!(recv.sl, 2, "an IPv4 header before the data, as mlx5 says it");
         assert_eq!(dst.read(40, 8), b"datagram");
         // The reply's AH comes from the completion and the GRH.
         let mut wc = recv;
