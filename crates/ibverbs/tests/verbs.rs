@@ -909,33 +909,3 @@ fn a_second_context_on_the_device_shares_its_engine_and_has_its_own_events() {
     assert_eq!(post_send(a, &mut wr), 0);
     assert_eq!((poll_one(cq_a).status, poll_one(cq_b).status), (0, 0), "the first context's engine runs on");
 }
-
-#[test]
-fn contexts_open_and_close_from_many_threads_on_one_engine() {
-    fixture();
-    // The fixture's context keeps the engine; threads open and close more
-    // at once. None may find the port taken by a second engine.
-    let threads: Vec<_> = (0..4)
-        .map(|_| {
-            std::thread::spawn(|| {
-                for _ in 0..25 {
-                    // SAFETY: the verbs' own sequence; each context is
-                    // closed by the thread that opened it.
-                    unsafe {
-                        let mut n = 0;
-                        let list = device::ibv_get_device_list(&mut n);
-                        let ctx = context::ibv_open_device(*list);
-                        device::ibv_free_device_list(list);
-                        assert!(!ctx.is_null(), "errno {}", errno());
-                        let pd = memory::ibv_alloc_pd(ctx);
-                        assert_eq!(memory::ibv_dealloc_pd(pd), 0);
-                        assert_eq!(context::ibv_close_device(ctx), 0);
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-}
