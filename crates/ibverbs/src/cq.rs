@@ -68,12 +68,15 @@ impl Cq {
         (!channel.is_null()).then(|| unsafe { &*(channel as *const CompChannel) })
     }
 
-    /// One completion, or none after driving the device (the policy of
-    /// `ibv_poll_cq`).
-    pub(crate) fn poll_one(&self) -> Option<Completion> {
+    /// One completion, or none: after driving the device (the policy of
+    /// `ibv_poll_cq`) when `drive`, else only what the CQ holds.
+    pub(crate) fn poll_one(&self, drive: bool) -> Option<Completion> {
         let mut out = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         out.clear();
-        self.context().nic.poll_cq(&self.queue, 1, &mut out);
+        match drive {
+            true => self.context().nic.poll_cq(&self.queue, 1, &mut out),
+            false => self.queue.poll(1, &mut out),
+        };
         out.pop()
     }
 

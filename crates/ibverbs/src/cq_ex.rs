@@ -163,9 +163,15 @@ unsafe fn cq_of<'a>(cq: *mut ibv_cq_ex) -> &'a Cq {
 }
 
 /// Takes the next completion into the session: 0, or ENOENT when the CQ
-/// holds none (after driving the device, as `ibv_poll_cq` does).
-fn advance(c: &Cq, cq: *mut ibv_cq_ex) -> c_int {
-    let Some(next) = c.poll_one() else {
+/// holds none.
+///
+/// Only `ibv_start_poll` drives the device first, as `ibv_poll_cq` does.
+/// `ibv_next_poll` reads what the CQ holds: a session that went on to
+/// receive would take completions an armed notification announces, and a
+/// program woken by that event (`ibv_rc_pingpong -t -e`) would find its CQ
+/// empty and fail.
+fn advance(c: &Cq, cq: *mut ibv_cq_ex, drive: bool) -> c_int {
+    let Some(next) = c.poll_one(drive) else {
         return libc::ENOENT;
     };
     *c.extended.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(next);
@@ -188,7 +194,7 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
         // SAFETY: a live CQ (caller).
         let c = unsafe { cq_of(cq) };
         c.extended.begin();
-        let found = advance(c, cq);
+        let found = advance(c, cq, true);
         if found != 0 {
             // No session without a completion: the program does not call
             // ibv_end_poll after ENOENT.
@@ -200,7 +206,7 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
 
 unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
     // SAFETY: a live CQ in a poll session (caller).
-    guard("ibv_next_poll", || advance(unsafe { cq_of(cq) }, cq))
+    guard("ibv_next_poll", || advance(unsafe { cq_of(cq) }, cq, false))
 }
 
 unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
