@@ -10,6 +10,7 @@ mod careful;
 mod demo;
 mod devinfo;
 mod exp;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -39,6 +40,10 @@ enum Command {
     /// Run an evaluation (e1 latency, e2 throughput, e9 careful): its sweep,
     /// a CSV, a log per role and point, and an SVG figure.
     Exp(exp::ExpArgs),
+    /// Run a program with the kernel's RDMA paths showing softrnic0
+    /// (/sys/class/infiniband, /dev/infiniband) and the drop-in library:
+    /// ibstat, ibstatus, UCX.
+    Run(run::RunArgs),
 }
 
 fn main() {
@@ -54,6 +59,7 @@ fn main() {
         Command::Demo(args) => demo::run(&args),
         Command::Careful(args) => careful::run(&args),
         Command::Exp(args) => exp::run(&args),
+        Command::Run(args) => run::run(&args),
     };
     if let Err(message) = result {
         eprintln!("softrnic: {message}");

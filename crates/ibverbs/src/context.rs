@@ -236,7 +236,7 @@ unsafe extern "C" fn query_device_ex(
     })
 }
 
-fn port_attr(device: &SoftDevice) -> ibv_port_attr {
+pub(crate) fn port_attr(device: &SoftDevice) -> ibv_port_attr {
     // SAFETY: integers only; all-zero is valid.
     let mut p: ibv_port_attr = unsafe { std::mem::zeroed() };
     p.state = IBV_PORT_ACTIVE;
@@ -403,7 +403,7 @@ pub unsafe extern "C" fn ibv_query_pkey(_context: *mut ibv_context, port: u8, in
             return -1;
         }
         // SAFETY: a writable pkey (caller). The default P_Key, in network order.
-        unsafe { *pkey = 0xffffu16.to_be() };
+        unsafe { *pkey = softrnic_wire::DEFAULT_PKEY.to_be() };
         0
     })
 }

@@ -37,7 +37,7 @@ unsafe impl Sync for SoftDevice {}
 unsafe impl Send for SoftDevice {}
 
 impl SoftDevice {
-    fn new(addr: IpAddr) -> SoftDevice {
+    pub(crate) fn new(addr: IpAddr) -> SoftDevice {
         let interface = interface::interface_of(addr);
         let active_mtu = interface::active_mtu(addr);
         let mut ibv = ibv_device {

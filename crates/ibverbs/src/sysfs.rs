@@ -5,8 +5,11 @@
 //! numbers `softrnic devinfo` shows). Other paths read the real file.
 
 use std::ffi::{CStr, c_char, c_int};
+use std::net::IpAddr;
 
-use crate::device::{IBDEV_PATH, device};
+use softrnic_wire::DEFAULT_PKEY;
+
+use crate::device::{DEVICE_NAME, IBDEV_PATH, SoftDevice, device};
 use crate::ffi::set_errno;
 
 /// InfiniBand's port counter names, mapped onto softrnic's.
@@ -19,15 +22,59 @@ const PORT_COUNTERS: [(&str, &str); 4] = [
 
 /// The contents of `file` under softrnic0's directory.
 fn virtual_file(file: &str) -> Option<String> {
-    let d = device().ok()?;
-    let guid = d.guid.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":");
+    device_file(device().ok()?, file)
+}
+
+/// The files of the device's directory, as the kernel lays them out for a
+/// RoCE port: what `ibstat`, `ibstatus` (libibumad) and UCX read.
+const DEVICE_FILES: &[&str] = &[
+    "node_type",
+    "fw_ver",
+    "hw_rev",
+    "board_id",
+    "hca_type",
+    "node_guid",
+    "sys_image_guid",
+    "node_desc",
+    "ports/1/state",
+    "ports/1/phys_state",
+    "ports/1/rate",
+    "ports/1/lid",
+    "ports/1/sm_lid",
+    "ports/1/sm_sl",
+    "ports/1/lid_mask_count",
+    "ports/1/cap_mask",
+    "ports/1/link_layer",
+    "ports/1/gids/0",
+    "ports/1/gid_attrs/types/0",
+    "ports/1/gid_attrs/ndevs/0",
+    "ports/1/pkeys/0",
+];
+
+/// `file` of device `d`'s directory.
+fn device_file(d: &SoftDevice, file: &str) -> Option<String> {
+    let hex_words =
+        |bytes: &[u8]| bytes.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":");
+    let port = crate::context::port_attr(d);
     match file {
         "node_type" => Some("1: CA".into()),
         "fw_ver" => Some(env!("CARGO_PKG_VERSION").into()),
         "hw_rev" => Some("1".into()),
-        "board_id" => Some("softrnic".into()),
-        "node_guid" | "sys_image_guid" => Some(guid),
+        "board_id" | "hca_type" => Some("softrnic".into()),
+        "node_guid" | "sys_image_guid" => Some(hex_words(&d.guid)),
         "node_desc" => Some(format!("softrnic0 on {}", d.addr)),
+        "ports/1/state" => Some("4: ACTIVE".into()),
+        "ports/1/phys_state" => Some("5: LinkUp".into()),
+        // The width and speed `ibv_query_port` reports: 4X at 25 Gb/s.
+        "ports/1/rate" => Some("100 Gb/sec (4X EDR)".into()),
+        "ports/1/lid" | "ports/1/sm_lid" => Some("0x0".into()),
+        "ports/1/sm_sl" | "ports/1/lid_mask_count" => Some("0".into()),
+        "ports/1/cap_mask" => Some(format!("{:#010x}", port.port_cap_flags)),
+        "ports/1/link_layer" => Some("Ethernet".into()),
+        "ports/1/gids/0" => Some(hex_words(&crate::device::gid_of(d.addr))),
+        "ports/1/gid_attrs/types/0" => Some("RoCE v2".into()),
+        "ports/1/gid_attrs/ndevs/0" => d.interface.as_ref().map(|(name, _)| name.clone()),
+        "ports/1/pkeys/0" => Some(format!("{:#06x}", DEFAULT_PKEY)),
         _ => {
             let counter = file.strip_prefix("ports/1/hw_counters/").or_else(|| {
                 let name = file.strip_prefix("ports/1/counters/")?;
@@ -43,6 +90,25 @@ fn virtual_file(file: &str) -> Option<String> {
             Some(value.to_string())
         }
     }
+}
+
+/// The `/sys/class` entries of the device on `addr`, as `(path, contents)`
+/// relative to `/sys/class`: the device's directory, its uverbs node's
+/// and the ABI versions libibverbs and libibumad check. `softrnic run`
+/// shows them to programs that read sysfs themselves. The counters are
+/// not among them: they change, and `ibv_read_sysfs_file` serves them live.
+pub fn class_tree(addr: IpAddr) -> Vec<(String, String)> {
+    let d = SoftDevice::new(addr);
+    let mut tree: Vec<(String, String)> = DEVICE_FILES
+        .iter()
+        .filter_map(|f| Some((format!("infiniband/{DEVICE_NAME}/{f}"), device_file(&d, f)?)))
+        .collect();
+    let uverbs = "infiniband_verbs/uverbs-softrnic0";
+    tree.push((format!("{uverbs}/ibdev"), DEVICE_NAME.into()));
+    tree.push((format!("{uverbs}/abi_version"), "6".into()));
+    tree.push(("infiniband_verbs/abi_version".into(), "6".into()));
+    tree.push(("infiniband_mad/abi_version".into(), "5".into()));
+    tree
 }
 
 #[unsafe(no_mangle)]

@@ -1,0 +1,125 @@
+//! `softrnic run`: unmodified tools that read the kernel's RDMA paths
+//! themselves see softrnic0 (infiniband-diags' `ibstat` and `ibstatus`,
+//! UCX), and nothing changes outside the program.
+//!
+//! Needs a mount namespace (root, or user namespaces), infiniband-diags,
+//! UCX's tools, and the drop-in library built (scripts/build-libibverbs.sh):
+//! without them a developer's machine skips with the reason, CI fails.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+fn softrnic() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_softrnic"))
+}
+
+fn unavailable() -> Option<String> {
+    for (tool, package) in
+        [("ibstat", "infiniband-diags"), ("ibstatus", "infiniband-diags"), ("ucx_perftest", "ucx-utils")]
+    {
+        if Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().map_or(true, |o| !o.status.success())
+        {
+            return Some(format!("needs {tool} (apt-get install {package})"));
+        }
+    }
+    let lib = Path::new(env!("CARGO_BIN_EXE_softrnic")).parent()?.join("../softrnic/lib/libibverbs.so.1");
+    if !lib.exists() {
+        return Some(format!("needs the drop-in library at {} (scripts/build-libibverbs.sh)", lib.display()));
+    }
+    let probe = softrnic().args(["run", "--addr", "127.0.0.9", "--", "true"]).output().ok()?;
+    (!probe.status.success()).then(|| String::from_utf8_lossy(&probe.stderr).trim().to_string())
+}
+
+fn available(test: &str) -> bool {
+    match unavailable() {
+        None => true,
+        Some(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("{test} must run under CI: {reason}"),
+        Some(reason) => {
+            eprintln!("skipping {test}: {reason}");
+            false
+        }
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn ibstat_and_ibstatus_see_softrnic0_and_nothing_leaks_out() {
+    if !available("ibstat_and_ibstatus_see_softrnic0_and_nothing_leaks_out") {
+        return;
+    }
+    let o = softrnic().args(["run", "--addr", "127.0.0.9", "--", "ibstat"]).output().unwrap();
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for line in [
+        "CA 'softrnic0'",
+        "Number of ports: 1",
+        "Node GUID: 0x027372007f000009",
+        "State: Active",
+        "Physical state: LinkUp",
+        "Link layer: Ethernet",
+    ] {
+        assert!(out.contains(line), "ibstat lacks {line:?}:\n{out}");
+    }
+    let o = softrnic().args(["run", "--addr", "127.0.0.9", "--", "ibstatus"]).output().unwrap();
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for line in ["device 'softrnic0' port 1", "0000:0000:0000:0000:0000:ffff:7f00:0009", "4: ACTIVE", "Ethernet"] {
+        assert!(out.contains(line), "ibstatus lacks {line:?}:\n{out}");
+    }
+    // The GID's type, the uverbs node UCX looks for, the program's address,
+    // and the entries that were there before (a network interface).
+    let probe = "cat /sys/class/infiniband/softrnic0/ports/1/gid_attrs/types/0; \
+                 test -c /dev/infiniband/uverbs-softrnic0 && echo character device; \
+                 echo addr=$SOFTRNIC_ADDR; test -e /sys/class/net/lo && echo lo still there";
+    let o = softrnic().args(["run", "--addr", "127.0.0.9", "--", "sh", "-c", probe]).output().unwrap();
+    assert_eq!(text(&o), "RoCE v2\ncharacter device\naddr=127.0.0.9\nlo still there\n");
+    // Outside, nothing changed and nothing was left.
+    assert!(!Path::new("/sys/class/infiniband/softrnic0").exists());
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("softrnic-run-"))
+        .collect();
+    assert!(left.is_empty(), "staging left behind: {left:?}");
+    // A bad invocation says what to give.
+    let o = softrnic().args(["run"]).output().unwrap();
+    assert!(!o.status.success() && text(&o).contains("CMD"), "{}", text(&o));
+}
+
+#[test]
+fn ucx_runs_over_softrnic_rc_and_ud_verbs() {
+    if !available("ucx_runs_over_softrnic_rc_and_ud_verbs") {
+        return;
+    }
+    let o = softrnic().args(["run", "--addr", "127.0.0.9", "--", "ucx_info", "-d"]).output().unwrap();
+    let out = text(&o);
+    for transport in ["rc_verbs", "ud_verbs"] {
+        assert!(out.contains(&format!("Transport: {transport}\n#         Device: softrnic0:1")), "{transport}:\n{out}");
+    }
+    // ucx_perftest's tag latency between two processes, each on its own
+    // softrnic device, over each transport.
+    for (tls, port) in [("rc_v,self", "13441"), ("ud_v,self", "13442")] {
+        let ucx = |addr: &str, extra: &[&str]| {
+            let mut c = softrnic();
+            c.args(["run", "--addr", addr, "--", "ucx_perftest", "-p", port])
+                .args(extra)
+                .env("UCX_TLS", tls)
+                .env("UCX_NET_DEVICES", "softrnic0:1");
+            c
+        };
+        let mut server = ucx("127.0.61.1", &[]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let client = ucx("127.0.61.2", &["127.0.0.1", "-t", "tag_lat", "-n", "2000"]).output().unwrap();
+        let _ = server.kill();
+        let _ = server.wait();
+        let out = text(&client);
+        assert!(client.status.success(), "UCX_TLS={tls}:\n{out}");
+        let final_line = out.lines().find(|l| l.starts_with("Final:")).unwrap_or_else(|| panic!("no result:\n{out}"));
+        let iterations: u64 = final_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert_eq!(iterations, 2000, "{final_line}");
+    }
+}
