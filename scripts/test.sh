@@ -43,6 +43,20 @@ else
     step "verbs programs skipped: needs python3, ibverbs-utils and perftest (sudo apt-get install ibverbs-utils perftest)"
 fi
 
+# The stack above libibverbs, unmodified, through `softrnic run`: the
+# tools that read the kernel's RDMA paths, and UCX.
+if command -v ibstat >/dev/null 2>&1 && command -v ucx_perftest >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then
+    step "the RDMA stack over softrnic (scripts/stack-matrix.py)"
+    cargo build --release --locked -p softrnic-cli
+    scripts/stack-matrix.py
+else
+    if [ "${CI:-}" = true ]; then
+        echo "the stack matrix needs python3, infiniband-diags and ucx-utils, and CI must run it (.ci/run installs them)" >&2
+        exit 1
+    fi
+    step "RDMA stack programs skipped: needs infiniband-diags and ucx-utils (sudo apt-get install infiniband-diags ucx-utils)"
+fi
+
 fuzz_seconds=${SOFTRNIC_FUZZ_SECONDS:-30}
 if [ "$fuzz_seconds" -gt 0 ]; then
     if cargo fuzz --version >/dev/null 2>&1 && cargo +nightly --version >/dev/null 2>&1; then
