@@ -11,7 +11,7 @@
 //! when it has no `infiniband`) is covered by a tmpfs that holds the old
 //! entries, bound back, beside softrnic's. The files are written into a
 //! tmpfs mounted only in the namespace; its mount point is removed before
-//! the program starts, so a crash leaves nothing behind.
+//! the program starts, so however the program ends, nothing is left.
 
 use std::ffi::OsString;
 use std::net::IpAddr;
