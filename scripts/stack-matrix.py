@@ -136,13 +136,7 @@ def main():
         with vm.Namespaces() as site:
             run_site(site)
 
-    width = max(len(r[1]) for r in results)
-    for where, name, verdict, figure in results:
-        print(f"{where:9} {name:{width}}  {verdict:4}  {figure}")
-    failed = [r for r in results if r[2] == "FAIL"]
-    passed = sum(1 for r in results if r[2] == "pass")
-    print(f"\n{passed} passed, {len(failed)} failed, {len(results) - passed - len(failed)} skipped")
-    sys.exit(1 if failed else 0)
+    sys.exit(vm.report(results))
 
 
 if __name__ == "__main__":

@@ -356,7 +356,13 @@ def main():
         with Namespaces() as site:
             run_site(site)
 
-    if args.markdown:
+    sys.exit(report(results, args.markdown))
+
+
+def report(results, markdown=False):
+    """Prints the (where, program, verdict, figure) rows and the tally;
+    returns the exit status (1 when any failed)."""
+    if markdown:
         print("| Where | Program | Result | Figure |\n|---|---|---|---|")
         for where, name, verdict, figure in results:
             print(f"| {where} | `{name}` | {verdict} | {figure} |")
@@ -367,7 +373,7 @@ def main():
     failed = [r for r in results if r[2] == "FAIL"]
     passed = sum(1 for r in results if r[2] == "pass")
     print(f"\n{passed} passed, {len(failed)} failed, {len(results) - passed - len(failed)} skipped")
-    sys.exit(1 if failed else 0)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
