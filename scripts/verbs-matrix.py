@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,6 +103,24 @@ def last_lines(text, n=3):
     return " | ".join(lines[-n:]) or "(no output)"
 
 
+# The counters that say why a transfer failed: recovery and drops.
+TELLING_COUNTERS = re.compile(r"retransmit|timeout|nak|out_of_sequence|dropped|duplicate|rnr|probe")
+
+
+def engine_counters(addr):
+    """What the engine on `addr` last published (the file `softrnic
+    devinfo` reads; see crates/engine/src/counters_file.rs), reduced to
+    the nonzero counters that explain a failure."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    try:
+        text = open(os.path.join(base, "softrnic", f"{addr}.counters")).read()
+    except OSError:
+        return "no counters"
+    rows = [l.split() for l in text.splitlines()]
+    telling = [f"{k}={v}" for k, v in (r for r in rows if len(r) == 2) if v != "0" and TELLING_COUNTERS.search(k)]
+    return " ".join(telling) or "no retransmissions or drops"
+
+
 def command_lines(program, args, port, server_addr):
     """The server's and the client's command lines: perftest's style (-p
     PORT, the client names the server last) or libr's (rdma_bench:
@@ -137,7 +156,8 @@ def run_pair(libdir, site, program, args, port, parse, env=None):
         return ("FAIL", f"timed out after {TIMEOUT}s")
     client_out = client.stdout + client.stderr
     if client.returncode != 0:
-        return ("FAIL", "client: " + last_lines(client_out))
+        counters = f" [server {engine_counters(site.server_addr)}; client {engine_counters(site.client_addr)}]"
+        return ("FAIL", "client: " + last_lines(client_out) + counters)
     if server.returncode != 0:
         return ("FAIL", "server: " + last_lines(server_out))
     if os.path.basename(program) == "rdma_bench":
