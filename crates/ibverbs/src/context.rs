@@ -1,14 +1,14 @@
 //! An open device (`ibv_open_device`): a running softrnic NIC behind a
 //! `verbs_context`, and the verbs that query it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
 use std::mem::offset_of;
 use std::sync::Arc;
 
 use softrnic_engine::eventfd::EventFd;
 use softrnic_engine::{BindError, EngineConfig, FaultConfig, Nic, OpenError};
-use softrnic_transport::{AsyncEvent, CqId, SrqId};
+use softrnic_transport::{AsyncEvent, CqId, PdId, SrqId};
 
 use crate::abi::*;
 use crate::acks::Reported;
@@ -26,11 +26,19 @@ pub use softrnic_transport::limits;
 
 /// The objects an asynchronous event may name, by the transport's
 /// handles, so `ibv_get_async_event` can hand back the program's pointers.
+///
+/// With the PDs and MRs it also lists everything the context holds in its
+/// engine, which a context that closes without destroying them releases:
+/// the engine outlives it when another context shares it, and a region
+/// left registered would let a peer write into memory the program frees.
 #[derive(Default)]
 pub struct Objects {
     pub qps: HashMap<u32, usize>,
     pub srqs: HashMap<SrqId, usize>,
     pub cqs: HashMap<CqId, usize>,
+    pub pds: HashSet<PdId>,
+    /// Registered regions, by lkey.
+    pub mrs: HashSet<u32>,
 }
 
 /// What `ibv_open_device` returns a pointer into (`vctx.context`).
@@ -64,6 +72,28 @@ impl Context {
     pub fn ibv(&self) -> *mut ibv_context {
         // SAFETY: a projection into our own allocation; no reference is made.
         unsafe { &raw mut (*self.vctx.get()).context }
+    }
+
+    /// Takes out of the engine what the program left: QPs first (no more
+    /// traffic), then SRQs, CQs, regions and PDs. The program's handles
+    /// die with the context, as the kernel's uverbs file does it.
+    fn release_objects(&self) {
+        let objects = std::mem::take(&mut *self.objects());
+        for &qpn in objects.qps.keys() {
+            let _ = self.nic.destroy_qp(qpn);
+        }
+        for &srq in objects.srqs.keys() {
+            let _ = self.nic.destroy_srq(srq);
+        }
+        for &cq in objects.cqs.keys() {
+            let _ = self.nic.destroy_cq(cq);
+        }
+        for &lkey in &objects.mrs {
+            let _ = self.nic.deregister_memory(lkey);
+        }
+        for &pd in &objects.pds {
+            let _ = self.nic.dealloc_pd(pd);
+        }
     }
 
     pub fn objects(&self) -> std::sync::MutexGuard<'_, Objects> {
@@ -149,6 +179,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         // SAFETY: the program hands back a context from `ibv_open_device`; the
         // box was leaked there and is reclaimed exactly once, here.
         let ctx = unsafe { Box::from_raw(Context::from_ibv(context) as *const Context as *mut Context) };
+        ctx.release_objects();
         let Context { nic, events, .. } = *ctx;
         engines::detach(nic, &events);
         0

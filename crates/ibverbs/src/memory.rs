@@ -42,6 +42,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
         // SAFETY: a live context (caller).
         let ctx = unsafe { Context::from_ibv(context) };
         let id = ctx.nic.alloc_pd();
+        ctx.objects().pds.insert(id);
         let pd = Box::new(Pd { ibv: CView::new(ibv_pd { context, handle: id.0 }), id });
         Box::into_raw(pd) as *mut ibv_pd
     })
@@ -56,6 +57,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         if let Err(e) = p.context().nic.dealloc_pd(id) {
             return refuse("ibv_dealloc_pd", e.errno(), e);
         }
+        p.context().objects().pds.remove(&id);
         // SAFETY: boxed in `ibv_alloc_pd`, freed once here.
         drop(unsafe { Box::from_raw(pd as *mut Pd) });
         0
@@ -108,6 +110,7 @@ unsafe fn register(
         Ok(k) => k,
         Err(e) => return refuse_null(verb, e.errno(), e),
     };
+    p.context().objects().mrs.insert(keys.lkey);
     // SAFETY: the PD's context field never changes.
     let context = unsafe { (*p.ibv.get()).context };
     let mr = ibv_mr { context, pd, addr, length, handle: keys.lkey, lkey: keys.lkey, rkey: keys.rkey };
@@ -164,6 +167,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if let Err(e) = ctx.nic.deregister_memory(lkey) {
             return refuse("ibv_dereg_mr", e.errno(), e);
         }
+        ctx.objects().mrs.remove(&lkey);
         // SAFETY: boxed in `register`, freed once here.
         drop(unsafe { Box::from_raw(mr) });
         0

@@ -98,7 +98,11 @@ fn create_cq(channel: *mut ibv_comp_channel) -> *mut ibv_cq {
 }
 
 fn create_qp(cq: *mut ibv_cq, qp_type: c_int) -> *mut ibv_qp {
-    let (_, pd) = fixture();
+    create_qp_in(fixture().1, cq, qp_type)
+}
+
+/// A QP in `pd`, whichever context it belongs to.
+fn create_qp_in(pd: *mut ibv_pd, cq: *mut ibv_cq, qp_type: c_int) -> *mut ibv_qp {
     let mut init = ibv_qp_init_attr {
         qp_context: null_mut(),
         send_cq: cq,
@@ -850,17 +854,7 @@ fn a_second_context_on_the_device_shares_its_engine_and_has_its_own_events() {
         assert_ne!((*ctx2).async_fd, (*ctx1).async_fd, "each context its own event descriptor");
         let pd2 = memory::ibv_alloc_pd(ctx2);
         let cq2 = cq::ibv_create_cq(ctx2, 16, null_mut(), null_mut(), 0);
-        let mut init = ibv_qp_init_attr {
-            qp_context: null_mut(),
-            send_cq: cq2,
-            recv_cq: cq2,
-            srq: null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: IBV_QPT_RC,
-            sq_sig_all: 1,
-        };
-        let qp2 = qp::ibv_create_qp(pd2, &mut init);
-        assert!(!qp2.is_null());
+        let qp2 = create_qp_in(pd2, cq2, IBV_QPT_RC);
         let cq1 = create_cq(null_mut());
         let qp1 = create_qp(cq1, IBV_QPT_RC);
         connect(qp1, ADDR, (*qp2).qp_num, 14, 7);
@@ -892,12 +886,15 @@ fn a_second_context_on_the_device_shares_its_engine_and_has_its_own_events() {
         assert_eq!(context::ibv_get_async_event(ctx2, &mut event), 0);
         assert_eq!((event.element, event.event_type), (qp2 as *mut c_void, IBV_EVENT_QP_ACCESS_ERR));
         context::ibv_ack_async_event(&mut event);
-        // Closing the second context leaves the engine to the first.
-        assert_eq!(qp::ibv_destroy_qp(qp2), 0);
-        assert_eq!(cq::ibv_destroy_cq(cq2), 0);
-        assert_eq!(memory::ibv_dereg_mr(mr2), 0);
-        assert_eq!(memory::ibv_dealloc_pd(pd2), 0);
+        // Closing the second context without destroying its objects takes
+        // them out of the engine, which the first context keeps: no QP of
+        // it answers, and no peer can write into its region any more.
+        let (qpn2, rkey2) = ((*qp2).qp_num, (*mr2).rkey);
+        let engine = &context::Context::from_ibv(ctx1).nic;
+        assert!(engine.memory_region(rkey2).is_some() && engine.query_qp(qpn2).is_some());
         assert_eq!(context::ibv_close_device(ctx2), 0);
+        assert!(engine.memory_region(rkey2).is_none(), "the closed context's region is gone");
+        assert!(engine.query_qp(qpn2).is_none(), "the closed context's QP is gone");
         assert_eq!(qp::ibv_destroy_qp(qp1), 0);
     }
     let (a, b, cq_a, cq_b) = rc_pair();
