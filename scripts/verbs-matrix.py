@@ -104,7 +104,7 @@ def last_lines(text, n=3):
 
 
 # The counters that say why a transfer failed: recovery and drops.
-TELLING_COUNTERS = re.compile(r"retransmit|timeout|nak|out_of_sequence|dropped|duplicate|rnr|probe")
+TELLING_COUNTERS = re.compile(r"retransmit|timeout|nak|out_of_sequence|dropped|duplicate|rnr|probe|stall")
 
 
 def engine_counters(addr):

@@ -18,7 +18,7 @@ pub fn path(addr: IpAddr) -> PathBuf {
 /// The counters as `name value` lines, in a fixed order.
 pub fn render(c: &NicCounters) -> String {
     let t = &c.transport;
-    let rows: [(&str, u64); 29] = [
+    let rows: [(&str, u64); 30] = [
         ("tx_packets", t.tx_packets),
         ("tx_bytes", t.tx_bytes),
         ("rx_packets", t.rx_packets),
@@ -48,6 +48,7 @@ pub fn render(c: &NicCounters) -> String {
         ("injected_drops", c.injected_tx.dropped + c.injected_rx.dropped),
         ("injected_corruptions", c.injected_tx.corrupted + c.injected_rx.corrupted),
         ("injected_duplicates", c.injected_tx.duplicated + c.injected_rx.duplicated),
+        ("engine_stall_max_us", c.engine_stall_max_us),
     ];
     let mut out = String::new();
     for (name, value) in rows {

@@ -198,6 +198,12 @@ pub struct NicCounters {
     pub rx_dropped_by_kernel: u64,
     /// Shared-memory ring entries a peer left malformed or abandoned.
     pub rx_ring_malformed: u64,
+    /// The longest an engine thread went between two looks at its shard
+    /// beyond the waits it chose (its passes' own work included), in µs:
+    /// the time it was descheduled, or blocked on a lock a descheduled
+    /// thread held. A peer's retransmission timer that fires on a clean
+    /// link follows a stall near its timeout.
+    pub engine_stall_max_us: u64,
 }
 
 /// The state every thread of a NIC shares.
@@ -221,6 +227,8 @@ pub(crate) struct Core {
     async_router: std::sync::RwLock<Option<AsyncRouter>>,
     tx_dropped_by_kernel: AtomicU64,
     pub(crate) missteered: AtomicU64,
+    /// See [`NicCounters::engine_stall_max_us`] (here in ns).
+    pub(crate) longest_stall: AtomicU64,
     /// Prints every datagram (`SOFTRNIC_TRACE=1`).
     tracer: Option<Tracer>,
     /// When the counters were last published (ns since `epoch`).
@@ -232,7 +240,7 @@ pub(crate) struct Core {
 pub type AsyncRouter = Box<dyn Fn(AsyncEvent) + Send + Sync>;
 
 pub struct Nic {
-    core: Arc<Core>,
+    pub(crate) core: Arc<Core>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -285,6 +293,7 @@ impl Nic {
             async_router: std::sync::RwLock::new(None),
             tx_dropped_by_kernel: AtomicU64::new(0),
             missteered: AtomicU64::new(0),
+            longest_stall: AtomicU64::new(0),
             tracer: std::env::var_os("SOFTRNIC_TRACE").map(|_| Tracer { local: config.addr, epoch }),
             published_at: AtomicU64::new(0),
         });
@@ -675,6 +684,7 @@ impl Core {
         let mut out = NicCounters {
             tx_dropped_by_kernel: self.tx_dropped_by_kernel.load(Ordering::Relaxed),
             rx_missteered: self.missteered.load(Ordering::Relaxed),
+            engine_stall_max_us: self.longest_stall.load(Ordering::Relaxed) / 1000,
             ..NicCounters::default()
         };
         for shard in self.shards.iter() {

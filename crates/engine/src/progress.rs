@@ -340,7 +340,9 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
     // Since when this thread has driven the shard, the application absent.
     let mut driving_since: Option<std::time::Instant> = None;
     let mut idle_since: Option<std::time::Instant> = None;
+    let mut watch = StallWatch::new(core);
     while !core.stopping() {
+        watch.look(core);
         let polls = shard.app_polls.load(Ordering::Relaxed);
         if polls != seen_polls && shard.app_waiting.load(Ordering::SeqCst) == 0 {
             // The application polls this shard: stay out of its way.
@@ -348,6 +350,7 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
             if driving_since.take().is_none() {
                 standby = (standby + standby / 8).min(STANDBY_MAX);
             }
+            watch.chose_to_wait(standby);
             let _ = wait_readable(&[waker], standby);
             own_waker.drain();
             continue;
@@ -383,7 +386,7 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
             std::hint::spin_loop();
             continue;
         }
-        sleep(core, shard, role);
+        watch.chose_to_wait(sleep(core, shard, role));
         idle_since = None;
     }
 }
@@ -393,8 +396,9 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
 fn run_dedicated(core: &Core, index: usize, role: Role) {
     let shard = &core.shards[index];
     let mut idle_since: Option<Instant> = None;
+    let mut watch = StallWatch::new(core);
     while !core.stopping() {
-        let now = core.now();
+        let now = watch.look(core);
         let mut moved = 0;
         if role != Role::Tx {
             let received = core.drive_at(shard, shard.lock_wire(), Pass::RECEIVE, now);
@@ -421,8 +425,42 @@ fn run_dedicated(core: &Core, index: usize, role: Role) {
             std::hint::spin_loop();
             continue;
         }
-        sleep(core, shard, role);
+        watch.chose_to_wait(sleep(core, shard, role));
         idle_since = None;
+    }
+}
+
+/// How long an engine thread goes between looks at its shard beyond the
+/// waits it chose: the time the kernel (or a hypervisor) kept it off a
+/// core, or a lock held it. The longest goes into the device's counters
+/// ([`crate::NicCounters::engine_stall_max_us`]), which tell a peer's
+/// spurious retransmission on a stalled machine from an engine that
+/// forgot to answer.
+struct StallWatch {
+    last_look: Instant,
+    chosen: Duration,
+}
+
+impl StallWatch {
+    fn new(core: &Core) -> StallWatch {
+        StallWatch { last_look: core.now(), chosen: Duration::ZERO }
+    }
+
+    /// The thread looks at its shard now: accounts for the time since its
+    /// last look. Returns the time (one clock read serves both).
+    fn look(&mut self, core: &Core) -> Instant {
+        let now = core.now();
+        let gap = now.as_nanos().saturating_sub(self.last_look.as_nanos());
+        let stall = gap.saturating_sub(self.chosen.as_nanos().min(u128::from(u64::MAX)) as u64);
+        core.longest_stall.fetch_max(stall, Ordering::Relaxed);
+        self.last_look = now;
+        self.chosen = Duration::ZERO;
+        now
+    }
+
+    /// The thread is about to wait up to `limit` of its own choosing.
+    fn chose_to_wait(&mut self, limit: Duration) {
+        self.chosen = self.chosen.saturating_add(limit);
     }
 }
 
@@ -431,7 +469,8 @@ fn run_dedicated(core: &Core, index: usize, role: Role) {
 /// timer is due (the sender's; a receiver looks around every
 /// [`MAX_SLEEP`]). A wire holding datagrams for a full ring cuts the sleep
 /// to [`STANDBY_MIN`]: the ring may drain without a word to this thread.
-fn sleep(core: &Core, shard: &EngineShard, role: Role) {
+/// Returns the longest it would sleep.
+fn sleep(core: &Core, shard: &EngineShard, role: Role) -> Duration {
     core.publish_counters(false);
     let mut timeout = match role {
         Role::Rx => MAX_SLEEP,
@@ -465,6 +504,7 @@ fn sleep(core: &Core, shard: &EngineShard, role: Role) {
     }
     shard.sleepers.fetch_sub(1, Ordering::SeqCst);
     own_waker.drain();
+    timeout
 }
 
 /// Asks the kernel to wake this thread within `slack` of the time it asked
@@ -477,7 +517,29 @@ fn set_timer_slack(slack: Duration) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::ProgressMode::{Auto, Dedicated, Inline};
+    use crate::{EngineConfig, Nic};
+
+    /// An engine thread kept from its shard (here by its wire lock, as a
+    /// descheduled application thread in the middle of a pass would keep
+    /// it) reports the stall in the device's counters.
+    #[test]
+    fn a_stalled_engine_thread_says_so() {
+        for progress in [Inline, Dedicated] {
+            let nic = Nic::open(EngineConfig { progress, ..EngineConfig::new("127.0.9.30".parse().unwrap()) })
+                .expect("open");
+            let wire = nic.core.shards[0].lock_wire();
+            std::thread::sleep(Duration::from_millis(60));
+            drop(wire);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while nic.counters().engine_stall_max_us < 50_000 {
+                assert!(std::time::Instant::now() < deadline, "{progress}: {:?}", nic.counters());
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
 
     #[test]
     fn auto_dedicates_cores_only_where_there_are_enough() {

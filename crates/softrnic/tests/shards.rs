@@ -249,32 +249,60 @@ fn workload_recovering(
     [a.counters(), b.counters()]
 }
 
-/// Each named counter of device `side` is zero.
-fn assert_none(side: &str, c: &NicCounters, counted: &[(&str, u64)]) {
-    for &(name, n) in counted {
-        assert_eq!(n, 0, "device {side} counted {n} {name}: {c:?}");
-    }
+/// Asserts that none of the counters `pick` names counted on either
+/// device; on failure, says what ran and shows both devices whole (the
+/// other side often says why).
+fn assert_none(
+    what: impl std::fmt::Debug,
+    counters: &[NicCounters; 2],
+    pick: impl Fn(&NicCounters) -> Vec<(&str, u64)>,
+) {
+    let counted: Vec<String> = ["A", "B"]
+        .iter()
+        .zip(counters)
+        .flat_map(|(side, c)| {
+            pick(c).into_iter().filter(|(_, n)| *n > 0).map(move |(name, n)| format!("{side}: {n} {name}"))
+        })
+        .collect();
+    assert!(counted.is_empty(), "{what:?} counted {}\nA: {:?}\nB: {:?}", counted.join(", "), counters[0], counters[1]);
 }
 
-/// What a clean run must not count.
-fn assert_undisturbed(counters: &[NicCounters; 2]) {
-    for (side, c) in ["A", "B"].iter().zip(counters) {
+/// An engine thread kept from its shard this long, half the retransmission
+/// timeout (67 ms), was stalled by the machine, not by its progress policy
+/// (it sleeps at most 20 ms and wakes for every datagram; on two cores
+/// with every test's threads, stalls reach about 13 ms): a peer's timer
+/// may then fire though nothing was lost.
+const MACHINE_STALL_US: u64 = 33_000;
+
+/// What a clean run must not count. Retransmission timeouts (and the
+/// retransmissions and duplicates they cause) are the machine's doing,
+/// not the engine's, only when an engine thread was stalled for
+/// [`MACHINE_STALL_US`].
+fn assert_undisturbed(what: impl std::fmt::Debug, counters: &[NicCounters; 2]) {
+    let stall = counters.iter().map(|c| c.engine_stall_max_us).max().unwrap_or(0);
+    let stalled = stall >= MACHINE_STALL_US;
+    if stalled {
+        eprintln!("{what:?}: the machine stalled an engine thread for {stall} µs; retransmission timeouts are excused");
+    }
+    assert_none(&what, counters, |c| {
         let t = &c.transport;
-        let disturbances = [
+        let timer = |n: u64| if stalled { 0 } else { n };
+        vec![
             ("rx_dropped_by_kernel", c.rx_dropped_by_kernel),
             ("rx_missteered", c.rx_missteered),
             ("rx_out_of_sequence", t.rx_out_of_sequence),
             ("seq_naks_sent", t.seq_naks_sent),
             ("seq_naks_received", t.seq_naks_received),
-            ("retransmitted_packets", t.retransmitted_packets),
-            ("timeouts", t.timeouts),
-            ("rx_duplicate_requests", t.rx_duplicate_requests),
+            ("retransmitted_packets", timer(t.retransmitted_packets)),
+            ("timeouts", timer(t.timeouts)),
+            ("rx_duplicate_requests", timer(t.rx_duplicate_requests)),
             ("rx_unknown_qp", t.rx_unknown_qp),
             ("tx_dropped_by_kernel", c.tx_dropped_by_kernel),
             ("rx_ring_malformed", c.rx_ring_malformed),
-        ];
-        assert_none(side, c, &disturbances);
-        assert!(t.rx_packets > 0 && t.tx_packets > 0);
+        ]
+    });
+    for c in counters {
+        assert!(c.transport.rx_packets > 0 && c.transport.tx_packets > 0);
     }
 }
 
@@ -282,7 +310,10 @@ fn assert_undisturbed(counters: &[NicCounters; 2]) {
 fn undisturbed(shards: usize, split: bool, threads: u32, pairs: usize) {
     let _machine = alone();
     for mode in MODES {
-        assert_undisturbed(&workload(mode, shards, split, threads, pairs, FaultConfig::default()));
+        assert_undisturbed(
+            (mode, shards, split, threads, pairs),
+            &workload(mode, shards, split, threads, pairs, FaultConfig::default()),
+        );
     }
 }
 
@@ -323,20 +354,19 @@ fn selective_repeat_across_shards_and_threads() {
     let _machine = alone();
     for mode in MODES {
         let counters = workload_recovering(mode, (2, false), 2, 3, FaultConfig::default(), true);
-        for (side, c) in ["A", "B"].iter().zip(&counters) {
+        // Its timer is the adaptive one, whose probes a descheduled thread
+        // may trigger; what must not happen is disorder.
+        assert_none(("selective repeat", mode), &counters, |c| {
             let t = &c.transport;
-            // Its timer is the adaptive one, whose probes a descheduled
-            // thread may trigger; what must not happen is disorder.
-            let disorder = [
+            vec![
                 ("rx_out_of_sequence", t.rx_out_of_sequence),
                 ("rx_placed_out_of_order", t.rx_placed_out_of_order),
                 ("selective_naks_sent", t.selective_naks_sent),
                 ("seq_naks_sent", t.seq_naks_sent),
                 ("rx_missteered", c.rx_missteered),
                 ("rx_dropped_by_kernel", c.rx_dropped_by_kernel),
-            ];
-            assert_none(side, c, &disorder);
-        }
+            ]
+        });
         let faults = FaultConfig { loss: 0.02, reorder: 0.02, duplicate: 0.01, corrupt: 0.01 };
         let [a, b] = workload_recovering(mode, (2, false), 2, 3, faults, true);
         assert!(a.transport.rx_placed_out_of_order + b.transport.rx_placed_out_of_order > 0);
@@ -369,7 +399,7 @@ fn a_shared_memory_device_talks_udp_to_one_without() {
     // B sends first (SENDs to A are in every round), then both ways.
     run_lane(&lane(&b, &a, 2, &options), 0, 12);
     run_lane(&lane(&a, &b, 2, &options), 1, 12);
-    assert_undisturbed(&[a.counters(), b.counters()]);
+    assert_undisturbed("shared memory and UDP devices", &[a.counters(), b.counters()]);
 }
 
 /// QPs created and destroyed on every shard while other QPs carry traffic:
