@@ -528,8 +528,8 @@ mod tests {
     #[test]
     fn a_stalled_engine_thread_says_so() {
         for progress in [Inline, Dedicated] {
-            let nic = Nic::open(EngineConfig { progress, ..EngineConfig::new("127.0.9.30".parse().unwrap()) })
-                .expect("open");
+            let nic =
+                Nic::open(EngineConfig { progress, ..EngineConfig::new("127.0.9.30".parse().unwrap()) }).expect("open");
             let wire = nic.core.shards[0].lock_wire();
             std::thread::sleep(Duration::from_millis(60));
             drop(wire);
