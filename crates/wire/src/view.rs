@@ -46,6 +46,14 @@ macro_rules! typed_view {
     };
 }
 
+pub(crate) fn get_u16(bytes: &[u8]) -> u16 {
+    u16::from_be_bytes([bytes[0], bytes[1]])
+}
+
+pub(crate) fn put_u16(bytes: &mut [u8], value: u16) {
+    bytes[..2].copy_from_slice(&value.to_be_bytes());
+}
+
 pub(crate) fn get_u24(bytes: &[u8]) -> u32 {
     u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]])
 }
