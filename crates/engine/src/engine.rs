@@ -464,6 +464,16 @@ impl Nic {
         })
     }
 
+    /// Creates the device's GSI QP (QP1), where CM MADs arrive: see
+    /// [`softrnic_transport::Control::create_gsi_qp`].
+    pub fn create_gsi_qp(&self, init: QpInitAttr) -> Result<Arc<PostQueues>> {
+        self.core.control(|c| c.create_gsi_qp(init)).map(|(shard, qp)| {
+            let posts = qp.post_queues().clone();
+            self.core.shards[shard].lock().transport.insert_qp(qp);
+            posts
+        })
+    }
+
     /// Destroys a QP after sending what it still owes the wire (the ACK of
     /// a message the application just polled), so its peer never retries
     /// into a QP that is gone. Its outstanding requests vanish.

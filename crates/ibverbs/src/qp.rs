@@ -105,7 +105,21 @@ fn check_caps(verb: &str, cap: &ibv_qp_cap) -> Result<(), c_int> {
 
 /// Creates a QP from the fields `ibv_qp_init_attr` and
 /// `ibv_qp_init_attr_ex` share.
+/// Which QP number a new QP gets.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Numbered {
+    /// The next free one.
+    Next,
+    /// 1: the General Services Interface.
+    Gsi,
+}
+
 unsafe fn create(verb: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    // SAFETY: forwarded contract.
+    unsafe { create_numbered(verb, pd, attr, Numbered::Next) }
+}
+
+unsafe fn create_numbered(verb: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr, number: Numbered) -> *mut ibv_qp {
     if pd.is_null() || attr.is_null() {
         return refuse_null(verb, libc::EINVAL, "NULL PD or attributes");
     }
@@ -134,7 +148,11 @@ unsafe fn create(verb: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *m
     };
     let init = QpInitAttr { qp_type, pd: p.id, send_cq, recv_cq, caps, sq_sig_all: a.sq_sig_all != 0, srq };
     let ctx = p.context();
-    let posts = match ctx.nic.create_qp(init) {
+    let created = match number {
+        Numbered::Next => ctx.nic.create_qp(init),
+        Numbered::Gsi => ctx.nic.create_gsi_qp(init),
+    };
+    let posts = match created {
         Ok(posts) => posts,
         Err(e) => return refuse_null(verb, e.errno(), e),
     };
@@ -181,6 +199,18 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_a
     crate::ffi::guard("ibv_create_qp", || {
         // SAFETY: forwarded contract.
         unsafe { create("ibv_create_qp", pd, attr) }
+    })
+}
+
+/// softrnic's own verb: creates the device's General Services Interface,
+/// the UD QP numbered 1 that CM MADs are sent to (the kernel owns it on a
+/// hardware device; here softrnic's librdmacm does). Attributes as for a UD
+/// QP; a device has one (EBUSY for a second).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn softrnic_create_gsi_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    crate::ffi::guard("softrnic_create_gsi_qp", || {
+        // SAFETY: forwarded contract.
+        unsafe { create_numbered("softrnic_create_gsi_qp", pd, attr, Numbered::Gsi) }
     })
 }
 

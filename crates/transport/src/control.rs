@@ -13,9 +13,10 @@ use crate::completion::{CompletionQueue, CompletionQueues, CqId};
 use crate::config::TransportConfig;
 use crate::error::{Result, VerbsError};
 use crate::memory::{Access, DmaBuffer, MemoryTable, MrKeys, PdId};
-use crate::qp::{QpInitAttr, QpQueues, QueuePair};
+use crate::qp::{QpInitAttr, QpQueues, QpType, QueuePair};
 use crate::shard::shard_of;
 use crate::srq::{SharedReceiveQueue, SharedReceiveQueues, SrqAttr, SrqId};
+use softrnic_wire::mad::GSI_QPN;
 
 /// The first QP number handed out; 0 and 1 are the special QPs of verbs.
 const FIRST_QPN: u32 = 0x11;
@@ -163,6 +164,26 @@ impl Control {
     /// Creates a QP for shard `shard`: its number is one the steering
     /// program sends to that shard. The caller hands it to the shard.
     pub fn create_qp(&mut self, init: QpInitAttr, shard: usize) -> Result<QueuePair> {
+        self.create_numbered_qp(init, shard, None)
+    }
+
+    /// Creates the device's General Services Interface: the UD QP numbered
+    /// 1 that CM agents (and every IBTA management agent) send their MADs
+    /// to. Returns it with the shard it belongs to. A device has one.
+    pub fn create_gsi_qp(&mut self, init: QpInitAttr) -> Result<(usize, QueuePair)> {
+        if init.qp_type != QpType::Ud {
+            return Err(VerbsError::invalid("the GSI QP is a UD QP"));
+        }
+        if self.qpns.contains(&GSI_QPN) {
+            return Err(VerbsError::Busy("the device's GSI QP (QP1) exists already"));
+        }
+        let shard = shard_of(GSI_QPN, self.shards);
+        self.create_numbered_qp(init, shard, Some(GSI_QPN)).map(|qp| (shard, qp))
+    }
+
+    /// [`Control::create_qp`], with the number `qpn` if given (it is free
+    /// and belongs to `shard`) or else the next free one.
+    fn create_numbered_qp(&mut self, init: QpInitAttr, shard: usize, qpn: Option<u32>) -> Result<QueuePair> {
         assert!(shard < self.shards, "shard {shard} of {}", self.shards);
         if !self.memory.pd_exists(init.pd) {
             return Err(VerbsError::NotFound("protection domain"));
@@ -175,7 +196,10 @@ impl Control {
             return Err(VerbsError::invalid("a QP needs a send or a receive queue"));
         }
         let queues = QpQueues { send_cq: send_cq.clone(), recv_cq: recv_cq.clone(), srq };
-        let qpn = self.allocate_qpn(shard)?;
+        let qpn = match qpn {
+            Some(qpn) => qpn,
+            None => self.allocate_qpn(shard)?,
+        };
         queues.send_cq.add_shard(shard);
         queues.recv_cq.add_shard(shard);
         self.memory_mut().pd_users(init.pd, 1)?;

@@ -654,8 +654,42 @@ mod tests {
         let mut data = [0u8; MAD_DATA_LEN];
         Message::Rep(rep).emit(&mut data).unwrap();
         let expected: [u8; 36] = [
-            0, 0, 0, 9, 1, 2, 3, 4, 0, 0, 0, 0, 0x12, 0x34, 0x56, 0, 0, 0, 0, 0, 0x65, 0x43, 0x21, 0, 1, 2, 15 << 3 | 1,
-            7 << 5 | 1 << 4, 0, 0, 0, 0, 0, 0, 0, 7,
+            0,
+            0,
+            0,
+            9,
+            1,
+            2,
+            3,
+            4,
+            0,
+            0,
+            0,
+            0,
+            0x12,
+            0x34,
+            0x56,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0x65,
+            0x43,
+            0x21,
+            0,
+            1,
+            2,
+            15 << 3 | 1,
+            7 << 5 | 1 << 4,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            7,
         ];
         assert_eq!(&data[..36], &expected);
         let Message::Rep(parsed) = Message::parse(attribute::REP, &data).unwrap() else { panic!() };
@@ -707,7 +741,10 @@ mod tests {
         let long = PrivateData::new(&[1; 93]).unwrap();
         let req = Message::parse(attribute::REQ, &[0u8; MAD_DATA_LEN]).unwrap();
         let Message::Req(req) = req else { panic!() };
-        assert_eq!(Message::Req(Req { private_data: long, ..req }).emit(&mut [0u8; MAD_DATA_LEN]), Err(Error::Truncated));
+        assert_eq!(
+            Message::Req(Req { private_data: long, ..req }).emit(&mut [0u8; MAD_DATA_LEN]),
+            Err(Error::Truncated)
+        );
         assert!(PrivateData::new(&[0; 225]).is_none());
     }
 

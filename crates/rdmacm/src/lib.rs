@@ -1,0 +1,3 @@
+//! softrnic's drop-in `librdmacm.so.1`.
+
+pub mod protocol;
