@@ -12,6 +12,9 @@
 
 #![allow(non_camel_case_types)]
 
+pub mod ffi;
+pub mod layout_check;
+
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use libc::{pthread_cond_t, pthread_mutex_t};
@@ -219,6 +222,11 @@ pub struct ibv_wc {
     pub dlid_path_bits: u8,
 }
 
+/// `ibv_wc.status`: success, and the status of work flushed by a QP in
+/// the error state.
+pub const IBV_WC_SUCCESS: c_int = 0;
+pub const IBV_WC_WR_FLUSH_ERR: c_int = 5;
+
 pub const IBV_WC_GRH: c_uint = 1 << 0;
 pub const IBV_WC_WITH_IMM: c_uint = 1 << 1;
 pub const IBV_WC_WITH_INV: c_uint = 1 << 3;
@@ -323,6 +331,7 @@ pub struct ibv_qp_cap {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct ibv_qp_init_attr {
     pub qp_context: *mut c_void,
     pub send_cq: *mut ibv_cq,

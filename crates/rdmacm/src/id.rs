@@ -1,0 +1,649 @@
+//! rdma_cm IDs, event channels and events: the objects a program holds,
+//! each a C structure (first, so the program's pointer is the object's)
+//! followed by what the library keeps about it.
+//!
+//! The agent thread turns the protocol's events into [`Pending`] entries
+//! on the channel of the ID they concern ([`deliver`]); the program's
+//! `rdma_get_cm_event` takes one and makes it an `rdma_cm_event`
+//! ([`finish`]), doing on the way what rdma-core's librdmacm does there:
+//! a new ID for a connection request, the QP moved to RTS and the RTU sent
+//! when the REP arrives, the QP moved to the error state on a disconnect.
+
+use std::ffi::c_int;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Mutex, MutexGuard};
+
+use softrnic_engine::EventQueue;
+use softrnic_verbs_abi::*;
+use softrnic_wire::cm::{IpHeader, PrivateData, Rep, Req, SidrRep, sidr_status};
+
+use crate::abi::*;
+use crate::device::{CmDevice, CmState, gid_of, zeroed};
+use crate::protocol::{ConnId, Event, ServiceId};
+use crate::verbs;
+
+/// An event channel: the program's `rdma_event_channel` (its fd is the
+/// queue's, readable while events wait) and the queue.
+#[repr(C)]
+pub struct Channel {
+    pub public: rdma_event_channel,
+    pub queue: EventQueue<Pending>,
+}
+
+impl Channel {
+    pub fn new() -> std::io::Result<Box<Channel>> {
+        let queue = EventQueue::new()?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&queue);
+        Ok(Box::new(Channel { public: rdma_event_channel { fd }, queue }))
+    }
+
+    /// The channel behind a program's pointer.
+    ///
+    /// # Safety
+    /// `ptr` came from [`Channel::new`] and is live.
+    pub unsafe fn from_c<'a>(ptr: *mut rdma_event_channel) -> &'a Channel {
+        // SAFETY: `public` is the first field of a live `Channel`.
+        unsafe { &*ptr.cast::<Channel>() }
+    }
+}
+
+/// An event on its way to the program.
+pub struct Pending {
+    /// The [`Id`] it is for (its address).
+    pub id: usize,
+    pub what: Happened,
+}
+
+pub enum Happened {
+    AddrResolved,
+    RouteResolved,
+    Protocol(Event),
+}
+
+/// What the other side said about itself: from its REQ (passive side) or
+/// its REP (active side).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Remote {
+    pub qpn: u32,
+    pub psn: u32,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub qkey: u32,
+}
+
+/// What the library keeps about an ID.
+#[derive(Default)]
+pub struct IdState {
+    pub bound: Option<SocketAddr>,
+    pub peer: Option<SocketAddr>,
+    pub conn: Option<ConnId>,
+    pub listening: Option<ServiceId>,
+    pub remote: Option<Remote>,
+    /// This side's first PSN.
+    pub psn: u32,
+    /// What this side offered or accepted.
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    /// A channel the library made for a synchronous ID (created without
+    /// one): calls wait for their own events.
+    pub own_channel: Option<Box<Channel>>,
+    /// `rdma_create_ep` on a passive endpoint: the QP each request it
+    /// hands out (`rdma_get_request`) gets.
+    pub ep_qp_init: Option<(usize, ibv_qp_init_attr)>,
+    /// CQs and channels `rdma_create_qp` made because the program gave
+    /// none, destroyed with the QP.
+    pub own_cqs: bool,
+}
+
+/// An rdma_cm ID.
+#[repr(C)]
+pub struct Id {
+    pub public: rdma_cm_id,
+    pub state: Mutex<IdState>,
+    /// The path `route.path_rec` points to.
+    pub path: ibv_sa_path_rec,
+}
+
+impl Id {
+    /// A new ID on `channel` (or, if null, one of its own: synchronous).
+    pub fn new(
+        device: &CmDevice,
+        channel: *mut rdma_event_channel,
+        context: *mut std::ffi::c_void,
+        ps: c_int,
+        qp_type: c_int,
+    ) -> std::io::Result<*mut Id> {
+        // SAFETY: all-zero is valid for the C structures.
+        let mut id = Box::new(Id { public: unsafe { zeroed() }, state: Mutex::default(), path: unsafe { zeroed() } });
+        id.public.verbs = device.context;
+        id.public.context = context;
+        id.public.ps = ps;
+        id.public.port_num = 1;
+        id.public.qp_type = qp_type;
+        id.public.channel = channel;
+        if channel.is_null() {
+            let own = Channel::new()?;
+            id.public.channel = &own.public as *const _ as *mut _;
+            id.state.get_mut().unwrap_or_else(|e| e.into_inner()).own_channel = Some(own);
+        }
+        let raw = Box::into_raw(id);
+        // SAFETY: just made; the path lives in the same allocation.
+        unsafe { (*raw).public.route.path_rec = &mut (*raw).path };
+        Ok(raw)
+    }
+
+    /// The ID behind a program's pointer.
+    ///
+    /// # Safety
+    /// `ptr` came from [`Id::new`] and is live.
+    pub unsafe fn from_c<'a>(ptr: *mut rdma_cm_id) -> &'a mut Id {
+        // SAFETY: `public` is the first field of a live `Id`.
+        unsafe { &mut *ptr.cast::<Id>() }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, IdState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn channel(&self) -> &Channel {
+        // SAFETY: an ID's channel outlives it (rdma_destroy_event_channel
+        // on a channel with IDs is the program's error, as in rdma-core).
+        unsafe { Channel::from_c(self.public.channel) }
+    }
+
+    pub fn is_sync(&self) -> bool {
+        self.lock().own_channel.is_some()
+    }
+
+    /// Sets the route's addresses (and the path) once both ends are known.
+    pub fn set_route(&mut self, device: &CmDevice, local: SocketAddr, peer: Option<SocketAddr>) {
+        write_sockaddr(&mut self.public.route.addr.src_addr, local);
+        self.public.route.addr.addr.sgid = gid_of(local.ip());
+        self.public.route.addr.addr.pkey = 0xffff_u16.to_be();
+        if let Some(peer) = peer {
+            write_sockaddr(&mut self.public.route.addr.dst_addr, peer);
+            self.public.route.addr.addr.dgid = gid_of(peer.ip());
+            self.path.sgid = gid_of(local.ip());
+            self.path.dgid = gid_of(peer.ip());
+            self.path.pkey = 0xffff;
+            self.path.hop_limit = 64;
+            self.path.mtu = device.active_mtu;
+            self.path.reversible = 1;
+            self.path.numb_path = 1;
+            self.public.route.num_paths = 1;
+        }
+    }
+}
+
+/// Writes `addr` as a `sockaddr_in` or `sockaddr_in6` into `storage`.
+pub fn write_sockaddr(storage: &mut libc::sockaddr_storage, addr: SocketAddr) {
+    // SAFETY: a sockaddr_storage is big and aligned enough for both.
+    unsafe {
+        *storage = zeroed();
+        match addr {
+            SocketAddr::V4(v4) => {
+                let sin = &mut *(storage as *mut _ as *mut libc::sockaddr_in);
+                sin.sin_family = libc::AF_INET as u16;
+                sin.sin_port = v4.port().to_be();
+                sin.sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
+            }
+            SocketAddr::V6(v6) => {
+                let sin6 = &mut *(storage as *mut _ as *mut libc::sockaddr_in6);
+                sin6.sin6_family = libc::AF_INET6 as u16;
+                sin6.sin6_port = v6.port().to_be();
+                sin6.sin6_addr.s6_addr = v6.ip().octets();
+            }
+        }
+    }
+}
+
+/// Reads a `sockaddr_in` or `sockaddr_in6`.
+///
+/// # Safety
+/// `addr` is null or points to a sockaddr as long as its family says.
+pub unsafe fn read_sockaddr(addr: *const libc::sockaddr) -> Option<SocketAddr> {
+    if addr.is_null() {
+        return None;
+    }
+    // SAFETY: the family says which structure it is (caller).
+    unsafe {
+        match i32::from((*addr).sa_family) {
+            libc::AF_INET => {
+                let sin = &*(addr as *const libc::sockaddr_in);
+                let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+                Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+            }
+            libc::AF_INET6 => {
+                let sin6 = &*(addr as *const libc::sockaddr_in6);
+                Some(SocketAddr::new(
+                    std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr).into(),
+                    u16::from_be(sin6.sin6_port),
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Hands each event the protocol raised to the channel of its ID; a
+/// request for a listener that is gone is rejected.
+pub fn deliver(device: &CmDevice, state: &mut CmState) {
+    while let Some(event) = state.cm.poll_event() {
+        let target = match &event {
+            Event::ConnectRequest { service, .. } | Event::SidrRequest { service, .. } => {
+                state.listeners.get(service).copied()
+            }
+            Event::Reply { conn, .. }
+            | Event::Rejected { conn, .. }
+            | Event::Established { conn }
+            | Event::Disconnected { conn }
+            | Event::Unreachable { conn }
+            | Event::SidrReply { conn, .. } => state.conns.get(conn).copied(),
+        };
+        match (target, &event) {
+            (Some(id), _) => {
+                // SAFETY: IDs leave the maps (under this lock) before they
+                // are freed.
+                let channel = unsafe { Channel::from_c((*(id as *mut Id)).public.channel) };
+                channel.queue.push(Pending { id, what: Happened::Protocol(event) });
+            }
+            (None, Event::ConnectRequest { conn, .. } | Event::SidrRequest { conn, .. }) => {
+                let _ = state.cm.reject(*conn, PrivateData::EMPTY);
+                device.flush(state);
+            }
+            (None, _) => {}
+        }
+    }
+}
+
+/// An event as the program gets it, with room for its private data.
+#[repr(C)]
+pub struct EventBox {
+    pub public: rdma_cm_event,
+    private_data: [u8; softrnic_wire::cm::MAX_PRIVATE_DATA],
+}
+
+impl EventBox {
+    fn new(id: *mut rdma_cm_id, event: c_int, status: c_int) -> Box<EventBox> {
+        // SAFETY: all-zero is valid for the C structures.
+        let mut b =
+            Box::new(EventBox { public: unsafe { zeroed() }, private_data: [0; softrnic_wire::cm::MAX_PRIVATE_DATA] });
+        b.public.id = id;
+        b.public.event = event;
+        b.public.status = status;
+        b
+    }
+
+    /// Sets `param.conn` from what the other side sent.
+    fn conn(&mut self, data: &[u8], remote: &Remote, srq: bool) {
+        self.private_data[..data.len()].copy_from_slice(data);
+        self.public.param.conn = rdma_conn_param {
+            private_data: self.private_data.as_ptr().cast(),
+            private_data_len: data.len() as u8,
+            responder_resources: remote.responder_resources,
+            initiator_depth: remote.initiator_depth,
+            flow_control: 1,
+            retry_count: remote.retry_count,
+            rnr_retry_count: remote.rnr_retry_count,
+            srq: srq as u8,
+            qp_num: remote.qpn,
+        };
+    }
+
+    /// Sets `param.ud`: the peer's QP, Q_Key and an AH to it.
+    fn ud(&mut self, data: &[u8], peer: IpAddr, qpn: u32, qkey: u32) {
+        self.private_data[..data.len()].copy_from_slice(data);
+        self.public.param.ud = rdma_ud_param {
+            private_data: self.private_data.as_ptr().cast(),
+            private_data_len: data.len() as u8,
+            ah_attr: ah_to(peer),
+            qp_num: qpn,
+            qkey,
+        };
+    }
+}
+
+/// An address handle's attributes for `peer`.
+pub fn ah_to(peer: IpAddr) -> ibv_ah_attr {
+    // SAFETY: all-zero is valid.
+    let mut ah: ibv_ah_attr = unsafe { zeroed() };
+    ah.is_global = 1;
+    ah.port_num = 1;
+    ah.dlid = 0;
+    ah.grh.dgid = gid_of(peer);
+    ah.grh.hop_limit = 64;
+    ah.grh.sgid_index = 0;
+    ah
+}
+
+/// Moves the ID's QP (if it has one) to RTR then RTS with what both sides
+/// agreed; see [`qp_attr`].
+pub fn connect_qp(device: &CmDevice, id: &Id) -> Result<(), c_int> {
+    if id.public.qp.is_null() {
+        return Ok(());
+    }
+    for qp_state in [IBV_QPS_RTR, IBV_QPS_RTS] {
+        let (mut attr, mask) = qp_attr(device, id, qp_state)?;
+        // SAFETY: the ID's live QP.
+        let rc = unsafe { verbs::ibv_modify_qp(id.public.qp, &mut attr, mask) };
+        if rc != 0 {
+            return Err(rc);
+        }
+    }
+    Ok(())
+}
+
+/// Moves the ID's QP (if any) to the error state: its outstanding work
+/// completes flushed.
+pub fn fail_qp(id: &Id) {
+    if id.public.qp.is_null() {
+        return;
+    }
+    // SAFETY: all-zero is valid; the ID's live QP.
+    unsafe {
+        let mut attr: ibv_qp_attr = zeroed();
+        attr.qp_state = IBV_QPS_ERR;
+        verbs::ibv_modify_qp(id.public.qp, &mut attr, IBV_QP_STATE);
+    }
+}
+
+/// The attributes that take the ID's QP to `qp_state`, and their mask:
+/// what `rdma_init_qp_attr` returns and what the library itself uses.
+pub fn qp_attr(device: &CmDevice, id: &Id, qp_state: c_int) -> Result<(ibv_qp_attr, c_int), c_int> {
+    let s = id.lock();
+    // SAFETY: all-zero is valid.
+    let mut attr: ibv_qp_attr = unsafe { zeroed() };
+    attr.qp_state = qp_state;
+    let ud = id.public.qp_type == IBV_QPT_UD;
+    let mask = match qp_state {
+        IBV_QPS_INIT if ud => {
+            attr.port_num = 1;
+            attr.qkey = RDMA_UDP_QKEY;
+            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY
+        }
+        IBV_QPS_INIT => {
+            attr.port_num = 1;
+            attr.qp_access_flags = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) as u32;
+            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
+        }
+        IBV_QPS_RTR if ud => IBV_QP_STATE,
+        IBV_QPS_RTR => {
+            let (Some(remote), Some(peer)) = (s.remote, s.peer) else { return Err(libc::EINVAL) };
+            attr.path_mtu = device.active_mtu as _;
+            attr.dest_qp_num = remote.qpn;
+            attr.rq_psn = remote.psn;
+            attr.ah_attr = ah_to(peer.ip());
+            // This side answers as many READs as it offered to.
+            attr.max_dest_rd_atomic = s.responder_resources.max(1);
+            attr.min_rnr_timer = 12;
+            IBV_QP_STATE
+                | IBV_QP_AV
+                | IBV_QP_PATH_MTU
+                | IBV_QP_DEST_QPN
+                | IBV_QP_RQ_PSN
+                | IBV_QP_MAX_DEST_RD_ATOMIC
+                | IBV_QP_MIN_RNR_TIMER
+        }
+        IBV_QPS_RTS if ud => {
+            attr.sq_psn = s.psn;
+            IBV_QP_STATE | IBV_QP_SQ_PSN
+        }
+        IBV_QPS_RTS => {
+            attr.sq_psn = s.psn;
+            attr.timeout = 14;
+            attr.retry_cnt = s.retry_count.min(7);
+            attr.rnr_retry = s.rnr_retry_count.min(7);
+            attr.max_rd_atomic = s.initiator_depth.max(1);
+            IBV_QP_STATE
+                | IBV_QP_SQ_PSN
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_MAX_QP_RD_ATOMIC
+        }
+        _ => return Err(libc::EINVAL),
+    };
+    Ok((attr, mask))
+}
+
+/// Makes a pending entry the `rdma_cm_event` the program gets; `None`
+/// when there is nothing to tell (an event for a connection the ID has
+/// left).
+///
+/// # Safety
+/// `pending.id` is a live [`Id`].
+pub unsafe fn finish(device: &CmDevice, pending: Pending) -> Option<Box<EventBox>> {
+    let id_ptr = pending.id as *mut Id;
+    // SAFETY: live (caller).
+    let id = unsafe { &mut *id_ptr };
+    let public = id_ptr.cast::<rdma_cm_id>();
+    let event = match pending.what {
+        Happened::AddrResolved => EventBox::new(public, RDMA_CM_EVENT_ADDR_RESOLVED, 0),
+        Happened::RouteResolved => EventBox::new(public, RDMA_CM_EVENT_ROUTE_RESOLVED, 0),
+        Happened::Protocol(Event::ConnectRequest { conn, peer, req, .. }) => {
+            return connect_request(device, id, conn, peer, req);
+        }
+        Happened::Protocol(Event::SidrRequest { conn, peer, req, .. }) => {
+            let (header, data) = match split_ip_header(req.private_data.as_slice()) {
+                Some(split) => split,
+                None => {
+                    let _ = reject(device, conn);
+                    return None;
+                }
+            };
+            let child = new_child(device, id, conn, SocketAddr::new(peer, header.src_port))?;
+            let mut event = EventBox::new(child.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+            event.public.listen_id = public;
+            event.ud(data, peer, 0, 0);
+            event
+        }
+        Happened::Protocol(Event::Reply { conn, rep }) => {
+            if id.lock().conn != Some(conn) {
+                return None;
+            }
+            let remote = remote_of_rep(&rep);
+            id.lock().remote = Some(remote);
+            if id.public.qp.is_null() {
+                // The program moves its own QP, then calls rdma_establish.
+                let mut event = EventBox::new(public, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
+                event.conn(rep.private_data.as_slice(), &remote, rep.srq);
+                return Some(event);
+            }
+            if let Err(rc) = connect_qp(device, id) {
+                let _ = reject(device, conn);
+                return Some(EventBox::new(public, RDMA_CM_EVENT_CONNECT_ERROR, -rc.abs()));
+            }
+            confirm(device, conn);
+            let mut event = EventBox::new(public, RDMA_CM_EVENT_ESTABLISHED, 0);
+            event.conn(rep.private_data.as_slice(), &remote, rep.srq);
+            event
+        }
+        Happened::Protocol(Event::Established { conn }) => {
+            if id.lock().conn != Some(conn) {
+                return None;
+            }
+            EventBox::new(public, RDMA_CM_EVENT_ESTABLISHED, 0)
+        }
+        Happened::Protocol(Event::Rejected { conn, reason, private_data }) => {
+            forget_conn(device, id, conn);
+            let mut event = EventBox::new(public, RDMA_CM_EVENT_REJECTED, c_int::from(reason));
+            event.conn(private_data.as_slice(), &Remote::default(), false);
+            event
+        }
+        Happened::Protocol(Event::Disconnected { conn }) => {
+            if id.lock().conn != Some(conn) {
+                return None;
+            }
+            fail_qp(id);
+            EventBox::new(public, RDMA_CM_EVENT_DISCONNECTED, 0)
+        }
+        Happened::Protocol(Event::Unreachable { conn }) => {
+            forget_conn(device, id, conn);
+            EventBox::new(public, RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)
+        }
+        Happened::Protocol(Event::SidrReply { conn, rep }) => {
+            forget_conn(device, id, conn);
+            let Some(peer) = id.lock().peer else { return None };
+            if rep.status != sidr_status::VALID {
+                return Some(EventBox::new(public, RDMA_CM_EVENT_UNREACHABLE, -libc::ECONNREFUSED));
+            }
+            let mut event = EventBox::new(public, RDMA_CM_EVENT_ESTABLISHED, 0);
+            event.ud(rep.private_data.as_slice(), peer.ip(), rep.qpn, rep.qkey);
+            event
+        }
+    };
+    Some(event)
+}
+
+fn remote_of_rep(rep: &Rep) -> Remote {
+    Remote {
+        qpn: rep.local_qpn,
+        psn: rep.starting_psn,
+        responder_resources: rep.responder_resources,
+        initiator_depth: rep.initiator_depth,
+        retry_count: 7,
+        rnr_retry_count: rep.rnr_retry_count,
+        qkey: rep.local_qkey,
+    }
+}
+
+/// rdma_cm's header, then the program's own private data.
+fn split_ip_header(data: &[u8]) -> Option<(IpHeader, &[u8])> {
+    let header = IpHeader::parse(data).ok()?;
+    Some((header, &data[IpHeader::LEN..]))
+}
+
+fn connect_request(
+    device: &CmDevice,
+    listener: &mut Id,
+    conn: ConnId,
+    peer: IpAddr,
+    req: Req,
+) -> Option<Box<EventBox>> {
+    let Some((header, data)) = split_ip_header(req.private_data.as_slice()) else {
+        let _ = reject(device, conn);
+        return None;
+    };
+    let child = new_child(device, listener, conn, SocketAddr::new(peer, header.src_port))?;
+    let remote = Remote {
+        qpn: req.local_qpn,
+        psn: req.starting_psn,
+        responder_resources: req.responder_resources,
+        initiator_depth: req.initiator_depth,
+        retry_count: req.retry_count,
+        rnr_retry_count: req.rnr_retry_count,
+        qkey: req.local_qkey,
+    };
+    // SAFETY: just made.
+    let child_id = unsafe { &*child };
+    {
+        let mut s = child_id.lock();
+        s.remote = Some(remote);
+        s.retry_count = req.retry_count;
+        s.rnr_retry_count = req.rnr_retry_count;
+    }
+    let mut event = EventBox::new(child.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+    event.public.listen_id = (listener as *mut Id).cast();
+    event.conn(data, &remote, req.srq);
+    Some(event)
+}
+
+/// A new ID for connection `conn`, which the listener's program will
+/// accept or reject, on the listener's channel.
+fn new_child(device: &CmDevice, listener: &mut Id, conn: ConnId, peer: SocketAddr) -> Option<*mut Id> {
+    let local = listener.lock().bound?;
+    let local = SocketAddr::new(if local.ip().is_unspecified() { device.addr } else { local.ip() }, local.port());
+    let child =
+        Id::new(device, listener.public.channel, listener.public.context, listener.public.ps, listener.public.qp_type)
+            .ok()?;
+    // SAFETY: just made.
+    let c = unsafe { &mut *child };
+    c.set_route(device, local, Some(peer));
+    {
+        let mut s = c.lock();
+        s.bound = Some(local);
+        s.peer = Some(peer);
+        s.conn = Some(conn);
+        s.psn = random_psn();
+    }
+    device.lock().conns.insert(conn, child as usize);
+    Some(child)
+}
+
+fn reject(device: &CmDevice, conn: ConnId) -> Result<(), &'static str> {
+    let mut state = device.lock();
+    let result = state.cm.reject(conn, PrivateData::EMPTY);
+    state.conns.remove(&conn);
+    device.flush_and_wake(&mut state);
+    result
+}
+
+fn confirm(device: &CmDevice, conn: ConnId) {
+    let mut state = device.lock();
+    let _ = state.cm.confirm(conn, PrivateData::EMPTY);
+    device.flush_and_wake(&mut state);
+}
+
+fn forget_conn(device: &CmDevice, id: &Id, conn: ConnId) {
+    let mut s = id.lock();
+    if s.conn == Some(conn) {
+        s.conn = None;
+    }
+    drop(s);
+    let mut state = device.lock();
+    state.conns.remove(&conn);
+    state.cm.forget(conn);
+}
+
+/// A random first PSN (24 bits).
+pub fn random_psn() -> u32 {
+    let mut bytes = [0u8; 4];
+    // SAFETY: a 4-byte buffer.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), 4, 0) };
+    if got != 4 {
+        bytes = std::process::id().to_le_bytes();
+    }
+    u32::from_le_bytes(bytes) & 0x00ff_ffff
+}
+
+/// An accepted request's REP, or a SIDR_REP for a UD ID.
+pub fn answer(id: &Id, rep_private: PrivateData) -> Result<(Option<Rep>, Option<SidrRep>), c_int> {
+    let s = id.lock();
+    // SAFETY: the ID's QP, when it has one, is live.
+    let qpn = if id.public.qp.is_null() { 0 } else { unsafe { (*id.public.qp).qp_num } };
+    if id.public.ps == RDMA_PS_UDP {
+        let service = (RDMA_PS_UDP as u64) << 16 | u64::from(s.bound.map_or(0, |b| b.port()));
+        return Ok((
+            None,
+            Some(SidrRep {
+                request_id: 0,
+                status: sidr_status::VALID,
+                qpn,
+                service_id: service,
+                qkey: RDMA_UDP_QKEY,
+                private_data: rep_private,
+            }),
+        ));
+    }
+    let rep = Rep {
+        local_comm_id: 0,
+        remote_comm_id: 0,
+        local_qkey: 0,
+        local_qpn: qpn,
+        starting_psn: s.psn,
+        responder_resources: s.responder_resources,
+        initiator_depth: s.initiator_depth,
+        target_ack_delay: 15,
+        failover_accepted: 0,
+        end_to_end_flow_control: true,
+        rnr_retry_count: s.rnr_retry_count.min(7),
+        srq: !id.public.srq.is_null(),
+        local_ca_guid: 0,
+        private_data: rep_private,
+    };
+    Ok((Some(rep), None))
+}
