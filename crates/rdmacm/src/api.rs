@@ -340,6 +340,10 @@ unsafe fn create_qp(verb: &str, id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut
     let pd = if pd.is_null() { device.pd } else { pd };
     // SAFETY: readable and writable (caller).
     let a = unsafe { &mut *attr };
+    if a.qp_type == 0 {
+        // Unset (rdma_client leaves it): the ID's port space says.
+        a.qp_type = id.public.qp_type;
+    }
     // SAFETY: verbs calls on the program's objects and ones made here.
     unsafe {
         if a.send_cq.is_null() || a.recv_cq.is_null() {

@@ -14,6 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Mutex, MutexGuard};
 
 use softrnic_engine::EventQueue;
+use softrnic_verbs_abi::ffi::refuse;
 use softrnic_verbs_abi::*;
 use softrnic_wire::cm::{IpHeader, PrivateData, Rep, Req, SidrRep, sidr_status};
 
@@ -57,7 +58,8 @@ pub struct Pending {
 pub enum Happened {
     AddrResolved,
     RouteResolved,
-    Protocol(Event),
+    /// What the protocol raised (boxed: a request carries its REQ).
+    Protocol(Box<Event>),
 }
 
 /// What the other side said about itself: from its REQ (passive side) or
@@ -249,7 +251,7 @@ pub fn deliver(device: &CmDevice, state: &mut CmState) {
                 // SAFETY: IDs leave the maps (under this lock) before they
                 // are freed.
                 let channel = unsafe { Channel::from_c((*(id as *mut Id)).public.channel) };
-                channel.queue.push(Pending { id, what: Happened::Protocol(event) });
+                channel.queue.push(Pending { id, what: Happened::Protocol(Box::new(event)) });
             }
             (None, Event::ConnectRequest { conn, .. } | Event::SidrRequest { conn, .. }) => {
                 let _ = state.cm.reject(*conn, PrivateData::EMPTY);
@@ -367,7 +369,7 @@ pub fn qp_attr(device: &CmDevice, id: &Id, qp_state: c_int) -> Result<(ibv_qp_at
         }
         IBV_QPS_INIT => {
             attr.port_num = 1;
-            attr.qp_access_flags = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) as u32;
+            attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
         }
         IBV_QPS_RTR if ud => IBV_QP_STATE,
@@ -421,13 +423,16 @@ pub unsafe fn finish(device: &CmDevice, pending: Pending) -> Option<Box<EventBox
     // SAFETY: live (caller).
     let id = unsafe { &mut *id_ptr };
     let public = id_ptr.cast::<rdma_cm_id>();
-    let event = match pending.what {
-        Happened::AddrResolved => EventBox::new(public, RDMA_CM_EVENT_ADDR_RESOLVED, 0),
-        Happened::RouteResolved => EventBox::new(public, RDMA_CM_EVENT_ROUTE_RESOLVED, 0),
-        Happened::Protocol(Event::ConnectRequest { conn, peer, req, .. }) => {
+    let raised = match pending.what {
+        Happened::AddrResolved => return Some(EventBox::new(public, RDMA_CM_EVENT_ADDR_RESOLVED, 0)),
+        Happened::RouteResolved => return Some(EventBox::new(public, RDMA_CM_EVENT_ROUTE_RESOLVED, 0)),
+        Happened::Protocol(event) => *event,
+    };
+    let event = match raised {
+        Event::ConnectRequest { conn, peer, req, .. } => {
             return connect_request(device, id, conn, peer, req);
         }
-        Happened::Protocol(Event::SidrRequest { conn, peer, req, .. }) => {
+        Event::SidrRequest { conn, peer, req, .. } => {
             let (header, data) = match split_ip_header(req.private_data.as_slice()) {
                 Some(split) => split,
                 None => {
@@ -441,7 +446,7 @@ pub unsafe fn finish(device: &CmDevice, pending: Pending) -> Option<Box<EventBox
             event.ud(data, peer, 0, 0);
             event
         }
-        Happened::Protocol(Event::Reply { conn, rep }) => {
+        Event::Reply { conn, rep } => {
             if id.lock().conn != Some(conn) {
                 return None;
             }
@@ -462,32 +467,38 @@ pub unsafe fn finish(device: &CmDevice, pending: Pending) -> Option<Box<EventBox
             event.conn(rep.private_data.as_slice(), &remote, rep.srq);
             event
         }
-        Happened::Protocol(Event::Established { conn }) => {
+        Event::Established { conn } => {
             if id.lock().conn != Some(conn) {
                 return None;
             }
             EventBox::new(public, RDMA_CM_EVENT_ESTABLISHED, 0)
         }
-        Happened::Protocol(Event::Rejected { conn, reason, private_data }) => {
+        Event::Rejected { conn, reason, private_data } => {
             forget_conn(device, id, conn);
+            let peer = id.lock().peer;
+            refuse(
+                "rdma_get_cm_event",
+                libc::ECONNREFUSED,
+                format!("{peer:?} rejected the connection (reason {reason})"),
+            );
             let mut event = EventBox::new(public, RDMA_CM_EVENT_REJECTED, c_int::from(reason));
             event.conn(private_data.as_slice(), &Remote::default(), false);
             event
         }
-        Happened::Protocol(Event::Disconnected { conn }) => {
+        Event::Disconnected { conn } => {
             if id.lock().conn != Some(conn) {
                 return None;
             }
             fail_qp(id);
             EventBox::new(public, RDMA_CM_EVENT_DISCONNECTED, 0)
         }
-        Happened::Protocol(Event::Unreachable { conn }) => {
+        Event::Unreachable { conn } => {
             forget_conn(device, id, conn);
             EventBox::new(public, RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT)
         }
-        Happened::Protocol(Event::SidrReply { conn, rep }) => {
+        Event::SidrReply { conn, rep } => {
             forget_conn(device, id, conn);
-            let Some(peer) = id.lock().peer else { return None };
+            let peer = id.lock().peer?;
             if rep.status != sidr_status::VALID {
                 return Some(EventBox::new(public, RDMA_CM_EVENT_UNREACHABLE, -libc::ECONNREFUSED));
             }

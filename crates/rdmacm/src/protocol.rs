@@ -234,8 +234,9 @@ impl Cm {
         Ok(())
     }
 
-    /// Takes the connection down: sends a DREQ (once established), or
-    /// forgets a connection that never came up.
+    /// Takes the connection down: sends a DREQ (once established), rejects
+    /// a request the program never answered, or forgets a connection that
+    /// never came up.
     pub fn disconnect(&mut self, now: Duration, conn: ConnId) -> Result<(), &'static str> {
         let c = self.connections.get_mut(&conn).ok_or("no such connection")?;
         match c.state {
@@ -252,6 +253,7 @@ impl Cm {
                 Ok(())
             }
             State::DreqSent | State::TimeWait => Err("already disconnected"),
+            State::ReqReceived | State::SidrReceived => self.reject(conn, PrivateData::EMPTY),
             _ => {
                 self.forget(conn);
                 Ok(())
