@@ -2,14 +2,16 @@
 """The wider RDMA stack over softrnic, unmodified: the tools that read the
 kernel's RDMA paths (infiniband-diags' ibstat and ibstatus) and UCX
 (ucx_info, ucx_perftest over rc_verbs and ud_verbs), each run through
-`softrnic run`, on loopback and between two network namespaces, with each
-program's figure.
+`softrnic run`; and rdma_cm programs over softrnic's librdmacm.so.1
+(rdmacm-utils' rping, ucmatose, udaddy, rdma_server/rdma_client, qperf
+-cm1, perftest's eight tests with -R). On loopback and between two
+network namespaces, with each program's figure.
 
     scripts/stack-matrix.py [--only REGEX] [--no-netns]
 
 verbs-matrix.py runs libibverbs' own programs and perftest; this is its
-companion for what stands on top (rdma_cm, Open MPI and libfabric join it
-as they come)."""
+companion for what stands on top (Open MPI and libfabric join it as they
+come)."""
 
 import argparse
 import importlib.util
@@ -18,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,7 +29,8 @@ vm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(vm)
 
 SOFTRNIC = os.path.join(HERE, "..", "target", "release", "softrnic")
-TOOLS = {"ibstat": "infiniband-diags", "ibstatus": "infiniband-diags", "ucx_info": "ucx-utils", "ucx_perftest": "ucx-utils"}
+TOOLS = {"ibstat": "infiniband-diags", "ibstatus": "infiniband-diags", "ucx_info": "ucx-utils", "ucx_perftest": "ucx-utils",
+         "rping": "rdmacm-utils", "qperf": "qperf", "ib_send_bw": "perftest"}
 TIMEOUT = 90
 
 
@@ -53,6 +57,144 @@ def pairs():
         out.append((f"ucx_perftest ucp_put_bw 64KiB {label}", tls, ["-t", "ucp_put_bw", "-s", "65536", "-n", "2000"],
                     "bandwidth"))
     return out
+
+
+def cm_pairs():
+    """(name, server argv, client argv, parse, whether the server also
+    listens on TCP port {P}): rdma_cm programs, {S} and {C} standing for
+    the server's and the client's address, {P} for the port."""
+    out = [
+        ("rping -V (500 verified pings)", ["rping", "-s", "-a", "{S}", "-p", "{P}", "-C", "500", "-V"],
+         ["rping", "-c", "-a", "{S}", "-p", "{P}", "-C", "500", "-V"], counted("verified pings", 500), False),
+        ("ucmatose (8 connections)", ["ucmatose", "-b", "{S}", "-p", "{P}", "-c", "8", "-C", "100"],
+         ["ucmatose", "-s", "{S}", "-b", "{C}", "-p", "{P}", "-c", "8", "-C", "100"],
+         expect(r"return status 0", "8 connections × 100 messages each way"), False),
+        # udaddy's -p is the port space; it uses its own port.
+        ("udaddy (4 UD endpoints)", ["udaddy", "-b", "{S}", "-c", "4", "-C", "100"],
+         ["udaddy", "-s", "{S}", "-b", "{C}", "-c", "4", "-C", "100"],
+         expect(r"return status 0", "4 endpoints resolved by SIDR × 100 datagrams"), False),
+        ("rdma_server/rdma_client", ["rdma_server", "-s", "{S}", "-p", "{P}"], ["rdma_client", "-s", "{S}", "-p", "{P}"],
+         expect(r"rdma_client: end 0", "synchronous endpoints, one message each way"), False),
+    ]
+    for test in ["rc_lat", "rc_bw"]:
+        out.append((f"qperf -cm1 {test}", ["qperf", "-lp", "{P}"], ["qperf", "{S}", "-lp", "{P}", "-t", "2", "-cm1", test],
+                    qperf_figure, True))
+    for op in ["send", "write", "read", "atomic"]:
+        for kind, figure in [("bw", vm.bw_figure), ("lat", vm.lat_figure)]:
+            program = f"ib_{op}_{kind}"
+            out.append((f"{program} -R", [program, "-R", "-p", "{P}"], [program, "-R", "-p", "{P}", "{S}"],
+                        lambda text, seconds, figure=figure: figure(text), False))
+    return out
+
+
+def counted(what, n):
+    def parse(text, seconds):
+        return f"{n} {what} in {seconds:.2f} s, connection set-up and teardown included"
+    return parse
+
+
+def expect(pattern, figure):
+    def parse(text, seconds):
+        return figure if re.search(pattern, text) else None
+    return parse
+
+
+def qperf_figure(text, seconds):
+    m = re.search(r"(latency|bw)\s+=\s+([\d.]+ \S+)", text)
+    return m and f"{m.group(1)} {m.group(2)}"
+
+
+def run_cm_pair(libdir, site, server_argv, client_argv, parse, serves_tcp, port):
+    """Runs an rdma_cm server and client over softrnic's librdmacm; both
+    must exit 0 (a server that serves forever, qperf, is stopped after the
+    client), and the client's output must parse."""
+    fill = lambda argv: [a.replace("{S}", site.server_addr).replace("{C}", site.client_addr).replace("{P}", str(port))
+                         for a in argv]
+    server = subprocess.Popen(site.command(site.server_ns, fill(server_argv)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=vm.environment(libdir, site.server_addr))
+    if serves_tcp:
+        deadline = time.time() + 10
+        while not site.listening(port) and time.time() < deadline and server.poll() is None:
+            time.sleep(0.02)
+    else:
+        # rdma_cm listens on no TCP port; a request that comes early is
+        # sent again a response timeout later (crates/rdmacm/src/protocol.rs).
+        time.sleep(0.3)
+    start = time.time()
+    try:
+        client = subprocess.run(site.command(site.client_ns, fill(client_argv)), capture_output=True, text=True,
+                                env=vm.environment(libdir, site.client_addr), timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.communicate()
+        return ("FAIL", f"timed out after {TIMEOUT}s")
+    seconds = time.time() - start
+    if serves_tcp:
+        server.terminate()
+    try:
+        server_out, _ = server.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server_out, _ = server.communicate()
+    text = client.stdout + client.stderr
+    if client.returncode != 0:
+        return ("FAIL", "client: " + vm.last_lines(text))
+    if not serves_tcp and server.returncode != 0:
+        return ("FAIL", "server: " + vm.last_lines(server_out))
+    figure = parse(text, seconds)
+    return ("pass", figure) if figure else ("FAIL", "no result in the output: " + vm.last_lines(text))
+
+
+def cm_on_the_wire(libdir, site):
+    """An independent decoder reads softrnic's CM: tshark captures an rping
+    over UDP (no shared memory, so every packet crosses the interface) and
+    must decode the five messages of a connection's life as InfiniBand CM
+    MADs over RoCEv2, the REQ carrying rdma_cm's IP header with both
+    addresses. Capturing needs root (CAP_NET_RAW): elsewhere it is skipped
+    with that reason, but not under CI."""
+    if shutil.which("tshark") is None:
+        return ("FAIL" if os.environ.get("CI") == "true" else "skip", "no tshark (apt-get install tshark)")
+    if os.geteuid() != 0:
+        return ("FAIL" if os.environ.get("CI") == "true" else "skip", "capturing packets needs root")
+    pcap = os.path.join(tempfile.mkdtemp(prefix="softrnic-cm-"), "cm.pcap")
+    capture = subprocess.Popen(["tshark", "-q", "-i", "lo", "-f", "udp port 4791", "-w", pcap],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        # Ready once it says where it captures.
+        deadline = time.time() + 20
+        seen = ""
+        while "Capturing on" not in seen and time.time() < deadline and capture.poll() is None:
+            seen += capture.stderr.readline()
+        if "Capturing on" not in seen:
+            return ("FAIL", "tshark did not start capturing: " + vm.last_lines(seen))
+        udp = {"SOFTRNIC_DATAPATH": "udp"}
+        server = subprocess.Popen(["rping", "-s", "-a", site.server_addr, "-p", "18899", "-C", "3", "-V"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                  env=vm.environment(libdir, site.server_addr, udp))
+        time.sleep(0.3)
+        client = subprocess.run(["rping", "-c", "-a", site.server_addr, "-p", "18899", "-C", "3", "-V"],
+                                capture_output=True, text=True, env=vm.environment(libdir, site.client_addr, udp),
+                                timeout=TIMEOUT)
+        server.wait(timeout=TIMEOUT)
+        time.sleep(0.5)
+    finally:
+        capture.send_signal(2)
+        capture.wait(timeout=20)
+    if client.returncode != 0:
+        return ("FAIL", "rping: " + vm.last_lines(client.stdout + client.stderr))
+    fields = ["_ws.col.Info", "infiniband.cm.req.ip_cm.sip4", "infiniband.cm.req.ip_cm.dip4",
+              "infiniband.cm.rep.localqpn"]
+    decoded = subprocess.run(["tshark", "-r", pcap, "-Y", "infiniband.mad", "-T", "fields", "-E", "separator=|",
+                              *[a for f in fields for a in ("-e", f)]], capture_output=True, text=True)
+    rows = [line.split("|") for line in decoded.stdout.splitlines()]
+    messages = [row[0].removeprefix("CM: ").strip() for row in rows]
+    expected = ["ConnectRequest", "ConnectReply", "ReadyToUse", "DisconnectRequest", "DisconnectReply"]
+    if messages != expected:
+        return ("FAIL", f"tshark decoded {messages}, expected {expected}")
+    req, rep = rows[0], rows[1]
+    if (req[1], req[2]) != (site.client_addr, site.server_addr) or int(rep[3], 16) == 0:
+        return ("FAIL", f"REQ's IP header {req[1:3]}, REP's QPN {rep[3]}")
+    return ("pass", "tshark: " + ", ".join(expected) + f"; REQ from {req[1]} to {req[2]}, REP's QP {rep[3]}")
 
 
 def run_single(site, argv, patterns):
@@ -113,7 +255,7 @@ def main():
         sys.exit(f"missing programs: install them with: sudo apt-get install {' '.join(missing)}")
     if not os.path.exists(SOFTRNIC):
         sys.exit("no target/release/softrnic: run cargo build --release first")
-    vm.build_library()
+    libdir = vm.build_library()
     wanted = re.compile(args.only) if args.only else None
     results = []
 
@@ -127,8 +269,17 @@ def main():
             verdict = run_pair(site, tls, perftest_args, kind, 18700 + i)
             results.append((site.name, name, *verdict))
             print(f"  {site.name:9} {name:36} {verdict[0]}", file=sys.stderr, flush=True)
+        for i, (name, server_argv, client_argv, parse, serves_tcp) in enumerate(cm_pairs()):
+            if wanted and not wanted.search(name):
+                continue
+            verdict = run_cm_pair(libdir, site, server_argv, client_argv, parse, serves_tcp, 18800 + i)
+            results.append((site.name, name, *verdict))
+            print(f"  {site.name:9} {name:36} {verdict[0]}", file=sys.stderr, flush=True)
 
-    run_site(vm.Site("loopback", "127.0.78.1", "127.0.78.2"))
+    loopback = vm.Site("loopback", "127.0.78.1", "127.0.78.2")
+    run_site(loopback)
+    if not wanted or wanted.search("tshark"):
+        results.append(("loopback", "tshark decodes the CM exchange", *cm_on_the_wire(libdir, loopback)))
     reason = "--no-netns given" if args.no_netns else vm.namespaces_unavailable()
     if reason:
         results.append(("netns", "all entries", "skip", reason))

@@ -369,7 +369,11 @@ pub fn qp_attr(device: &CmDevice, id: &Id, qp_state: c_int) -> Result<(ibv_qp_at
         }
         IBV_QPS_INIT => {
             attr.port_num = 1;
-            attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+            // What the kernel's CM grants a connected QP: the peer may
+            // write, read and use atomics (the READ and atomic depth it
+            // gets is what the REQ and REP agree).
+            attr.qp_access_flags =
+                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
         }
         IBV_QPS_RTR if ud => IBV_QP_STATE,

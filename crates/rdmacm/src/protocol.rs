@@ -17,7 +17,7 @@
 //! listener are rejected), so a hostile MAD changes nothing it does not
 //! name.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -33,6 +33,9 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_nanos(4096 << RESPONSE_TIM
 /// How often a REQ, REP or DREQ is sent again before the other side is
 /// taken for gone (the REQ field is four bits).
 pub const MAX_RETRIES: u8 = 15;
+
+/// How many refused-once requests an agent remembers.
+const MAX_UNCLAIMED: usize = 1024;
 
 /// A connection, by this side's communication ID.
 pub type ConnId = u32;
@@ -112,6 +115,9 @@ pub struct Cm {
     /// duplicate REQ finds the connection it already made.
     by_peer: HashMap<(IpAddr, u32), ConnId>,
     listeners: HashMap<ServiceId, ()>,
+    /// REQs and SIDR_REQs for no listener, seen once: refused only when
+    /// they come again (see [`Cm::handle_mad`]).
+    unclaimed: HashSet<(IpAddr, u32)>,
     next_id: u32,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
@@ -127,6 +133,7 @@ impl Cm {
             connections: HashMap::new(),
             by_peer: HashMap::new(),
             listeners: HashMap::new(),
+            unclaimed: HashSet::new(),
             next_id: first_id.max(1),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
@@ -277,6 +284,13 @@ impl Cm {
     }
 
     /// Handles a MAD that arrived on QP1 from `peer`.
+    ///
+    /// A request for a service nobody listens on is refused (a REJ, or a
+    /// SIDR_REP saying so) only when it comes again, a response timeout
+    /// later. The IBTA's CM refuses at once, but it is the host's one CM;
+    /// softrnic's lives in each process, and a request may arrive between a
+    /// server's device opening and its `rdma_listen`, or at the last
+    /// moment of the process that served the port before.
     pub fn handle_mad(&mut self, peer: IpAddr, bytes: &[u8]) {
         let parsed = mad::Header::new_checked(bytes).and_then(|h| mad::Repr::parse(&h)).and_then(|header| {
             if header.mgmt_class != mad::class::CM || header.class_version != CLASS_VERSION {
@@ -317,6 +331,9 @@ impl Cm {
             return true;
         }
         if !self.listeners.contains_key(&req.service_id) {
+            if self.first_sight(peer, req.local_comm_id) {
+                return true;
+            }
             let rej = Rej {
                 local_comm_id: 0,
                 remote_comm_id: req.local_comm_id,
@@ -334,8 +351,24 @@ impl Cm {
         true
     }
 
+    /// Notes a request for no listener; whether it is new.
+    fn first_sight(&mut self, peer: IpAddr, id: u32) -> bool {
+        if self.unclaimed.remove(&(peer, id)) {
+            return false;
+        }
+        if self.unclaimed.len() >= MAX_UNCLAIMED {
+            // Hostile or forgotten: the oldest need not be remembered.
+            self.unclaimed.clear();
+        }
+        self.unclaimed.insert((peer, id));
+        true
+    }
+
     fn on_sidr_req(&mut self, peer: IpAddr, tid: u64, req: SidrReq) -> bool {
         if !self.listeners.contains_key(&req.service_id) {
+            if self.first_sight(peer, req.request_id) {
+                return true;
+            }
             let rep = SidrRep {
                 request_id: req.request_id,
                 status: cm::sidr_status::SERVICE_ID_NOT_SUPPORTED,
@@ -649,14 +682,29 @@ mod tests {
         assert_eq!((p.a.dropped, p.b.dropped), (0, 0));
     }
 
+    /// Refused when it comes again: a listener has a response timeout to
+    /// appear.
     #[test]
     fn a_req_for_no_listener_is_rejected() {
         let mut p = Pair::new();
         let a = p.a.connect(p.now, B, req(0x11));
         p.settle();
+        assert_eq!(p.a.poll_event(), None);
+        p.tick();
         let Some(Event::Rejected { conn, reason, .. }) = p.a.poll_event() else { panic!() };
         assert_eq!((conn, reason), (a, reject_reason::INVALID_SERVICE_ID));
         assert_eq!(p.a.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_listener_that_appears_in_time_gets_the_request() {
+        let mut p = Pair::new();
+        p.a.connect(p.now, B, req(0x11));
+        p.settle();
+        p.b.listen(SERVICE).unwrap();
+        p.tick();
+        assert!(matches!(p.b.poll_event(), Some(Event::ConnectRequest { .. })));
+        assert_eq!(p.a.poll_event(), None);
     }
 
     #[test]
