@@ -24,9 +24,12 @@ softrnic runs over its UDP datapath there. Other modes:
               across a link between two namespaces that loses 0.1, 1 and
               5 % in the kernel (netem, or nftables without it);
   --perftest  Debian's perftest over softrnic's drop-in libibverbs.so.1
-              beside `softrnic bench` on the same tests.
+              beside `softrnic bench` on the same tests;
+  --cm        connection set-up through rdma_cm: rdmacm-utils' cmtime
+              over softrnic's librdmacm.so.1 (1 to 1000 connections) beside
+              kernel TCP's connect and accept of as many connections.
 
-    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest]
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -358,6 +361,61 @@ def netns_loss(a, percents):
     print("\nAll runs:", json.dumps({f"{k[0]}-{k[1]}": [round(x, 3) for x in v] for k, v in r.items()}))
 
 
+def cmtime_connect_ms(connections, port):
+    """cmtime over softrnic's librdmacm (both ends on loopback addresses,
+    UDP): the total of its connect step, in ms."""
+    libdir = os.path.join(ROOT, "target", "softrnic", "lib")
+    env = lambda addr: {**os.environ, "LD_LIBRARY_PATH": libdir, "SOFTRNIC_ADDR": addr, "SOFTRNIC_DATAPATH": "udp"}
+    args = ["-p", str(port), "-c", str(connections)]
+    with Server(["cmtime", "-b", "127.0.0.40", *args], env=env("127.0.0.40")):
+        out = sh(["cmtime", "-s", "127.0.0.40", "-b", "127.0.0.41", *args], env=env("127.0.0.41"))
+    m = re.search(r"^connect\s*:\s*([\d.]+)", out.stdout, re.M)
+    if out.returncode != 0 or not m:
+        raise RuntimeError(f"cmtime -c {connections}: {out.stdout[-300:]} {out.stderr[-300:]}")
+    return float(m.group(1))
+
+
+def tcp_connect_ms(connections):
+    """Kernel TCP on loopback: `connections` connects, each accepted, as
+    one client opens them (what cmtime's connect step is for rdma_cm)."""
+    import socket
+    listener = socket.socket()
+    listener.bind(("127.0.0.42", 0))
+    listener.listen(connections)
+    clients, accepted = [], []
+    start = time.perf_counter()
+    for _ in range(connections):
+        c = socket.create_connection(listener.getsockname())
+        accepted.append(listener.accept()[0])
+        clients.append(c)
+    elapsed = (time.perf_counter() - start) * 1000
+    for s in clients + accepted + [listener]:
+        s.close()
+    return elapsed
+
+
+def cm_main(a):
+    """Connections per second through rdma_cm beside TCP's, same run."""
+    if shutil.which("cmtime") is None:
+        sys.exit("cmtime is missing: sudo apt-get install rdmacm-utils")
+    subprocess.run([os.path.join(ROOT, "scripts", "build-libibverbs.sh")], check=True, stdout=subprocess.DEVNULL)
+    counts = [1, 10, 100, 1000]
+    r = {n: {"cm": [], "tcp": []} for n in counts}
+    for run in range(a.runs):
+        print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+        for i, n in enumerate(counts):
+            r[n]["cm"].append(cmtime_connect_ms(n, 15000 + run * 10 + i))
+            r[n]["tcp"].append(tcp_connect_ms(n))
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores:\n")
+    print("| connections | rdma_cm over softrnic: connect | per second | kernel TCP: connect + accept | per second | softrnic's rate / TCP's (median of per-run ratios) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for n in counts:
+        cm, tcp = median(r[n]["cm"]), median(r[n]["tcp"])
+        ratio = median([t / c for c, t in zip(r[n]["cm"], r[n]["tcp"])])
+        print(f"| {n} | {cm:.2f} ms | {n / cm * 1000:,.0f} | {tcp:.2f} ms | {n / tcp * 1000:,.0f} | {ratio:.2f}× |")
+    print("\nAll runs:", json.dumps({n: v for n, v in r.items()}))
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -370,11 +428,14 @@ def main():
     parser.add_argument("--shm", action="store_true", help="the shared-memory wire against UCX's")
     parser.add_argument("--scaling", action="store_true", help="8 QPs over 1, 2, 4 and 8 engine threads")
     parser.add_argument("--loss", action="store_true", help="throughput and tail latency under loss, each recovery, and against TCP")
+    parser.add_argument("--cm", action="store_true", help="connection set-up through rdma_cm beside TCP's")
     parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
     a = parser.parse_args()
     if "SOFTRNIC_BIN" not in os.environ:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "softrnic-cli"], cwd=ROOT, check=True)
     extra = ["--engine-threads", str(a.engine_threads)]
+    if a.cm:
+        return cm_main(a)
     if a.shm:
         return shm_main(a, extra)
     if a.scaling:
