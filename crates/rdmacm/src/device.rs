@@ -23,9 +23,12 @@ use softrnic_wire::mad::{GSI_QKEY, GSI_QPN, MAD_LEN};
 use crate::protocol::{Cm, ConnId, ServiceId, Transmit};
 use crate::verbs;
 
-/// Receive and send slots of the GSI QP.
-const RECV_SLOTS: usize = 64;
-const SEND_SLOTS: usize = 64;
+/// Receive and send slots of the GSI QP: as deep as Linux's MAD layer
+/// makes QP1's queues (`ib_mad`'s 512 and 128). A burst of requests
+/// beyond the receive queue is dropped, and sent again a response timeout
+/// later.
+const RECV_SLOTS: usize = 512;
+const SEND_SLOTS: usize = 128;
 /// The GRH area before each received MAD.
 const GRH_LEN: usize = 40;
 const RECV_SLOT_LEN: usize = GRH_LEN + MAD_LEN;
@@ -243,10 +246,23 @@ impl CmDevice {
         }
     }
 
-    /// Takes what arrived on QP1 to the protocol, frees the send slots
-    /// whose sends completed, and re-arms the CQ. Returns whether anything
-    /// completed.
-    pub(crate) fn drain(&self, state: &mut CmState) -> bool {
+    /// Takes what arrived on QP1 to the protocol and frees the send slots
+    /// whose sends completed, then re-arms the CQ and looks once more: a
+    /// completion that lands between the last look and the arming would
+    /// otherwise wait, unannounced, for the next timer.
+    pub(crate) fn drain(&self, state: &mut CmState) {
+        loop {
+            self.take_completions(state);
+            // SAFETY: a live CQ.
+            unsafe { verbs::req_notify_cq(self.cq) };
+            if !self.take_completions(state) {
+                return;
+            }
+        }
+    }
+
+    /// Polls QP1's CQ empty; returns whether anything completed.
+    fn take_completions(&self, state: &mut CmState) -> bool {
         // SAFETY: a C structure of integers.
         let mut wc: [ibv_wc; 16] = unsafe { zeroed() };
         let mut any = false;
@@ -254,38 +270,39 @@ impl CmDevice {
             // SAFETY: a live CQ and room for 16 completions.
             let n = unsafe { verbs::poll_cq(self.cq, wc.len() as c_int, wc.as_mut_ptr()) };
             if n <= 0 {
-                break;
+                return any;
             }
             any = true;
             for c in &wc[..n as usize] {
-                if c.wr_id & SEND_TAG != 0 {
-                    state.free_send_slots.push((c.wr_id & !SEND_TAG) as usize);
-                    continue;
-                }
-                let slot = c.wr_id as usize;
-                if c.status == 0 && c.byte_len as usize >= GRH_LEN + MAD_LEN {
-                    let at = slot * RECV_SLOT_LEN;
-                    let grh = &self.buffer[at..at + GRH_LEN];
-                    // For RoCEv2 over IPv4 the GRH area holds the IPv4
-                    // header in its last 20 bytes; over IPv6, a GRH.
-                    let peer = if c.sl == 2 || grh[20] >> 4 == 4 {
-                        IpAddr::V4(Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]))
-                    } else {
-                        let raw: [u8; 16] = grh[8..24].try_into().expect("16 bytes");
-                        addr_of(&ibv_gid { raw })
-                    };
-                    state.cm.handle_mad(peer, &self.buffer[at + GRH_LEN..at + GRH_LEN + MAD_LEN]);
-                }
-                if c.status != IBV_WC_WR_FLUSH_ERR && self.post_receive(slot).is_err() {
-                    eprintln!("softrnic librdmacm: cannot repost a receive on QP1");
-                }
+                self.completed(state, c);
             }
         }
-        if any {
-            // SAFETY: a live CQ.
-            unsafe { verbs::req_notify_cq(self.cq) };
+    }
+
+    /// One completion: a send slot free again, or a MAD for the protocol
+    /// (its receive slot posted again).
+    fn completed(&self, state: &mut CmState, c: &ibv_wc) {
+        if c.wr_id & SEND_TAG != 0 {
+            state.free_send_slots.push((c.wr_id & !SEND_TAG) as usize);
+            return;
         }
-        any
+        let slot = c.wr_id as usize;
+        if c.status == IBV_WC_SUCCESS && c.byte_len as usize >= GRH_LEN + MAD_LEN {
+            let at = slot * RECV_SLOT_LEN;
+            let grh = &self.buffer[at..at + GRH_LEN];
+            // For RoCEv2 over IPv4 the GRH area holds the IPv4 header in its
+            // last 20 bytes; over IPv6, a GRH.
+            let peer = if c.sl == 2 || grh[20] >> 4 == 4 {
+                IpAddr::V4(Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]))
+            } else {
+                let raw: [u8; 16] = grh[8..24].try_into().expect("16 bytes");
+                addr_of(&ibv_gid { raw })
+            };
+            state.cm.handle_mad(peer, &self.buffer[at + GRH_LEN..at + GRH_LEN + MAD_LEN]);
+        }
+        if c.status != IBV_WC_WR_FLUSH_ERR && self.post_receive(slot).is_err() {
+            eprintln!("softrnic librdmacm: cannot repost a receive on QP1");
+        }
     }
 
     /// Acknowledges the channel's event (the agent read the fd).
