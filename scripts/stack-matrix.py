@@ -60,31 +60,43 @@ def pairs():
 
 
 def cm_pairs():
-    """(name, server argv, client argv, parse, whether the server also
-    listens on TCP port {P}): rdma_cm programs, {S} and {C} standing for
-    the server's and the client's address, {P} for the port."""
+    """(name, server argv, client argv, parse, how the server runs): rdma_cm
+    programs, {S} and {C} standing for the server's and the client's
+    address, {P} for the port. A server ONCE serves the client and exits;
+    a server that SERVES_TCP listens on TCP port {P} too and, like one that
+    runs FOREVER, is stopped once the client is done."""
     out = [
         ("rping -V (500 verified pings)", ["rping", "-s", "-a", "{S}", "-p", "{P}", "-C", "500", "-V"],
-         ["rping", "-c", "-a", "{S}", "-p", "{P}", "-C", "500", "-V"], counted("verified pings", 500), False),
+         ["rping", "-c", "-a", "{S}", "-p", "{P}", "-C", "500", "-V"], counted("verified pings", 500), ONCE),
         ("ucmatose (8 connections)", ["ucmatose", "-b", "{S}", "-p", "{P}", "-c", "8", "-C", "100"],
          ["ucmatose", "-s", "{S}", "-b", "{C}", "-p", "{P}", "-c", "8", "-C", "100"],
-         expect(r"return status 0", "8 connections × 100 messages each way"), False),
+         expect(r"return status 0", "8 connections × 100 messages each way"), ONCE),
         # udaddy's -p is the port space; it uses its own port.
         ("udaddy (4 UD endpoints)", ["udaddy", "-b", "{S}", "-c", "4", "-C", "100"],
          ["udaddy", "-s", "{S}", "-b", "{C}", "-c", "4", "-C", "100"],
-         expect(r"return status 0", "4 endpoints resolved by SIDR × 100 datagrams"), False),
+         expect(r"return status 0", "4 endpoints resolved by SIDR × 100 datagrams"), ONCE),
         ("rdma_server/rdma_client", ["rdma_server", "-s", "{S}", "-p", "{P}"], ["rdma_client", "-s", "{S}", "-p", "{P}"],
-         expect(r"rdma_client: end 0", "synchronous endpoints, one message each way"), False),
+         expect(r"rdma_client: end 0", "synchronous endpoints, one message each way"), ONCE),
+        ("cmtime (1000 connections)", ["cmtime", "-b", "{S}", "-p", "{P}", "-c", "1000"],
+         ["cmtime", "-s", "{S}", "-b", "{C}", "-p", "{P}", "-c", "1000"], cmtime_figure, FOREVER),
     ]
     for test in ["rc_lat", "rc_bw"]:
         out.append((f"qperf -cm1 {test}", ["qperf", "-lp", "{P}"], ["qperf", "{S}", "-lp", "{P}", "-t", "2", "-cm1", test],
-                    qperf_figure, True))
+                    qperf_figure, SERVES_TCP))
     for op in ["send", "write", "read", "atomic"]:
         for kind, figure in [("bw", vm.bw_figure), ("lat", vm.lat_figure)]:
             program = f"ib_{op}_{kind}"
             out.append((f"{program} -R", [program, "-R", "-p", "{P}"], [program, "-R", "-p", "{P}", "{S}"],
-                        lambda text, seconds, figure=figure: figure(text), False))
+                        lambda text, seconds, figure=figure: figure(text), ONCE))
     return out
+
+
+ONCE, SERVES_TCP, FOREVER = "once", "serves TCP", "forever"
+
+
+def cmtime_figure(text, seconds):
+    m = re.search(r"^connect\s*:\s*([\d.]+)", text, re.M)
+    return m and f"1000 connections set up in {float(m.group(1)):.0f} ms"
 
 
 def counted(what, n):
@@ -104,15 +116,15 @@ def qperf_figure(text, seconds):
     return m and f"{m.group(1)} {m.group(2)}"
 
 
-def run_cm_pair(libdir, site, server_argv, client_argv, parse, serves_tcp, port):
+def run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, port):
     """Runs an rdma_cm server and client over softrnic's librdmacm; both
-    must exit 0 (a server that serves forever, qperf, is stopped after the
-    client), and the client's output must parse."""
+    must exit 0 (a server that serves on is stopped after the client), and
+    the client's output must parse."""
     fill = lambda argv: [a.replace("{S}", site.server_addr).replace("{C}", site.client_addr).replace("{P}", str(port))
                          for a in argv]
     server = subprocess.Popen(site.command(site.server_ns, fill(server_argv)), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=vm.environment(libdir, site.server_addr))
-    if serves_tcp:
+    if runs == SERVES_TCP:
         deadline = time.time() + 10
         while not site.listening(port) and time.time() < deadline and server.poll() is None:
             time.sleep(0.02)
@@ -129,7 +141,7 @@ def run_cm_pair(libdir, site, server_argv, client_argv, parse, serves_tcp, port)
         server.communicate()
         return ("FAIL", f"timed out after {TIMEOUT}s")
     seconds = time.time() - start
-    if serves_tcp:
+    if runs != ONCE:
         server.terminate()
     try:
         server_out, _ = server.communicate(timeout=TIMEOUT)
@@ -139,7 +151,7 @@ def run_cm_pair(libdir, site, server_argv, client_argv, parse, serves_tcp, port)
     text = client.stdout + client.stderr
     if client.returncode != 0:
         return ("FAIL", "client: " + vm.last_lines(text))
-    if not serves_tcp and server.returncode != 0:
+    if runs == ONCE and server.returncode != 0:
         return ("FAIL", "server: " + vm.last_lines(server_out))
     figure = parse(text, seconds)
     return ("pass", figure) if figure else ("FAIL", "no result in the output: " + vm.last_lines(text))
@@ -269,10 +281,10 @@ def main():
             verdict = run_pair(site, tls, perftest_args, kind, 18700 + i)
             results.append((site.name, name, *verdict))
             print(f"  {site.name:9} {name:36} {verdict[0]}", file=sys.stderr, flush=True)
-        for i, (name, server_argv, client_argv, parse, serves_tcp) in enumerate(cm_pairs()):
+        for i, (name, server_argv, client_argv, parse, runs) in enumerate(cm_pairs()):
             if wanted and not wanted.search(name):
                 continue
-            verdict = run_cm_pair(libdir, site, server_argv, client_argv, parse, serves_tcp, 18800 + i)
+            verdict = run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, 18800 + i)
             results.append((site.name, name, *verdict))
             print(f"  {site.name:9} {name:36} {verdict[0]}", file=sys.stderr, flush=True)
 
