@@ -3,15 +3,15 @@
 kernel's RDMA paths (infiniband-diags' ibstat and ibstatus) and UCX
 (ucx_info, ucx_perftest over rc_verbs and ud_verbs), each run through
 `softrnic run`; and rdma_cm programs over softrnic's librdmacm.so.1
-(rdmacm-utils' rping, ucmatose, udaddy, rdma_server/rdma_client, qperf
--cm1, perftest's eight tests with -R). On loopback and between two
-network namespaces, with each program's figure.
+(rdmacm-utils' rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime,
+qperf -cm1, perftest's eight tests with -R); and libfabric's verbs
+provider (fi_info, fi_pingpong over DGRAM and MSG endpoints). On loopback
+and between two network namespaces, with each program's figure.
 
     scripts/stack-matrix.py [--only REGEX] [--no-netns]
 
 verbs-matrix.py runs libibverbs' own programs and perftest; this is its
-companion for what stands on top (Open MPI and libfabric join it as they
-come)."""
+companion for what stands on top (Open MPI joins it as it comes)."""
 
 import argparse
 import importlib.util
@@ -30,7 +30,7 @@ _spec.loader.exec_module(vm)
 
 SOFTRNIC = os.path.join(HERE, "..", "target", "release", "softrnic")
 TOOLS = {"ibstat": "infiniband-diags", "ibstatus": "infiniband-diags", "ucx_info": "ucx-utils", "ucx_perftest": "ucx-utils",
-         "rping": "rdmacm-utils", "qperf": "qperf", "ib_send_bw": "perftest"}
+         "rping": "rdmacm-utils", "qperf": "qperf", "ib_send_bw": "perftest", "fi_pingpong": "libfabric-bin"}
 TIMEOUT = 90
 
 
@@ -155,6 +155,66 @@ def run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, port):
         return ("FAIL", "server: " + vm.last_lines(server_out))
     figure = parse(text, seconds)
     return ("pass", figure) if figure else ("FAIL", "no result in the output: " + vm.last_lines(text))
+
+
+def fabric_figure(text):
+    """fi_pingpong's table: the small-message latency and the largest
+    size's bandwidth."""
+    rows = [l.split() for l in text.splitlines() if re.match(r"^\d+[kmg]?\s+\d", l)]
+    if not rows:
+        return None
+    first, last = rows[0], rows[-1]
+    return f"{first[0]} B: {float(first[6]):.1f} µs/xfer; {last[0]}: {float(last[5]):.0f} MB/s"
+
+
+def run_fabric_pair(site, endpoint, port):
+    """fi_pingpong over libfabric's verbs provider, both ends through
+    `softrnic run`; the client's table must parse and both must exit 0."""
+    server = subprocess.Popen(
+        site.command(site.server_ns, softrnic_run(site.server_addr, [
+            "fi_pingpong", "-p", "verbs", "-e", endpoint, "-B", str(port), "-I", "1000"])),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 10
+    while not site.listening(port) and time.time() < deadline and server.poll() is None:
+        time.sleep(0.02)
+    try:
+        client = subprocess.run(site.command(site.client_ns, softrnic_run(site.client_addr, [
+            "fi_pingpong", "-p", "verbs", "-e", endpoint, "-P", str(port), "-I", "1000", site.server_addr])),
+            capture_output=True, text=True, timeout=TIMEOUT)
+        server_out, _ = server.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.communicate()
+        return ("FAIL", f"timed out after {TIMEOUT}s")
+    text = client.stdout + client.stderr
+    if client.returncode != 0:
+        return ("FAIL", "client: " + vm.last_lines(text))
+    if server.returncode != 0:
+        return ("FAIL", "server: " + vm.last_lines(server_out))
+    figure = fabric_figure(text)
+    return ("pass", figure) if figure else ("FAIL", "no table in the output: " + vm.last_lines(text))
+
+
+# libfabric's verbs provider offers MSG endpoints (rdma_cm connections)
+# only on addresses it finds on a network interface other than lo, as it
+# does for a RoCE NIC: the namespaces' veths have them, loopback's 127.x
+# device addresses do not.
+NO_MSG_ON_LOOPBACK = "libfabric offers verbs MSG endpoints only on an interface's own address (it skips lo)"
+
+
+def run_fabric(site, wanted, results):
+    loopback = site.server_ns is None
+    if not wanted or wanted.search("fi_info"):
+        patterns = [r"type: FI_EP_DGRAM"] if loopback else [r"type: FI_EP_DGRAM", r"domain: softrnic0\n.*\n.*type: FI_EP_MSG"]
+        results.append((site.name, "fi_info -p verbs", *run_single(site, ["fi_info", "-p", "verbs"], patterns)))
+    for i, endpoint in enumerate(["dgram", "msg"]):
+        name = f"fi_pingpong -p verbs -e {endpoint}"
+        if wanted and not wanted.search(name):
+            continue
+        if endpoint == "msg" and loopback:
+            results.append((site.name, name, "skip", NO_MSG_ON_LOOPBACK))
+            continue
+        results.append((site.name, name, *run_fabric_pair(site, endpoint, 18890 + i)))
 
 
 def cm_on_the_wire(libdir, site):
@@ -287,6 +347,7 @@ def main():
             verdict = run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, 18800 + i)
             results.append((site.name, name, *verdict))
             print(f"  {site.name:9} {name:36} {verdict[0]}", file=sys.stderr, flush=True)
+        run_fabric(site, wanted, results)
 
     loopback = vm.Site("loopback", "127.0.78.1", "127.0.78.2")
     run_site(loopback)

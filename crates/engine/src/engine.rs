@@ -490,8 +490,16 @@ impl Nic {
         guard.transport.qp(qpn).map(|qp| (qp.state(), *qp.attributes()))
     }
 
-    /// `ibv_modify_qp`; returns the state the QP is in afterwards.
+    /// `ibv_modify_qp`; returns the state the QP is in afterwards. A QP
+    /// the program moves to the error state (or back to reset) first sends
+    /// what it owes the wire, as a destroyed one does: the ACK of a message
+    /// just polled would otherwise never leave, and the peer would retry
+    /// into a QP that drops everything (rdma_disconnect does this).
     pub fn modify_qp(&self, qpn: u32, attr: &QpAttr) -> Result<QpState> {
+        if matches!(attr.state, Some(QpState::Error | QpState::Reset)) {
+            let shard = self.core.shard(qpn);
+            self.core.drive(shard, shard.lock_wire(), Pass::TRANSMIT);
+        }
         self.with_qp(qpn, |shard, now| {
             shard.modify_qp(now, qpn, attr)?;
             Ok(shard.qp(qpn).map_or(QpState::Error, |qp| qp.state()))

@@ -520,6 +520,36 @@ fn a_peer_that_never_answers_ends_in_retry_exceeded_then_flushes() {
     assert_eq!(init.send_cq, cq);
 }
 
+/// A responder moved to the error state right after it polled a message
+/// (rdma_disconnect does that) first sends the ACK it owed: its peer's
+/// send completes, instead of retrying into a QP that drops everything.
+#[test]
+fn a_qp_moved_to_error_sends_the_ack_it_owes_first() {
+    let (cq_a, cq_b) = (create_cq(null_mut()), create_cq(null_mut()));
+    let (a, b) = (create_qp(cq_a, IBV_QPT_RC), create_qp(cq_b, IBV_QPT_RC));
+    // SAFETY: live QPs.
+    let (qpn_a, qpn_b) = unsafe { ((*a).qp_num, (*b).qp_num) };
+    // timeout 8 (~1 ms per try), two retries: a lost ACK fails fast.
+    connect(a, ADDR, qpn_b, 8, 2);
+    connect(b, ADDR, qpn_a, 8, 2);
+    let (src, dst) = (buffer(64), buffer(64));
+    for round in 0..20 {
+        let mut rsge = dst.sge(0, 64);
+        post_recv(b, &mut rsge, round);
+        let mut sge = src.sge(0, 8);
+        assert_eq!(post_send(a, &mut send_wr(round, IBV_WR_SEND, &mut sge)), 0);
+        assert_eq!(poll_one(cq_b).status, 0, "round {round}: received");
+        if round == 19 {
+            let mut attr = zeroed_attr();
+            attr.qp_state = IBV_QPS_ERR;
+            // SAFETY: a live QP.
+            assert_eq!(unsafe { qp::ibv_modify_qp(b, &mut attr, IBV_QP_STATE) }, 0);
+        }
+        let sent = poll_one(cq_a);
+        assert_eq!((sent.wr_id, sent.status), (round, 0), "round {round}: the send was acknowledged");
+    }
+}
+
 #[test]
 fn errors_follow_the_verbs_conventions() {
     let (_, pd) = fixture();

@@ -9,7 +9,7 @@ use softrnic_verbs_abi::IBV_QPT_RC;
 use softrnic_verbs_abi::ffi::{guard, refuse, set_errno};
 
 use crate::abi::*;
-use crate::id::write_sockaddr;
+use crate::id::{read_sockaddr, write_sockaddr};
 
 /// Resolves `node` (a name or a numeric address; absent for a passive
 /// endpoint, which then binds every address) and `service` (a port).
@@ -53,41 +53,52 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
 ) -> c_int {
     guard("rdma_getaddrinfo", || {
         const VERB: &str = "rdma_getaddrinfo";
-        if res.is_null() || (node.is_null() && service.is_null()) {
-            set_errno(refuse(VERB, libc::EINVAL, "needs a node or a service, and somewhere to put the result"));
+        // SAFETY: readable or null (caller).
+        let hints = unsafe { hints.as_ref() };
+        // SAFETY: sockaddrs of the hints' own lengths (caller).
+        let (hint_src, hint_dst) =
+            hints.map_or((None, None), |h| unsafe { (read_sockaddr(h.ai_src_addr), read_sockaddr(h.ai_dst_addr)) });
+        if res.is_null() || (node.is_null() && service.is_null() && hint_src.is_none() && hint_dst.is_none()) {
+            set_errno(refuse(VERB, libc::EINVAL, "needs a node, a service or addresses in the hints"));
             return -1;
         }
         // SAFETY: C strings or null (caller).
         let text =
             |p: *const c_char| (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned());
         let (node, service) = (text(node), text(service));
-        // SAFETY: readable or null (caller).
-        let hints = unsafe { hints.as_ref() };
         let flags = hints.map_or(0, |h| h.ai_flags);
-        let addr = match resolve(node.as_deref(), service.as_deref()) {
-            Ok(a) => a,
-            Err(why) => {
-                set_errno(refuse(VERB, libc::EADDRNOTAVAIL, why));
-                return -1;
+        // What node and service name, else the hints' own addresses (as
+        // libfabric passes them).
+        let (src, dst) = if node.is_none() && service.is_none() {
+            (hint_src, hint_dst)
+        } else {
+            let addr = match resolve(node.as_deref(), service.as_deref()) {
+                Ok(a) => a,
+                Err(why) => {
+                    set_errno(refuse(VERB, libc::EADDRNOTAVAIL, why));
+                    return -1;
+                }
+            };
+            match flags & RAI_PASSIVE != 0 {
+                true => (Some(addr), None),
+                false => (hint_src, Some(addr)),
             }
         };
         // SAFETY: all-zero is valid for the C structure.
         let mut ai: Box<rdma_addrinfo> = Box::new(unsafe { std::mem::zeroed() });
         ai.ai_flags = flags;
-        ai.ai_family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+        ai.ai_family = match dst.or(src) {
+            Some(a) if a.is_ipv6() => libc::AF_INET6,
+            _ => libc::AF_INET,
+        };
         ai.ai_qp_type = hints.map_or(IBV_QPT_RC, |h| if h.ai_qp_type != 0 { h.ai_qp_type } else { IBV_QPT_RC });
         ai.ai_port_space =
             hints.map_or(RDMA_PS_TCP, |h| if h.ai_port_space != 0 { h.ai_port_space } else { RDMA_PS_TCP });
-        let (sockaddr, len) = boxed_sockaddr(addr);
-        if flags & RAI_PASSIVE != 0 {
-            (ai.ai_src_addr, ai.ai_src_len) = (sockaddr, len);
-        } else {
-            (ai.ai_dst_addr, ai.ai_dst_len) = (sockaddr, len);
-            // A source the hints name.
-            // SAFETY: a sockaddr of the hints' own length (caller).
-            if let Some(src) = hints.and_then(|h| unsafe { crate::id::read_sockaddr(h.ai_src_addr) }) {
-                (ai.ai_src_addr, ai.ai_src_len) = boxed_sockaddr(src);
-            }
+        if let Some(src) = src {
+            (ai.ai_src_addr, ai.ai_src_len) = boxed_sockaddr(src);
+        }
+        if let Some(dst) = dst {
+            (ai.ai_dst_addr, ai.ai_dst_len) = boxed_sockaddr(dst);
         }
         // SAFETY: writable (caller).
         unsafe { *res = Box::into_raw(ai) };

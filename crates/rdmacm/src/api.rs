@@ -182,9 +182,12 @@ fn free_event(id: &mut Id) {
     }
 }
 
-/// Binds `id` to `addr` (port 0: a free one).
+/// Binds `id` to `addr` (port 0: a free one): the device's address, any
+/// address, or a loopback one, which binds the device as the kernel's CM
+/// binds it to its first device (libfabric's passive endpoints bind
+/// "localhost").
 fn bind(verb: &str, device: &CmDevice, id: &mut Id, addr: SocketAddr) -> c_int {
-    if !addr.ip().is_unspecified() && addr.ip() != device.addr {
+    if !addr.ip().is_unspecified() && !addr.ip().is_loopback() && addr.ip() != device.addr {
         return fail(
             verb,
             libc::EADDRNOTAVAIL,
