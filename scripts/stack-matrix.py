@@ -5,13 +5,15 @@ kernel's RDMA paths (infiniband-diags' ibstat and ibstatus) and UCX
 `softrnic run`; and rdma_cm programs over softrnic's librdmacm.so.1
 (rdmacm-utils' rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime,
 qperf -cm1, perftest's eight tests with -R); and libfabric's verbs
-provider (fi_info, fi_pingpong over DGRAM and MSG endpoints). On loopback
-and between two network namespaces, with each program's figure.
+provider (fi_info, fi_pingpong over DGRAM and MSG endpoints); and Open
+MPI over UCX (scripts/programs/mpi-check.c: ping-pong, an allreduce
+checked against the exact sum, MPI_Put through osc ucx). On loopback and
+between two network namespaces, with each program's figure.
 
     scripts/stack-matrix.py [--only REGEX] [--no-netns]
 
 verbs-matrix.py runs libibverbs' own programs and perftest; this is its
-companion for what stands on top (Open MPI joins it as it comes)."""
+companion for what stands on top."""
 
 import argparse
 import importlib.util
@@ -30,7 +32,8 @@ _spec.loader.exec_module(vm)
 
 SOFTRNIC = os.path.join(HERE, "..", "target", "release", "softrnic")
 TOOLS = {"ibstat": "infiniband-diags", "ibstatus": "infiniband-diags", "ucx_info": "ucx-utils", "ucx_perftest": "ucx-utils",
-         "rping": "rdmacm-utils", "qperf": "qperf", "ib_send_bw": "perftest", "fi_pingpong": "libfabric-bin"}
+         "rping": "rdmacm-utils", "qperf": "qperf", "ib_send_bw": "perftest", "fi_pingpong": "libfabric-bin",
+         "mpirun": "openmpi-bin", "mpicc": "libopenmpi-dev"}
 TIMEOUT = 90
 
 
@@ -217,6 +220,72 @@ def run_fabric(site, wanted, results):
         results.append((site.name, name, *run_fabric_pair(site, endpoint, 18890 + i)))
 
 
+MPI_CHECK = os.path.join(HERE, "programs", "mpi-check.c")
+
+
+def build_mpi_check():
+    """Compiles scripts/programs/mpi-check.c with mpicc; returns the binary."""
+    out_dir = tempfile.mkdtemp(prefix="softrnic-mpi-")
+    binary = os.path.join(out_dir, "mpi-check")
+    built = subprocess.run(["mpicc", "-O2", "-o", binary, MPI_CHECK], capture_output=True, text=True)
+    if built.returncode != 0:
+        sys.exit(f"mpicc {MPI_CHECK} failed:\n{built.stderr}")
+    return binary
+
+
+MPI_OPTIONS = ["--oversubscribe", "--mca", "pml", "ucx", "--mca", "osc", "ucx",
+               "-x", "UCX_TLS=rc_v,self", "-x", "UCX_NET_DEVICES=softrnic0:1", "-x", "LD_LIBRARY_PATH"]
+
+
+def mpirun_over_softrnic(site, binary):
+    """Open MPI with UCX over softrnic: `softrnic run` gives mpirun (and
+    the ranks it starts) the kernel paths UCX looks for and a device
+    address; UCX may use rc_verbs only (no shared memory, no TCP), so every
+    byte crosses softrnic. On loopback one mpirun starts both ranks, each
+    its own app context with its own address. Between namespaces the
+    second rank is a remote host to mpirun, reached through a launcher
+    script in place of ssh: `ip netns exec` into its namespace and
+    `softrnic run` there."""
+    if site.server_ns is None:
+        contexts = []
+        for addr in [site.server_addr, site.client_addr]:
+            contexts += [":", "-np", "1", "-x", f"SOFTRNIC_ADDR={addr}", binary]
+        return site.command(None, softrnic_run(site.server_addr, ["mpirun", *MPI_OPTIONS, *contexts[1:]]))
+    agent = os.path.join(tempfile.mkdtemp(prefix="softrnic-mpi-"), "launch")
+    with open(agent, "w") as f:
+        f.write(f"""#!/bin/sh
+# mpirun's launcher (plm_rsh_agent): HOST COMMAND..., run in HOST's namespace.
+host=$1; shift
+case "$host" in
+  {site.client_addr}) ns={site.client_ns};;
+  *) ns={site.server_ns};;
+esac
+exec ip netns exec "$ns" {SOFTRNIC} run --addr "$host" -- sh -c "$*"
+""")
+    os.chmod(agent, 0o755)
+    subnet = site.server_addr.rsplit(".", 1)[0] + ".0/24"
+    return site.command(site.server_ns, softrnic_run(site.server_addr, [
+        "mpirun", *MPI_OPTIONS, "--mca", "plm_rsh_agent", agent, "--mca", "oob_tcp_if_include", subnet,
+        "--host", f"{site.server_addr},{site.client_addr}", "-np", "2", "--map-by", "node", binary]))
+
+
+def run_mpi(libdir, site, binary):
+    """mpi-check's parts over pml ucx and osc ucx; every line must come,
+    every check pass."""
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "LD_LIBRARY_PATH": libdir}
+    try:
+        out = subprocess.run(mpirun_over_softrnic(site, binary), capture_output=True, text=True, env=env,
+                             timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return ("FAIL", f"timed out after {TIMEOUT}s")
+    text = out.stdout + out.stderr
+    lines = {k: m.group(1) for k in ["latency", "bandwidth", "allreduce", "put"]
+             if (m := re.search(rf"^{k}: (.*)$", text, re.M))}
+    if out.returncode != 0 or len(lines) != 4:
+        return ("FAIL", vm.last_lines(text))
+    return ("pass", f"{lines['latency']}, {lines['bandwidth']}, allreduce {lines['allreduce']}, put checked")
+
+
 def cm_on_the_wire(libdir, site):
     """An independent decoder reads softrnic's CM: tshark captures an rping
     over UDP (no shared memory, so every packet crosses the interface) and
@@ -328,6 +397,7 @@ def main():
     if not os.path.exists(SOFTRNIC):
         sys.exit("no target/release/softrnic: run cargo build --release first")
     libdir = vm.build_library()
+    mpi_check = build_mpi_check()
     wanted = re.compile(args.only) if args.only else None
     results = []
 
@@ -348,6 +418,9 @@ def main():
             results.append((site.name, name, *verdict))
             print(f"  {site.name:9} {name:36} {verdict[0]}", file=sys.stderr, flush=True)
         run_fabric(site, wanted, results)
+        name = "mpirun pml ucx: ping-pong, allreduce, MPI_Put"
+        if not wanted or wanted.search(name):
+            results.append((site.name, name, *run_mpi(libdir, site, mpi_check)))
 
     loopback = vm.Site("loopback", "127.0.78.1", "127.0.78.2")
     run_site(loopback)
