@@ -27,9 +27,12 @@ softrnic runs over its UDP datapath there. Other modes:
               beside `softrnic bench` on the same tests;
   --cm        connection set-up through rdma_cm: rdmacm-utils' cmtime
               over softrnic's librdmacm.so.1 (1 to 1000 connections) beside
-              kernel TCP's connect and accept of as many connections.
+              kernel TCP's connect and accept of as many connections;
+  --mpi       Open MPI over UCX over softrnic (pml ucx) beside Open MPI's
+              TCP BTL (pml ob1, btl self,tcp): scripts/programs/mpi-check.c's
+              8 B latency, 1 MiB bandwidth and 64 Ki-double allreduce.
 
-    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm]
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --mpi]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -416,6 +419,52 @@ def cm_main(a):
     print("\nAll runs:", json.dumps({n: v for n, v in r.items()}))
 
 
+def mpi_figures(argv):
+    """Runs mpi-check; returns its latency (µs), bandwidth (MB/s) and
+    allreduce time (µs)."""
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    out = sh(argv, env=env, timeout=300)
+    text = out.stdout + out.stderr
+    pick = lambda pattern: float(re.search(pattern, text, re.M).group(1))
+    if out.returncode != 0 or "put:" not in text:
+        raise RuntimeError(f"{' '.join(argv[:6])}...: {text[-400:]}")
+    return pick(r"^latency: 8 B ([\d.]+)"), pick(r"^bandwidth: 1 MiB ([\d.]+)"), pick(r"^allreduce: 64 Ki doubles ([\d.]+)")
+
+
+def mpi_main(a):
+    """Open MPI over softrnic (pml ucx, rc_verbs only) beside Open MPI over
+    its TCP BTL, same program, same run."""
+    if shutil.which("mpicc") is None:
+        sys.exit("Open MPI is missing: sudo apt-get install openmpi-bin libopenmpi-dev")
+    libdir = subprocess.run([os.path.join(ROOT, "scripts", "build-libibverbs.sh")], check=True, capture_output=True,
+                            text=True).stdout.strip().splitlines()[-1]
+    binary = os.path.join(ROOT, "target", "mpi-check")
+    subprocess.run(["mpicc", "-O2", "-o", binary, os.path.join(ROOT, "scripts", "programs", "mpi-check.c")], check=True)
+    softrnic_run = [SOFTRNIC, "run", "--addr", "127.0.0.50", "--", "mpirun", "--oversubscribe", "--mca", "pml", "ucx",
+                    "--mca", "osc", "ucx", "-x", "UCX_TLS=rc_v,self", "-x", "UCX_NET_DEVICES=softrnic0:1",
+                    "-x", f"LD_LIBRARY_PATH={libdir}",
+                    "-np", "1", "-x", "SOFTRNIC_ADDR=127.0.0.50", binary, ":",
+                    "-np", "1", "-x", "SOFTRNIC_ADDR=127.0.0.51", binary]
+    tcp = ["mpirun", "--oversubscribe", "-np", "2", "--mca", "pml", "ob1", "--mca", "btl", "self,tcp", binary]
+    r = {k: [] for k in ["lat", "tcp_lat", "bw", "tcp_bw", "ar", "tcp_ar"]}
+    for run in range(a.runs):
+        print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+        for prefix, argv in [("", softrnic_run), ("tcp_", tcp)]:
+            lat, bw, ar = mpi_figures(argv)
+            r[prefix + "lat"].append(lat)
+            r[prefix + "bw"].append(bw)
+            r[prefix + "ar"].append(ar)
+    m = {k: median(v) for k, v in r.items()}
+    ratio = lambda x, y: median([p / q for p, q in zip(r[x], r[y])])
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores:\n")
+    print("| measure | Open MPI over softrnic (pml ucx) | Open MPI over TCP (ob1, btl tcp) | ratio (median of per-run ratios) | target |")
+    print("| --- | --- | --- | --- | --- |")
+    print(f"| 8 B ping-pong, half round trip | {m['lat']:.2f} µs | {m['tcp_lat']:.2f} µs | {ratio('lat', 'tcp_lat'):.2f}× | ≤ 1× |")
+    print(f"| 1 MiB ping-pong bandwidth | {m['bw']:.0f} MB/s | {m['tcp_bw']:.0f} MB/s | {ratio('bw', 'tcp_bw'):.2f}× | ≥ 1× |")
+    print(f"| 64 Ki-double allreduce | {m['ar']:.0f} µs | {m['tcp_ar']:.0f} µs | {ratio('ar', 'tcp_ar'):.2f}× | |")
+    print("\nAll runs:", json.dumps({k: [round(x, 2) for x in v] for k, v in r.items()}))
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -429,6 +478,7 @@ def main():
     parser.add_argument("--scaling", action="store_true", help="8 QPs over 1, 2, 4 and 8 engine threads")
     parser.add_argument("--loss", action="store_true", help="throughput and tail latency under loss, each recovery, and against TCP")
     parser.add_argument("--cm", action="store_true", help="connection set-up through rdma_cm beside TCP's")
+    parser.add_argument("--mpi", action="store_true", help="Open MPI over softrnic beside Open MPI over TCP")
     parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
     a = parser.parse_args()
     if "SOFTRNIC_BIN" not in os.environ:
@@ -436,6 +486,8 @@ def main():
     extra = ["--engine-threads", str(a.engine_threads)]
     if a.cm:
         return cm_main(a)
+    if a.mpi:
+        return mpi_main(a)
     if a.shm:
         return shm_main(a, extra)
     if a.scaling:
