@@ -119,32 +119,29 @@ def qperf_figure(text, seconds):
     return m and f"{m.group(1)} {m.group(2)}"
 
 
-def run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, port):
-    """Runs an rdma_cm server and client over softrnic's librdmacm; both
-    must exit 0 (a server that serves on is stopped after the client), and
-    the client's output must parse."""
-    fill = lambda argv: [a.replace("{S}", site.server_addr).replace("{C}", site.client_addr).replace("{P}", str(port))
-                         for a in argv]
-    server = subprocess.Popen(site.command(site.server_ns, fill(server_argv)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=vm.environment(libdir, site.server_addr))
-    if runs == SERVES_TCP:
+def serve_and_run(site, server_cmd, client_cmd, ready_port=None, stop_server=False, server_env=None,
+                  client_env=None):
+    """Starts the server (its command already wrapped for the site), waits
+    until it listens on TCP `ready_port` (or a moment, for a server with no
+    TCP port: an rdma_cm request that comes early is sent again a response
+    timeout later, crates/rdmacm/src/protocol.rs), runs the client, then
+    waits for the server to exit, or stops it (`stop_server`: one that
+    serves on). Returns (verdict, client output): FAIL with why, or None
+    when both did what they should."""
+    server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=server_env)
+    if ready_port:
         deadline = time.time() + 10
-        while not site.listening(port) and time.time() < deadline and server.poll() is None:
+        while not site.listening(ready_port) and time.time() < deadline and server.poll() is None:
             time.sleep(0.02)
     else:
-        # rdma_cm listens on no TCP port; a request that comes early is
-        # sent again a response timeout later (crates/rdmacm/src/protocol.rs).
         time.sleep(0.3)
-    start = time.time()
     try:
-        client = subprocess.run(site.command(site.client_ns, fill(client_argv)), capture_output=True, text=True,
-                                env=vm.environment(libdir, site.client_addr), timeout=TIMEOUT)
+        client = subprocess.run(client_cmd, capture_output=True, text=True, env=client_env, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         server.kill()
         server.communicate()
-        return ("FAIL", f"timed out after {TIMEOUT}s")
-    seconds = time.time() - start
-    if runs != ONCE:
+        return ("FAIL", f"timed out after {TIMEOUT}s"), ""
+    if stop_server:
         server.terminate()
     try:
         server_out, _ = server.communicate(timeout=TIMEOUT)
@@ -153,10 +150,25 @@ def run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, port):
         server_out, _ = server.communicate()
     text = client.stdout + client.stderr
     if client.returncode != 0:
-        return ("FAIL", "client: " + vm.last_lines(text))
-    if runs == ONCE and server.returncode != 0:
-        return ("FAIL", "server: " + vm.last_lines(server_out))
-    figure = parse(text, seconds)
+        return ("FAIL", "client: " + vm.last_lines(text)), text
+    if not stop_server and server.returncode != 0:
+        return ("FAIL", "server: " + vm.last_lines(server_out)), text
+    return None, text
+
+
+def run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, port):
+    """Runs an rdma_cm server and client over softrnic's librdmacm; the
+    client's output must parse."""
+    fill = lambda argv: [a.replace("{S}", site.server_addr).replace("{C}", site.client_addr).replace("{P}", str(port))
+                         for a in argv]
+    start = time.time()
+    failed, text = serve_and_run(
+        site, site.command(site.server_ns, fill(server_argv)), site.command(site.client_ns, fill(client_argv)),
+        ready_port=port if runs == SERVES_TCP else None, stop_server=runs != ONCE,
+        server_env=vm.environment(libdir, site.server_addr), client_env=vm.environment(libdir, site.client_addr))
+    if failed:
+        return failed
+    figure = parse(text, time.time() - start)
     return ("pass", figure) if figure else ("FAIL", "no result in the output: " + vm.last_lines(text))
 
 
@@ -172,28 +184,14 @@ def fabric_figure(text):
 
 def run_fabric_pair(site, endpoint, port):
     """fi_pingpong over libfabric's verbs provider, both ends through
-    `softrnic run`; the client's table must parse and both must exit 0."""
-    server = subprocess.Popen(
-        site.command(site.server_ns, softrnic_run(site.server_addr, [
-            "fi_pingpong", "-p", "verbs", "-e", endpoint, "-B", str(port), "-I", "1000"])),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 10
-    while not site.listening(port) and time.time() < deadline and server.poll() is None:
-        time.sleep(0.02)
-    try:
-        client = subprocess.run(site.command(site.client_ns, softrnic_run(site.client_addr, [
-            "fi_pingpong", "-p", "verbs", "-e", endpoint, "-P", str(port), "-I", "1000", site.server_addr])),
-            capture_output=True, text=True, timeout=TIMEOUT)
-        server_out, _ = server.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.communicate()
-        return ("FAIL", f"timed out after {TIMEOUT}s")
-    text = client.stdout + client.stderr
-    if client.returncode != 0:
-        return ("FAIL", "client: " + vm.last_lines(text))
-    if server.returncode != 0:
-        return ("FAIL", "server: " + vm.last_lines(server_out))
+    `softrnic run`; the client's table must parse."""
+    common = ["fi_pingpong", "-p", "verbs", "-e", endpoint, "-I", "1000"]
+    failed, text = serve_and_run(
+        site, site.command(site.server_ns, softrnic_run(site.server_addr, [*common, "-B", str(port)])),
+        site.command(site.client_ns, softrnic_run(site.client_addr, [*common, "-P", str(port), site.server_addr])),
+        ready_port=port)
+    if failed:
+        return failed
     figure = fabric_figure(text)
     return ("pass", figure) if figure else ("FAIL", "no table in the output: " + vm.last_lines(text))
 
@@ -361,29 +359,15 @@ def perftest_figure(text, kind):
 
 def run_pair(site, tls, args, kind, port):
     env = {**os.environ, "UCX_TLS": tls, "UCX_NET_DEVICES": "softrnic0:1"}
-    server_cmd = site.command(site.server_ns, softrnic_run(site.server_addr, ["ucx_perftest", "-p", str(port)]))
-    client_cmd = site.command(site.client_ns, softrnic_run(
-        site.client_addr, ["ucx_perftest", site.server_addr, "-p", str(port), *args]))
-    server = subprocess.Popen(server_cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 10
-    while not site.listening(port) and time.time() < deadline and server.poll() is None:
-        time.sleep(0.02)
-    try:
-        client = subprocess.run(client_cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.communicate()
-        return ("FAIL", f"timed out after {TIMEOUT}s")
-    try:
-        server.communicate(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.communicate()
-    text = client.stdout + client.stderr
+    failed, text = serve_and_run(
+        site, site.command(site.server_ns, softrnic_run(site.server_addr, ["ucx_perftest", "-p", str(port)])),
+        site.command(site.client_ns, softrnic_run(
+            site.client_addr, ["ucx_perftest", site.server_addr, "-p", str(port), *args])),
+        ready_port=port, server_env=env, client_env=env)
+    if failed:
+        return failed
     figure = perftest_figure(text, kind)
-    if client.returncode != 0 or figure is None:
-        return ("FAIL", "client: " + vm.last_lines(text))
-    return ("pass", figure)
+    return ("pass", figure) if figure else ("FAIL", "client: " + vm.last_lines(text))
 
 
 def main():

@@ -25,6 +25,17 @@ const MAX_RD_ATOMIC: u8 = 16;
 /// The first port `rdma_bind_addr` hands out for port 0.
 const EPHEMERAL_PORTS: std::ops::Range<u16> = 32768..61000;
 
+/// The value of a `Result` whose error is the call's return value (-1,
+/// `errno` set), or that return.
+macro_rules! or_return {
+    ($result:expr) => {
+        match $result {
+            Ok(value) => value,
+            Err(rc) => return rc,
+        }
+    };
+}
+
 /// Fails a call: -1 with `errno`.
 fn fail(verb: &str, errno: c_int, why: impl std::fmt::Display) -> c_int {
     set_errno(refuse(verb, errno, why));
@@ -117,10 +128,7 @@ unsafe fn create_id(
     if out.is_null() {
         return fail(verb, libc::EINVAL, "NULL id pointer");
     }
-    let device = match the_device(verb) {
-        Ok(d) => d,
-        Err(rc) => return rc,
-    };
+    let device = or_return!(the_device(verb));
     match Id::new(device, channel, context, ps, qp_type) {
         Ok(id) => {
             // SAFETY: writable (caller).
@@ -137,10 +145,7 @@ unsafe fn create_id(
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     guard("rdma_destroy_id", || {
         // SAFETY: forwarded contract.
-        let id = match unsafe { live("rdma_destroy_id", id) } {
-            Ok(id) => id,
-            Err(rc) => return rc,
-        };
+        let id = or_return!(unsafe { live("rdma_destroy_id", id) });
         let Ok(device) = device() else { return 0 };
         let s = std::mem::take(&mut *id.lock());
         {
@@ -273,10 +278,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
             (Err(rc), ..) => return rc,
             (_, _, None) => return fail(VERB, libc::EINVAL, "no destination address"),
         };
-        let device = match the_device(VERB) {
-            Ok(d) => d,
-            Err(rc) => return rc,
-        };
+        let device = or_return!(the_device(VERB));
         if id.lock().bound.is_none() {
             let src = src.unwrap_or(SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0));
             let rc = bind(VERB, device, id, src);
@@ -299,10 +301,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
     guard("rdma_resolve_route", || {
         const VERB: &str = "rdma_resolve_route";
         // SAFETY: forwarded contract.
-        let id = match unsafe { live(VERB, id) } {
-            Ok(id) => id,
-            Err(rc) => return rc,
-        };
+        let id = or_return!(unsafe { live(VERB, id) });
         if id.lock().peer.is_none() {
             return fail(VERB, libc::EINVAL, "resolve the address first (rdma_resolve_addr)");
         }
@@ -326,20 +325,14 @@ pub unsafe extern "C" fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, at
 /// As [`rdma_create_qp`].
 unsafe fn create_qp(verb: &str, id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> c_int {
     // SAFETY: forwarded contract.
-    let id = match unsafe { live(verb, id) } {
-        Ok(id) => id,
-        Err(rc) => return rc,
-    };
+    let id = or_return!(unsafe { live(verb, id) });
     if attr.is_null() {
         return fail(verb, libc::EINVAL, "NULL QP attributes");
     }
     if !id.public.qp.is_null() {
         return fail(verb, libc::EINVAL, "the ID has a QP already");
     }
-    let device = match the_device(verb) {
-        Ok(d) => d,
-        Err(rc) => return rc,
-    };
+    let device = or_return!(the_device(verb));
     let pd = if pd.is_null() { device.pd } else { pd };
     // SAFETY: readable and writable (caller).
     let a = unsafe { &mut *attr };
@@ -490,14 +483,8 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
     guard("rdma_connect", || {
         const VERB: &str = "rdma_connect";
         // SAFETY: forwarded contract.
-        let id = match unsafe { live(VERB, id) } {
-            Ok(id) => id,
-            Err(rc) => return rc,
-        };
-        let device = match the_device(VERB) {
-            Ok(d) => d,
-            Err(rc) => return rc,
-        };
+        let id = or_return!(unsafe { live(VERB, id) });
+        let device = or_return!(the_device(VERB));
         let (Some(local), Some(peer)) = ({
             let s = id.lock();
             (s.bound, s.peer)
@@ -520,10 +507,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
         let udp = id.public.ps == RDMA_PS_UDP;
         let room = if udp { cm::SIDR_REQ_PRIVATE_DATA } else { cm::REQ_PRIVATE_DATA } - IpHeader::LEN;
         // SAFETY: as the parameter says (caller).
-        let data = match unsafe { user_data(VERB, p.private_data, p.private_data_len, room) } {
-            Ok(d) => d,
-            Err(rc) => return rc,
-        };
+        let data = or_return!(unsafe { user_data(VERB, p.private_data, p.private_data_len, room) });
         let private_data = with_ip_header(header, data);
         let service_id = service_id(id.public.ps, peer.port());
         let now = device.now();
@@ -627,10 +611,7 @@ pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
     guard("rdma_establish", || {
         const VERB: &str = "rdma_establish";
         // SAFETY: forwarded contract.
-        let id = match unsafe { live(VERB, id) } {
-            Ok(id) => id,
-            Err(rc) => return rc,
-        };
+        let id = or_return!(unsafe { live(VERB, id) });
         let (Ok(device), Some(conn)) = (device(), id.lock().conn) else {
             return fail(VERB, libc::EINVAL, "no connection to establish");
         };
@@ -652,14 +633,8 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
     guard("rdma_listen", || {
         const VERB: &str = "rdma_listen";
         // SAFETY: forwarded contract.
-        let id = match unsafe { live(VERB, id) } {
-            Ok(id) => id,
-            Err(rc) => return rc,
-        };
-        let device = match the_device(VERB) {
-            Ok(d) => d,
-            Err(rc) => return rc,
-        };
+        let id = or_return!(unsafe { live(VERB, id) });
+        let device = or_return!(the_device(VERB));
         let Some(bound) = id.lock().bound else {
             return fail(VERB, libc::EINVAL, "bind the ID first (rdma_bind_addr)");
         };
@@ -682,17 +657,11 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut
     guard("rdma_get_request", || {
         const VERB: &str = "rdma_get_request";
         // SAFETY: forwarded contract.
-        let listener = match unsafe { live(VERB, listen) } {
-            Ok(l) => l,
-            Err(rc) => return rc,
-        };
+        let listener = or_return!(unsafe { live(VERB, listen) });
         if id.is_null() || !listener.is_sync() {
             return fail(VERB, libc::EINVAL, "needs a synchronous listening ID (created without a channel)");
         }
-        let device = match the_device(VERB) {
-            Ok(d) => d,
-            Err(rc) => return rc,
-        };
+        let device = or_return!(the_device(VERB));
         loop {
             let pending = match listener.channel().queue.pop() {
                 Ok(p) => p,
@@ -728,14 +697,8 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
     guard("rdma_accept", || {
         const VERB: &str = "rdma_accept";
         // SAFETY: forwarded contract.
-        let id = match unsafe { live(VERB, id) } {
-            Ok(id) => id,
-            Err(rc) => return rc,
-        };
-        let device = match the_device(VERB) {
-            Ok(d) => d,
-            Err(rc) => return rc,
-        };
+        let id = or_return!(unsafe { live(VERB, id) });
+        let device = or_return!(the_device(VERB));
         let (Some(conn), remote) = ({
             let s = id.lock();
             (s.conn, s.remote)
@@ -805,15 +768,9 @@ pub unsafe extern "C" fn rdma_reject(id: *mut rdma_cm_id, data: *const c_void, l
     guard("rdma_reject", || {
         const VERB: &str = "rdma_reject";
         // SAFETY: forwarded contract.
-        let id = match unsafe { live(VERB, id) } {
-            Ok(id) => id,
-            Err(rc) => return rc,
-        };
+        let id = or_return!(unsafe { live(VERB, id) });
         // SAFETY: as the arguments say (caller).
-        let data = match unsafe { user_data(VERB, data, len, cm::REJ_PRIVATE_DATA) } {
-            Ok(d) => d,
-            Err(rc) => return rc,
-        };
+        let data = or_return!(unsafe { user_data(VERB, data, len, cm::REJ_PRIVATE_DATA) });
         let (Ok(device), Some(conn)) = (device(), id.lock().conn.take()) else {
             return fail(VERB, libc::EINVAL, "not a connection request's ID");
         };
@@ -854,10 +811,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     guard("rdma_disconnect", || {
         const VERB: &str = "rdma_disconnect";
         // SAFETY: forwarded contract.
-        let id = match unsafe { live(VERB, id) } {
-            Ok(id) => id,
-            Err(rc) => return rc,
-        };
+        let id = or_return!(unsafe { live(VERB, id) });
         // Outstanding work completes flushed, as the kernel's CM does it.
         id::fail_qp(id);
         let (Ok(device), Some(conn)) = (device(), id.lock().conn) else {
@@ -880,10 +834,7 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut rdma_event_channel, eve
         if channel.is_null() || event.is_null() {
             return fail(VERB, libc::EINVAL, "NULL channel or event pointer");
         }
-        let device = match the_device(VERB) {
-            Ok(d) => d,
-            Err(rc) => return rc,
-        };
+        let device = or_return!(the_device(VERB));
         // SAFETY: live (caller).
         let channel = unsafe { Channel::from_c(channel) };
         loop {
@@ -1026,10 +977,7 @@ pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma
     guard("rdma_migrate_id", || {
         const VERB: &str = "rdma_migrate_id";
         // SAFETY: forwarded contract.
-        let id = match unsafe { live(VERB, id) } {
-            Ok(id) => id,
-            Err(rc) => return rc,
-        };
+        let id = or_return!(unsafe { live(VERB, id) });
         let Ok(device) = device() else { return fail(VERB, libc::ENODEV, "no device") };
         let me = id as *mut Id as usize;
         // Under the device's lock, so the agent delivers nothing between.
@@ -1065,17 +1013,11 @@ pub unsafe extern "C" fn rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_q
     guard("rdma_init_qp_attr", || {
         const VERB: &str = "rdma_init_qp_attr";
         // SAFETY: forwarded contract.
-        let id = match unsafe { live(VERB, id) } {
-            Ok(id) => id,
-            Err(rc) => return rc,
-        };
+        let id = or_return!(unsafe { live(VERB, id) });
         if attr.is_null() || mask.is_null() {
             return fail(VERB, libc::EINVAL, "NULL attributes or mask");
         }
-        let device = match the_device(VERB) {
-            Ok(d) => d,
-            Err(rc) => return rc,
-        };
+        let device = or_return!(the_device(VERB));
         // SAFETY: readable (caller).
         let wanted = unsafe { (*attr).qp_state };
         match id::qp_attr(device, id, wanted) {
@@ -1096,14 +1038,8 @@ pub unsafe extern "C" fn rdma_create_srq(id: *mut rdma_cm_id, pd: *mut ibv_pd, a
     guard("rdma_create_srq", || {
         const VERB: &str = "rdma_create_srq";
         // SAFETY: forwarded contract.
-        let id = match unsafe { live(VERB, id) } {
-            Ok(id) => id,
-            Err(rc) => return rc,
-        };
-        let device = match the_device(VERB) {
-            Ok(d) => d,
-            Err(rc) => return rc,
-        };
+        let id = or_return!(unsafe { live(VERB, id) });
+        let device = or_return!(the_device(VERB));
         let pd = if pd.is_null() { device.pd } else { pd };
         // SAFETY: a live PD and the caller's attributes.
         let srq = unsafe { verbs::ibv_create_srq(pd, attr) };

@@ -568,13 +568,14 @@ fn connect_request(
 }
 
 /// A new ID for connection `conn`, which the listener's program will
-/// accept or reject, on the listener's channel.
+/// accept or reject: on the listener's channel, or, for a synchronous
+/// listener, synchronous itself (its own channel, so that `rdma_accept`
+/// waiting for it takes no other connection's request). Its local address
+/// is the device's, whatever the listener bound (any, or loopback).
 fn new_child(device: &CmDevice, listener: &mut Id, conn: ConnId, peer: SocketAddr) -> Option<*mut Id> {
-    let local = listener.lock().bound?;
-    let local = SocketAddr::new(if local.ip().is_unspecified() { device.addr } else { local.ip() }, local.port());
-    let child =
-        Id::new(device, listener.public.channel, listener.public.context, listener.public.ps, listener.public.qp_type)
-            .ok()?;
+    let local = SocketAddr::new(device.addr, listener.lock().bound?.port());
+    let channel = if listener.is_sync() { std::ptr::null_mut() } else { listener.public.channel };
+    let child = Id::new(device, channel, listener.public.context, listener.public.ps, listener.public.qp_type).ok()?;
     // SAFETY: just made.
     let c = unsafe { &mut *child };
     c.set_route(device, local, Some(peer));
