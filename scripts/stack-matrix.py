@@ -284,6 +284,27 @@ def run_mpi(libdir, site, binary):
     return ("pass", f"{lines['latency']}, {lines['bandwidth']}, allreduce {lines['allreduce']}, put checked")
 
 
+def counters_follow(site):
+    """Inside `softrnic run`, the device's counter files move with the
+    engine: an ib_send_bw server run there must leave rx_packets at the
+    1000 messages' packets, and port_rcv_data at a quarter of rx_bytes (it
+    counts 4-byte words), in the files a tool reads."""
+    port = 18898
+    d = "/sys/class/infiniband/softrnic0/ports/1"
+    script = (f"ib_send_bw -p {port} >/dev/null & sleep 0.5; "
+              f"SOFTRNIC_ADDR={site.client_addr} ib_send_bw -p {port} {site.server_addr} >/dev/null; wait; sleep 0.6; "
+              f"cat {d}/hw_counters/rx_packets {d}/hw_counters/rx_bytes {d}/counters/port_rcv_data")
+    out = subprocess.run(softrnic_run(site.server_addr, ["sh", "-c", script]), capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    values = out.stdout.split()
+    if out.returncode != 0 or len(values) != 3:
+        return ("FAIL", vm.last_lines(out.stdout + out.stderr))
+    packets, rx_bytes, words = map(int, values)
+    if packets < 1000 or words != rx_bytes // 4:
+        return ("FAIL", f"rx_packets {packets}, rx_bytes {rx_bytes}, port_rcv_data {words}")
+    return ("pass", f"rx_packets {packets}, port_rcv_data {words} words, read from the files")
+
+
 def cm_on_the_wire(libdir, site):
     """An independent decoder reads softrnic's CM: tshark captures an rping
     over UDP (no shared memory, so every packet crosses the interface) and
@@ -408,6 +429,8 @@ def main():
 
     loopback = vm.Site("loopback", "127.0.78.1", "127.0.78.2")
     run_site(loopback)
+    if not wanted or wanted.search("counters"):
+        results.append(("loopback", "sysfs counters follow the engine", *counters_follow(loopback)))
     if not wanted or wanted.search("tshark"):
         results.append(("loopback", "tshark decodes the CM exchange", *cm_on_the_wire(libdir, loopback)))
     reason = "--no-netns given" if args.no_netns else vm.namespaces_unavailable()

@@ -44,6 +44,7 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     let _ = rustix::mount::unmount(&staging, UnmountFlags::DETACH);
     let _ = std::fs::remove_dir_all(&staging);
     built?;
+    keep_counters_current(addr);
     let (program, rest) = args.command.split_first().ok_or("give the program to run after --")?;
     let mut command = std::process::Command::new(program);
     command.args(rest).env("SOFTRNIC_ADDR", addr.to_string());
@@ -58,6 +59,43 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     }
     let error = command.exec();
     Err(format!("cannot run {}: {error}", program.to_string_lossy()))
+}
+
+/// How often the counter files follow the engine's (which publishes every
+/// 250 ms).
+const COUNTERS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Forks a process that rewrites the view's counter files from what the
+/// engine publishes, for as long as the program runs: tools that read
+/// `/sys/class/infiniband/softrnic0/ports/1/counters` see them move. It
+/// dies with the program (PR_SET_PDEATHSIG) and holds none of its
+/// descriptors, so nobody waiting for the program's output waits for it.
+fn keep_counters_current(addr: IpAddr) {
+    // SAFETY: this process has one thread here, so the child may run
+    // ordinary code; it never returns into the caller's (it exits).
+    let pid = unsafe { libc::fork() };
+    if pid != 0 {
+        // The parent (or a failed fork: the counters stay as they were).
+        return;
+    }
+    let parent = rustix::process::getppid();
+    // SAFETY: plain prctl and close_range calls on this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        libc::close_range(0, u32::MAX, 0);
+    }
+    let class = Path::new("/sys/class");
+    let mut last = std::collections::HashMap::new();
+    while rustix::process::getppid() == parent {
+        for (path, value) in softrnic_ibverbs::sysfs::counters_tree(addr) {
+            if last.get(&path) != Some(&value) {
+                let _ = std::fs::write(class.join(&path), format!("{value}\n"));
+                last.insert(path, value);
+            }
+        }
+        std::thread::sleep(COUNTERS_EVERY);
+    }
+    std::process::exit(0);
 }
 
 /// A mount namespace of this process's own: as root directly, otherwise

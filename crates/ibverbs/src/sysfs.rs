@@ -76,33 +76,56 @@ fn device_file(d: &SoftDevice, file: &str) -> Option<String> {
         "ports/1/gid_attrs/ndevs/0" => d.interface.as_ref().map(|(name, _)| name.clone()),
         "ports/1/pkeys/0" => Some(format!("{:#06x}", DEFAULT_PKEY)),
         _ => {
-            let counter = file.strip_prefix("ports/1/hw_counters/").or_else(|| {
-                let name = file.strip_prefix("ports/1/counters/")?;
-                PORT_COUNTERS.iter().find(|(ib, _)| *ib == name).map(|(_, ours)| *ours)
-            })?;
             let published = std::fs::read_to_string(softrnic_engine::counters_file::path(d.addr)).unwrap_or_default();
-            let value: u64 = published
-                .lines()
-                .find_map(|l| l.strip_prefix(counter)?.strip_prefix(' ')?.trim().parse().ok())
-                .unwrap_or(0);
-            // port_*_data counts 4-byte words.
-            let value = if file.ends_with("_data") { value / 4 } else { value };
-            Some(value.to_string())
+            counter_file(&published, file)
         }
     }
 }
 
+/// A counter file (`ports/1/counters/...` or `ports/1/hw_counters/...`)
+/// from the counters the engine `published`: zero before it publishes.
+fn counter_file(published: &str, file: &str) -> Option<String> {
+    let counter = file.strip_prefix("ports/1/hw_counters/").or_else(|| {
+        let name = file.strip_prefix("ports/1/counters/")?;
+        PORT_COUNTERS.iter().find(|(ib, _)| *ib == name).map(|(_, ours)| *ours)
+    })?;
+    let value: u64 =
+        published.lines().find_map(|l| l.strip_prefix(counter)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0);
+    // port_*_data counts 4-byte words.
+    let value = if file.ends_with("_data") { value / 4 } else { value };
+    Some(value.to_string())
+}
+
+/// The counter files of the device on `addr`, as `(path, contents)`
+/// relative to `/sys/class`, from what its engine last published: the
+/// port's InfiniBand counters and every softrnic counter under
+/// `hw_counters`, as a RoCE driver lays them out.
+pub fn counters_tree(addr: IpAddr) -> Vec<(String, String)> {
+    let published = std::fs::read_to_string(softrnic_engine::counters_file::path(addr)).unwrap_or_default();
+    let every = softrnic_engine::counters_file::render(&Default::default());
+    let names = every.lines().filter_map(|l| l.split_whitespace().next());
+    let files = PORT_COUNTERS
+        .iter()
+        .map(|(ib, _)| format!("ports/1/counters/{ib}"))
+        .chain(names.map(|name| format!("ports/1/hw_counters/{name}")));
+    files
+        .filter_map(|file| Some((format!("infiniband/{DEVICE_NAME}/{file}"), counter_file(&published, &file)?)))
+        .collect()
+}
+
 /// The `/sys/class` entries of the device on `addr`, as `(path, contents)`
 /// relative to `/sys/class`: the device's directory, its uverbs node's
-/// and the ABI versions libibverbs and libibumad check. `softrnic run`
-/// shows them to programs that read sysfs themselves. The counters are
-/// not among them: they change, and `ibv_read_sysfs_file` serves them live.
+/// and the ABI versions libibverbs and libibumad check, and the counters
+/// as they stand ([`counters_tree`], which `softrnic run` keeps current).
+/// `softrnic run` shows them to programs that read sysfs themselves
+/// (`ibv_read_sysfs_file` serves the same files).
 pub fn class_tree(addr: IpAddr) -> Vec<(String, String)> {
     let d = SoftDevice::new(addr);
     let mut tree: Vec<(String, String)> = DEVICE_FILES
         .iter()
         .filter_map(|f| Some((format!("infiniband/{DEVICE_NAME}/{f}"), device_file(&d, f)?)))
         .collect();
+    tree.extend(counters_tree(addr));
     let uverbs = "infiniband_verbs/uverbs-softrnic0";
     tree.push((format!("{uverbs}/ibdev"), DEVICE_NAME.into()));
     tree.push((format!("{uverbs}/abi_version"), "6".into()));
