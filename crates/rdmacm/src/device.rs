@@ -298,7 +298,7 @@ impl CmDevice {
                 let raw: [u8; 16] = grh[8..24].try_into().expect("16 bytes");
                 addr_of(&ibv_gid { raw })
             };
-            state.cm.handle_mad(peer, &self.buffer[at + GRH_LEN..at + GRH_LEN + MAD_LEN]);
+            state.cm.handle_mad(self.now(), peer, &self.buffer[at + GRH_LEN..at + GRH_LEN + MAD_LEN]);
         }
         if c.status != IBV_WC_WR_FLUSH_ERR && self.post_receive(slot).is_err() {
             eprintln!("softrnic librdmacm: cannot repost a receive on QP1");

@@ -34,6 +34,10 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_nanos(4096 << RESPONSE_TIM
 /// taken for gone (the REQ field is four bits).
 pub const MAX_RETRIES: u8 = 15;
 
+/// How long a connection that went down is remembered, to answer a late
+/// duplicate DREQ (the IBTA's time wait), before it is forgotten.
+pub const TIME_WAIT: Duration = Duration::from_secs(2);
+
 /// How many refused-once requests an agent remembers.
 const MAX_UNCLAIMED: usize = 1024;
 
@@ -86,7 +90,7 @@ enum State {
     Established,
     /// DREQ sent, waiting for the DREP.
     DreqSent,
-    /// Down; kept to answer a late duplicate DREQ.
+    /// Down; kept [`TIME_WAIT`] to answer a late duplicate DREQ.
     TimeWait,
     /// SIDR_REQ sent.
     SidrSent,
@@ -291,7 +295,7 @@ impl Cm {
     /// softrnic's lives in each process, and a request may arrive between a
     /// server's device opening and its `rdma_listen`, or at the last
     /// moment of the process that served the port before.
-    pub fn handle_mad(&mut self, peer: IpAddr, bytes: &[u8]) {
+    pub fn handle_mad(&mut self, now: Duration, peer: IpAddr, bytes: &[u8]) {
         let parsed = mad::Header::new_checked(bytes).and_then(|h| mad::Repr::parse(&h)).and_then(|header| {
             if header.mgmt_class != mad::class::CM || header.class_version != CLASS_VERSION {
                 return Err(softrnic_wire::Error::Reserved);
@@ -308,8 +312,8 @@ impl Cm {
             Message::Rep(rep) => self.on_rep(rep),
             Message::Rej(rej) => self.on_rej(rej),
             Message::Rtu(rtu) => self.on_rtu(rtu),
-            Message::Dreq(dreq) => self.on_dreq(peer, header.transaction_id, dreq),
-            Message::Drep(drep) => self.on_drep(drep),
+            Message::Dreq(dreq) => self.on_dreq(now, peer, header.transaction_id, dreq),
+            Message::Drep(drep) => self.on_drep(now, drep),
             Message::SidrRep(rep) => self.on_sidr_rep(rep),
             // An MRA asks for patience: wait the full retry budget.
             Message::Mra(_) => true,
@@ -436,7 +440,7 @@ impl Cm {
         true
     }
 
-    fn on_dreq(&mut self, peer: IpAddr, tid: u64, dreq: Dreq) -> bool {
+    fn on_dreq(&mut self, now: Duration, peer: IpAddr, tid: u64, dreq: Dreq) -> bool {
         let conn = dreq.remote_comm_id;
         let Some(c) = self.connections.get_mut(&conn) else {
             // Forgotten already: answer anyway, so the peer stops asking.
@@ -452,7 +456,7 @@ impl Cm {
         });
         let was = c.state;
         c.state = State::TimeWait;
-        c.deadline = None;
+        c.deadline = Some(now + TIME_WAIT);
         c.last = Some(drep);
         self.send_once(peer, tid, drep);
         if matches!(was, State::Established | State::RepSent | State::RepReceived | State::DreqSent) {
@@ -461,13 +465,13 @@ impl Cm {
         true
     }
 
-    fn on_drep(&mut self, drep: Ids) -> bool {
+    fn on_drep(&mut self, now: Duration, drep: Ids) -> bool {
         let Some(c) = self.connections.get_mut(&drep.remote_comm_id) else { return false };
         if c.state != State::DreqSent {
             return false;
         }
         c.state = State::TimeWait;
-        c.deadline = None;
+        c.deadline = Some(now + TIME_WAIT);
         c.last = None;
         self.events.push_back(Event::Disconnected { conn: drep.remote_comm_id });
         true
@@ -491,17 +495,22 @@ impl Cm {
     }
 
     /// Sends again what went unanswered; gives up on what went unanswered
-    /// too often.
+    /// too often; forgets connections whose time wait is over.
     pub fn handle_timeout(&mut self, now: Duration) {
         let due: Vec<ConnId> =
             self.connections.iter().filter(|(_, c)| c.deadline.is_some_and(|d| d <= now)).map(|(&id, _)| id).collect();
         for conn in due {
             let c = self.connections.get_mut(&conn).expect("listed");
+            if c.state == State::TimeWait {
+                self.forget(conn);
+                continue;
+            }
             if c.retries_left == 0 {
                 c.deadline = None;
                 match c.state {
                     State::DreqSent => {
                         c.state = State::TimeWait;
+                        c.deadline = Some(now + TIME_WAIT);
                         self.events.push_back(Event::Disconnected { conn });
                     }
                     State::SidrSent | State::ReqSent | State::RepSent => {
@@ -639,7 +648,7 @@ mod tests {
                 self.drop_next -= 1;
                 return;
             }
-            if to_b { self.b.handle_mad(A, &t.mad) } else { self.a.handle_mad(B, &t.mad) }
+            if to_b { self.b.handle_mad(self.now, A, &t.mad) } else { self.a.handle_mad(self.now, B, &t.mad) }
         }
 
         /// Lets time pass to the next timer of either side.
@@ -678,8 +687,18 @@ mod tests {
         p.settle();
         assert_eq!(p.b.poll_event(), Some(Event::Disconnected { conn: b }));
         assert_eq!(p.a.poll_event(), Some(Event::Disconnected { conn: a }));
-        assert_eq!(p.a.poll_timeout(), None, "nothing left to send");
         assert_eq!((p.a.dropped, p.b.dropped), (0, 0));
+        // A late duplicate DREQ is answered while the time wait lasts...
+        let dreq = Dreq { local_comm_id: a, remote_comm_id: b, remote_qpn: 0x22, private_data: PrivateData::EMPTY };
+        p.a.send_once(B, 1, Message::Dreq(dreq));
+        let late = p.a.poll_transmit().unwrap();
+        p.b.handle_mad(p.now, A, &late.mad);
+        assert!(p.b.poll_transmit().is_some(), "the DREP again");
+        assert_eq!(p.b.poll_event(), None, "not a second disconnect");
+        // ... and then both sides forget the connection.
+        p.tick();
+        assert!(p.a.connections.is_empty() && p.b.connections.is_empty());
+        assert_eq!(p.a.poll_timeout(), None, "nothing left to do");
     }
 
     /// Refused when it comes again: a listener has a response timeout to
@@ -796,8 +815,8 @@ mod tests {
             mad[0] = 1;
             mad[1] = mad::class::CM;
             mad[2] = CLASS_VERSION;
-            p.a.handle_mad(B, &mad);
-            p.a.handle_mad(B, &mad[..mad.len() / 2]);
+            p.a.handle_mad(p.now, B, &mad);
+            p.a.handle_mad(p.now, B, &mad[..mad.len() / 2]);
         }
         assert!(p.a.dropped >= 2000);
         while let Some(t) = p.a.poll_transmit() {
