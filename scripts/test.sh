@@ -43,8 +43,10 @@ else
     step "verbs programs skipped: needs python3, ibverbs-utils and perftest (sudo apt-get install ibverbs-utils perftest)"
 fi
 
-# The stack above libibverbs, unmodified, through `softrnic run`: the
-# tools that read the kernel's RDMA paths, and UCX.
+# The stack above libibverbs, unmodified: the tools that read the kernel's
+# RDMA paths and UCX through `softrnic run`, rdma_cm programs over the
+# drop-in librdmacm.so.1, libfabric and Open MPI. The script names any
+# other package it misses, and fails.
 if command -v ibstat >/dev/null 2>&1 && command -v ucx_perftest >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then
     step "the RDMA stack over softrnic (scripts/stack-matrix.py)"
     cargo build --release --locked -p softrnic-cli

@@ -583,15 +583,31 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
     })
 }
 
+/// The next event on `channel` as the program gets it, waiting for one
+/// unless the channel's fd is non-blocking. A failed wait (EAGAIN, or
+/// EINTR when a signal interrupts it, as the kernel's file says) is the
+/// call's failure, set in `errno` without a debug line: programs poll.
+///
+/// # Safety
+/// Every entry on `channel` is for a live ID.
+unsafe fn next_event(device: &CmDevice, channel: &Channel) -> Result<Box<EventBox>, c_int> {
+    loop {
+        let pending = channel.queue.pop().map_err(|e| {
+            set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+            -1
+        })?;
+        // SAFETY: for a live ID (caller).
+        if let Some(event) = unsafe { id::finish(device, pending) } {
+            return Ok(event);
+        }
+    }
+}
+
 /// A synchronous ID's call waits for its connection to come up.
 fn wait_established(verb: &str, device: &CmDevice, id: &mut Id) -> c_int {
     loop {
-        let pending = match id.channel().queue.pop() {
-            Ok(p) => p,
-            Err(e) => return fail(verb, e.raw_os_error().unwrap_or(libc::EIO), e),
-        };
-        // SAFETY: the pending entry is for this live ID (its own channel).
-        let Some(event) = (unsafe { id::finish(device, pending) }) else { continue };
+        // SAFETY: the ID's own channel holds only its events.
+        let event = or_return!(unsafe { next_event(device, id.channel()) });
         let (kind, status) = (event.public.event, event.public.status);
         match kind {
             RDMA_CM_EVENT_ESTABLISHED => return 0,
@@ -663,12 +679,9 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut
         }
         let device = or_return!(the_device(VERB));
         loop {
-            let pending = match listener.channel().queue.pop() {
-                Ok(p) => p,
-                Err(e) => return fail(VERB, e.raw_os_error().unwrap_or(libc::EIO), e),
-            };
-            // SAFETY: for the listener, live.
-            let Some(event) = (unsafe { id::finish(device, pending) }) else { continue };
+            // SAFETY: the listener's own channel holds its events and those
+            // of no ID it has handed out (those are synchronous too).
+            let event = or_return!(unsafe { next_event(device, listener.channel()) });
             if event.public.event != RDMA_CM_EVENT_CONNECT_REQUEST {
                 continue;
             }
@@ -837,22 +850,11 @@ pub unsafe extern "C" fn rdma_get_cm_event(channel: *mut rdma_event_channel, eve
         let device = or_return!(the_device(VERB));
         // SAFETY: live (caller).
         let channel = unsafe { Channel::from_c(channel) };
-        loop {
-            let pending = match channel.queue.pop() {
-                Ok(p) => p,
-                // Non-blocking and empty: EAGAIN, as the kernel's file says.
-                Err(e) => {
-                    set_errno(e.raw_os_error().unwrap_or(libc::EIO));
-                    return -1;
-                }
-            };
-            // SAFETY: events of destroyed IDs leave the queue with them.
-            if let Some(e) = unsafe { id::finish(device, pending) } {
-                // SAFETY: writable (caller).
-                unsafe { *event = Box::into_raw(e).cast() };
-                return 0;
-            }
-        }
+        // SAFETY: events of destroyed IDs leave the queue with them.
+        let e = or_return!(unsafe { next_event(device, channel) });
+        // SAFETY: writable (caller).
+        unsafe { *event = Box::into_raw(e).cast() };
+        0
     })
 }
 
