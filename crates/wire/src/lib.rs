@@ -26,6 +26,7 @@ pub mod deth;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
+pub mod int;
 pub mod mad;
 pub mod opcode;
 pub mod packet;
