@@ -47,7 +47,7 @@ impl Routes {
         assert!(!ports.is_empty(), "a route needs a port");
         self.entries.push((prefix, ports));
         // Longest prefix first, so the first match is the best.
-        self.entries.sort_by(|a, b| b.0.len.cmp(&a.0.len));
+        self.entries.sort_by_key(|entry| std::cmp::Reverse(entry.0.len));
     }
 
     /// The port for a packet of `flow` to `dst`.
