@@ -124,7 +124,7 @@ fn a_port_sends_at_its_line_rate() {
         let mut switch = star(2, PortConfig::new(rate, 1 << 30), 1 << 30);
         let window = Duration::from_millis(5);
         // Offer twice the rate, in 1500-byte packets, at once.
-        let packets = (2 * rate / 8 / 1500) as u64 * window.as_millis() as u64 / 1000;
+        let packets = 2 * rate / 8 / 1500 * window.as_millis() as u64 / 1000;
         for id in 0..packets {
             switch.handle_packet(Time::ZERO, 0, TestFrame::data(id, 1500, host(1)));
         }
