@@ -56,6 +56,12 @@ pub trait Datapath: Send {
     /// Datagrams dropped on arrival for want of buffer space.
     fn receive_drops(&self) -> u64;
 
+    /// Datagrams that arrived with ECN CE: a switch on the way was
+    /// congested.
+    fn ce_marked(&self) -> u64 {
+        0
+    }
+
     /// Entries of a peer that were not well-formed (shared memory only).
     fn malformed(&self) -> u64 {
         0
@@ -138,6 +144,10 @@ impl Datapath for Udp {
 
     fn receive_drops(&self) -> u64 {
         self.drops
+    }
+
+    fn ce_marked(&self) -> u64 {
+        self.rx.ce_marked()
     }
 }
 
@@ -267,6 +277,10 @@ impl Datapath for SharedMemory {
 
     fn receive_drops(&self) -> u64 {
         self.udp.receive_drops()
+    }
+
+    fn ce_marked(&self) -> u64 {
+        self.udp.ce_marked()
     }
 
     fn malformed(&self) -> u64 {

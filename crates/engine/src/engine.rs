@@ -204,6 +204,9 @@ pub struct NicCounters {
     /// thread held. A peer's retransmission timer that fires on a clean
     /// link follows a stall near its timeout.
     pub engine_stall_max_us: u64,
+    /// RoCE packets that arrived marked ECN CE (the name mlx5 gives its
+    /// notification point's counter).
+    pub np_ecn_marked_roce_packets: u64,
 }
 
 /// The state every thread of a NIC shares.
@@ -710,6 +713,7 @@ impl Core {
             {
                 let wire = shard.lock_wire();
                 out.rx_dropped_by_kernel += wire.receive_drops();
+                out.np_ecn_marked_roce_packets += wire.ce_marked();
                 out.rx_ring_malformed += wire.malformed();
             }
             let (tx, rx) = shard.fault_stats();

@@ -10,6 +10,12 @@
 //! This is one of softrnic's `unsafe` edges: the batch calls take arrays of
 //! C structures that point into our buffers.
 //!
+//! Datagrams leave ECN-capable (ECT(0)) unless `SOFTRNIC_ECN=off`, as a
+//! RoCEv2 NIC sends them, so a congested switch marks them rather than
+//! drops them; every receive reads the ECN field back (`IP_RECVTOS`,
+//! `IPV6_RECVTCLASS`). UDP GRO merges only datagrams with equal TOS, so
+//! a coalesced batch has one ECN field.
+//!
 //! IPv4 sockets set `IP_PMTUDISC_DO`: Linux then sends with DF and IPv4 ID
 //! 0 from an unconnected socket, so every byte the ICRC covers is known
 //! (docs/ARCHITECTURE.md, "Why the ICRC is exact").
@@ -41,6 +47,15 @@ pub enum BindError {
     Other(IpAddr, io::Error),
 }
 
+/// The ECN codepoints softrnic sends and looks for (RFC 3168).
+const ECT0: libc::c_int = 0b10;
+const CE: u8 = 0b11;
+
+/// Whether datagrams leave ECN-capable: yes unless `SOFTRNIC_ECN=off`.
+fn ecn_capable() -> bool {
+    std::env::var("SOFTRNIC_ECN").map_or(true, |v| v != "off" && v != "0")
+}
+
 /// `UDP_SEGMENT` and `UDP_GRO` from `linux/udp.h` (not in libc for glibc).
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
@@ -48,8 +63,8 @@ const UDP_GRO: libc::c_int = 104;
 const GSO_MAX_BYTES: usize = 65_000;
 /// A receive buffer: a whole GRO-coalesced batch, or one datagram.
 const RECV_BUFFER: usize = 65_536;
-/// Room for the control messages a receive carries: the GRO segment size
-/// and the socket's drop count (`SO_RXQ_OVFL`), an `int` each.
+/// Room for the control messages a receive carries: the GRO segment size,
+/// the socket's drop count (`SO_RXQ_OVFL`) and the TOS or traffic class.
 const CONTROL_LEN: usize = 64;
 
 /// The device's UDP socket.
@@ -107,10 +122,15 @@ impl RoceSocket {
         // Room for bursts of a window of 4 KiB datagrams; the kernel caps it.
         let _ = socket.set_recv_buffer_size(8 << 20);
         let _ = socket.set_send_buffer_size(8 << 20);
+        let ecn = if ecn_capable() { ECT0 } else { 0 };
         if addr.is_ipv4() {
             set_int(&socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO).map_err(other)?;
+            set_int(&socket, libc::IPPROTO_IP, libc::IP_TOS, ecn).map_err(other)?;
+            set_int(&socket, libc::IPPROTO_IP, libc::IP_RECVTOS, 1).map_err(other)?;
         } else {
             socket.set_only_v6(true).map_err(other)?;
+            set_int(&socket, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, ecn).map_err(other)?;
+            set_int(&socket, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1).map_err(other)?;
         }
         if reuse_port {
             socket.set_reuse_port(true).map_err(other)?;
@@ -272,6 +292,7 @@ impl RoceSocket {
             let Some(source) = addr.as_socket() else { continue };
             // A GRO batch says the size of its datagrams in a control message.
             let mut segment = len;
+            let mut tos = 0u8;
             // SAFETY: walks the control messages the kernel wrote, within
             // `msg_controllen` of the buffer it was given.
             unsafe {
@@ -285,6 +306,11 @@ impl RoceSocket {
                         (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
                             batch.kernel_drops = std::ptr::read_unaligned(data as *const u32);
                         }
+                        // IPv4 gives the TOS as a byte, IPv6 the class as an int.
+                        (libc::IPPROTO_IP, libc::IP_TOS) => tos = *data,
+                        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                            tos = std::ptr::read_unaligned(data as *const libc::c_int) as u8;
+                        }
                         _ => {}
                     }
                     cmsg = libc::CMSG_NXTHDR(&header.msg_hdr, cmsg);
@@ -295,6 +321,7 @@ impl RoceSocket {
             while offset < len {
                 let size = segment.min(len - offset);
                 batch.datagrams.push((source, i, offset, size));
+                batch.ce_marked += u64::from(tos & 0b11 == CE);
                 offset += size;
             }
         }
@@ -390,6 +417,9 @@ pub struct RecvBatch {
     /// Datagrams the kernel dropped on this socket since it opened, for
     /// want of buffer space, as of the last receive.
     kernel_drops: u32,
+    /// Datagrams received with ECN CE (a congested switch marked them),
+    /// over every receive into this batch.
+    ce_marked: u64,
 }
 
 impl Default for RecvBatch {
@@ -400,6 +430,7 @@ impl Default for RecvBatch {
             controls: vec![[0; CONTROL_LEN / 8]; BATCH],
             datagrams: Vec::with_capacity(BATCH * 16),
             kernel_drops: 0,
+            ce_marked: 0,
         }
     }
 }
@@ -409,6 +440,11 @@ impl RecvBatch {
     /// space, since it opened (as of the last receive that said).
     pub fn kernel_drops(&self) -> u32 {
         self.kernel_drops
+    }
+
+    /// Datagrams that arrived marked CE, over every receive so far.
+    pub fn ce_marked(&self) -> u64 {
+        self.ce_marked
     }
 
     /// The `i`th datagram of the last receive and where it came from.
@@ -468,5 +504,32 @@ mod tests {
                 .chain([(0x13, 2), (0x13, 5), (0x13, 8), (0x13, 11)])
                 .collect::<Vec<_>>()
         );
+    }
+
+    /// A datagram a switch marked CE is counted; an unmarked one is not.
+    /// (On loopback the sender's TOS arrives unchanged, so a socket that
+    /// sends with CE stands in for the switch.)
+    #[test]
+    fn ce_marked_datagrams_are_counted() {
+        let addr: IpAddr = "127.0.0.61".parse().unwrap();
+        let receiver = RoceSocket::bind(addr).unwrap();
+        let sender = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+        sender.bind(&SockAddr::from(SocketAddr::new("127.0.0.62".parse().unwrap(), 0))).unwrap();
+        let to = SockAddr::from(receiver.local_addr());
+        set_int(&sender, libc::IPPROTO_IP, libc::IP_TOS, i32::from(CE)).unwrap();
+        sender.send_to(&[1; 40], &to).unwrap();
+        set_int(&sender, libc::IPPROTO_IP, libc::IP_TOS, ECT0).unwrap();
+        sender.send_to(&[2; 40], &to).unwrap();
+        let mut batch = RecvBatch::default();
+        let mut received = 0;
+        for _ in 0..1000 {
+            received += receiver.recv_batch(&mut batch).unwrap();
+            if received == 2 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(received, 2);
+        assert_eq!(batch.ce_marked(), 1);
     }
 }

@@ -71,8 +71,5 @@ pub trait Frame {
 /// acknowledgement (CNP, ACK/NAK, atomic ACK), given the first byte after
 /// the UDP header.
 pub fn is_control_opcode(first_byte: u8) -> bool {
-    matches!(
-        Opcode::try_from(first_byte),
-        Ok(Opcode::Cnp | Opcode::RcAck | Opcode::RcAtomicAck)
-    )
+    matches!(Opcode::try_from(first_byte), Ok(Opcode::Cnp | Opcode::RcAck | Opcode::RcAtomicAck))
 }
