@@ -10,6 +10,7 @@ mod careful;
 mod demo;
 mod devinfo;
 mod exp;
+mod lab;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +41,9 @@ enum Command {
     /// Run an evaluation (e1 latency, e2 throughput, e9 careful): its sweep,
     /// a CSV, a log per role and point, and an SVG figure.
     Exp(exp::ExpArgs),
+    /// The network lab: hosts in network namespaces joined by softrnic's
+    /// software switch; runs a command on each host (needs root).
+    Lab(lab::LabArgs),
     /// Run a program with the kernel's RDMA paths showing softrnic0
     /// (/sys/class/infiniband, /dev/infiniband) and the drop-in library:
     /// ibstat, ibstatus, UCX.
@@ -60,6 +64,7 @@ fn main() {
         Command::Careful(args) => careful::run(&args),
         Command::Exp(args) => exp::run(&args),
         Command::Run(args) => run::run(&args),
+        Command::Lab(args) => lab::run(&args),
     };
     if let Err(message) = result {
         eprintln!("softrnic: {message}");

@@ -14,6 +14,8 @@
 mod experiments;
 mod figure;
 mod hosts;
+mod incast;
+mod panels;
 mod roles;
 
 use std::fs::File;
@@ -26,6 +28,7 @@ use clap::Args;
 pub use experiments::EXPERIMENTS;
 use figure::{Figure, Reference, Series};
 use hosts::{Build, Inventory};
+pub(crate) use roles::stop as stop_child;
 use roles::{Placement, Role};
 
 #[derive(Args, Debug, Clone)]
@@ -55,6 +58,21 @@ pub struct ExpArgs {
     /// "Reproducing the evaluations").
     #[arg(long, value_name = "FILE")]
     pub hosts: Option<PathBuf>,
+    /// incast: how many hosts send to the one receiver (default 4, 2
+    /// with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub senders: Option<u64>,
+    /// incast: the congestion controls to compare, one run each
+    /// (none; the others arrive with programmable congestion control).
+    #[arg(long, value_delimiter = ',')]
+    pub cc: Vec<String>,
+    /// incast: run unmodified ib_write_bw over softrnic's libibverbs.so.1
+    /// instead of softrnic bench.
+    #[arg(long)]
+    pub verbs: bool,
+    /// incast: the links' rate (default 1Gbps).
+    #[arg(long, value_parser = softrnic_lab::topology::parse_rate)]
+    pub rate: Option<u64>,
 }
 
 /// One point of a sweep: its configuration (a line in the figure), its
@@ -159,8 +177,12 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         for e in EXPERIMENTS {
             println!("  {:4} {:11} {}", e.id, e.name, e.about);
         }
+        println!("  {:4} {:11} N senders to one receiver through the lab's switch (needs root)", "", "incast");
         return Ok(());
     };
+    if name.eq_ignore_ascii_case("incast") {
+        return incast::run(args);
+    }
     let exp = EXPERIMENTS.iter().find(|e| e.id.eq_ignore_ascii_case(name) || e.name.eq_ignore_ascii_case(name));
     let Some(exp) = exp else {
         let known: Vec<String> = EXPERIMENTS.iter().map(|e| format!("{} ({})", e.id, e.name)).collect();

@@ -204,7 +204,7 @@ fn wait(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus
 /// SIGINT, SIGTERM, SIGKILL, each after the last has had its grace. A
 /// remote role's ladder runs on its host once its input closes; the ssh
 /// here ends when the program there has.
-fn stop(child: &mut Child) {
+pub(crate) fn stop(child: &mut Child) {
     if let Some(input) = child.stdin.take() {
         drop(input);
         if wait(child, GRACE * 3).is_some() {

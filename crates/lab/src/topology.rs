@@ -1,0 +1,648 @@
+//! A lab's topology: switches, the hosts on them and the links between
+//! them, from a small TOML file or a shape on the command line (`star:4`,
+//! `dumbbell:2`, `leaf-spine:2x2x2`). It also works out each switch's
+//! routes: shortest paths, and every equal one when `ecmp` is on.
+//!
+//! ```toml
+//! ecmp = true                 # equal paths share traffic (default)
+//! seed = 1                    # ECMP hashing and RED's coin
+//!
+//! [defaults]                  # every link, unless it says otherwise
+//! rate = "10Gbps"             # bps, Kbps, Mbps, Gbps
+//! queue = "512KB"             # one egress queue's limit (B, KB, MB, KiB, MiB)
+//! ecn = { kmin = "40KB", kmax = "160KB", pmax = 0.2 }  # or "off"; default: HPCC's for the rate
+//! pfc = { xoff = "256KB", xon = "128KB" }              # default: off (drop)
+//! delay = "0us"               # ns, us, ms, s
+//! loss = 0.0
+//!
+//! [[switch]]
+//! name = "s0"
+//! buffer = "4MB"              # the shared packet buffer (default 4MB)
+//!
+//! [[host]]
+//! name = "h0"
+//! switch = "s0"
+//! rate = "1Gbps"              # any link key overrides the defaults
+//!
+//! [[link]]
+//! between = ["leaf0", "spine0"]
+//! rate = "40Gbps"
+//! ```
+//!
+//! Host `i` (in file order) gets the address 10.77.0.`i+1`/16, and with
+//! `addresses = N` (at most 16) also 10.77.`k`.`i+1` for k in 1..N: a host
+//! that serves several softrnic processes gives each its own address, as
+//! each softrnic device owns its address's UDP port 4791.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr};
+use std::ops::Range;
+use std::time::Duration;
+
+use serde::Deserialize;
+use softrnic_switch::{LinkFaults, PfcConfig, PortConfig, Prefix, RedConfig, Routes, SwitchConfig};
+use toml::Spanned;
+
+/// The most hosts a lab holds (one /24's worth of the lab's /16).
+pub const MAX_HOSTS: usize = 250;
+
+/// One link's properties, as the egress port that drives it sees them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkSpec {
+    pub rate_bps: u64,
+    pub queue: u64,
+    pub ecn: Option<RedConfig>,
+    pub pfc: Option<PfcConfig>,
+    pub delay: Duration,
+    pub loss: f64,
+}
+
+impl LinkSpec {
+    pub fn port_config(&self) -> PortConfig {
+        PortConfig {
+            rate_bps: self.rate_bps,
+            // A real switch is driven by a loop that the OS may delay: a
+            // burst of two jumbo frames rides over that and keeps the rate.
+            burst: 18_432,
+            queue_limit: self.queue,
+            red: self.ecn,
+            pfc: self.pfc,
+            faults: LinkFaults { loss: self.loss, delay: self.delay, ..LinkFaults::NONE },
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwitchSpec {
+    pub name: String,
+    pub buffer: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostSpec {
+    pub name: String,
+    pub switch: usize,
+    pub addr: Ipv4Addr,
+    /// More addresses of the same host (10.77.k.i+1).
+    pub aliases: Vec<Ipv4Addr>,
+    pub link: LinkSpec,
+}
+
+impl HostSpec {
+    /// Every address of the host, the primary first.
+    pub fn addrs(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
+        std::iter::once(self.addr).chain(self.aliases.iter().copied())
+    }
+
+    /// Gives the host `n` addresses in all.
+    pub fn set_addresses(&mut self, n: usize) {
+        let last = self.addr.octets()[3];
+        self.aliases = (1..n.min(MAX_ADDRESSES)).map(|k| Ipv4Addr::new(10, 77, k as u8, last)).collect();
+    }
+}
+
+/// The most addresses one host has.
+pub const MAX_ADDRESSES: usize = 16;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwitchLink {
+    pub a: usize,
+    pub b: usize,
+    pub link: LinkSpec,
+}
+
+/// What one switch port is joined to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortPeer {
+    Host(usize),
+    /// The other switch and its port on the same link.
+    Switch { switch: usize, port: usize },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Topology {
+    pub switches: Vec<SwitchSpec>,
+    pub hosts: Vec<HostSpec>,
+    pub links: Vec<SwitchLink>,
+    pub ecmp: bool,
+    pub seed: u64,
+}
+
+// ---- the file ------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    ecmp: Option<bool>,
+    seed: Option<u64>,
+    #[serde(default)]
+    defaults: LinkKeys,
+    #[serde(default, rename = "switch")]
+    switches: Vec<SwitchEntry>,
+    #[serde(default, rename = "host")]
+    hosts: Vec<HostEntry>,
+    #[serde(default, rename = "link")]
+    links: Vec<LinkEntry>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct LinkKeys {
+    rate: Option<Spanned<String>>,
+    queue: Option<Spanned<String>>,
+    ecn: Option<Spanned<toml::Value>>,
+    pfc: Option<Spanned<toml::Value>>,
+    delay: Option<Spanned<String>>,
+    loss: Option<Spanned<f64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SwitchEntry {
+    name: Spanned<String>,
+    buffer: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostEntry {
+    name: Spanned<String>,
+    switch: Spanned<String>,
+    addresses: Option<Spanned<u64>>,
+    #[serde(flatten)]
+    link: LinkKeys,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LinkEntry {
+    between: Spanned<[String; 2]>,
+    #[serde(flatten)]
+    link: LinkKeys,
+}
+
+/// A one-line error that names the line: `topology.toml:7: ...`.
+struct Located<'a> {
+    path: &'a str,
+    text: &'a str,
+}
+
+impl Located<'_> {
+    fn at(&self, span: Range<usize>, message: impl std::fmt::Display) -> String {
+        let line = self.text[..span.start.min(self.text.len())].matches('\n').count() + 1;
+        format!("{}:{line}: {message}", self.path)
+    }
+}
+
+impl Topology {
+    /// Reads a topology file.
+    pub fn load(path: &std::path::Path) -> Result<Topology, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Topology::parse(&path.display().to_string(), &text)
+    }
+
+    /// A topology from a file's text; `path` names it in errors.
+    pub fn parse(path: &str, text: &str) -> Result<Topology, String> {
+        let here = Located { path, text };
+        let file: File = toml::from_str(text).map_err(|e| match e.span() {
+            Some(span) => here.at(span, e.message().trim_end()),
+            None => format!("{path}: {}", e.message().trim_end()),
+        })?;
+        let default_ecn = file.defaults.ecn.as_ref().map(|v| ecn(&here, v)).transpose()?;
+        let defaults = link_spec(&here, &file.defaults, &LinkSpec::default(), default_ecn)?;
+        let mut names: BTreeMap<String, Range<usize>> = BTreeMap::new();
+        let mut unique = |name: &Spanned<String>, what: &str| -> Result<(), String> {
+            check_name(&here, name, what)?;
+            if let Some(first) = names.insert(name.get_ref().clone(), name.span()) {
+                let first_line = text[..first.start].matches('\n').count() + 1;
+                return Err(here.at(
+                    name.span(),
+                    format!(
+                        "the name `{}` is already used on line {first_line}; give every host and switch its own",
+                        name.get_ref()
+                    ),
+                ));
+            }
+            Ok(())
+        };
+        let mut switches = Vec::new();
+        for entry in &file.switches {
+            unique(&entry.name, "switch")?;
+            let buffer = match &entry.buffer {
+                Some(b) => size(&here, b)?,
+                None => 4_000_000,
+            };
+            switches.push(SwitchSpec { name: entry.name.get_ref().clone(), buffer });
+        }
+        let switch_index = |name: &Spanned<String>| -> Result<usize, String> {
+            switches.iter().position(|s| &s.name == name.get_ref()).ok_or_else(|| {
+                let known: Vec<&str> = switches.iter().map(|s| s.name.as_str()).collect();
+                here.at(
+                    name.span(),
+                    format!(
+                        "there is no switch `{}`; name one of [{}], or add a [[switch]] with that name",
+                        name.get_ref(),
+                        known.join(", ")
+                    ),
+                )
+            })
+        };
+        let mut hosts = Vec::new();
+        for (i, entry) in file.hosts.iter().enumerate() {
+            unique(&entry.name, "host")?;
+            if i >= MAX_HOSTS {
+                return Err(here.at(entry.name.span(), format!("a lab holds at most {MAX_HOSTS} hosts")));
+            }
+            let switch = switch_index(&entry.switch)?;
+            let link = link_spec(&here, &entry.link, &defaults, default_ecn)?;
+            let mut host = HostSpec { name: entry.name.get_ref().clone(), switch, addr: host_addr(i), aliases: Vec::new(), link };
+            if let Some(n) = &entry.addresses {
+                if !(1..=MAX_ADDRESSES as u64).contains(n.get_ref()) {
+                    return Err(here.at(n.span(), format!("addresses is a count from 1 to {MAX_ADDRESSES}")));
+                }
+                host.set_addresses(*n.get_ref() as usize);
+            }
+            hosts.push(host);
+        }
+        let mut links = Vec::new();
+        for entry in &file.links {
+            let [a, b] = entry.between.get_ref();
+            let span = entry.between.span();
+            let named = |n: &str| Spanned::new(span.clone(), n.to_string());
+            let (a, b) = (switch_index(&named(a))?, switch_index(&named(b))?);
+            if a == b {
+                return Err(here.at(span, "a link joins two different switches; name two"));
+            }
+            links.push(SwitchLink { a, b, link: link_spec(&here, &entry.link, &defaults, default_ecn)? });
+        }
+        let topology = Topology { switches, hosts, links, ecmp: file.ecmp.unwrap_or(true), seed: file.seed.unwrap_or(1) };
+        if topology.hosts.is_empty() {
+            return Err(format!("{path}: no hosts; add a [[host]] with a name and a switch"));
+        }
+        topology.check_connected().map_err(|e| format!("{path}: {e}"))?;
+        if !topology.ecmp
+            && let Some(cycle) = topology.find_loop()
+        {
+            let line = file.links.last().map(|l| here.at(l.between.span(), "")).unwrap_or_default();
+            return Err(format!(
+                "{}switches {} form a loop and ecmp = false: set ecmp = true, so equal paths share the traffic, or remove a link",
+                line,
+                cycle.join(", ")
+            ));
+        }
+        Ok(topology)
+    }
+
+    /// A shape given on the command line: `star:N` (N hosts on one
+    /// switch), `dumbbell:N` (N hosts on each of two switches joined by
+    /// one link: the bottleneck), `leaf-spine:LxSxH` (L leaves, S spines,
+    /// H hosts per leaf, every leaf linked to every spine). Every link
+    /// gets `link`.
+    pub fn shape(text: &str, link: LinkSpec) -> Result<Topology, String> {
+        let (kind, arg) = text.split_once(':').unwrap_or((text, ""));
+        let number = |s: &str| -> Result<usize, String> {
+            s.parse::<usize>().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                format!("`{text}`: `{s}` is not a count; write star:4, dumbbell:2 or leaf-spine:2x2x2")
+            })
+        };
+        let mut t = Topology { switches: Vec::new(), hosts: Vec::new(), links: Vec::new(), ecmp: true, seed: 1 };
+        let add_switch = |t: &mut Topology, name: String| {
+            t.switches.push(SwitchSpec { name, buffer: 4_000_000 });
+            t.switches.len() - 1
+        };
+        let add_host = |t: &mut Topology, switch: usize| {
+            let i = t.hosts.len();
+            t.hosts.push(HostSpec { name: format!("h{i}"), switch, addr: host_addr(i), aliases: Vec::new(), link: link.clone() });
+        };
+        match kind {
+            "star" => {
+                let s = add_switch(&mut t, "s0".into());
+                for _ in 0..number(arg)? {
+                    add_host(&mut t, s);
+                }
+            }
+            "dumbbell" => {
+                let n = number(arg)?;
+                let (left, right) = (add_switch(&mut t, "s0".into()), add_switch(&mut t, "s1".into()));
+                for side in [left, right] {
+                    for _ in 0..n {
+                        add_host(&mut t, side);
+                    }
+                }
+                t.links.push(SwitchLink { a: left, b: right, link: link.clone() });
+            }
+            "leaf-spine" => {
+                let parts: Vec<&str> = arg.split('x').collect();
+                let [l, s, h] = parts[..] else {
+                    return Err(format!("`{text}`: write leaf-spine:LxSxH, e.g. leaf-spine:2x2x2"));
+                };
+                let (l, s, h) = (number(l)?, number(s)?, number(h)?);
+                let leaves: Vec<usize> = (0..l).map(|i| add_switch(&mut t, format!("leaf{i}"))).collect();
+                let spines: Vec<usize> = (0..s).map(|i| add_switch(&mut t, format!("spine{i}"))).collect();
+                for &leaf in &leaves {
+                    for _ in 0..h {
+                        add_host(&mut t, leaf);
+                    }
+                    for &spine in &spines {
+                        t.links.push(SwitchLink { a: leaf, b: spine, link: link.clone() });
+                    }
+                }
+            }
+            _ => return Err(format!("`{text}` is not a topology; give a TOML file, star:N, dumbbell:N or leaf-spine:LxSxH")),
+        }
+        if t.hosts.len() > MAX_HOSTS {
+            return Err(format!("`{text}` has {} hosts; a lab holds at most {MAX_HOSTS}", t.hosts.len()));
+        }
+        Ok(t)
+    }
+
+    /// What each port of `switch` is joined to, in port order: its hosts
+    /// first, then its links in file order.
+    pub fn ports(&self, switch: usize) -> Vec<PortPeer> {
+        let mut ports: Vec<PortPeer> =
+            self.hosts.iter().enumerate().filter(|(_, h)| h.switch == switch).map(|(i, _)| PortPeer::Host(i)).collect();
+        for (i, link) in self.links.iter().enumerate() {
+            let other = if link.a == switch {
+                link.b
+            } else if link.b == switch {
+                link.a
+            } else {
+                continue;
+            };
+            ports.push(PortPeer::Switch { switch: other, port: self.link_port(other, i) });
+        }
+        ports
+    }
+
+    /// The port of `switch` on link number `link`.
+    fn link_port(&self, switch: usize, link: usize) -> usize {
+        let hosts = self.hosts.iter().filter(|h| h.switch == switch).count();
+        hosts + self.links[..link].iter().filter(|l| l.a == switch || l.b == switch).count()
+    }
+
+    /// The link behind each port of `switch` (what its egress drives).
+    fn port_links(&self, switch: usize) -> Vec<&LinkSpec> {
+        let mut links: Vec<&LinkSpec> = self.hosts.iter().filter(|h| h.switch == switch).map(|h| &h.link).collect();
+        links.extend(self.links.iter().filter(|l| l.a == switch || l.b == switch).map(|l| &l.link));
+        links
+    }
+
+    /// The pipeline configuration and routes of `switch`.
+    pub fn switch_config(&self, switch: usize) -> (SwitchConfig, Routes) {
+        let ports = self.port_links(switch).into_iter().map(LinkSpec::port_config).collect();
+        let config = SwitchConfig {
+            ports,
+            queues_per_port: 3,
+            shared_buffer: self.switches[switch].buffer,
+            seed: self.seed.wrapping_mul(0x9e37_79b9).wrapping_add(switch as u64),
+        };
+        (config, self.routes(switch))
+    }
+
+    /// Shortest paths to every host; every equal next hop with ECMP, the
+    /// first otherwise.
+    fn routes(&self, switch: usize) -> Routes {
+        let ports = self.ports(switch);
+        let mut routes = Routes::default();
+        for (h, host) in self.hosts.iter().enumerate() {
+            let to = self.distances_to(host.switch);
+            let mut next: Vec<usize> = ports
+                .iter()
+                .enumerate()
+                .filter_map(|(port, peer)| match *peer {
+                    PortPeer::Host(x) if x == h => Some(port),
+                    PortPeer::Switch { switch: n, .. } if to[n] + 1 == to[switch] => Some(port),
+                    _ => None,
+                })
+                .collect();
+            if !self.ecmp {
+                next.truncate(1);
+            }
+            if !next.is_empty() {
+                for addr in host.addrs() {
+                    routes.add(Prefix::host(IpAddr::V4(addr)), next.clone());
+                }
+            }
+        }
+        routes
+    }
+
+    /// Hops from every switch to `target` (usize::MAX if unreachable).
+    fn distances_to(&self, target: usize) -> Vec<usize> {
+        let mut dist = vec![usize::MAX; self.switches.len()];
+        dist[target] = 0;
+        let mut queue = VecDeque::from([target]);
+        while let Some(s) = queue.pop_front() {
+            for l in &self.links {
+                let n = if l.a == s {
+                    l.b
+                } else if l.b == s {
+                    l.a
+                } else {
+                    continue;
+                };
+                if dist[n] == usize::MAX {
+                    dist[n] = dist[s] + 1;
+                    queue.push_back(n);
+                }
+            }
+        }
+        dist
+    }
+
+    fn check_connected(&self) -> Result<(), String> {
+        let dist = self.distances_to(0);
+        match dist.iter().position(|&d| d == usize::MAX) {
+            Some(s) => Err(format!(
+                "switch `{}` is not linked to `{}`; add a [[link]] between them",
+                self.switches[s].name, self.switches[0].name
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The switches of some cycle, if the links have one (union-find: a
+    /// link whose ends are already joined closes a loop).
+    fn find_loop(&self) -> Option<Vec<String>> {
+        let mut parent: Vec<usize> = (0..self.switches.len()).collect();
+        fn root(parent: &mut [usize], mut x: usize) -> usize {
+            while parent[x] != x {
+                x = parent[x];
+            }
+            x
+        }
+        for l in &self.links {
+            let (ra, rb) = (root(&mut parent, l.a), root(&mut parent, l.b));
+            if ra == rb {
+                return Some(vec![self.switches[l.a].name.clone(), self.switches[l.b].name.clone()]);
+            }
+            parent[ra] = rb;
+        }
+        None
+    }
+
+    pub fn host_index(&self, name: &str) -> Option<usize> {
+        self.hosts.iter().position(|h| h.name == name)
+    }
+}
+
+/// The address of host number `i`.
+pub fn host_addr(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 77, 0, i as u8 + 1)
+}
+
+/// Names become shell variables, namespace and file names: letters,
+/// digits and `_`, not starting with a digit.
+fn check_name(here: &Located, name: &Spanned<String>, what: &str) -> Result<(), String> {
+    let n = name.get_ref();
+    let ok = !n.is_empty()
+        && n.len() <= 32
+        && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !n.starts_with(|c: char| c.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(here.at(
+            name.span(),
+            format!("`{n}` cannot name a {what}: use up to 32 letters, digits and _, starting with a letter (h0, leaf1)"),
+        ))
+    }
+}
+
+/// The defaults' own ECN choice, if they make one: off, or fixed
+/// thresholds. Without one, each link takes HPCC's for its rate.
+type EcnChoice = Option<Option<RedConfig>>;
+
+fn link_spec(here: &Located, keys: &LinkKeys, base: &LinkSpec, default_ecn: EcnChoice) -> Result<LinkSpec, String> {
+    let rate_bps = match &keys.rate {
+        Some(r) => rate(here, r)?,
+        None => base.rate_bps,
+    };
+    let queue = match &keys.queue {
+        Some(q) => size(here, q)?,
+        None => base.queue,
+    };
+    let ecn = match (&keys.ecn, default_ecn) {
+        (Some(v), _) => ecn(here, v)?,
+        (None, Some(choice)) => choice,
+        (None, None) => Some(RedConfig::for_rate(rate_bps)),
+    };
+    let pfc = match &keys.pfc {
+        Some(v) => pfc(here, v)?,
+        None => base.pfc,
+    };
+    let delay = match &keys.delay {
+        Some(d) => duration(here, d)?,
+        None => base.delay,
+    };
+    let loss = match &keys.loss {
+        Some(l) if (0.0..=1.0).contains(l.get_ref()) => *l.get_ref(),
+        Some(l) => return Err(here.at(l.span(), "loss is a probability: write a number from 0.0 to 1.0")),
+        None => base.loss,
+    };
+    Ok(LinkSpec { rate_bps, queue, ecn, pfc, delay, loss })
+}
+
+fn ecn(here: &Located, value: &Spanned<toml::Value>) -> Result<Option<RedConfig>, String> {
+    let bad = || {
+        here.at(value.span(), r#"ecn is "off" or { kmin = "40KB", kmax = "160KB", pmax = 0.2 }"#)
+    };
+    match value.get_ref() {
+        toml::Value::String(s) if s == "off" => Ok(None),
+        toml::Value::Table(t) => {
+            let get = |k: &str| t.get(k).ok_or_else(bad);
+            let size_of = |v: &toml::Value| {
+                v.as_str().ok_or_else(bad).and_then(|s| size(here, &Spanned::new(value.span(), s.to_string())))
+            };
+            let (kmin, kmax) = (size_of(get("kmin")?)?, size_of(get("kmax")?)?);
+            let pmax = get("pmax")?.as_float().filter(|p| (0.0..=1.0).contains(p)).ok_or_else(bad)?;
+            if t.len() != 3 || kmin > kmax {
+                return Err(bad());
+            }
+            Ok(Some(RedConfig { kmin, kmax, pmax }))
+        }
+        _ => Err(bad()),
+    }
+}
+
+fn pfc(here: &Located, value: &Spanned<toml::Value>) -> Result<Option<PfcConfig>, String> {
+    let bad = || here.at(value.span(), r#"pfc is "off" or { xoff = "256KB", xon = "128KB" } with xon below xoff"#);
+    match value.get_ref() {
+        toml::Value::String(s) if s == "off" => Ok(None),
+        toml::Value::Table(t) => {
+            let size_of = |k: &str| {
+                t.get(k)
+                    .and_then(|v| v.as_str())
+                    .ok_or_else(bad)
+                    .and_then(|s| size(here, &Spanned::new(value.span(), s.to_string())))
+            };
+            let (xoff, xon) = (size_of("xoff")?, size_of("xon")?);
+            if t.len() != 2 || xon >= xoff {
+                return Err(bad());
+            }
+            Ok(Some(PfcConfig { xoff, xon }))
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// A number and a unit, each unit a multiplier.
+fn with_unit(text: &str, units: &[(&str, f64)]) -> Option<f64> {
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let (_, multiplier) = units.iter().find(|(u, _)| *u == unit.trim())?;
+    Some(number * multiplier)
+}
+
+const RATE_UNITS: [(&str, f64); 5] = [("bps", 1.0), ("Kbps", 1e3), ("Mbps", 1e6), ("Gbps", 1e9), ("Tbps", 1e12)];
+const SIZE_UNITS: [(&str, f64); 7] =
+    [("B", 1.0), ("KB", 1e3), ("MB", 1e6), ("GB", 1e9), ("KiB", 1024.0), ("MiB", 1048576.0), ("GiB", 1073741824.0)];
+const TIME_UNITS: [(&str, f64); 4] = [("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0)];
+
+/// `10Gbps`, `100Mbps`.
+pub fn parse_rate(text: &str) -> Result<u64, String> {
+    with_unit(text, &RATE_UNITS).filter(|&r| r >= 1e3).map(|r| r as u64).ok_or_else(|| {
+        format!("`{text}` is not a rate: write a number and a unit, e.g. 10Gbps, 100Mbps (bps, Kbps, Mbps, Gbps, Tbps)")
+    })
+}
+
+/// `512KB`, `4MiB`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    with_unit(text, &SIZE_UNITS)
+        .map(|s| s as u64)
+        .ok_or_else(|| format!("`{text}` is not a size: write a number and a unit, e.g. 512KB or 4MiB (B, KB, MB, KiB, MiB)"))
+}
+
+/// `10us`, `1ms`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    with_unit(text, &TIME_UNITS)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("`{text}` is not a time: write a number and a unit, e.g. 10us or 1ms (ns, us, ms, s)"))
+}
+
+fn rate(here: &Located, s: &Spanned<String>) -> Result<u64, String> {
+    parse_rate(s.get_ref()).map_err(|e| here.at(s.span(), e))
+}
+
+fn size(here: &Located, s: &Spanned<String>) -> Result<u64, String> {
+    parse_size(s.get_ref()).map_err(|e| here.at(s.span(), e))
+}
+
+fn duration(here: &Located, s: &Spanned<String>) -> Result<Duration, String> {
+    parse_duration(s.get_ref()).map_err(|e| here.at(s.span(), e))
+}
+
+impl Default for LinkSpec {
+    /// 10 Gb/s, 512 KB per queue, HPCC's ECN thresholds, no PFC.
+    fn default() -> LinkSpec {
+        LinkSpec {
+            rate_bps: 10_000_000_000,
+            queue: 512_000,
+            ecn: Some(RedConfig::for_rate(10_000_000_000)),
+            pfc: None,
+            delay: Duration::ZERO,
+            loss: 0.0,
+        }
+    }
+}
