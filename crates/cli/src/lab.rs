@@ -116,7 +116,8 @@ pub fn run(args: &LabArgs) -> Result<(), String> {
     let background = args.bg.iter().map(|t| placed(&topology, t)).collect::<Result<Vec<_>, _>>()?;
     let stop = stop_flag()?;
     let namespaces = Namespaces::create(&topology)?;
-    let options = RunOptions { stats: args.stats.clone(), sample_every: args.sample_every, pcap: args.pcap.clone(), flows: None };
+    let options =
+        RunOptions { stats: args.stats.clone(), sample_every: args.sample_every, pcap: args.pcap.clone(), flows: None };
     let runner = Runner::start(&topology, &namespaces, options)?;
     eprintln!("softrnic lab: {} hosts, {} switches", topology.hosts.len(), topology.switches.len());
     for (name, addr, ns) in namespaces.describe(&topology) {

@@ -7,7 +7,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use etherparse::{Ethernet2HeaderSlice, EtherType, IpNumber, Ipv4HeaderSlice, UdpHeaderSlice};
+use etherparse::{EtherType, Ethernet2HeaderSlice, IpNumber, Ipv4HeaderSlice, UdpHeaderSlice};
 use softrnic_switch::frame::is_control_opcode;
 use softrnic_switch::{Classified, Ecn, Frame};
 use softrnic_wire::ROCEV2_UDP_PORT;

@@ -176,10 +176,8 @@ impl Namespaces {
         }
         for ns in &host_ns {
             let script = "ethtool -K eth0 tx off >/dev/null 2>&1 && sysctl -qw net.ipv6.conf.all.disable_ipv6=1";
-            let ok = Command::new("ip")
-                .args(["netns", "exec", ns, "sh", "-c", script])
-                .status()
-                .is_ok_and(|s| s.success());
+            let ok =
+                Command::new("ip").args(["netns", "exec", ns, "sh", "-c", script]).status().is_ok_and(|s| s.success());
             if !ok {
                 return Err(format!("cannot turn checksum offload off in {ns} (ethtool -K eth0 tx off)"));
             }

@@ -116,7 +116,10 @@ pub struct SwitchLink {
 pub enum PortPeer {
     Host(usize),
     /// The other switch and its port on the same link.
-    Switch { switch: usize, port: usize },
+    Switch {
+        switch: usize,
+        port: usize,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -163,23 +166,39 @@ struct SwitchEntry {
     buffer: Option<Spanned<String>>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HostEntry {
-    name: Spanned<String>,
-    switch: Spanned<String>,
-    addresses: Option<Spanned<u64>>,
-    #[serde(flatten)]
-    link: LinkKeys,
+/// Declares a table that takes the link keys beside its own. (serde's
+/// `flatten` would lose the spans that errors name lines with.)
+macro_rules! with_link_keys {
+    ($name:ident { $($field:ident: $ty:ty,)* }) => {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct $name {
+            $($field: $ty,)*
+            rate: Option<Spanned<String>>,
+            queue: Option<Spanned<String>>,
+            ecn: Option<Spanned<toml::Value>>,
+            pfc: Option<Spanned<toml::Value>>,
+            delay: Option<Spanned<String>>,
+            loss: Option<Spanned<f64>>,
+        }
+
+        impl $name {
+            fn link_keys(&self) -> LinkKeys {
+                LinkKeys {
+                    rate: self.rate.clone(),
+                    queue: self.queue.clone(),
+                    ecn: self.ecn.clone(),
+                    pfc: self.pfc.clone(),
+                    delay: self.delay.clone(),
+                    loss: self.loss.clone(),
+                }
+            }
+        }
+    };
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LinkEntry {
-    between: Spanned<[String; 2]>,
-    #[serde(flatten)]
-    link: LinkKeys,
-}
+with_link_keys!(HostEntry { name: Spanned<String>, switch: Spanned<String>, addresses: Option<Spanned<u64>>, });
+with_link_keys!(LinkEntry { between: Spanned<[String; 2]>, });
 
 /// A one-line error that names the line: `topology.toml:7: ...`.
 struct Located<'a> {
@@ -254,8 +273,9 @@ impl Topology {
                 return Err(here.at(entry.name.span(), format!("a lab holds at most {MAX_HOSTS} hosts")));
             }
             let switch = switch_index(&entry.switch)?;
-            let link = link_spec(&here, &entry.link, &defaults, default_ecn)?;
-            let mut host = HostSpec { name: entry.name.get_ref().clone(), switch, addr: host_addr(i), aliases: Vec::new(), link };
+            let link = link_spec(&here, &entry.link_keys(), &defaults, default_ecn)?;
+            let mut host =
+                HostSpec { name: entry.name.get_ref().clone(), switch, addr: host_addr(i), aliases: Vec::new(), link };
             if let Some(n) = &entry.addresses {
                 if !(1..=MAX_ADDRESSES as u64).contains(n.get_ref()) {
                     return Err(here.at(n.span(), format!("addresses is a count from 1 to {MAX_ADDRESSES}")));
@@ -273,9 +293,10 @@ impl Topology {
             if a == b {
                 return Err(here.at(span, "a link joins two different switches; name two"));
             }
-            links.push(SwitchLink { a, b, link: link_spec(&here, &entry.link, &defaults, default_ecn)? });
+            links.push(SwitchLink { a, b, link: link_spec(&here, &entry.link_keys(), &defaults, default_ecn)? });
         }
-        let topology = Topology { switches, hosts, links, ecmp: file.ecmp.unwrap_or(true), seed: file.seed.unwrap_or(1) };
+        let topology =
+            Topology { switches, hosts, links, ecmp: file.ecmp.unwrap_or(true), seed: file.seed.unwrap_or(1) };
         if topology.hosts.is_empty() {
             return Err(format!("{path}: no hosts; add a [[host]] with a name and a switch"));
         }
@@ -301,9 +322,10 @@ impl Topology {
     pub fn shape(text: &str, link: LinkSpec) -> Result<Topology, String> {
         let (kind, arg) = text.split_once(':').unwrap_or((text, ""));
         let number = |s: &str| -> Result<usize, String> {
-            s.parse::<usize>().ok().filter(|&n| n >= 1).ok_or_else(|| {
-                format!("`{text}`: `{s}` is not a count; write star:4, dumbbell:2 or leaf-spine:2x2x2")
-            })
+            s.parse::<usize>()
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| format!("`{text}`: `{s}` is not a count; write star:4, dumbbell:2 or leaf-spine:2x2x2"))
         };
         let mut t = Topology { switches: Vec::new(), hosts: Vec::new(), links: Vec::new(), ecmp: true, seed: 1 };
         let add_switch = |t: &mut Topology, name: String| {
@@ -312,7 +334,13 @@ impl Topology {
         };
         let add_host = |t: &mut Topology, switch: usize| {
             let i = t.hosts.len();
-            t.hosts.push(HostSpec { name: format!("h{i}"), switch, addr: host_addr(i), aliases: Vec::new(), link: link.clone() });
+            t.hosts.push(HostSpec {
+                name: format!("h{i}"),
+                switch,
+                addr: host_addr(i),
+                aliases: Vec::new(),
+                link: link.clone(),
+            });
         };
         match kind {
             "star" => {
@@ -348,7 +376,11 @@ impl Topology {
                     }
                 }
             }
-            _ => return Err(format!("`{text}` is not a topology; give a TOML file, star:N, dumbbell:N or leaf-spine:LxSxH")),
+            _ => {
+                return Err(format!(
+                    "`{text}` is not a topology; give a TOML file, star:N, dumbbell:N or leaf-spine:LxSxH"
+                ));
+            }
         }
         if t.hosts.len() > MAX_HOSTS {
             return Err(format!("`{text}` has {} hosts; a lab holds at most {MAX_HOSTS}", t.hosts.len()));
@@ -504,7 +536,9 @@ fn check_name(here: &Located, name: &Spanned<String>, what: &str) -> Result<(), 
     } else {
         Err(here.at(
             name.span(),
-            format!("`{n}` cannot name a {what}: use up to 32 letters, digits and _, starting with a letter (h0, leaf1)"),
+            format!(
+                "`{n}` cannot name a {what}: use up to 32 letters, digits and _, starting with a letter (h0, leaf1)"
+            ),
         ))
     }
 }
@@ -544,9 +578,7 @@ fn link_spec(here: &Located, keys: &LinkKeys, base: &LinkSpec, default_ecn: EcnC
 }
 
 fn ecn(here: &Located, value: &Spanned<toml::Value>) -> Result<Option<RedConfig>, String> {
-    let bad = || {
-        here.at(value.span(), r#"ecn is "off" or { kmin = "40KB", kmax = "160KB", pmax = 0.2 }"#)
-    };
+    let bad = || here.at(value.span(), r#"ecn is "off" or { kmin = "40KB", kmax = "160KB", pmax = 0.2 }"#);
     match value.get_ref() {
         toml::Value::String(s) if s == "off" => Ok(None),
         toml::Value::Table(t) => {
@@ -609,9 +641,9 @@ pub fn parse_rate(text: &str) -> Result<u64, String> {
 
 /// `512KB`, `4MiB`.
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    with_unit(text, &SIZE_UNITS)
-        .map(|s| s as u64)
-        .ok_or_else(|| format!("`{text}` is not a size: write a number and a unit, e.g. 512KB or 4MiB (B, KB, MB, KiB, MiB)"))
+    with_unit(text, &SIZE_UNITS).map(|s| s as u64).ok_or_else(|| {
+        format!("`{text}` is not a size: write a number and a unit, e.g. 512KB or 4MiB (B, KB, MB, KiB, MiB)")
+    })
 }
 
 /// `10us`, `1ms`.
@@ -644,5 +676,123 @@ impl Default for LinkSpec {
             delay: Duration::ZERO,
             loss: 0.0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEAF_SPINE: &str = r#"
+[defaults]
+rate = "10Gbps"
+
+[[switch]]
+name = "leaf0"
+[[switch]]
+name = "leaf1"
+[[switch]]
+name = "spine0"
+[[switch]]
+name = "spine1"
+
+[[host]]
+name = "a"
+switch = "leaf0"
+[[host]]
+name = "b"
+switch = "leaf1"
+rate = "1Gbps"
+
+[[link]]
+between = ["leaf0", "spine0"]
+[[link]]
+between = ["leaf0", "spine1"]
+[[link]]
+between = ["leaf1", "spine0"]
+rate = "40Gbps"
+[[link]]
+between = ["leaf1", "spine1"]
+"#;
+
+    #[test]
+    fn a_leaf_spine_file_routes_over_both_spines() {
+        let t = Topology::parse("ls.toml", LEAF_SPINE).unwrap();
+        assert_eq!(t.hosts[1].link.rate_bps, 1_000_000_000);
+        assert_eq!(t.hosts[1].addr, Ipv4Addr::new(10, 77, 0, 2));
+        assert_eq!(t.links[2].link.rate_bps, 40_000_000_000);
+        assert_eq!(t.links[2].link.ecn, Some(RedConfig::for_rate(40_000_000_000)), "ECN follows each link's rate");
+        // leaf0: port 0 to a, ports 1 and 2 to the spines.
+        assert_eq!(t.ports(0)[0], PortPeer::Host(0));
+        assert_eq!(t.ports(0)[1], PortPeer::Switch { switch: 2, port: 0 });
+        let (config, routes) = t.switch_config(0);
+        assert_eq!(config.ports.len(), 3);
+        let b = IpAddr::V4(t.hosts[1].addr);
+        let ports: std::collections::BTreeSet<usize> = (0..64).filter_map(|flow| routes.lookup(b, flow, 9)).collect();
+        assert_eq!(ports, [1, 2].into(), "ECMP uses both spines");
+        // A spine reaches b through leaf1 only.
+        let (_, spine) = t.switch_config(2);
+        assert_eq!(spine.lookup(b, 0, 0), Some(1));
+    }
+
+    #[test]
+    fn shapes_build_their_topologies() {
+        let star = Topology::shape("star:4", LinkSpec::default()).unwrap();
+        assert_eq!((star.switches.len(), star.hosts.len(), star.links.len()), (1, 4, 0));
+        let dumbbell = Topology::shape("dumbbell:2", LinkSpec::default()).unwrap();
+        assert_eq!((dumbbell.switches.len(), dumbbell.hosts.len(), dumbbell.links.len()), (2, 4, 1));
+        let ls = Topology::shape("leaf-spine:2x3x4", LinkSpec::default()).unwrap();
+        assert_eq!((ls.switches.len(), ls.hosts.len(), ls.links.len()), (5, 8, 6));
+        for bad in ["star", "star:0", "ring:3", "leaf-spine:2x2", "star:x"] {
+            assert!(Topology::shape(bad, LinkSpec::default()).is_err(), "{bad}");
+        }
+    }
+
+    /// Each mistake gets one line naming the line and what to write.
+    #[test]
+    fn bad_files_are_refused_with_the_line_and_the_fix() {
+        let cases: [(&str, &str); 7] = [
+            ("[[switch]]\nname = \"s0\"\ncolour = \"red\"\n", "t.toml:3: unknown field `colour`"),
+            (
+                "[[switch]]\nname = \"s0\"\n[[host]]\nname = \"h0\"\nswitch = \"s0\"\nrate = \"10\"\n",
+                "t.toml:6: `10` is not a rate: write a number and a unit, e.g. 10Gbps",
+            ),
+            (
+                "[[switch]]\nname = \"s0\"\n[[host]]\nname = \"h0\"\nswitch = \"s0\"\n[[host]]\nname = \"h0\"\nswitch = \"s0\"\n",
+                "t.toml:7: the name `h0` is already used on line 4",
+            ),
+            (
+                "[[switch]]\nname = \"s0\"\n[[host]]\nname = \"h0\"\nswitch = \"s9\"\n",
+                "t.toml:5: there is no switch `s9`",
+            ),
+            (
+                "[[switch]]\nname = \"s0\"\n[[host]]\nname = \"0h\"\nswitch = \"s0\"\n",
+                "t.toml:4: `0h` cannot name a host",
+            ),
+            ("[[switch]]\nname = \"s0\"\n", "no hosts"),
+            ("[defaults]\nqueue = \"1 parsec\"\n", "t.toml:2: `1 parsec` is not a size"),
+        ];
+        for (text, expected) in cases {
+            let error = Topology::parse("t.toml", text).unwrap_err();
+            assert!(error.starts_with(expected) || error.contains(expected), "{error:?} should say {expected:?}");
+            assert!(!error.contains('\n'), "one line: {error:?}");
+        }
+    }
+
+    #[test]
+    fn a_loop_without_ecmp_is_refused_and_an_island_too() {
+        let looped = LEAF_SPINE.replace("[defaults]", "ecmp = false\n[defaults]");
+        let error = Topology::parse("ls.toml", &looped).unwrap_err();
+        assert!(error.contains("form a loop and ecmp = false") && error.starts_with("ls.toml:"), "{error}");
+        let island = "[[switch]]\nname = \"s0\"\n[[switch]]\nname = \"s1\"\n[[host]]\nname = \"h\"\nswitch = \"s0\"\n";
+        assert!(Topology::parse("t", island).unwrap_err().contains("switch `s1` is not linked to `s0`"));
+    }
+
+    #[test]
+    fn units() {
+        assert_eq!(parse_rate("2.5Gbps"), Ok(2_500_000_000));
+        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
+        assert_eq!(parse_duration("10us"), Ok(Duration::from_micros(10)));
+        assert!(parse_rate("10GB").is_err());
     }
 }

@@ -71,7 +71,8 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         }
         panels_queue.push(Series { name: format!("{cc} queue"), points: run.queue_kib.clone() });
     }
-    std::fs::write(&csv_path, rows.join("\n") + "\n").map_err(|e| format!("cannot write {}: {e}", csv_path.display()))?;
+    std::fs::write(&csv_path, rows.join("\n") + "\n")
+        .map_err(|e| format!("cannot write {}: {e}", csv_path.display()))?;
     let figure = args.out.join("incast_figure.svg");
     let title = format!(
         "{senders}-to-1 incast at {} Gb/s{}",
@@ -82,8 +83,18 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         &figure,
         &title,
         &[
-            Panel { x_label: "time (s)".into(), y_label: "delivered (Gb/s)".into(), x_log: false, series: panels_rates },
-            Panel { x_label: "time (s)".into(), y_label: "bottleneck queue (KiB)".into(), x_log: false, series: panels_queue },
+            Panel {
+                x_label: "time (s)".into(),
+                y_label: "delivered (Gb/s)".into(),
+                x_log: false,
+                series: panels_rates,
+            },
+            Panel {
+                x_label: "time (s)".into(),
+                y_label: "bottleneck queue (KiB)".into(),
+                x_log: false,
+                series: panels_queue,
+            },
         ],
     )?;
     println!("incast: {} rows in {}", rows.len() - 1, csv_path.display());
@@ -102,10 +113,12 @@ struct Incast<'a> {
     logs: &'a Path,
 }
 
+/// Per sender: (time, delivered Gb/s).
+pub type FlowRates = BTreeMap<String, Vec<(f64, f64)>>;
+
 /// What one run measured.
 pub struct IncastRun {
-    /// Per sender: (time, delivered Gb/s).
-    pub flow_rates: BTreeMap<String, Vec<(f64, f64)>>,
+    pub flow_rates: FlowRates,
     /// The bottleneck queue: (time, KiB at the sample, peak KiB since the
     /// one before).
     pub queue_kib: Vec<(f64, f64)>,
@@ -145,7 +158,9 @@ impl Incast<'_> {
         let server = if i == 1 { "$h0".to_string() } else { format!("$h0_{}", i - 1) };
         if self.verbs {
             let lib = self.lib.display();
-            let run = format!("SOFTRNIC_ADDR={server} LD_LIBRARY_PATH={lib} exec ib_write_bw -d softrnic0 -p {port} -D {secs} --report_gbits");
+            let run = format!(
+                "SOFTRNIC_ADDR={server} LD_LIBRARY_PATH={lib} exec ib_write_bw -d softrnic0 -p {port} -D {secs} --report_gbits"
+            );
             (run.clone(), format!("{run} {server}"))
         } else {
             let bin = self.bin.display();
@@ -165,7 +180,8 @@ impl Incast<'_> {
     fn run(&self) -> Result<IncastRun, String> {
         let topology = self.topology()?;
         let namespaces = Namespaces::create(&topology)?;
-        let (stats, flows) = (self.logs.join(format!("{}_queues.csv", self.cc)), self.logs.join(format!("{}_flows.csv", self.cc)));
+        let (stats, flows) =
+            (self.logs.join(format!("{}_queues.csv", self.cc)), self.logs.join(format!("{}_flows.csv", self.cc)));
         let options = RunOptions {
             stats: Some(stats.clone()),
             flows: Some(flows.clone()),
@@ -215,10 +231,15 @@ impl Incast<'_> {
         let (mut file, _) = self.log("switch")?;
         std::io::Write::write_all(&mut file, format!("{summary}\n").as_bytes()).map_err(|e| e.to_string())?;
         if !failures.is_empty() {
-            return Err(format!("incast --cc {}: {}; see the logs in {}", self.cc, failures.join("; "), self.logs.display()));
+            return Err(format!(
+                "incast --cc {}: {}; see the logs in {}",
+                self.cc,
+                failures.join("; "),
+                self.logs.display()
+            ));
         }
         let buffer_limit = topology.hosts[0].link.queue;
-        let (flow_rates, _) = read_flows(&flows)?;
+        let flow_rates = read_flows(&flows)?;
         let samples = read_bottleneck(&stats)?;
         let queue_kib = samples.iter().map(|s| (s.time, s.peak as f64 / 1024.0)).collect();
         Ok(IncastRun { flow_rates, queue_kib, samples, buffer_limit })
@@ -269,7 +290,7 @@ fn steady_mean(points: &[(f64, f64)]) -> f64 {
 
 /// Each flow's delivered rate to h0 between samples, from the switch's
 /// cumulative byte counts.
-pub fn read_flows(path: &Path) -> Result<(BTreeMap<String, Vec<(f64, f64)>>, u64), String> {
+pub fn read_flows(path: &Path) -> Result<FlowRates, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut lines = text.lines();
     if lines.next() != Some(FLOWS_HEADER) {
@@ -277,7 +298,6 @@ pub fn read_flows(path: &Path) -> Result<(BTreeMap<String, Vec<(f64, f64)>>, u64
     }
     let mut last: BTreeMap<String, (f64, u64)> = BTreeMap::new();
     let mut rates: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    let mut total = 0;
     for line in lines {
         let f: Vec<&str> = line.split(',').collect();
         let [time, src, dst, bytes] = f[..] else { continue };
@@ -292,9 +312,8 @@ pub fn read_flows(path: &Path) -> Result<(BTreeMap<String, Vec<(f64, f64)>>, u64
             rates.entry(src.to_string()).or_default().push((time, gbps));
         }
         last.insert(src.to_string(), (time, bytes));
-        total = total.max(bytes);
     }
-    Ok((rates, total))
+    Ok(rates)
 }
 
 /// The data queue of the switch's port to h0, sample by sample.

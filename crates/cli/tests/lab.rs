@@ -1,0 +1,197 @@
+//! `softrnic lab` and `softrnic exp incast` for real: hosts in network
+//! namespaces, the software switch between them, softrnic engines on the
+//! hosts. They need root, iproute2 and ethtool: without them they skip on a
+//! developer's machine and fail under CI (`CI=true`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SOFTRNIC: &str = env!("CARGO_BIN_EXE_softrnic");
+
+/// Whether the lab can run here; under CI it must.
+fn lab_available() -> bool {
+    match softrnic_lab::namespaces::unavailable() {
+        None => true,
+        Some(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI must run the lab: {reason}"),
+        Some(reason) => {
+            eprintln!("skipped: {reason}");
+            false
+        }
+    }
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("softrnic-lab-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The lab's namespaces that exist now, of the run with process `pid`.
+fn namespaces_of(pid: u32) -> Vec<String> {
+    let prefix = format!("srn-{pid}-");
+    std::fs::read_dir("/run/netns")
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn counter(dir: &Path, addr: &str, name: &str) -> u64 {
+    let path = dir.join("softrnic").join(format!("{addr}.counters"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {}", path.display()))
+}
+
+/// Two senders into one receiver whose link is slower than both together:
+/// the switch's queue fills to its ECN thresholds and marks, the receiver's
+/// engine sees the CE marks, the queue never holds more than its limit,
+/// and every byte of every message arrives intact.
+#[test]
+fn two_senders_into_a_slower_port_are_marked_bounded_and_verified() {
+    if !lab_available() {
+        return;
+    }
+    let dir = temp_dir("incast");
+    let topology = dir.join("two-to-one.toml");
+    std::fs::write(
+        &topology,
+        r#"
+[defaults]
+rate = "1Gbps"
+queue = "200KB"
+ecn = { kmin = "20KB", kmax = "100KB", pmax = 0.2 }
+
+[[switch]]
+name = "s0"
+
+[[host]]
+name = "rx"
+switch = "s0"
+addresses = 2
+
+[[host]]
+name = "tx1"
+switch = "s0"
+
+[[host]]
+name = "tx2"
+switch = "s0"
+"#,
+    )
+    .unwrap();
+    let stats = dir.join("queues.csv");
+    let server = |addr: &str, port: u16| format!("rx={SOFTRNIC} bench send_bw --server --addr ${addr} -p {port}");
+    let client = |host: &str, addr: &str, port: u16| {
+        format!("{host}=sleep 0.5; {SOFTRNIC} bench send_bw ${addr} -p {port} -n 400 --verify")
+    };
+    let out = Command::new(SOFTRNIC)
+        .args(["lab", topology.to_str().unwrap(), "--stats", stats.to_str().unwrap()])
+        .args(["--bg", &server("rx", 19611), "--bg", &server("rx_1", 19612)])
+        .args(["--on", &client("tx1", "rx", 19611), "--on", &client("tx2", "rx_1", 19612)])
+        .env("XDG_RUNTIME_DIR", &dir)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.matches("every byte checked, all correct").count(), 2, "{stdout}");
+
+    let marked = counter(&dir, "10.77.0.1", "np_ecn_marked_roce_packets")
+        + counter(&dir, "10.77.1.1", "np_ecn_marked_roce_packets");
+    assert!(marked > 0, "the receiver saw no CE marks\n{stdout}");
+
+    // The queue toward rx: above Kmin at its peak, never above its limit.
+    let text = std::fs::read_to_string(&stats).unwrap();
+    let (mut peak, mut switch_marked) = (0u64, 0u64);
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f[3] == "rx" && f[4] == "1" {
+            peak = peak.max(f[6].parse().unwrap());
+            switch_marked = switch_marked.max(f[9].parse().unwrap());
+        }
+    }
+    assert!(peak > 20_000 && peak <= 200_000, "queue peak {peak} B");
+    assert!(switch_marked >= marked, "the switch marked {switch_marked}, the receiver saw {marked}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A lab killed outright leaves its namespaces; the next run removes
+/// them and says so. Ctrl-C takes a lab down cleanly.
+#[test]
+fn a_killed_lab_is_cleaned_up_by_the_next_and_ctrl_c_by_itself() {
+    if !lab_available() {
+        return;
+    }
+    let up = |secs: &str| {
+        Command::new(SOFTRNIC)
+            .args(["lab", "star:2", "--duration", secs])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let wait_for = |pid: u32, count: usize| {
+        let start = Instant::now();
+        while namespaces_of(pid).len() != count {
+            assert!(start.elapsed() < Duration::from_secs(20), "{:?}", namespaces_of(pid));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let mut killed = up("60s");
+    wait_for(killed.id(), 3);
+    std::thread::sleep(Duration::from_millis(300));
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    assert_eq!(namespaces_of(killed.id()).len(), 3, "a killed run cannot clean up");
+
+    let next = Command::new(SOFTRNIC).args(["lab", "star:1", "--on", "h0=true"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&next.stderr);
+    assert!(next.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("left by run {}", killed.id())), "{stderr}");
+    assert!(namespaces_of(killed.id()).is_empty());
+
+    let mut interrupted = up("60s");
+    wait_for(interrupted.id(), 3);
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signals our own child, which has not been reaped.
+    unsafe { libc::kill(interrupted.id() as i32, libc::SIGINT) };
+    let status = interrupted.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(namespaces_of(interrupted.id()).is_empty());
+}
+
+/// `softrnic exp incast --quick`: its CSV, logs and figure, and the
+/// congestion it shows with no congestion control: a full queue.
+#[test]
+fn the_incast_experiment_writes_its_results() {
+    if !lab_available() {
+        return;
+    }
+    let dir = temp_dir("exp");
+    let out =
+        Command::new(SOFTRNIC).args(["exp", "incast", "--quick", "--out", dir.to_str().unwrap()]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let csv = std::fs::read_to_string(dir.join("incast_results.csv")).unwrap();
+    assert!(csv.starts_with("cc,time_s,kind,id,rate_gbps,depth_bytes,peak_bytes,marked,dropped\n"));
+    assert!(csv.lines().any(|l| l.starts_with("none,") && l.contains(",flow,h1,")), "{csv}");
+    assert!(csv.lines().any(|l| l.contains(",queue,s0:h0,")), "{csv}");
+    let svg = std::fs::read_to_string(dir.join("incast_figure.svg")).unwrap();
+    assert!(svg.contains("bottleneck queue") && svg.contains("none h2"));
+    assert!(dir.join("incast_logs/none_h1_sender.log").exists());
+    // With no congestion control the senders overrun the port.
+    let report = stdout.lines().find(|l| l.starts_with("incast --cc none")).unwrap();
+    let peak: u64 = report.split("queue peak ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(peak > 100, "{report}");
+
+    let refused = Command::new(SOFTRNIC).args(["exp", "incast", "--cc", "dcqcn"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--cc dcqcn: softrnic has no congestion control yet"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
