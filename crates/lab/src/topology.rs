@@ -34,13 +34,14 @@
 //! that serves several softrnic processes gives each its own address, as
 //! each softrnic device owns its address's UDP port 4791.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::ops::Range;
 use std::time::Duration;
 
 use serde::Deserialize;
-use softrnic_switch::{LinkFaults, PfcConfig, PortConfig, Prefix, RedConfig, Routes, SwitchConfig};
+pub use softrnic_switch::PortPeer;
+use softrnic_switch::{Graph, LinkFaults, PfcConfig, PortConfig, RedConfig, Routes, SwitchConfig};
 use toml::Spanned;
 
 /// The most hosts a lab holds (one /24's worth of the lab's /16).
@@ -109,17 +110,6 @@ pub struct SwitchLink {
     pub a: usize,
     pub b: usize,
     pub link: LinkSpec,
-}
-
-/// What one switch port is joined to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PortPeer {
-    Host(usize),
-    /// The other switch and its port on the same link.
-    Switch {
-        switch: usize,
-        port: usize,
-    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -300,15 +290,19 @@ impl Topology {
         if topology.hosts.is_empty() {
             return Err(format!("{path}: no hosts; add a [[host]] with a name and a switch"));
         }
-        topology.check_connected().map_err(|e| format!("{path}: {e}"))?;
+        let graph = topology.graph();
+        if let Some(s) = graph.unreachable() {
+            let (island, first) = (&topology.switches[s].name, &topology.switches[0].name);
+            return Err(format!("{path}: switch `{island}` is not linked to `{first}`; add a [[link]] between them"));
+        }
         if !topology.ecmp
-            && let Some(cycle) = topology.find_loop()
+            && let Some((a, b)) = graph.loop_link()
         {
-            let line = file.links.last().map(|l| here.at(l.between.span(), "")).unwrap_or_default();
-            return Err(format!(
-                "{}switches {} form a loop and ecmp = false: set ecmp = true, so equal paths share the traffic, or remove a link",
-                line,
-                cycle.join(", ")
+            let i = topology.links.iter().position(|l| (l.a, l.b) == (a, b)).expect("a link of the graph");
+            let (a, b) = (&topology.switches[a].name, &topology.switches[b].name);
+            return Err(here.at(
+                file.links[i].between.span(),
+                format!("the link {a}-{b} closes a loop and ecmp = false: set ecmp = true, so equal paths share the traffic, or remove the link"),
             ));
         }
         Ok(topology)
@@ -388,129 +382,43 @@ impl Topology {
         Ok(t)
     }
 
+    /// The shape alone: which switch each host is on, and the links.
+    pub fn graph(&self) -> Graph {
+        Graph {
+            switches: self.switches.len(),
+            host_switch: self.hosts.iter().map(|h| h.switch).collect(),
+            links: self.links.iter().map(|l| (l.a, l.b)).collect(),
+        }
+    }
+
     /// What each port of `switch` is joined to, in port order: its hosts
     /// first, then its links in file order.
     pub fn ports(&self, switch: usize) -> Vec<PortPeer> {
-        let mut ports: Vec<PortPeer> =
-            self.hosts.iter().enumerate().filter(|(_, h)| h.switch == switch).map(|(i, _)| PortPeer::Host(i)).collect();
-        for (i, link) in self.links.iter().enumerate() {
-            let other = if link.a == switch {
-                link.b
-            } else if link.b == switch {
-                link.a
-            } else {
-                continue;
-            };
-            ports.push(PortPeer::Switch { switch: other, port: self.link_port(other, i) });
-        }
-        ports
-    }
-
-    /// The port of `switch` on link number `link`.
-    fn link_port(&self, switch: usize, link: usize) -> usize {
-        let hosts = self.hosts.iter().filter(|h| h.switch == switch).count();
-        hosts + self.links[..link].iter().filter(|l| l.a == switch || l.b == switch).count()
-    }
-
-    /// The link behind each port of `switch` (what its egress drives).
-    fn port_links(&self, switch: usize) -> Vec<&LinkSpec> {
-        let mut links: Vec<&LinkSpec> = self.hosts.iter().filter(|h| h.switch == switch).map(|h| &h.link).collect();
-        links.extend(self.links.iter().filter(|l| l.a == switch || l.b == switch).map(|l| &l.link));
-        links
+        self.graph().ports(switch)
     }
 
     /// The pipeline configuration and routes of `switch`.
     pub fn switch_config(&self, switch: usize) -> (SwitchConfig, Routes) {
-        let ports = self.port_links(switch).into_iter().map(LinkSpec::port_config).collect();
+        let ports = self
+            .ports(switch)
+            .into_iter()
+            .map(|peer| match peer {
+                PortPeer::Host(h) => self.hosts[h].link.port_config(),
+                PortPeer::Switch { switch: other, .. } => {
+                    let link =
+                        self.links.iter().find(|l| (l.a, l.b) == (switch, other) || (l.b, l.a) == (switch, other));
+                    link.expect("a port's link exists").link.port_config()
+                }
+            })
+            .collect();
         let config = SwitchConfig {
             ports,
             queues_per_port: 3,
             shared_buffer: self.switches[switch].buffer,
             seed: self.seed.wrapping_mul(0x9e37_79b9).wrapping_add(switch as u64),
         };
-        (config, self.routes(switch))
-    }
-
-    /// Shortest paths to every host; every equal next hop with ECMP, the
-    /// first otherwise.
-    fn routes(&self, switch: usize) -> Routes {
-        let ports = self.ports(switch);
-        let mut routes = Routes::default();
-        for (h, host) in self.hosts.iter().enumerate() {
-            let to = self.distances_to(host.switch);
-            let mut next: Vec<usize> = ports
-                .iter()
-                .enumerate()
-                .filter_map(|(port, peer)| match *peer {
-                    PortPeer::Host(x) if x == h => Some(port),
-                    PortPeer::Switch { switch: n, .. } if to[n] + 1 == to[switch] => Some(port),
-                    _ => None,
-                })
-                .collect();
-            if !self.ecmp {
-                next.truncate(1);
-            }
-            if !next.is_empty() {
-                for addr in host.addrs() {
-                    routes.add(Prefix::host(IpAddr::V4(addr)), next.clone());
-                }
-            }
-        }
-        routes
-    }
-
-    /// Hops from every switch to `target` (usize::MAX if unreachable).
-    fn distances_to(&self, target: usize) -> Vec<usize> {
-        let mut dist = vec![usize::MAX; self.switches.len()];
-        dist[target] = 0;
-        let mut queue = VecDeque::from([target]);
-        while let Some(s) = queue.pop_front() {
-            for l in &self.links {
-                let n = if l.a == s {
-                    l.b
-                } else if l.b == s {
-                    l.a
-                } else {
-                    continue;
-                };
-                if dist[n] == usize::MAX {
-                    dist[n] = dist[s] + 1;
-                    queue.push_back(n);
-                }
-            }
-        }
-        dist
-    }
-
-    fn check_connected(&self) -> Result<(), String> {
-        let dist = self.distances_to(0);
-        match dist.iter().position(|&d| d == usize::MAX) {
-            Some(s) => Err(format!(
-                "switch `{}` is not linked to `{}`; add a [[link]] between them",
-                self.switches[s].name, self.switches[0].name
-            )),
-            None => Ok(()),
-        }
-    }
-
-    /// The switches of some cycle, if the links have one (union-find: a
-    /// link whose ends are already joined closes a loop).
-    fn find_loop(&self) -> Option<Vec<String>> {
-        let mut parent: Vec<usize> = (0..self.switches.len()).collect();
-        fn root(parent: &mut [usize], mut x: usize) -> usize {
-            while parent[x] != x {
-                x = parent[x];
-            }
-            x
-        }
-        for l in &self.links {
-            let (ra, rb) = (root(&mut parent, l.a), root(&mut parent, l.b));
-            if ra == rb {
-                return Some(vec![self.switches[l.a].name.clone(), self.switches[l.b].name.clone()]);
-            }
-            parent[ra] = rb;
-        }
-        None
+        let addrs: Vec<Vec<IpAddr>> = self.hosts.iter().map(|h| h.addrs().map(IpAddr::V4).collect()).collect();
+        (config, self.graph().routes(switch, &addrs, self.ecmp))
     }
 
     pub fn host_index(&self, name: &str) -> Option<usize> {
@@ -783,7 +691,7 @@ between = ["leaf1", "spine1"]
     fn a_loop_without_ecmp_is_refused_and_an_island_too() {
         let looped = LEAF_SPINE.replace("[defaults]", "ecmp = false\n[defaults]");
         let error = Topology::parse("ls.toml", &looped).unwrap_err();
-        assert!(error.contains("form a loop and ecmp = false") && error.starts_with("ls.toml:"), "{error}");
+        assert!(error.contains("closes a loop and ecmp = false") && error.starts_with("ls.toml:"), "{error}");
         let island = "[[switch]]\nname = \"s0\"\n[[switch]]\nname = \"s1\"\n[[host]]\nname = \"h\"\nswitch = \"s0\"\n";
         assert!(Topology::parse("t", island).unwrap_err().contains("switch `s1` is not linked to `s0`"));
     }

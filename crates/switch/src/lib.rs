@@ -18,7 +18,8 @@
 //! Files, one concept each: [`frame`] (what the pipeline needs of a packet),
 //! [`config`] (ports, queues, thresholds), [`token_bucket`] (line rate),
 //! [`red`] (marking probability), [`routes`] (forwarding and ECMP),
-//! [`counters`] (per port and per queue, and depth samples), [`pipeline`]
+//! [`counters`] (per port and per queue, and depth samples), [`graph`]
+//! (ports and shortest-path routes of a network of switches), [`pipeline`]
 //! (the state machine). A later stage (in-network aggregation) goes between
 //! route and admit: [`Switch::handle_packet`] says where.
 
@@ -27,6 +28,7 @@
 pub mod config;
 pub mod counters;
 pub mod frame;
+pub mod graph;
 pub mod pipeline;
 pub mod red;
 pub mod routes;
@@ -35,6 +37,7 @@ pub mod token_bucket;
 pub use config::{LinkFaults, PfcConfig, PortConfig, RedConfig, SwitchConfig};
 pub use counters::{PortCounters, QueueCounters, QueueSample};
 pub use frame::{Classified, Ecn, Frame};
+pub use graph::{Graph, PortPeer};
 pub use pipeline::{PfcSignal, PortId, Switch};
 pub use routes::{Prefix, Routes};
 pub use token_bucket::TokenBucket;
