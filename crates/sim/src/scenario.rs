@@ -9,6 +9,9 @@ use softrnic_transport::{
     Retransmission, SrqAttr, SrqId, TransportConfig, WcStatus,
 };
 
+use softrnic_switch::{Graph, LinkFaults, PortConfig};
+
+use crate::fabric::{FabricSpec, Link};
 use crate::network::{Faults, NetworkStats};
 use crate::workload::{EndpointPlan, GUARD, IOVA_BASE, PairPlan, RegionKeys, Shape, first_difference};
 use crate::world::World;
@@ -22,11 +25,22 @@ pub struct Limits {
     pub max_len: usize,
     /// Simulation steps before the run is declared stuck.
     pub max_steps: usize,
+    /// Cross two switches (softrnic's switch pipeline) joined by a slower
+    /// link, whose ports lose and reorder packets, instead of one faulty
+    /// link.
+    pub switched: bool,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_fault: 0.05, max_pairs: 3, ops_per_direction: 24, max_len: 4 << 20, max_steps: 20_000_000 }
+        Limits {
+            max_fault: 0.05,
+            max_pairs: 3,
+            ops_per_direction: 24,
+            max_len: 4 << 20,
+            max_steps: 20_000_000,
+            switched: false,
+        }
     }
 }
 
@@ -74,6 +88,31 @@ struct Live {
     recvs_done: Vec<Completion>,
 }
 
+/// Two hosts on two switches: 100 Gb/s host links, a 25 Gb/s link between
+/// the switches (its queue fills and marks), a 1 MB buffer each (it may
+/// overflow), and every port losing and reordering as `faults` says.
+fn two_switches(faults: Faults, seed: u64) -> FabricSpec {
+    fn port(link: &Link) -> PortConfig {
+        PortConfig::new(link.rate_bps, 512_000)
+    }
+    let host = Link { rate_bps: 100_000_000_000, delay: Duration::from_micros(1) };
+    let spine = Link { rate_bps: 25_000_000_000, delay: Duration::from_micros(2) };
+    FabricSpec {
+        graph: Graph { switches: 2, host_switch: vec![0, 1], links: vec![(0, 1)] },
+        host_links: vec![host; 2],
+        switch_links: vec![spine],
+        port,
+        shared_buffer: 1_000_000,
+        seed,
+        faults: LinkFaults {
+            loss: faults.loss,
+            reorder: faults.reorder,
+            reorder_by: faults.reorder_window,
+            ..LinkFaults::NONE
+        },
+    }
+}
+
 /// Runs the scenario of `seed` and checks every invariant; the error says
 /// which one failed and how to replay it.
 pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
@@ -102,7 +141,10 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     let max_len = limits.max_len.min(mtu.bytes() as usize * 2048);
     let shape = Shape { ops_per_direction: limits.ops_per_direction, max_len, mtu };
     let plans: Vec<PairPlan> = (0..pairs).map(|p| PairPlan::generate(&mut rng, p, &shape)).collect();
-    let mut world = World::with_config(2, faults, seed, config);
+    let mut world = match limits.switched {
+        false => World::with_config(2, faults, seed, config),
+        true => World::with_fabric(&two_switches(faults, seed), config),
+    };
     let recovery = if selective_repeat { "selective repeat" } else { "go-back-N" };
     let context = format!(
         "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, {retransmission:?}, {recovery})",
@@ -181,7 +223,10 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     let counters = [world.device(0).counters().clone(), world.device(1).counters().clone()];
     let sum = |f: fn(&softrnic_transport::Counters) -> u64| counters.iter().map(f).sum();
     Ok(Outcome {
-        network: world.network.stats,
+        network: match &world.fabric {
+            Some(fabric) => NetworkStats { dropped: fabric.dropped(), ..fabric.stats },
+            None => world.network.stats,
+        },
         virtual_time: world.now - Instant::ZERO,
         retransmitted: sum(|c| c.retransmitted_packets),
         timeouts: sum(|c| c.timeouts),

@@ -1,10 +1,20 @@
 //! Hosts on a simulated network, and virtual time.
+//!
+//! The network is either [`Network`], point-to-point links with injected
+//! faults, or a [`Fabric`] of switches running softrnic's switch pipeline.
+//!
+//! A step looks only at the hosts something happened to since the last
+//! one (a packet, a timer, or a caller reaching a device through
+//! [`World::device`]): a fabric of hundreds of mostly idle hosts then
+//! costs per event, not per host.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use softrnic_transport::{Device, Instant, MAX_DATAGRAM_LEN, TransportConfig};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
+use crate::fabric::{Fabric, FabricSpec};
 use crate::network::{Faults, InFlight, Network};
 
 /// A host: one device with its address.
@@ -22,14 +32,28 @@ pub struct World {
     pub now: Instant,
     pub hosts: Vec<Host>,
     pub network: Network,
+    /// When set, datagrams cross these switches instead of `network`.
+    pub fabric: Option<Fabric>,
+    by_ip: HashMap<IpAddr, usize>,
+    /// Hosts to look at in the next step, and each host's next timer as
+    /// of its last look.
+    touched: Vec<bool>,
+    touched_list: Vec<usize>,
+    timers: Vec<Option<Instant>>,
     buf: Vec<u8>,
     /// Print every packet (`SOFTRNIC_SIM_TRACE=1`).
     trace: bool,
 }
 
+/// The address of simulated host `i`: 127.0.0.2, 127.0.0.3, ... and on to
+/// 127.0.1.2 after 250 hosts.
+pub fn host_ip(i: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, (i / 250) as u8, 2 + (i % 250) as u8))
+}
+
 impl World {
-    /// `hosts` devices at 127.0.0.2, 127.0.0.3, ... (simulated: no socket
-    /// is opened), joined by a network with `faults`, randomised by `seed`.
+    /// `hosts` devices at [`host_ip`] addresses (simulated: no socket is
+    /// opened), joined by a network with `faults`, randomised by `seed`.
     pub fn new(hosts: usize, faults: Faults, seed: u64) -> World {
         Self::with_config(hosts, faults, seed, TransportConfig::default())
     }
@@ -37,17 +61,45 @@ impl World {
     pub fn with_config(hosts: usize, faults: Faults, seed: u64, config: TransportConfig) -> World {
         let hosts = (0..hosts)
             .map(|i| {
-                let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + i as u8));
+                let ip = host_ip(i);
                 let device = Device::new(TransportConfig { local_addr: ip, ..config.clone() });
                 Host { device, addr: SocketAddr::new(ip, ROCEV2_UDP_PORT), up: true }
             })
             .collect::<Vec<_>>();
         let network = Network::new(faults, seed ^ 0x9e37_79b9_7f4a_7c15, hosts.len());
         let trace = std::env::var_os("SOFTRNIC_SIM_TRACE").is_some();
-        World { now: Instant::ZERO, hosts, network, buf: vec![0; MAX_DATAGRAM_LEN], trace }
+        let n = hosts.len();
+        World {
+            now: Instant::ZERO,
+            by_ip: hosts.iter().enumerate().map(|(i, h)| (h.addr.ip(), i)).collect(),
+            hosts,
+            network,
+            fabric: None,
+            touched: vec![true; n],
+            touched_list: (0..n).collect(),
+            timers: vec![None; n],
+            buf: vec![0; MAX_DATAGRAM_LEN],
+            trace,
+        }
+    }
+
+    /// Hosts joined by the switches `spec` describes.
+    pub fn with_fabric(spec: &FabricSpec, config: TransportConfig) -> World {
+        let mut world = Self::with_config(spec.graph.host_switch.len(), Faults::NONE, spec.seed, config);
+        let addrs: Vec<IpAddr> = world.hosts.iter().map(|h| h.addr.ip()).collect();
+        world.fabric = Some(Fabric::new(spec, &addrs));
+        world
+    }
+
+    fn touch(&mut self, host: usize) {
+        if !self.touched[host] {
+            self.touched[host] = true;
+            self.touched_list.push(host);
+        }
     }
 
     pub fn device(&mut self, host: usize) -> &mut Device {
+        self.touch(host);
         &mut self.hosts[host].device
     }
 
@@ -55,13 +107,20 @@ impl World {
         self.hosts[host].addr.ip()
     }
 
+    fn next_arrival(&self) -> Option<Instant> {
+        match &self.fabric {
+            Some(fabric) => fabric.next_arrival(),
+            None => self.network.next_arrival(),
+        }
+    }
+
     /// Sends everything the devices want to send, then advances the clock
     /// to the next arrival or deadline and handles it. Returns false when
     /// nothing is left to happen: no packet in flight, no timer armed.
     pub fn step(&mut self) -> bool {
         self.flush();
-        let next_timer = self.hosts.iter_mut().filter(|h| h.up).filter_map(|h| h.device.poll_timeout()).min();
-        let next = match (self.network.next_arrival(), next_timer) {
+        let next_timer = (0..self.hosts.len()).filter(|&h| self.hosts[h].up).filter_map(|h| self.timers[h]).min();
+        let next = match (self.next_arrival(), next_timer) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => match a.or(b) {
                 Some(t) => t,
@@ -69,23 +128,38 @@ impl World {
             },
         };
         self.now = self.now.max(next);
-        while let Some(packet) = self.network.pop_due(self.now) {
+        loop {
+            let packet = match &mut self.fabric {
+                Some(fabric) => fabric.pop_due(self.now),
+                None => self.network.pop_due(self.now),
+            };
+            let Some(packet) = packet else { break };
             if self.trace {
                 println!("{:>12?} deliver {}", self.now - Instant::ZERO, describe(&packet));
             }
-            if let Some(host) = self.hosts.iter_mut().find(|h| h.addr.ip() == packet.to.ip() && h.up) {
-                host.device.handle_datagram(self.now, packet.from, &packet.bytes);
+            if let Some(&h) = self.by_ip.get(&packet.to.ip())
+                && self.hosts[h].up
+            {
+                self.hosts[h].device.handle_datagram(self.now, packet.from, &packet.bytes);
+                self.touch(h);
             }
         }
-        for host in self.hosts.iter_mut().filter(|h| h.up) {
-            host.device.handle_timeout(self.now);
+        for h in 0..self.hosts.len() {
+            if self.hosts[h].up && self.timers[h].is_some_and(|t| t <= self.now) {
+                self.hosts[h].device.handle_timeout(self.now);
+                self.touch(h);
+            }
         }
         true
     }
 
-    /// Hands every datagram the devices have ready to the network.
+    /// Hands every datagram the touched devices have ready to the network,
+    /// and notes their next timers.
     pub fn flush(&mut self) {
-        for (index, host) in self.hosts.iter_mut().enumerate() {
+        let touched = std::mem::take(&mut self.touched_list);
+        for &index in &touched {
+            self.touched[index] = false;
+            let host = &mut self.hosts[index];
             if !host.up {
                 continue;
             }
@@ -98,7 +172,19 @@ impl World {
                 if self.trace {
                     println!("{:>12?} send    {}", self.now - Instant::ZERO, describe(&packet));
                 }
-                self.network.send(self.now, index, packet);
+                match &mut self.fabric {
+                    Some(fabric) => fabric.send(self.now, index, packet),
+                    None => self.network.send(self.now, index, packet),
+                }
+            }
+        }
+        for &index in &touched {
+            self.timers[index] = self.hosts[index].device.poll_timeout();
+        }
+        // A host that is down keeps what it has to send for when it is up.
+        for index in touched {
+            if !self.hosts[index].up {
+                self.touch(index);
             }
         }
     }

@@ -12,15 +12,20 @@ fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name} must be a number, not {v:?}")))
 }
 
-#[test]
-fn random_workloads_survive_a_hostile_network() {
-    let seeds: Vec<u64> = match env("SOFTRNIC_SIM_SEED") {
+/// The seeds the environment asks for, `default` of them if it does not.
+fn seeds(default: u64) -> Vec<u64> {
+    match env("SOFTRNIC_SIM_SEED") {
         Some(seed) => vec![seed],
         None => {
             let first = env("SOFTRNIC_SIM_FIRST").unwrap_or(0);
-            (first..first + env("SOFTRNIC_SIM_SEEDS").unwrap_or(1000)).collect()
+            (first..first + env("SOFTRNIC_SIM_SEEDS").unwrap_or(default)).collect()
         }
-    };
+    }
+}
+
+#[test]
+fn random_workloads_survive_a_hostile_network() {
+    let seeds = seeds(1000);
     let mut totals = [0u64; 8];
     let mut recoveries = [0usize; 2];
     for &seed in &seeds {
@@ -80,5 +85,28 @@ fn a_perfect_network_needs_no_recovery() {
         if outcome.rnr_naks == 0 {
             assert_eq!(outcome.retransmitted, 0, "seed {seed}");
         }
+    }
+}
+
+/// The same invariants with two switches in the path: softrnic's switch
+/// pipeline queues, marks, drops on overflow, and its ports lose and
+/// reorder packets.
+#[test]
+fn random_workloads_survive_a_switched_network() {
+    let limits = Limits { switched: true, ..Limits::default() };
+    let (mut dropped, mut retransmitted) = (0, 0);
+    let seeds = seeds(100);
+    for &seed in &seeds {
+        let outcome = scenario::run(seed, limits).unwrap_or_else(|failure| {
+            panic!(
+                "{failure}\nreplay with: SOFTRNIC_SIM_SEED={seed} cargo test -p softrnic-sim --test simulation switched"
+            )
+        });
+        dropped += outcome.network.dropped;
+        retransmitted += outcome.retransmitted;
+    }
+    println!("switched: {dropped} packets dropped, {retransmitted} retransmitted");
+    if seeds.len() >= 100 {
+        assert!(dropped > 0 && retransmitted > 0, "the switches' losses exercised recovery");
     }
 }

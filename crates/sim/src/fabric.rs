@@ -1,0 +1,377 @@
+//! A switched network for the simulator: hosts on links to switches that
+//! run softrnic's switch pipeline (`softrnic-switch`), the very code the
+//! lab's real switch runs, driven here by virtual time.
+//!
+//! A host's link is its NIC's transmit queue and wire: datagrams leave one
+//! after another at the link's rate and arrive at the switch after the
+//! propagation delay; a PFC pause from the switch holds the queue. A
+//! switch's departures arrive at the next hop after their wire time and
+//! the link's delay. Every arrival and every time a switch's port becomes
+//! free is an event in one queue, ordered by time and then by insertion,
+//! so a run is deterministic.
+
+use std::cmp::Ordering;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use softrnic_switch::frame::is_control_opcode;
+use softrnic_switch::{Classified, Ecn, Frame, Graph, LinkFaults, PortConfig, PortPeer, Switch, SwitchConfig};
+use softrnic_transport::Instant;
+use softrnic_wire::int::{Hop, Stamp};
+
+use crate::network::{InFlight, NetworkStats};
+
+/// Ethernet, IPv4 and UDP headers around every datagram: what a link
+/// carries beyond the RoCE bytes the transport sees.
+pub const HEADERS: usize = 14 + 20 + 8;
+
+/// A datagram crossing the fabric, with the ECN field its IP header has.
+#[derive(Debug)]
+pub struct SimPacket {
+    pub packet: InFlight,
+    pub ecn: Ecn,
+}
+
+impl Frame for SimPacket {
+    fn wire_len(&self) -> usize {
+        self.packet.bytes.len() + HEADERS
+    }
+
+    fn classify(&self) -> Option<Classified> {
+        let bytes = &self.packet.bytes;
+        // Flows are QPs: the destination QP and the two addresses.
+        let qpn = bytes.get(5..8).map_or(0, |b| u64::from(b[0]) << 16 | u64::from(b[1]) << 8 | u64::from(b[2]));
+        let flow = hash_addr(self.packet.from.ip()).rotate_left(21) ^ hash_addr(self.packet.to.ip()) ^ qpn << 40;
+        Some(Classified {
+            dst: self.packet.to.ip(),
+            flow,
+            ecn: self.ecn,
+            dscp: 0,
+            control: bytes.first().is_some_and(|&b| is_control_opcode(b)),
+        })
+    }
+
+    fn mark_ce(&mut self) {
+        self.ecn = Ecn::Ce;
+    }
+
+    fn stamp_int(&mut self, _hop: Hop) -> Option<Stamp> {
+        None
+    }
+}
+
+fn hash_addr(addr: IpAddr) -> u64 {
+    match addr {
+        IpAddr::V4(a) => u64::from(u32::from(a)).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        IpAddr::V6(a) => (u128::from(a) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    }
+}
+
+/// A link's rate and one-way propagation delay.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    pub rate_bps: u64,
+    pub delay: Duration,
+}
+
+impl Link {
+    fn wire_time(&self, bytes: usize) -> Duration {
+        Duration::from_nanos((bytes as u64 * 8 * 1_000_000_000).div_ceil(self.rate_bps))
+    }
+}
+
+/// How to build a fabric: the graph, each host's link, each switch link,
+/// and the port configuration a link's ends get.
+#[derive(Debug, Clone)]
+pub struct FabricSpec {
+    pub graph: Graph,
+    pub host_links: Vec<Link>,
+    pub switch_links: Vec<Link>,
+    /// The egress queues, ECN and PFC of a port on a link of this rate.
+    pub port: fn(&Link) -> PortConfig,
+    pub shared_buffer: u64,
+    pub seed: u64,
+    /// What every switch port's link does to packets.
+    pub faults: LinkFaults,
+}
+
+#[derive(Debug)]
+enum Event {
+    AtSwitch {
+        switch: usize,
+        port: usize,
+        packet: SimPacket,
+    },
+    AtHost {
+        packet: SimPacket,
+    },
+    /// A switch may have something to send.
+    Wake {
+        switch: usize,
+    },
+    /// A host's link is free again.
+    HostFree {
+        host: usize,
+    },
+    Pfc {
+        switch: usize,
+        port: usize,
+        queue: usize,
+        pause: bool,
+    },
+}
+
+/// An event and when it happens; ordered by time, then by when it was
+/// scheduled.
+#[derive(Debug)]
+struct Scheduled {
+    at: Duration,
+    sequence: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.sequence) == (other.at, other.sequence)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.at, self.sequence).cmp(&(other.at, other.sequence))
+    }
+}
+
+/// A host's NIC queue and wire.
+#[derive(Debug)]
+struct Uplink {
+    link: Link,
+    switch: usize,
+    port: usize,
+    queue: VecDeque<SimPacket>,
+    busy_until: Duration,
+    paused: bool,
+}
+
+/// The switched network.
+#[derive(Debug)]
+pub struct Fabric {
+    switches: Vec<Switch<SimPacket>>,
+    peers: Vec<Vec<PortPeer>>,
+    /// The link behind each switch port.
+    port_links: Vec<Vec<Link>>,
+    uplinks: Vec<Uplink>,
+    hosts_by_ip: HashMap<IpAddr, usize>,
+    events: BinaryHeap<Reverse<Scheduled>>,
+    sequence: u64,
+    /// When each switch's wake-up is already scheduled.
+    wake_at: Vec<Option<Duration>>,
+    delivered: VecDeque<SimPacket>,
+    pub stats: NetworkStats,
+    /// Packets delivered marked CE.
+    pub ce_delivered: u64,
+}
+
+fn since_zero(t: Instant) -> Duration {
+    t - Instant::ZERO
+}
+
+impl Fabric {
+    /// A fabric for hosts with addresses `addrs` (in host order).
+    pub fn new(spec: &FabricSpec, addrs: &[IpAddr]) -> Fabric {
+        let graph = &spec.graph;
+        let mut switches = Vec::new();
+        let mut peers = Vec::new();
+        let mut port_links = Vec::new();
+        let host_addrs: Vec<Vec<IpAddr>> = addrs.iter().map(|&a| vec![a]).collect();
+        for s in 0..graph.switches {
+            let ports = graph.ports(s);
+            let links: Vec<Link> = ports
+                .iter()
+                .map(|peer| match *peer {
+                    PortPeer::Host(h) => spec.host_links[h],
+                    PortPeer::Switch { switch, .. } => {
+                        let i = graph.links.iter().position(|&l| l == (s, switch) || l == (switch, s)).expect("link");
+                        spec.switch_links[i]
+                    }
+                })
+                .collect();
+            let config = SwitchConfig {
+                ports: links.iter().map(|l| PortConfig { faults: spec.faults, ..(spec.port)(l) }).collect(),
+                queues_per_port: 3,
+                shared_buffer: spec.shared_buffer,
+                seed: spec.seed ^ (s as u64).wrapping_mul(0x2545_f491_4f6c_dd1d),
+            };
+            switches.push(Switch::new(config, graph.routes(s, &host_addrs, true)));
+            peers.push(ports);
+            port_links.push(links);
+        }
+        let uplinks = (0..addrs.len())
+            .map(|h| {
+                let switch = graph.host_switch[h];
+                let port = peers[switch].iter().position(|p| *p == PortPeer::Host(h)).expect("host port");
+                Uplink {
+                    link: spec.host_links[h],
+                    switch,
+                    port,
+                    queue: VecDeque::new(),
+                    busy_until: Duration::ZERO,
+                    paused: false,
+                }
+            })
+            .collect();
+        let switch_count = switches.len();
+        Fabric {
+            switches,
+            peers,
+            port_links,
+            uplinks,
+            hosts_by_ip: addrs.iter().enumerate().map(|(i, &a)| (a, i)).collect(),
+            events: BinaryHeap::new(),
+            sequence: 0,
+            wake_at: vec![None; switch_count],
+            delivered: VecDeque::new(),
+            stats: NetworkStats::default(),
+            ce_delivered: 0,
+        }
+    }
+
+    fn schedule(&mut self, at: Duration, event: Event) {
+        self.sequence += 1;
+        self.events.push(Reverse(Scheduled { at, sequence: self.sequence, event }));
+    }
+
+    /// Host `sender` hands a datagram to its NIC at `now`.
+    pub fn send(&mut self, now: Instant, sender: usize, packet: InFlight) {
+        self.stats.sent += 1;
+        self.uplinks[sender].queue.push_back(SimPacket { packet, ecn: Ecn::Ect0 });
+        self.pump_host(since_zero(now), sender);
+    }
+
+    /// Puts the host's queued datagrams on its wire while it is free.
+    fn pump_host(&mut self, now: Duration, host: usize) {
+        let up = &mut self.uplinks[host];
+        if up.paused || up.busy_until > now {
+            return;
+        }
+        let Some(packet) = up.queue.pop_front() else { return };
+        let done = now + up.link.wire_time(packet.wire_len());
+        up.busy_until = done;
+        let (arrival, switch, port, more) = (done + up.link.delay, up.switch, up.port, !up.queue.is_empty());
+        self.schedule(arrival, Event::AtSwitch { switch, port, packet });
+        if more {
+            self.schedule(done, Event::HostFree { host });
+        }
+    }
+
+    /// When the next event happens.
+    pub fn next_arrival(&self) -> Option<Instant> {
+        if !self.delivered.is_empty() {
+            return Some(Instant::ZERO);
+        }
+        self.events.peek().map(|Reverse(e)| Instant::ZERO + e.at)
+    }
+
+    /// Runs every event due by `now`, then hands out the next datagram
+    /// that has reached its host.
+    pub fn pop_due(&mut self, now: Instant) -> Option<InFlight> {
+        let now = since_zero(now);
+        while self.events.peek().is_some_and(|Reverse(e)| e.at <= now) {
+            let Reverse(due) = self.events.pop().expect("peeked");
+            self.handle(due.at, due.event);
+        }
+        let packet = self.delivered.pop_front()?;
+        self.ce_delivered += u64::from(packet.ecn == Ecn::Ce);
+        Some(packet.packet)
+    }
+
+    fn handle(&mut self, now: Duration, event: Event) {
+        match event {
+            Event::AtSwitch { switch, port, packet } => {
+                self.switches[switch].handle_packet(now, port, packet);
+                self.pump_switch(now, switch);
+            }
+            Event::AtHost { packet } => self.delivered.push_back(packet),
+            Event::Wake { switch } => {
+                if self.wake_at[switch] == Some(now) {
+                    self.wake_at[switch] = None;
+                }
+                self.pump_switch(now, switch);
+            }
+            Event::HostFree { host } => self.pump_host(now, host),
+            Event::Pfc { switch, port, queue, pause } => {
+                self.switches[switch].handle_pfc(now, port, queue, pause);
+                self.pump_switch(now, switch);
+            }
+        }
+    }
+
+    /// Sends what switch `s` may send now, carries its PFC signals, and
+    /// schedules its next wake-up.
+    fn pump_switch(&mut self, now: Duration, s: usize) {
+        while let Some((port, packet)) = self.switches[s].poll_transmit(now) {
+            let link = self.port_links[s][port];
+            let arrival = now + link.wire_time(packet.wire_len()) + link.delay;
+            match self.peers[s][port] {
+                PortPeer::Host(_) => self.schedule(arrival, Event::AtHost { packet }),
+                PortPeer::Switch { switch, port } => self.schedule(arrival, Event::AtSwitch { switch, port, packet }),
+            }
+        }
+        while let Some(signal) = self.switches[s].poll_pfc() {
+            let delay = self.port_links[s][signal.port].delay;
+            match self.peers[s][signal.port] {
+                PortPeer::Host(host) => {
+                    self.uplinks[host].paused = signal.pause;
+                    self.pump_host(now, host);
+                }
+                PortPeer::Switch { switch, port } => {
+                    let event = Event::Pfc { switch, port, queue: signal.queue, pause: signal.pause };
+                    self.schedule(now + delay, event);
+                }
+            }
+        }
+        if let Some(at) = self.switches[s].poll_timeout()
+            && self.wake_at[s].is_none_or(|w| at < w)
+        {
+            self.wake_at[s] = Some(at.max(now));
+            self.schedule(at.max(now), Event::Wake { switch: s });
+        }
+    }
+
+    pub fn switch(&self, s: usize) -> &Switch<SimPacket> {
+        &self.switches[s]
+    }
+
+    pub fn switch_count(&self) -> usize {
+        self.switches.len()
+    }
+
+    /// The host with address `ip`.
+    pub fn host(&self, ip: IpAddr) -> Option<usize> {
+        self.hosts_by_ip.get(&ip).copied()
+    }
+
+    /// Datagrams the switches dropped (full queues, lost links, no route).
+    pub fn dropped(&self) -> u64 {
+        let mut dropped = 0;
+        for switch in &self.switches {
+            for port in 0..switch.ports() {
+                let c = switch.port_counters(port);
+                dropped += c.link_lost + c.no_route;
+                dropped += (0..3).map(|q| switch.queue_counters(port, q).dropped).sum::<u64>();
+            }
+        }
+        dropped
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.events.len() + self.delivered.len()
+    }
+}
