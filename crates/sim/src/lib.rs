@@ -9,6 +9,7 @@
 //!   every byte of memory must hold afterwards.
 
 pub mod fabric;
+pub mod fct;
 pub mod harness;
 pub mod network;
 pub mod scenario;

@@ -8,7 +8,8 @@
 //! [`World::device`]): a fabric of hundreds of mostly idle hosts then
 //! costs per event, not per host.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use softrnic_transport::{Device, Instant, MAX_DATAGRAM_LEN, TransportConfig};
@@ -40,6 +41,9 @@ pub struct World {
     touched: Vec<bool>,
     touched_list: Vec<usize>,
     timers: Vec<Option<Instant>>,
+    /// The same timers, soonest first; an entry that no longer matches
+    /// `timers` is stale and skipped.
+    timer_queue: BinaryHeap<Reverse<(Instant, usize)>>,
     buf: Vec<u8>,
     /// Print every packet (`SOFTRNIC_SIM_TRACE=1`).
     trace: bool,
@@ -78,6 +82,7 @@ impl World {
             touched: vec![true; n],
             touched_list: (0..n).collect(),
             timers: vec![None; n],
+            timer_queue: BinaryHeap::new(),
             buf: vec![0; MAX_DATAGRAM_LEN],
             trace,
         }
@@ -107,6 +112,22 @@ impl World {
         self.hosts[host].addr.ip()
     }
 
+    /// The soonest timer of a host that is up.
+    fn next_timer(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((at, h))) = self.timer_queue.peek() {
+            if self.timers[h] != Some(at) {
+                self.timer_queue.pop();
+                continue;
+            }
+            if !self.hosts[h].up {
+                // Rare (tests take hosts down): look at every host.
+                return (0..self.hosts.len()).filter(|&h| self.hosts[h].up).filter_map(|h| self.timers[h]).min();
+            }
+            return Some(at);
+        }
+        None
+    }
+
     fn next_arrival(&self) -> Option<Instant> {
         match &self.fabric {
             Some(fabric) => fabric.next_arrival(),
@@ -119,7 +140,7 @@ impl World {
     /// nothing is left to happen: no packet in flight, no timer armed.
     pub fn step(&mut self) -> bool {
         self.flush();
-        let next_timer = (0..self.hosts.len()).filter(|&h| self.hosts[h].up).filter_map(|h| self.timers[h]).min();
+        let next_timer = self.next_timer();
         let next = match (self.next_arrival(), next_timer) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => match a.or(b) {
@@ -144,12 +165,25 @@ impl World {
                 self.touch(h);
             }
         }
-        for h in 0..self.hosts.len() {
-            if self.hosts[h].up && self.timers[h].is_some_and(|t| t <= self.now) {
+        let mut down = Vec::new();
+        while let Some(&Reverse((at, h))) = self.timer_queue.peek()
+            && at <= self.now
+        {
+            self.timer_queue.pop();
+            if self.timers[h] != Some(at) {
+                continue;
+            }
+            if self.hosts[h].up {
                 self.hosts[h].device.handle_timeout(self.now);
+                // Looked at again in the next flush, whatever it says.
+                self.timers[h] = None;
                 self.touch(h);
+            } else {
+                down.push((at, h));
             }
         }
+        // A host that is down keeps its timers for when it is up.
+        self.timer_queue.extend(down.into_iter().map(Reverse));
         true
     }
 
@@ -179,12 +213,36 @@ impl World {
             }
         }
         for &index in &touched {
-            self.timers[index] = self.hosts[index].device.poll_timeout();
+            let timer = self.hosts[index].device.poll_timeout();
+            if timer != self.timers[index]
+                && let Some(at) = timer
+            {
+                self.timer_queue.push(Reverse((at, index)));
+            }
+            self.timers[index] = timer;
         }
         // A host that is down keeps what it has to send for when it is up.
         for index in touched {
             if !self.hosts[index].up {
                 self.touch(index);
+            }
+        }
+    }
+
+    /// Runs every event due by `until`, then sets the clock to `until`.
+    /// Returns false if nothing was left to happen by then.
+    pub fn run_until_time(&mut self, until: Instant) -> bool {
+        loop {
+            self.flush();
+            let next = [self.next_arrival(), self.next_timer()].into_iter().flatten().min();
+            match next {
+                Some(t) if t <= until => {
+                    self.step();
+                }
+                other => {
+                    self.now = self.now.max(until);
+                    return other.is_some();
+                }
             }
         }
     }

@@ -12,6 +12,7 @@
 //! by name (`careful`); `experiments.rs` has them.
 
 mod experiments;
+mod fct;
 mod figure;
 mod hosts;
 mod incast;
@@ -73,6 +74,16 @@ pub struct ExpArgs {
     /// incast: the links' rate (default 1Gbps).
     #[arg(long, value_parser = softrnic_lab::topology::parse_rate)]
     pub rate: Option<u64>,
+    /// fct: the flow-size distributions (websearch, hadoop).
+    #[arg(long, value_delimiter = ',')]
+    pub workload: Vec<String>,
+    /// fct: the offered loads, as fractions of a link (default 0.3).
+    #[arg(long, value_delimiter = ',')]
+    pub load: Vec<f64>,
+    /// fct: divide HPCC's link rates and buffers by this (10: 10 and
+    /// 40 Gb/s), so that a window of simulated time runs in minutes.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub scale: u64,
 }
 
 /// One point of a sweep: its configuration (a line in the figure), its
@@ -178,10 +189,14 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
             println!("  {:4} {:11} {}", e.id, e.name, e.about);
         }
         println!("  {:4} {:11} N senders to one receiver through the lab's switch (needs root)", "", "incast");
+        println!("  {:4} {:11} flow completion times on HPCC's fat tree, in the simulator", "", "fct");
         return Ok(());
     };
     if name.eq_ignore_ascii_case("incast") {
         return incast::run(args);
+    }
+    if name.eq_ignore_ascii_case("fct") || name.eq_ignore_ascii_case("fattree") {
+        return fct::run(args);
     }
     let exp = EXPERIMENTS.iter().find(|e| e.id.eq_ignore_ascii_case(name) || e.name.eq_ignore_ascii_case(name));
     let Some(exp) = exp else {
