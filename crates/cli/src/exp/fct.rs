@@ -112,7 +112,7 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         &format!("FCT slowdown on HPCC's fat tree ({} servers, rates / {scale})", tree.hosts()),
         &[panel("p50", p50), panel("p95", p95), panel("p99", p99)],
     )?;
-    println!("fct: {} in {}", "fct_results.csv, fct_summary.csv", args.out.display());
+    println!("fct: fct_results.csv and fct_summary.csv in {}", args.out.display());
     println!("figure {}", figure.display());
     Ok(())
 }
