@@ -31,8 +31,14 @@ softrnic runs over its UDP datapath there. Other modes:
   --mpi       Open MPI over UCX over softrnic (pml ucx) beside Open MPI's
               TCP BTL (pml ob1, btl self,tcp): scripts/programs/mpi-check.c's
               8 B latency, 1 MiB bandwidth and 64 Ki-double allreduce.
+  --switch    the network lab (as root): the software switch's forwarding
+              rate (64 B frames/s, 4 KiB Gb/s) beside the Linux bridge
+              between the same kind of namespaces, with iperf3's UDP as
+              the load, and bmv2's published ~80 kpps / 1 Gb/s; the rate
+              accuracy of a 1 and a 10 Gb/s port under TCP; and the
+              simulator's speed on the fat tree (softrnic exp fct).
 
-    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --mpi]
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --mpi | --switch]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -469,6 +475,123 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+class Bridge:
+    """Two namespaces on a Linux bridge (in a third), veths with checksum
+    offload off as the lab's: the kernel's own forwarding, for
+    comparison. Removed on exit."""
+
+    NAMES = ("srnic-br-a", "srnic-br-b", "srnic-br-sw")
+    ADDRS = ("10.79.0.1", "10.79.0.2")
+
+    def __enter__(self):
+        self.remove()
+        a, b, sw = self.NAMES
+        cmds = [["netns", "add", a], ["netns", "add", b], ["netns", "add", sw],
+                ["-n", sw, "link", "add", "br0", "type", "bridge"], ["-n", sw, "link", "set", "br0", "up"]]
+        for i, ns in enumerate((a, b)):
+            cmds += [["link", "add", "eth0", "netns", ns, "mtu", "8000", "type", "veth", "peer", "name", f"p{i}", "netns", sw, "mtu", "8000"],
+                     ["-n", sw, "link", "set", f"p{i}", "master", "br0", "up"],
+                     ["-n", ns, "addr", "add", self.ADDRS[i] + "/24", "dev", "eth0"],
+                     ["-n", ns, "link", "set", "eth0", "up"], ["-n", ns, "link", "set", "lo", "up"]]
+        for args in cmds:
+            subprocess.run(["ip", *args], check=True, capture_output=True)
+        for ns in (a, b):
+            sh(["ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "tx", "off"])
+        return self
+
+    def run(self, i, args):
+        return ["ip", "netns", "exec", self.NAMES[i], *args]
+
+    def remove(self):
+        for ns in self.NAMES:
+            sh(["ip", "netns", "del", ns])
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def iperf3_udp(out_json):
+    """Frames per second and Gb/s that reached the iperf3 server."""
+    try:
+        end = json.loads(out_json)["end"]["sum"]
+        received = end["packets"] - end["lost_packets"]
+        return received / end["seconds"], end["bytes"] * (1 - end["lost_percent"] / 100) * 8 / end["seconds"] / 1e9
+    except (ValueError, KeyError, ZeroDivisionError):
+        return 0.0, 0.0
+
+
+# UDP payloads that make 64-byte and 4 KiB Ethernet frames (14 + 20 + 8
+# bytes of headers).
+FRAME_PAYLOAD = {64: 22, 4096: 4054}
+
+
+def switch_main(a):
+    if os.geteuid() != 0:
+        sys.exit("--switch builds namespaces: run it as root")
+    install_peers()
+    r = {}
+    secs = "3"
+    for run in range(a.runs):
+        print(f"switch, run {run + 1}/{a.runs} ...", file=sys.stderr)
+        for frame, payload in FRAME_PAYLOAD.items():
+            client = ["iperf3", "-u", "-b", "0", "-l", str(payload), "-t", secs, "-J"]
+            with Bridge() as br:
+                with Server(br.run(1, ["iperf3", "-s", "-1"])):
+                    out = sh(br.run(0, client + ["-c", br.ADDRS[1]]), timeout=30)
+                r.setdefault(("bridge", frame), []).append(iperf3_udp(out.stdout))
+            cmd = " ".join(client + ["-c", "$h1"])
+            out = sh([SOFTRNIC, "lab", "star:2", "--rate", "400Gbps", "--queue", "4MB", "--ecn", "off",
+                      "--bg", "h1=iperf3 -s -1", "--on", f"h0=sleep 0.5; {cmd}"], timeout=60)
+            r.setdefault(("softrnic", frame), []).append(iperf3_udp(out.stdout[out.stdout.find("{"):out.stdout.rfind("}") + 1]))
+        for gbps in (1, 10):
+            stats = f"/tmp/softrnic-rate-{os.getpid()}.csv"
+            sh([SOFTRNIC, "lab", "star:2", "--rate", f"{gbps}Gbps", "--stats", stats, "--sample-every", "100ms",
+                "--bg", "h1=iperf3 -s -1", "--on", f"h0=sleep 0.5; iperf3 -c $h1 -t {secs}"], timeout=60)
+            r.setdefault(("rate", gbps), []).append(port_rate_gbps(stats, "h1"))
+    fct = sh([SOFTRNIC, "exp", "fct", "--quick", "--out", f"/tmp/softrnic-fct-{os.getpid()}"], timeout=600)
+    speed = re.search(r"([0-9]+) datagrams per wall second, ([0-9]+)x slower", fct.stdout)
+    m = lambda k, i: median([v[i] for v in r[k]])
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; iperf3 UDP at full speed from one namespace to another:\n")
+    print("| measure | softrnic switch | Linux bridge | ratio | bmv2 (published) | ÷ bmv2 | target |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    pps = lambda k: m(k, 0)
+    print(f"| 64 B frames forwarded | {pps(('softrnic', 64)) / 1e6:.3f} Mpps | {pps(('bridge', 64)) / 1e6:.3f} Mpps | "
+          f"{median([s[0] / b[0] for s, b in zip(r[('softrnic', 64)], r[('bridge', 64)])]):.2f}× | 0.080 Mpps | "
+          f"{pps(('softrnic', 64)) / 80e3:.1f}× | ≥ 0.5× bridge, ≥ 10× bmv2 |")
+    print(f"| 4 KiB frames forwarded | {m(('softrnic', 4096), 1):.2f} Gb/s | {m(('bridge', 4096), 1):.2f} Gb/s | "
+          f"{median([s[1] / b[1] for s, b in zip(r[('softrnic', 4096)], r[('bridge', 4096)])]):.2f}× | 1 Gb/s | "
+          f"{m(('softrnic', 4096), 1):.1f}× | ≥ 10× bmv2 |")
+    print("\n| port rate | egress measured (frames, TCP load) | error |")
+    print("| --- | --- | --- |")
+    for gbps in (1, 10):
+        got = median(r[("rate", gbps)])
+        print(f"| {gbps} Gb/s | {got:.3f} Gb/s | {abs(got - gbps) / gbps:.1%} |")
+    if speed:
+        print(f"\nSimulator on the 320-server fat tree (exp fct --quick): {int(speed.group(1)):,} datagrams per wall second, {speed.group(2)}× slower than real time.")
+    print("\nAll runs:", json.dumps({f"{k[0]}-{k[1]}": v for k, v in r.items()}))
+
+
+def port_rate_gbps(stats_csv, peer):
+    """The egress rate of the switch's port to `peer` while it was busy:
+    bytes between the first and last samples with traffic, over that time."""
+    rows = []
+    try:
+        with open(stats_csv) as f:
+            next(f)
+            for line in f:
+                c = line.strip().split(",")
+                if c[3] == peer and c[4] == "1":
+                    rows.append((float(c[0]), int(c[11])))
+    except (OSError, StopIteration):
+        return 0.0
+    busy = [(t, b) for (t, b), (_, prev) in zip(rows[1:], rows) if b > prev]
+    if len(busy) < 3:
+        return 0.0
+    # Leave out the first and last busy samples (TCP starting and ending).
+    (t0, b0), (t1, b1) = busy[1], busy[-2]
+    return (b1 - b0) * 8 / (t1 - t0) / 1e9 if t1 > t0 else 0.0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -479,11 +602,14 @@ def main():
     parser.add_argument("--loss", action="store_true", help="throughput and tail latency under loss, each recovery, and against TCP")
     parser.add_argument("--cm", action="store_true", help="connection set-up through rdma_cm beside TCP's")
     parser.add_argument("--mpi", action="store_true", help="Open MPI over softrnic beside Open MPI over TCP")
+    parser.add_argument("--switch", action="store_true", help="the lab's switch beside the Linux bridge; port rate accuracy; simulator speed")
     parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
     a = parser.parse_args()
     if "SOFTRNIC_BIN" not in os.environ:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "softrnic-cli"], cwd=ROOT, check=True)
     extra = ["--engine-threads", str(a.engine_threads)]
+    if a.switch:
+        return switch_main(a)
     if a.cm:
         return cm_main(a)
     if a.mpi:

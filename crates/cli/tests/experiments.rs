@@ -220,3 +220,34 @@ fn roles_die_with_a_killed_runner() {
     assert!(roles.iter().all(|&p| !alive(p)), "roles outlived the runner: {roles:?}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `exp fct --quick`: the fat tree in the simulator, a row per finished
+/// flow, slowdowns per size bucket that never beat the ideal, the figure,
+/// and how fast the simulator went.
+#[test]
+fn fct_quick_writes_flows_buckets_and_the_figure() {
+    let dir = out_dir("fct");
+    let out = run(&["exp", "fct", "--quick", "--workload", "hadoop", "--out", dir.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("fat tree: 320 servers at 10 Gb/s, 56 switches"), "{stdout}");
+    let finished = stdout.lines().find(|l| l.starts_with("hadoop load 0.3:")).expect("a report line");
+    assert!(finished.contains("datagrams per wall second"), "{finished}");
+    let (header, flows) = csv(&dir.join("fct_results.csv"));
+    assert_eq!(header, "cc,workload,load,src,dst,size_bytes,start_us,fct_us,ideal_us,slowdown");
+    assert!(flows.len() > 100, "{} flows", flows.len());
+    for row in records(&dir.join("fct_results.csv")) {
+        let slowdown: f64 = row[9].parse().unwrap();
+        assert!(slowdown >= 1.0, "{row:?}");
+    }
+    let buckets = records(&dir.join("fct_summary.csv"));
+    assert!(buckets.len() >= 5);
+    for b in &buckets {
+        let [p50, p95, p99] = [5, 6, 7].map(|i| b[i].parse::<f64>().unwrap());
+        assert!(1.0 <= p50 && p50 <= p95 && p95 <= p99, "{b:?}");
+    }
+    assert_figure_parses(&dir.join("fct_figure.svg"), &["none hadoop load 0.3"]);
+    let refused = run(&["exp", "fct", "--load", "2"]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--load 2: give the offered load as a fraction"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
