@@ -153,6 +153,38 @@ impl PacketSocket {
         n
     }
 
+    /// Sends frames out of the port with one system call (`sendmmsg`);
+    /// returns how many the kernel took. The rest are lost, as on a
+    /// congested wire.
+    pub fn send_batch<B: AsRef<[u8]>>(&self, frames: &[B]) -> usize {
+        const MAX: usize = 64;
+        let mut sent = 0;
+        for chunk in frames.chunks(MAX) {
+            let mut iovecs = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX];
+            // SAFETY: mmsghdr is plain data; all-zero is a valid empty value.
+            let mut headers: [libc::mmsghdr; MAX] = unsafe { std::mem::zeroed() };
+            for (i, frame) in chunk.iter().enumerate() {
+                let frame = frame.as_ref();
+                iovecs[i] = libc::iovec { iov_base: frame.as_ptr() as *mut libc::c_void, iov_len: frame.len() };
+                headers[i].msg_hdr.msg_iov = &mut iovecs[i];
+                headers[i].msg_hdr.msg_iovlen = 1;
+            }
+            // SAFETY: the headers point at iovecs over `frames`' bytes,
+            // which outlive the call; the kernel only reads them.
+            let n = unsafe {
+                libc::sendmmsg(self.fd.as_raw_fd(), headers.as_mut_ptr(), chunk.len() as u32, libc::MSG_DONTWAIT)
+            };
+            if n <= 0 {
+                break;
+            }
+            sent += n as usize;
+            if (n as usize) < chunk.len() {
+                break;
+            }
+        }
+        sent
+    }
+
     /// Sends one frame out of the port; false if the kernel would not take
     /// it now (the frame is lost, as on a congested wire).
     pub fn send(&self, frame: &[u8]) -> bool {

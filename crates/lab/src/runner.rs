@@ -159,6 +159,10 @@ struct Fabric {
     host_port: Vec<(usize, usize)>,
     /// A host port PFC paused: its ring is not read.
     paused: Vec<bool>,
+    /// Frames leaving for each host this turn, sent in one batch.
+    outbox: Vec<Vec<EthFrame>>,
+    /// Frame buffers to reuse, so a frame costs no allocation.
+    pool: Vec<Vec<u8>>,
     pcaps: Vec<PcapWriter<BufWriter<File>>>,
     stats: Option<csv_writer::Stats>,
     flows: Option<BufWriter<File>>,
@@ -227,6 +231,8 @@ impl Fabric {
             sockets,
             host_port,
             paused: vec![false; topology.hosts.len()],
+            outbox: vec![Vec::new(); topology.hosts.len()],
+            pool: Vec::new(),
             pcaps,
             stats,
             sample_every: options.sample_every,
@@ -253,7 +259,13 @@ impl Fabric {
                 if self.paused[h] {
                     continue;
                 }
-                moved += self.sockets[h].receive(RX_BURST, |bytes| received.push((h, bytes.to_vec())));
+                let pool = &mut self.pool;
+                moved += self.sockets[h].receive(RX_BURST, |bytes| {
+                    let mut buf = pool.pop().unwrap_or_default();
+                    buf.clear();
+                    buf.extend_from_slice(bytes);
+                    received.push((h, buf));
+                });
             }
             for (h, bytes) in received.drain(..) {
                 self.capture_and_switch(h, now, bytes);
@@ -268,7 +280,7 @@ impl Fabric {
                             }
                             frame.set_macs(host_mac(h), port_mac(h));
                             self.capture(h, now, &frame.bytes);
-                            self.sockets[h].send(&frame.bytes);
+                            self.outbox[h].push(frame);
                         }
                         PortPeer::Switch { switch, port } => internal.push((switch, port, frame)),
                     }
@@ -284,6 +296,14 @@ impl Fabric {
             }
             for (switch, port, frame) in internal.drain(..) {
                 self.switches[switch].handle_packet(now, port, frame);
+            }
+            for (h, frames) in self.outbox.iter_mut().enumerate() {
+                if frames.is_empty() {
+                    continue;
+                }
+                let bytes: Vec<&[u8]> = frames.iter().map(|f| f.bytes.as_slice()).collect();
+                self.sockets[h].send_batch(&bytes);
+                self.pool.extend(frames.drain(..).map(|f| f.bytes));
             }
             if now >= next_sample {
                 self.sample(now)?;
