@@ -191,7 +191,59 @@ fn the_incast_experiment_writes_its_results() {
     let peak: u64 = report.split("queue peak ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
     assert!(peak > 100, "{report}");
 
+    // With --verbs, unmodified ib_write_bw over the drop-in library (built
+    // by scripts/test.sh before the tests; CI installs perftest).
+    let lib = Path::new(SOFTRNIC).parent().unwrap().join("../softrnic/lib/libibverbs.so.1");
+    let perftest = Command::new("ib_write_bw").arg("--version").output().is_ok();
+    if lib.exists() && perftest {
+        let verbs = dir.join("verbs");
+        let out = Command::new(SOFTRNIC)
+            .args(["exp", "incast", "--quick", "--verbs", "--out", verbs.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let log = std::fs::read_to_string(verbs.join("incast_logs/none_h1_sender.log")).unwrap();
+        assert!(log.contains("ib_write_bw") && log.contains("BW average[Gb/sec]"), "{log}");
+    } else if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!(
+            "CI must run the incast over ib_write_bw: build the library (scripts/build-libibverbs.sh) and install perftest"
+        );
+    } else {
+        eprintln!("skipped --verbs: needs {} and perftest's ib_write_bw", lib.display());
+    }
+
     let refused = Command::new(SOFTRNIC).args(["exp", "incast", "--cc", "dcqcn"]).output().unwrap();
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--cc dcqcn: softrnic has no congestion control yet"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two leaves and two spines (four pipelines in one switch process, the
+/// links between them in memory): a latency test crosses them, and each
+/// host port's capture holds the frames.
+#[test]
+fn a_leaf_spine_lab_carries_softrnic_and_captures_it() {
+    if !lab_available() {
+        return;
+    }
+    let dir = temp_dir("leaf-spine");
+    let pcap = dir.join("pcap");
+    let out = Command::new(SOFTRNIC)
+        .args(["lab", "leaf-spine:2x2x1", "--pcap", pcap.to_str().unwrap()])
+        .args(["--bg", &format!("h0={SOFTRNIC} bench send_lat --server")])
+        .args(["--on", &format!("h1=sleep 0.5; {SOFTRNIC} bench send_lat $h0 -n 300")])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("t_avg"), "{stdout}");
+    // Each leaf's port to a spine carried traffic one way or the other.
+    let spine_ports = stdout.lines().filter(|l| l.starts_with("leaf") && l.contains(" spine")).count();
+    assert_eq!(spine_ports, 4, "{stdout}");
+    for host in ["h0", "h1"] {
+        let bytes = std::fs::read(pcap.join(format!("{host}.pcap"))).unwrap();
+        assert!(bytes.len() > 24 + 300 * 16, "{host}.pcap holds {} bytes", bytes.len());
+        assert_eq!(&bytes[..4], &0xa1b2_c3d4u32.to_ne_bytes(), "a pcap file");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -158,10 +158,10 @@ impl Incast<'_> {
         let server = if i == 1 { "$h0".to_string() } else { format!("$h0_{}", i - 1) };
         if self.verbs {
             let lib = self.lib.display();
-            let run = format!(
-                "SOFTRNIC_ADDR={server} LD_LIBRARY_PATH={lib} exec ib_write_bw -d softrnic0 -p {port} -D {secs} --report_gbits"
-            );
-            (run.clone(), format!("{run} {server}"))
+            let run = format!("LD_LIBRARY_PATH={lib} exec ib_write_bw -d softrnic0 -p {port} -D {secs} --report_gbits");
+            // The server's device takes its flow's address; the sender's
+            // is its host's (SOFTRNIC_ADDR, set by the lab).
+            (format!("SOFTRNIC_ADDR={server} {run}"), format!("{run} {server}"))
         } else {
             let bin = self.bin.display();
             (
@@ -190,7 +190,9 @@ impl Incast<'_> {
         };
         let runner = Runner::start(&topology, &namespaces, options)?;
         let spawn = |host: usize, command: &str, log: &str| -> Result<Child, String> {
-            let (file, _) = self.log(log)?;
+            let (mut file, _) = self.log(log)?;
+            // The log starts with the command, as the runner's role logs do.
+            std::io::Write::write_all(&mut file, format!("$ {command}\n").as_bytes()).map_err(|e| e.to_string())?;
             let err = file.try_clone().map_err(|e| e.to_string())?;
             namespaces.spawn(&topology, host, command, Stdio::from(file), Stdio::from(err))
         };
