@@ -282,7 +282,23 @@ def loss_main(a, extra):
         print("\n(the namespace sweep against iperf3 needs root)")
 
 
-class LossyLink:
+class Namespaces:
+    """Network namespaces named NAMES, removed on exit whatever happened."""
+
+    NAMES = ()
+
+    def run(self, i, args):
+        return ["ip", "netns", "exec", self.NAMES[i], *args]
+
+    def remove(self):
+        for ns in self.NAMES:
+            sh(["ip", "netns", "del", ns])
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+class LossyLink(Namespaces):
     """Two network namespaces joined by a veth pair whose ends drop a
     given percentage of what they send: netem, or nftables where the
     kernel has no netem. Removed on exit, whatever happened."""
@@ -319,16 +335,6 @@ class LossyLink:
             nft("add", "chain", "inet", "lossy", "out", "{ type filter hook output priority 0; }")
             nft("add", "rule", "inet", "lossy", "out", "oifname", dev, "numgen", "random", "mod", "10000", "<", str(round(percent * 100)), "drop")
         return "nftables"
-
-    def run(self, i, args):
-        return ["ip", "netns", "exec", self.NAMES[i], *args]
-
-    def remove(self):
-        for ns in self.NAMES:
-            sh(["ip", "netns", "del", ns])
-
-    def __exit__(self, *exc):
-        self.remove()
 
 
 def netns_loss(a, percents):
@@ -475,7 +481,7 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-class Bridge:
+class Bridge(Namespaces):
     """Two namespaces on a Linux bridge (in a third), veths with checksum
     offload off as the lab's: the kernel's own forwarding, for
     comparison. Removed on exit."""
@@ -498,16 +504,6 @@ class Bridge:
         for ns in (a, b):
             sh(["ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "tx", "off"])
         return self
-
-    def run(self, i, args):
-        return ["ip", "netns", "exec", self.NAMES[i], *args]
-
-    def remove(self):
-        for ns in self.NAMES:
-            sh(["ip", "netns", "del", ns])
-
-    def __exit__(self, *exc):
-        self.remove()
 
 
 def iperf3_udp(out_json):

@@ -451,37 +451,37 @@ fn check_name(here: &Located, name: &Spanned<String>, what: &str) -> Result<(), 
     }
 }
 
+/// A key's value, parsed, or `base` where the key is absent.
+fn keyed<S, T>(
+    key: &Option<Spanned<S>>,
+    parse: impl FnOnce(&Spanned<S>) -> Result<T, String>,
+    base: T,
+) -> Result<T, String> {
+    key.as_ref().map_or(Ok(base), parse)
+}
+
 /// The defaults' own ECN choice, if they make one: off, or fixed
 /// thresholds. Without one, each link takes HPCC's for its rate.
 type EcnChoice = Option<Option<RedConfig>>;
 
 fn link_spec(here: &Located, keys: &LinkKeys, base: &LinkSpec, default_ecn: EcnChoice) -> Result<LinkSpec, String> {
-    let rate_bps = match &keys.rate {
-        Some(r) => rate(here, r)?,
-        None => base.rate_bps,
-    };
-    let queue = match &keys.queue {
-        Some(q) => size(here, q)?,
-        None => base.queue,
-    };
+    let rate_bps = keyed(&keys.rate, |r| rate(here, r), base.rate_bps)?;
+    let queue = keyed(&keys.queue, |q| size(here, q), base.queue)?;
     let ecn = match (&keys.ecn, default_ecn) {
         (Some(v), _) => ecn(here, v)?,
         (None, Some(choice)) => choice,
         (None, None) => Some(RedConfig::for_rate(rate_bps)),
     };
-    let pfc = match &keys.pfc {
-        Some(v) => pfc(here, v)?,
-        None => base.pfc,
-    };
-    let delay = match &keys.delay {
-        Some(d) => duration(here, d)?,
-        None => base.delay,
-    };
-    let loss = match &keys.loss {
-        Some(l) if (0.0..=1.0).contains(l.get_ref()) => *l.get_ref(),
-        Some(l) => return Err(here.at(l.span(), "loss is a probability: write a number from 0.0 to 1.0")),
-        None => base.loss,
-    };
+    let pfc = keyed(&keys.pfc, |v| pfc(here, v), base.pfc)?;
+    let delay = keyed(&keys.delay, |d| duration(here, d), base.delay)?;
+    let loss = keyed(
+        &keys.loss,
+        |l| match *l.get_ref() {
+            p if (0.0..=1.0).contains(&p) => Ok(p),
+            _ => Err(here.at(l.span(), "loss is a probability: write a number from 0.0 to 1.0")),
+        },
+        base.loss,
+    )?;
     Ok(LinkSpec { rate_bps, queue, ecn, pfc, delay, loss })
 }
 
