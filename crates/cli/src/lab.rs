@@ -7,7 +7,8 @@
 //!                     --on 'h1=softrnic bench write_bw $h0' --on 'h2=softrnic bench write_bw $h0 -p 18516'
 //! ```
 //!
-//! Each command runs under `sh -c` in its host's namespace, with `ADDR`
+//! `--each COMMAND` runs one command on every host. Each command runs
+//! under `sh -c` in its host's namespace, with `ADDR`
 //! and `SOFTRNIC_ADDR` set to the host's address (so softrnic and the
 //! drop-in libibverbs pick it), `HOST` to its name, and a variable named
 //! after every host holding that host's address.
@@ -31,6 +32,9 @@ pub struct LabArgs {
     /// Run HOST=COMMAND and wait for it (repeatable).
     #[arg(long = "on", value_name = "HOST=COMMAND")]
     pub on: Vec<String>,
+    /// Run COMMAND on every host and wait for each (repeatable).
+    #[arg(long = "each", value_name = "COMMAND")]
+    pub each: Vec<String>,
     /// Run HOST=COMMAND in the background, stopped when every --on command
     /// has ended (servers; repeatable).
     #[arg(long = "bg", value_name = "HOST=COMMAND")]
@@ -112,7 +116,10 @@ fn stop_flag() -> Result<Arc<AtomicBool>, String> {
 
 pub fn run(args: &LabArgs) -> Result<(), String> {
     let topology = args.topology()?;
-    let foreground = args.on.iter().map(|t| placed(&topology, t)).collect::<Result<Vec<_>, _>>()?;
+    let mut foreground = args.on.iter().map(|t| placed(&topology, t)).collect::<Result<Vec<_>, _>>()?;
+    for command in &args.each {
+        foreground.extend((0..topology.hosts.len()).map(|h| (h, command.as_str())));
+    }
     let background = args.bg.iter().map(|t| placed(&topology, t)).collect::<Result<Vec<_>, _>>()?;
     let stop = stop_flag()?;
     let namespaces = Namespaces::create(&topology)?;

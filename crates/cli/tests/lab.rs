@@ -151,7 +151,7 @@ fn a_killed_lab_is_cleaned_up_by_the_next_and_ctrl_c_by_itself() {
     killed.wait().unwrap();
     assert_eq!(namespaces_of(killed.id()).len(), 3, "a killed run cannot clean up");
 
-    let next = Command::new(SOFTRNIC).args(["lab", "star:1", "--on", "h0=true"]).output().unwrap();
+    let next = Command::new(SOFTRNIC).args(["lab", "star:2", "--each", "test -n \"$ADDR\""]).output().unwrap();
     let stderr = String::from_utf8_lossy(&next.stderr);
     assert!(next.status.success(), "{stderr}");
     assert!(stderr.contains(&format!("left by run {}", killed.id())), "{stderr}");
