@@ -70,7 +70,10 @@ pub fn unavailable() -> Option<String> {
             return Some(format!("`{program}` is not installed: apt install {package}"));
         }
     }
-    let probe = format!("{PREFIX}probe-{}", std::process::id());
+    // A name of this call's own: threads of one process may ask at once.
+    static PROBES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = format!("{PREFIX}probe-{}-{n}", std::process::id());
     if !ip(&["netns", "add", &probe]).is_ok_and(|_| ip(&["netns", "del", &probe]).is_ok()) {
         return Some("this machine does not let us create network namespaces (`ip netns add` failed)".into());
     }
