@@ -6,7 +6,7 @@
 //! UCX's tools, and the drop-in library built (scripts/build-libibverbs.sh):
 //! without them a developer's machine skips with the reason, CI fails.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -51,7 +51,14 @@ fn ibstat_and_ibstatus_see_softrnic0_and_nothing_leaks_out() {
     if !available("ibstat_and_ibstatus_see_softrnic0_and_nothing_leaks_out") {
         return;
     }
-    let o = softrnic().args(["run", "--addr", "127.0.0.9", "--", "ibstat"]).output().unwrap();
+    // The runs' process ids: each stages its tree in /tmp/softrnic-run-PID.
+    let mut pids = Vec::new();
+    let mut run = |args: &[&str]| {
+        let child = softrnic().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        pids.push(child.id());
+        child.wait_with_output().unwrap()
+    };
+    let o = run(&["run", "--addr", "127.0.0.9", "--", "ibstat"]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     for line in [
@@ -64,7 +71,7 @@ fn ibstat_and_ibstatus_see_softrnic0_and_nothing_leaks_out() {
     ] {
         assert!(out.contains(line), "ibstat lacks {line:?}:\n{out}");
     }
-    let o = softrnic().args(["run", "--addr", "127.0.0.9", "--", "ibstatus"]).output().unwrap();
+    let o = run(&["run", "--addr", "127.0.0.9", "--", "ibstatus"]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     for line in ["device 'softrnic0' port 1", "0000:0000:0000:0000:0000:ffff:7f00:0009", "4: ACTIVE", "Ethernet"] {
@@ -75,14 +82,15 @@ fn ibstat_and_ibstatus_see_softrnic0_and_nothing_leaks_out() {
     let probe = "cat /sys/class/infiniband/softrnic0/ports/1/gid_attrs/types/0; \
                  test -c /dev/infiniband/uverbs-softrnic0 && echo character device; \
                  echo addr=$SOFTRNIC_ADDR; test -e /sys/class/net/lo && echo lo still there";
-    let o = softrnic().args(["run", "--addr", "127.0.0.9", "--", "sh", "-c", probe]).output().unwrap();
+    let o = run(&["run", "--addr", "127.0.0.9", "--", "sh", "-c", probe]);
     assert_eq!(text(&o), "RoCE v2\ncharacter device\naddr=127.0.0.9\nlo still there\n");
-    // Outside, nothing changed and nothing was left.
+    // Outside, nothing changed and nothing was left by these runs (the
+    // other test's runs may be staging theirs right now).
     assert!(!Path::new("/sys/class/infiniband/softrnic0").exists());
-    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("softrnic-run-"))
+    let left: Vec<PathBuf> = pids
+        .iter()
+        .map(|pid| std::env::temp_dir().join(format!("softrnic-run-{pid}")))
+        .filter(|path| path.exists())
         .collect();
     assert!(left.is_empty(), "staging left behind: {left:?}");
     // A bad invocation says what to give.
