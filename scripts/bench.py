@@ -152,7 +152,7 @@ def perftest_main(a, extra):
         r["pt_bw"].append(perftest("ib_write_bw", ["-s", "65536", "-n", "20000", "--report_gbits"], 18900 + run)[3])
         r["sr_bw"].append(softrnic("write_bw", 65536, extra + ["-n", "20000"])["bw_avg_gbps"])
     m = {k: median(v) for k, v in r.items()}
-    ratio = lambda a, b: median([x / y for x, y in zip(r[a], r[b])])
+    ratio = lambda a, b: per_run_ratio(r[a], r[b])
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores:\n")
     print("| measure | perftest over libibverbs.so.1 | softrnic bench | ratio (median of per-run ratios) |")
     print("| --- | --- | --- | --- |")
@@ -178,7 +178,7 @@ def shm_main(a, extra):
         r["ucx_put"].append(ucx("ucp_put_bw", 65536, 14537 + run, tls)["mbps"] * 8 * 1.048576 / 1000)
         r["lat_1k_mean"].append(softrnic("send_lat", 1024, extra + ["-n", "20000"])["mean_ns"] / 1000)
     m = {k: median(v) for k, v in r.items()}
-    ratio = lambda a, b: median([x / y for x, y in zip(r[a], r[b])])
+    ratio = lambda a, b: per_run_ratio(r[a], r[b])
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, shared-memory wire:\n")
     print("| measure | softrnic (shm) | peer | peer value | ratio (median of per-run ratios) | target |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -201,7 +201,7 @@ def scaling_main(a, extra):
                 common = ["-q", "8", "--engine-threads", str(t), "--datapath", a.datapath, "--progress", m, "-D", "3"]
                 r[(m, t, "rate")].append(softrnic("send_bw", 64, common)["msg_rate_mpps"] * 1e6)
                 r[(m, t, "bw")].append(softrnic("write_bw", 65536, common)["bw_avg_gbps"])
-    ratio = lambda m, t, k: median([x / y for x, y in zip(r[(m, t, k)], r[(m, 1, k)])])
+    ratio = lambda m, t, k: per_run_ratio(r[(m, t, k)], r[(m, 1, k)])
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, 8 QPs, {a.datapath} datapath:\n")
     print("| progress | engine threads | 64 B send_bw | × 1 thread | 64 KiB write_bw | × 1 thread |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -254,7 +254,7 @@ def loss_main(a, extra):
             for p in [0.0, 0.01]:
                 lat = softrnic("send_lat", 64, extra + flags + ["--loss", str(p), "-n", "5000"])
                 r.setdefault((mode, "p99", p), []).append(lat["p99_ns"] / 1000)
-    ratio = lambda key, base: median([x / y for x, y in zip(r[key], r[base]) if y > 0])
+    ratio = lambda key, base: per_run_ratio(r[key], r[base])
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one QP, loss in each direction:\n")
     print("| test | recovery | lossless | 0.1 % | 1 % | 5 % |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -467,7 +467,7 @@ def mpi_main(a):
             r[prefix + "bw"].append(bw)
             r[prefix + "ar"].append(ar)
     m = {k: median(v) for k, v in r.items()}
-    ratio = lambda x, y: median([p / q for p, q in zip(r[x], r[y])])
+    ratio = lambda x, y: per_run_ratio(r[x], r[y])
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores:\n")
     print("| measure | Open MPI over softrnic (pml ucx) | Open MPI over TCP (ob1, btl tcp) | ratio (median of per-run ratios) | target |")
     print("| --- | --- | --- | --- | --- |")
@@ -475,6 +475,12 @@ def mpi_main(a):
     print(f"| 1 MiB ping-pong bandwidth | {m['bw']:.0f} MB/s | {m['tcp_bw']:.0f} MB/s | {ratio('bw', 'tcp_bw'):.2f}× | ≥ 1× |")
     print(f"| 64 Ki-double allreduce | {m['ar']:.0f} µs | {m['tcp_ar']:.0f} µs | {ratio('ar', 'tcp_ar'):.2f}× | |")
     print("\nAll runs:", json.dumps({k: [round(x, 2) for x in v] for k, v in r.items()}))
+
+
+def per_run_ratio(xs, ys):
+    """The median of the runs' own ratios: the machine drifts between runs,
+    and each peer ran beside softrnic in the same run."""
+    return median([x / y for x, y in zip(xs, ys) if y > 0])
 
 
 def median(xs):
@@ -552,10 +558,10 @@ def switch_main(a):
     print("| --- | --- | --- | --- | --- | --- | --- |")
     pps = lambda k: m(k, 0)
     print(f"| 64 B frames forwarded | {pps(('softrnic', 64)) / 1e6:.3f} Mpps | {pps(('bridge', 64)) / 1e6:.3f} Mpps | "
-          f"{median([s[0] / b[0] for s, b in zip(r[('softrnic', 64)], r[('bridge', 64)])]):.2f}× | 0.080 Mpps | "
+          f"{per_run_ratio([v[0] for v in r[('softrnic', 64)]], [v[0] for v in r[('bridge', 64)]]):.2f}× | 0.080 Mpps | "
           f"{pps(('softrnic', 64)) / 80e3:.1f}× | ≥ 0.5× bridge, ≥ 10× bmv2 |")
     print(f"| 4 KiB frames forwarded | {m(('softrnic', 4096), 1):.2f} Gb/s | {m(('bridge', 4096), 1):.2f} Gb/s | "
-          f"{median([s[1] / b[1] for s, b in zip(r[('softrnic', 4096)], r[('bridge', 4096)])]):.2f}× | 1 Gb/s | "
+          f"{per_run_ratio([v[1] for v in r[('softrnic', 4096)]], [v[1] for v in r[('bridge', 4096)]]):.2f}× | 1 Gb/s | "
           f"{m(('softrnic', 4096), 1):.1f}× | ≥ 10× bmv2 |")
     print("\n| port rate | egress measured (frames, TCP load) | error |")
     print("| --- | --- | --- |")
@@ -634,9 +640,7 @@ def main():
         r["tcp"].append(iperf3_gbps())
         r["ucx_put"].append(ucx("ucp_put_bw", 65536, 13537 + run)["mbps"] * 8 * 1.048576 / 1000)
     m = {k: median(v) for k, v in r.items()}
-    # The machine drifts between runs; each peer ran beside softrnic in the
-    # same run, so the median of per-run ratios is the fairer figure.
-    ratio = lambda a, b: median([x / y for x, y in zip(r[a], r[b])])
+    ratio = lambda a, b: per_run_ratio(r[a], r[b])
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, engine threads {a.engine_threads}:\n")
     print("| measure | softrnic | peer | peer value | ratio (median of per-run ratios) | target |")
     print("| --- | --- | --- | --- | --- | --- |")

@@ -61,6 +61,12 @@ impl EthFrame {
     }
 }
 
+impl AsRef<[u8]> for EthFrame {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 impl Frame for EthFrame {
     fn wire_len(&self) -> usize {
         self.bytes.len()
@@ -73,13 +79,14 @@ impl Frame for EthFrame {
         let header_len = ip.slice().len();
         let mut flow = u64::from(u32::from(src)) << 32 | u64::from(u32::from(dst));
         flow ^= u64::from(protocol.0) << 56;
-        let mut control = false;
+        let (mut control, mut int) = (false, false);
         if matches!(protocol, IpNumber::UDP | IpNumber::TCP) && !ip.is_fragmenting_payload() {
             let l4 = &self.bytes[ETH_HEADER + header_len..];
             if l4.len() >= 4 {
                 let (sport, dport) = (u16::from_be_bytes([l4[0], l4[1]]), u16::from_be_bytes([l4[2], l4[3]]));
                 flow = flow.rotate_left(17) ^ (u64::from(sport) << 16 | u64::from(dport));
                 if protocol == IpNumber::UDP {
+                    int = dport == int::INT_UDP_PORT;
                     let bth = match dport {
                         ROCEV2_UDP_PORT => l4.get(UDP_HEADER),
                         int::INT_UDP_PORT => l4.get(UDP_HEADER + int::HEADER_LEN),
@@ -89,7 +96,7 @@ impl Frame for EthFrame {
                 }
             }
         }
-        Some(Classified { dst: IpAddr::V4(dst), flow, ecn: Ecn::from_tos(tos), dscp: tos >> 2, control })
+        Some(Classified { dst: IpAddr::V4(dst), flow, ecn: Ecn::from_tos(tos), dscp: tos >> 2, control, int })
     }
 
     fn mark_ce(&mut self) {
@@ -179,6 +186,7 @@ mod tests {
     #[test]
     fn only_packets_to_the_int_port_are_stamped() {
         let mut plain = roce_frame(0x0a, 0, ROCEV2_UDP_PORT);
+        assert!(!plain.classify().unwrap().int);
         let before = plain.bytes.clone();
         assert_eq!(plain.stamp_int(Hop::default()), None);
         assert_eq!(plain.bytes, before, "RoCEv2 to 4791 passes byte for byte");
@@ -191,6 +199,7 @@ mod tests {
         let mut bytes = Vec::new();
         builder.write(&mut bytes, &payload).unwrap();
         let mut frame = EthFrame { bytes };
+        assert!(frame.classify().unwrap().int);
         let hop = Hop { rate_mbps: 10_000, timestamp_ns: 5, tx_bytes: 6, queue_bytes: 7 };
         assert_eq!(frame.stamp_int(hop), Some(Stamp::Recorded));
         let at = ETH_HEADER + 20 + UDP_HEADER;

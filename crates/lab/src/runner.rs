@@ -275,7 +275,9 @@ impl Fabric {
                     moved += 1;
                     match self.peers[s][port] {
                         PortPeer::Host(h) => {
-                            if let Some(src) = self.source_host(&frame) {
+                            if self.flows.is_some()
+                                && let Some(src) = self.source_host(&frame)
+                            {
                                 self.delivered[src][h] += frame.bytes.len() as u64;
                             }
                             frame.set_macs(host_mac(h), port_mac(h));
@@ -301,8 +303,7 @@ impl Fabric {
                 if frames.is_empty() {
                     continue;
                 }
-                let bytes: Vec<&[u8]> = frames.iter().map(|f| f.bytes.as_slice()).collect();
-                self.sockets[h].send_batch(&bytes);
+                self.sockets[h].send_batch(frames);
                 self.pool.extend(frames.drain(..).map(|f| f.bytes));
             }
             if now >= next_sample {
@@ -397,7 +398,7 @@ impl Fabric {
         for (s, switch) in self.switches.iter().enumerate() {
             for port in 0..switch.ports() {
                 let mut queues = QueueCounters::default();
-                for q in 0..3 {
+                for q in 0..switch.queues() {
                     let c = switch.queue_counters(port, q);
                     queues.enqueued += c.enqueued;
                     queues.dropped += c.dropped;

@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 pub use softrnic_switch::PortPeer;
-use softrnic_switch::{Graph, LinkFaults, PfcConfig, PortConfig, RedConfig, Routes, SwitchConfig};
+use softrnic_switch::{Graph, LinkFaults, PfcConfig, PortConfig, QUEUES, RedConfig, Routes, SwitchConfig};
 use toml::Spanned;
 
 /// The most hosts a lab holds (one /24's worth of the lab's /16).
@@ -138,17 +138,6 @@ struct File {
     links: Vec<LinkEntry>,
 }
 
-#[derive(Deserialize, Default, Clone)]
-#[serde(deny_unknown_fields)]
-struct LinkKeys {
-    rate: Option<Spanned<String>>,
-    queue: Option<Spanned<String>>,
-    ecn: Option<Spanned<toml::Value>>,
-    pfc: Option<Spanned<toml::Value>>,
-    delay: Option<Spanned<String>>,
-    loss: Option<Spanned<f64>>,
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SwitchEntry {
@@ -156,10 +145,13 @@ struct SwitchEntry {
     buffer: Option<Spanned<String>>,
 }
 
-/// Declares a table that takes the link keys beside its own. (serde's
-/// `flatten` would lose the spans that errors name lines with.)
+/// Declares a table that takes the link keys beside its own, and
+/// `link_keys` to take them out as [`LinkKeys`] (itself the table of the
+/// link keys alone). serde's `flatten` would lose the spans that errors
+/// name lines with.
 macro_rules! with_link_keys {
-    ($name:ident { $($field:ident: $ty:ty,)* }) => {
+    ($(#[$meta:meta])* $name:ident { $($field:ident: $ty:ty,)* }) => {
+        $(#[$meta])*
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
         struct $name {
@@ -173,6 +165,7 @@ macro_rules! with_link_keys {
         }
 
         impl $name {
+            #[allow(dead_code, reason = "LinkKeys itself is read as it is")]
             fn link_keys(&self) -> LinkKeys {
                 LinkKeys {
                     rate: self.rate.clone(),
@@ -187,6 +180,10 @@ macro_rules! with_link_keys {
     };
 }
 
+with_link_keys!(
+    #[derive(Default)]
+    LinkKeys {}
+);
 with_link_keys!(HostEntry { name: Spanned<String>, switch: Spanned<String>, addresses: Option<Spanned<u64>>, });
 with_link_keys!(LinkEntry { between: Spanned<[String; 2]>, });
 
@@ -413,7 +410,7 @@ impl Topology {
             .collect();
         let config = SwitchConfig {
             ports,
-            queues_per_port: 3,
+            queues_per_port: QUEUES,
             shared_buffer: self.switches[switch].buffer,
             seed: self.seed.wrapping_mul(0x9e37_79b9).wrapping_add(switch as u64),
         };

@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use softrnic_switch::frame::is_control_opcode;
-use softrnic_switch::{Classified, Ecn, Frame, Graph, LinkFaults, PortConfig, PortPeer, Switch, SwitchConfig};
+use softrnic_switch::{Classified, Ecn, Frame, Graph, LinkFaults, PortConfig, PortPeer, QUEUES, Switch, SwitchConfig};
 use softrnic_transport::Instant;
 use softrnic_wire::int::{Hop, Stamp};
 
@@ -50,6 +50,7 @@ impl Frame for SimPacket {
             ecn: self.ecn,
             dscp: 0,
             control: bytes.first().is_some_and(|&b| is_control_opcode(b)),
+            int: false,
         })
     }
 
@@ -57,6 +58,7 @@ impl Frame for SimPacket {
         self.ecn = Ecn::Ce;
     }
 
+    /// Simulated datagrams carry no INT header (they are classified so).
     fn stamp_int(&mut self, _hop: Hop) -> Option<Stamp> {
         None
     }
@@ -207,7 +209,7 @@ impl Fabric {
                 .collect();
             let config = SwitchConfig {
                 ports: links.iter().map(|l| PortConfig { faults: spec.faults, ..(spec.port)(l) }).collect(),
-                queues_per_port: 3,
+                queues_per_port: QUEUES,
                 shared_buffer: spec.shared_buffer,
                 seed: spec.seed ^ (s as u64).wrapping_mul(0x2545_f491_4f6c_dd1d),
             };
@@ -378,7 +380,7 @@ impl Fabric {
             for port in 0..switch.ports() {
                 let c = switch.port_counters(port);
                 dropped += c.link_lost + c.no_route;
-                dropped += (0..3).map(|q| switch.queue_counters(port, q).dropped).sum::<u64>();
+                dropped += (0..switch.queues()).map(|q| switch.queue_counters(port, q).dropped).sum::<u64>();
             }
         }
         dropped

@@ -112,6 +112,13 @@ impl World {
         self.hosts[host].addr.ip()
     }
 
+    /// Sends what the devices have ready; then when the next arrival or
+    /// timer is, if anything is left to happen.
+    fn next_event(&mut self) -> Option<Instant> {
+        self.flush();
+        [self.next_arrival(), self.next_timer()].into_iter().flatten().min()
+    }
+
     /// The soonest timer of a host that is up.
     fn next_timer(&mut self) -> Option<Instant> {
         while let Some(&Reverse((at, h))) = self.timer_queue.peek() {
@@ -139,15 +146,7 @@ impl World {
     /// to the next arrival or deadline and handles it. Returns false when
     /// nothing is left to happen: no packet in flight, no timer armed.
     pub fn step(&mut self) -> bool {
-        self.flush();
-        let next_timer = self.next_timer();
-        let next = match (self.next_arrival(), next_timer) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => match a.or(b) {
-                Some(t) => t,
-                None => return false,
-            },
-        };
+        let Some(next) = self.next_event() else { return false };
         self.now = self.now.max(next);
         loop {
             let packet = match &mut self.fabric {
@@ -233,9 +232,7 @@ impl World {
     /// Returns false if nothing was left to happen by then.
     pub fn run_until_time(&mut self, until: Instant) -> bool {
         loop {
-            self.flush();
-            let next = [self.next_arrival(), self.next_timer()].into_iter().flatten().min();
-            match next {
+            match self.next_event() {
                 Some(t) if t <= until => {
                     self.step();
                 }

@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+/// Egress queues per port unless a configuration says otherwise: the
+/// control queue and two data classes.
+pub const QUEUES: usize = 3;
+
 /// A whole switch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SwitchConfig {
@@ -18,9 +22,10 @@ pub struct SwitchConfig {
 }
 
 impl SwitchConfig {
-    /// `ports` identical ports, three queues each, `shared_buffer` bytes.
+    /// `ports` identical ports with [`QUEUES`] queues each, `shared_buffer`
+    /// bytes.
     pub fn uniform(ports: usize, port: PortConfig, shared_buffer: u64, seed: u64) -> SwitchConfig {
-        SwitchConfig { ports: vec![port; ports], queues_per_port: 3, shared_buffer, seed }
+        SwitchConfig { ports: vec![port; ports], queues_per_port: QUEUES, shared_buffer, seed }
     }
 }
 

@@ -47,6 +47,9 @@ pub struct Classified {
     /// A CNP or an acknowledgement: it goes to the strict-priority queue,
     /// so feedback is never stuck behind the data it is about.
     pub control: bool,
+    /// It carries an INT header (`softrnic_wire::int`): the switch stamps
+    /// it as it leaves.
+    pub int: bool,
 }
 
 /// A packet the pipeline can carry.
@@ -62,8 +65,9 @@ pub trait Frame {
     /// Sets ECN to CE (Congestion Experienced), fixing any checksum.
     fn mark_ce(&mut self);
 
-    /// Records `hop` if the packet carries INT (`softrnic_wire::int`);
-    /// `None` if it does not.
+    /// Records `hop` in the packet's INT header; called only for packets
+    /// classified as carrying one. `None` if the header is not there
+    /// after all.
     fn stamp_int(&mut self, hop: Hop) -> Option<Stamp>;
 }
 

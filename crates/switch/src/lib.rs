@@ -34,7 +34,7 @@ pub mod red;
 pub mod routes;
 pub mod token_bucket;
 
-pub use config::{LinkFaults, PfcConfig, PortConfig, RedConfig, SwitchConfig};
+pub use config::{LinkFaults, PfcConfig, PortConfig, QUEUES, RedConfig, SwitchConfig};
 pub use counters::{PortCounters, QueueCounters, QueueSample};
 pub use frame::{Classified, Ecn, Frame};
 pub use graph::{Graph, PortPeer};

@@ -35,6 +35,7 @@ struct Queued<F> {
     frame: F,
     len: usize,
     ecn: Ecn,
+    int: bool,
     /// Where it came in: PFC counts buffer use per ingress port.
     ingress: PortId,
 }
@@ -168,7 +169,7 @@ impl<F: Frame> Switch<F> {
         // An in-network aggregation stage would sit here: it sees every
         // routed packet and may consume it, answer it, or let it pass.
         let queue = if class.control { CONTROL_QUEUE } else { self.data_queue(class.dscp) };
-        self.admit(out, queue, Queued { frame, len, ecn: class.ecn, ingress: in_port });
+        self.admit(out, queue, Queued { frame, len, ecn: class.ecn, int: class.int, ingress: in_port });
     }
 
     /// Data queues by DSCP class selector (its upper three bits): class 0
@@ -281,14 +282,16 @@ impl<F: Frame> Switch<F> {
             }
             port.counters.tx_packets += 1;
             port.counters.tx_bytes += len as u64;
-            let hop = Hop {
-                rate_mbps: (port.config.rate_bps / 1_000_000) as u32,
-                timestamp_ns: now.as_nanos() as u32,
-                tx_bytes: port.counters.tx_bytes as u32,
-                queue_bytes: q.bytes as u32,
-            };
-            if packet.frame.stamp_int(hop) == Some(Stamp::Full) {
-                port.counters.int_full += 1;
+            if packet.int {
+                let hop = Hop {
+                    rate_mbps: (port.config.rate_bps / 1_000_000) as u32,
+                    timestamp_ns: now.as_nanos() as u32,
+                    tx_bytes: port.counters.tx_bytes as u32,
+                    queue_bytes: q.bytes as u32,
+                };
+                if packet.frame.stamp_int(hop) == Some(Stamp::Full) {
+                    port.counters.int_full += 1;
+                }
             }
             self.shared_used -= len as u64;
             self.account_ingress(packet.ingress, queue, -(len as i64));
@@ -310,6 +313,11 @@ impl<F: Frame> Switch<F> {
 
     pub fn ports(&self) -> usize {
         self.ports.len()
+    }
+
+    /// Egress queues per port.
+    pub fn queues(&self) -> usize {
+        self.ports.first().map_or(0, |p| p.queues.len())
     }
 
     pub fn port_config(&self, port: PortId) -> &PortConfig {

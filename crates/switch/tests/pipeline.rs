@@ -33,7 +33,14 @@ impl Frame for TestFrame {
         self.len
     }
     fn classify(&self) -> Option<Classified> {
-        Some(Classified { dst: self.dst, flow: self.flow, ecn: self.ecn, dscp: self.dscp, control: self.control })
+        Some(Classified {
+            dst: self.dst,
+            flow: self.flow,
+            ecn: self.ecn,
+            dscp: self.dscp,
+            control: self.control,
+            int: self.int.is_some(),
+        })
     }
     fn mark_ce(&mut self) {
         self.ecn = Ecn::Ce;
