@@ -22,7 +22,7 @@ impl Path {
 /// What one switch's egress port looked like as a packet left it, as the
 /// receiver echoed it (HPCC's INT record). The clock and the byte count
 /// wrap at 2^32, as on the wire: take differences with `wrapping_sub`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 #[repr(C)]
 pub struct IntHop {
     /// The egress link's rate.

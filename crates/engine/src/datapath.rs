@@ -15,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use softrnic_transport::MAX_DATAGRAM_LEN;
+use softrnic_transport::{MAX_DATAGRAM_LEN, RecvMeta};
 
 use crate::shm::{self, InboxRing, Peers, Sent};
 use crate::socket::{BATCH, RecvBatch, RoceSocket};
@@ -33,8 +33,9 @@ pub trait Datapath: Send {
     fn send(&mut self, packets: &[(SocketAddr, &[u8])]) -> usize;
 
     /// Takes what has arrived, at most about a batch, handing each
-    /// datagram to `deliver`; returns how many.
-    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, &[u8])) -> usize;
+    /// datagram to `deliver` with what the network said of it (its ECN
+    /// mark); returns how many.
+    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize;
 
     /// Before the shard's engine thread blocks in `poll(2)` on the UDP
     /// socket: arranges to be woken through it. False if work arrived
@@ -125,17 +126,17 @@ impl Datapath for Udp {
         sent
     }
 
-    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, &[u8])) -> usize {
+    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize {
         let n = self.socket.recv_batch(&mut self.rx).unwrap_or(0);
         if n > 0 {
             self.drops = u64::from(self.rx.kernel_drops());
         }
         let mut delivered = 0;
         for i in 0..n {
-            if let Some((from, bytes)) = self.rx.get(i)
+            if let Some((from, ce, bytes)) = self.rx.get(i)
                 && !shm::is_wake_up(bytes)
             {
-                deliver(from, bytes);
+                deliver(from, RecvMeta { ce, int: None }, bytes);
                 delivered += 1;
             }
         }
@@ -247,8 +248,11 @@ impl Datapath for SharedMemory {
         taken
     }
 
-    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, &[u8])) -> usize {
-        let from_ring = self.inbox.receive(BATCH, &mut self.buf, &mut self.malformed, deliver);
+    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize {
+        // The ring crosses no switch: nothing marks it.
+        let from_ring = self.inbox.receive(BATCH, &mut self.buf, &mut self.malformed, &mut |from, bytes| {
+            deliver(from, RecvMeta::default(), bytes)
+        });
         let now = Instant::now();
         if now >= self.udp_busy_until && now < self.udp_next_look {
             return from_ring;

@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
-use softrnic_transport::{AsyncEvent, CqId, Instant, MAX_DATAGRAM_LEN, Shard};
+use softrnic_transport::{AsyncEvent, CqId, Instant, MAX_DATAGRAM_LEN, RecvMeta, Shard};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
 use crate::datapath::Datapath;
@@ -36,7 +36,7 @@ use crate::trace::Tracer;
 pub(crate) struct Aftermath {
     pub fired_cqs: Vec<CqId>,
     pub events: Vec<AsyncEvent>,
-    pub foreign: Vec<(usize, SocketAddr, Vec<u8>)>,
+    pub foreign: Vec<(usize, SocketAddr, RecvMeta, Vec<u8>)>,
 }
 
 impl Aftermath {
@@ -229,20 +229,20 @@ impl EngineShard {
     pub fn receive(&self, wire: &mut dyn Datapath, pass: &PassContext, after: &mut Aftermath) -> usize {
         SCRATCH.with_borrow_mut(|scratch| {
             let mut state: Option<MutexGuard<'_, ShardState>> = None;
-            let mut handle = |state: &mut ShardState, from: SocketAddr, bytes: &[u8]| {
+            let mut handle = |state: &mut ShardState, from: SocketAddr, meta: RecvMeta, bytes: &[u8]| {
                 if let Some(tracer) = pass.tracer {
                     tracer.datagram("<-", from, bytes);
                 }
                 match crate::socket::steered_shard(bytes, pass.shards) {
-                    Some(owner) if owner != self.index => after.foreign.push((owner, from, bytes.to_vec())),
-                    _ => state.transport.handle_datagram(pass.now, from, bytes),
+                    Some(owner) if owner != self.index => after.foreign.push((owner, from, meta, bytes.to_vec())),
+                    _ => state.transport.handle_datagram(pass.now, from, meta, bytes),
                 }
             };
             let mut released = 0;
             let n = if !self.injects_faults {
                 let mut handled = 0;
-                wire.receive(&mut |from, bytes| {
-                    handle(state.get_or_insert_with(|| self.lock()), from, bytes);
+                wire.receive(&mut |from, meta, bytes| {
+                    handle(state.get_or_insert_with(|| self.lock()), from, meta, bytes);
                     handled += 1;
                     if handled % HOLD_AT_MOST == 0 {
                         // Let a waiting post in.
@@ -253,7 +253,9 @@ impl EngineShard {
                 let state = state.get_or_insert_with(|| self.lock());
                 let faults = state.faults.as_mut().expect("a shard that injects faults has injectors");
                 scratch.faulty.clear();
-                let n = wire.receive(&mut |from, bytes| faults.rx.apply(from, bytes, &mut scratch.faulty));
+                // Injected faults (a test tool) copy datagrams about and
+                // keep no ECN mark: what they deliver arrives unmarked.
+                let n = wire.receive(&mut |from, _, bytes| faults.rx.apply(from, bytes, &mut scratch.faulty));
                 if n == 0 {
                     // A datagram held back for reordering is delivered
                     // once traffic pauses, or it would never arrive.
@@ -261,7 +263,7 @@ impl EngineShard {
                     released = scratch.faulty.len();
                 }
                 for (from, bytes) in &scratch.faulty {
-                    handle(state, *from, bytes);
+                    handle(state, *from, RecvMeta::default(), bytes);
                 }
                 n
             };
@@ -281,11 +283,11 @@ impl EngineShard {
         &self,
         state: &mut ShardState,
         now: Instant,
-        datagrams: impl Iterator<Item = (SocketAddr, Vec<u8>)>,
+        datagrams: impl Iterator<Item = (SocketAddr, RecvMeta, Vec<u8>)>,
         after: &mut Aftermath,
     ) {
-        for (from, bytes) in datagrams {
-            state.transport.handle_datagram(now, from, &bytes);
+        for (from, meta, bytes) in datagrams {
+            state.transport.handle_datagram(now, from, meta, &bytes);
         }
         self.collect(&mut state.transport, after);
     }

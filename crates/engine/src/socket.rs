@@ -320,8 +320,9 @@ impl RoceSocket {
             let mut offset = 0;
             while offset < len {
                 let size = segment.min(len - offset);
-                batch.datagrams.push((source, i, offset, size));
-                batch.ce_marked += u64::from(tos & 0b11 == CE);
+                let ce = tos & 0b11 == CE;
+                batch.datagrams.push((source, i, offset, size, ce));
+                batch.ce_marked += u64::from(ce);
                 offset += size;
             }
         }
@@ -412,8 +413,8 @@ pub struct RecvBatch {
     buffers: Vec<Box<[u8]>>,
     names: Vec<SockAddrStorage>,
     controls: Vec<[u64; CONTROL_LEN / 8]>,
-    /// (source, buffer, offset, length) of every datagram received.
-    datagrams: Vec<(SocketAddr, usize, usize, usize)>,
+    /// (source, buffer, offset, length, CE) of every datagram received.
+    datagrams: Vec<(SocketAddr, usize, usize, usize, bool)>,
     /// Datagrams the kernel dropped on this socket since it opened, for
     /// want of buffer space, as of the last receive.
     kernel_drops: u32,
@@ -447,10 +448,11 @@ impl RecvBatch {
         self.ce_marked
     }
 
-    /// The `i`th datagram of the last receive and where it came from.
-    pub fn get(&self, i: usize) -> Option<(SocketAddr, &[u8])> {
-        let &(source, buffer, offset, len) = self.datagrams.get(i)?;
-        Some((source, &self.buffers[buffer][offset..offset + len]))
+    /// The `i`th datagram of the last receive, where it came from, and
+    /// whether it arrived marked CE.
+    pub fn get(&self, i: usize) -> Option<(SocketAddr, bool, &[u8])> {
+        let &(source, buffer, offset, len, ce) = self.datagrams.get(i)?;
+        Some((source, ce, &self.buffers[buffer][offset..offset + len]))
     }
 }
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use softrnic_switch::frame::is_control_opcode;
 use softrnic_switch::{Classified, Ecn, Frame, Graph, LinkFaults, PortConfig, PortPeer, QUEUES, Switch, SwitchConfig};
-use softrnic_transport::Instant;
+use softrnic_transport::{Instant, IntRecords};
 use softrnic_wire::int::{Hop, Stamp};
 
 use crate::network::{InFlight, NetworkStats};
@@ -50,7 +50,7 @@ impl Frame for SimPacket {
             ecn: self.ecn,
             dscp: 0,
             control: bytes.first().is_some_and(|&b| is_control_opcode(b)),
-            int: false,
+            int: self.packet.stamp,
         })
     }
 
@@ -58,9 +58,12 @@ impl Frame for SimPacket {
         self.ecn = Ecn::Ce;
     }
 
-    /// Simulated datagrams carry no INT header (they are classified so).
-    fn stamp_int(&mut self, _hop: Hop) -> Option<Stamp> {
-        None
+    /// A datagram whose sender collects INT keeps the records beside its
+    /// bytes, in the transport's units.
+    fn stamp_int(&mut self, hop: Hop) -> Option<Stamp> {
+        let records = self.packet.meta.int.as_mut().filter(|_| self.packet.stamp)?;
+        let fresh = IntRecords::from_wire([hop]);
+        Some(if records.push(fresh.hops()[0]) { Stamp::Recorded } else { Stamp::Full })
     }
 }
 
@@ -301,7 +304,9 @@ impl Fabric {
         }
         let packet = self.delivered.pop_front()?;
         self.ce_delivered += u64::from(packet.ecn == Ecn::Ce);
-        Some(packet.packet)
+        let mut delivered = packet.packet;
+        delivered.meta.ce = packet.ecn == Ecn::Ce;
+        Some(delivered)
     }
 
     fn handle(&mut self, now: Duration, event: Event) {
@@ -424,7 +429,7 @@ mod tests {
     fn a_burst_arrives_in_order_at_the_line_rate() {
         let (mut fabric, [a, b]) = star();
         for i in 0..10u8 {
-            fabric.send(Instant::ZERO, 0, InFlight { from: a, to: b, bytes: vec![i; 1000 - HEADERS] });
+            fabric.send(Instant::ZERO, 0, InFlight::new(a, b, vec![i; 1000 - HEADERS], softrnic_transport::IntMark::None));
         }
         let mut arrived = Vec::new();
         while let Some(at) = fabric.next_arrival() {

@@ -14,16 +14,13 @@
 //! would take alone: the round trip of its path plus its bytes at the
 //! server link's rate (the shape of HPCC's `fct_analysis.py`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use softrnic_switch::{Graph, LinkFaults, PortConfig};
-use softrnic_transport::{
-    Access, Completion, CqId, DmaBuffer, Instant, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpType, RcConnection,
-    RemoteAddr, SendOp, SendWorkRequest, Sge, TransportConfig, WcStatus,
-};
+use softrnic_transport::{Completion, Instant, Mtu, TransportConfig, WcStatus};
 
 use crate::fabric::{FabricSpec, HEADERS, Link};
+use crate::flows::{self, Host};
 use crate::world::World;
 
 /// Flow sizes in bytes and the cumulative percentage of flows at or
@@ -253,7 +250,6 @@ const DEPTH: usize = 8;
 /// Every server's registered region: the source and target of all its
 /// flows' WRITEs (their bytes are not what this measures).
 const REGION: usize = CHUNK as usize;
-const IOVA: u64 = 0x1000_0000;
 
 /// A flow while the run goes on.
 struct Live {
@@ -265,13 +261,6 @@ struct Live {
     failed: bool,
 }
 
-/// A server's verbs objects.
-struct Server {
-    pd: PdId,
-    cq: CqId,
-    lkey: u32,
-    rkey: u32,
-}
 
 impl FctConfig {
     /// The flows: Poisson arrivals per server over the window.
@@ -333,17 +322,7 @@ impl FctConfig {
             ..TransportConfig::default()
         };
         let mut world = World::with_fabric(&tree.spec(self.seed), config);
-        let servers: Vec<Server> = (0..tree.hosts())
-            .map(|h| {
-                let device = world.device(h);
-                let pd = device.alloc_pd();
-                let cq = device.create_cq(1 << 16);
-                let buffer = Arc::new(DmaBuffer::new(REGION));
-                let access = Access::LOCAL_WRITE | Access::REMOTE;
-                let mr = device.register_memory(pd, buffer, 0, REGION, IOVA, access).expect("register");
-                Server { pd, cq, lkey: mr.lkey, rkey: mr.rkey }
-            })
-            .collect();
+        let servers: Vec<Host> = (0..tree.hosts()).map(|h| Host::open(&mut world, h, REGION)).collect();
         let mut pending = flows.into_iter().peekable();
         let mut live: Vec<Live> = Vec::new();
         let mut by_qp: std::collections::HashMap<(usize, u32), usize> = Default::default();
@@ -353,7 +332,7 @@ impl FctConfig {
         loop {
             let now = world.now - Instant::ZERO;
             while let Some(flow) = pending.next_if(|f| f.start <= now) {
-                let qpn = open_flow(&mut world, &servers, &flow);
+                let qpn = flows::connect(&mut world, &servers, (flow.src, flow.dst), MTU, DEPTH);
                 by_qp.insert((flow.src, qpn), live.len());
                 live.push(Live { result: flow, qpn, posted: 0, completed: 0, outstanding: 0, failed: false });
             }
@@ -409,59 +388,12 @@ impl FctConfig {
     }
 }
 
-/// Creates and connects the flow's QP pair; returns the sender's QPN.
-fn open_flow(world: &mut World, servers: &[Server], flow: &FlowResult) -> u32 {
-    let caps = QpCaps { max_send_wr: DEPTH as u32 * 2, max_recv_wr: 1, ..QpCaps::default() };
-    let ends = [flow.src, flow.dst].map(|h| {
-        let s = &servers[h];
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            pd: s.pd,
-            send_cq: s.cq,
-            recv_cq: s.cq,
-            caps,
-            sq_sig_all: false,
-            srq: None,
-        };
-        world.device(h).create_qp(init).expect("create_qp")
-    });
-    let now = world.now;
-    for (side, host) in [flow.src, flow.dst].into_iter().enumerate() {
-        let peer = [flow.src, flow.dst][1 - side];
-        let connection = RcConnection {
-            access: Access::REMOTE,
-            remote_addr: world.ip(peer),
-            dest_qpn: ends[1 - side],
-            rq_psn: Psn::new(0),
-            sq_psn: Psn::new(0),
-            mtu: MTU,
-            max_dest_rd_atomic: 1,
-            max_rd_atomic: 1,
-            min_rnr_timer: 1,
-            timeout: 12,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            selective_repeat: false,
-        };
-        for attr in connection.steps() {
-            world.device(host).modify_qp(now, ends[side], &attr).expect("modify_qp");
-        }
-    }
-    ends[0]
-}
-
 /// Keeps up to DEPTH WRITEs of the flow posted.
-fn post_chunks(world: &mut World, servers: &[Server], flow: &mut Live, index: usize) {
-    let (src, dst) = (&servers[flow.result.src], &servers[flow.result.dst]);
+fn post_chunks(world: &mut World, servers: &[Host], flow: &mut Live, index: usize) {
     while flow.outstanding < DEPTH && flow.posted * CHUNK < flow.result.size {
         let len = (flow.result.size - flow.posted * CHUNK).min(CHUNK) as u32;
-        let remote = RemoteAddr { addr: IOVA, rkey: dst.rkey };
-        let payload = Payload::Gather(softrnic_transport::smallvec![Sge { addr: IOVA, length: len, lkey: src.lkey }]);
-        let mut wr =
-            SendWorkRequest::new((index as u64) << 20 | flow.posted, SendOp::Write { remote, imm: None }, payload);
-        wr.signaled = true;
-        let now = world.now;
-        world.device(flow.result.src).post_send(now, flow.qpn, wr).expect("post_send");
+        let wr_id = (index as u64) << 20 | flow.posted;
+        flows::post_write(world, servers, (flow.result.src, flow.result.dst), flow.qpn, wr_id, len);
         flow.posted += 1;
         flow.outstanding += 1;
     }

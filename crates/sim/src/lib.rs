@@ -10,6 +10,7 @@
 
 pub mod fabric;
 pub mod fct;
+pub mod flows;
 pub mod harness;
 pub mod network;
 pub mod scenario;

@@ -5,7 +5,7 @@ use std::collections::BinaryHeap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use softrnic_transport::Instant;
+use softrnic_transport::{Instant, IntMark, IntRecords, RecvMeta};
 
 /// Probabilities (0 to 1) of what happens to each packet.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,6 +40,22 @@ pub struct InFlight {
     pub from: SocketAddr,
     pub to: SocketAddr,
     pub bytes: Vec<u8>,
+    /// What the receiver hears beside the bytes: CE, and the INT records
+    /// (switches fill them while `stamp` says the sender collects).
+    pub meta: RecvMeta,
+    pub stamp: bool,
+}
+
+impl InFlight {
+    /// The datagram `transmit` describes, its bytes `bytes`.
+    pub fn new(from: SocketAddr, to: SocketAddr, bytes: Vec<u8>, int: IntMark) -> InFlight {
+        let (records, stamp) = match int {
+            IntMark::None => (None, false),
+            IntMark::Collect => (Some(IntRecords::default()), true),
+            IntMark::Echo(records) => (Some(records), false),
+        };
+        InFlight { from, to, bytes, meta: RecvMeta { ce: false, int: records }, stamp }
+    }
 }
 
 /// All links: one-way latency, a serialisation rate per sender, faults.
@@ -125,7 +141,7 @@ impl Network {
         }
         if self.rng.f64() < self.faults.duplicate {
             self.stats.duplicated += 1;
-            let copy = InFlight { from: packet.from, to: packet.to, bytes: packet.bytes.clone() };
+            let copy = InFlight { bytes: packet.bytes.clone(), ..packet };
             let later = arrival + self.random_delay();
             self.enqueue(later, copy);
         }

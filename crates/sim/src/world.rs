@@ -160,7 +160,7 @@ impl World {
             if let Some(&h) = self.by_ip.get(&packet.to.ip())
                 && self.hosts[h].up
             {
-                self.hosts[h].device.handle_datagram(self.now, packet.from, &packet.bytes);
+                self.hosts[h].device.handle_datagram(self.now, packet.from, packet.meta, &packet.bytes);
                 self.touch(h);
             }
         }
@@ -197,11 +197,8 @@ impl World {
                 continue;
             }
             while let Some(t) = host.device.poll_transmit(self.now, &mut self.buf) {
-                let packet = InFlight {
-                    from: host.addr,
-                    to: SocketAddr::new(t.dst, ROCEV2_UDP_PORT),
-                    bytes: self.buf[..t.len].to_vec(),
-                };
+                let to = SocketAddr::new(t.dst, ROCEV2_UDP_PORT);
+                let packet = InFlight::new(host.addr, to, self.buf[..t.len].to_vec(), t.int);
                 if self.trace {
                     println!("{:>12?} send    {}", self.now - Instant::ZERO, describe(&packet));
                 }

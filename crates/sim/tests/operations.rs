@@ -159,7 +159,7 @@ fn send_with_invalidate_is_an_invalid_request() {
         .seal(&mut buf[..len])
         .unwrap();
     let now = pair.world.now;
-    pair.world.device(1).handle_datagram(now, from, &buf[..len]);
+    pair.world.device(1).handle_datagram(now, from, Default::default(), &buf[..len]);
     let [_, b] = pair.settle();
     assert_eq!(pair.state(1), QpState::Error);
     assert_eq!(b.iter().map(|c| c.status).collect::<Vec<_>>(), vec![WcStatus::WrFlushErr]);
@@ -497,7 +497,7 @@ fn a_stale_sequence_nak_does_not_skip_the_rest_of_a_message() {
         .seal(&mut buf[..len])
         .unwrap();
     let now = pair.world.now;
-    pair.world.device(0).handle_datagram(now, from, &buf[..len]);
+    pair.world.device(0).handle_datagram(now, from, Default::default(), &buf[..len]);
     let [a, _] = pair.settle();
     assert_eq!(a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(2, WcStatus::Success)]);
     assert_eq!(bytes(&pair, 1, 0, data.len()), data);

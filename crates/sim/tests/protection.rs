@@ -283,7 +283,7 @@ fn inject(pair: &mut Pair, headers: &Headers, payload: &[u8]) {
         .seal(&mut buf[..len])
         .unwrap();
     let now = pair.world.now;
-    pair.world.device(1).handle_datagram(now, from, &buf[..len]);
+    pair.world.device(1).handle_datagram(now, from, Default::default(), &buf[..len]);
 }
 
 proptest! {
@@ -356,7 +356,7 @@ fn requests_before_a_fatal_error_still_complete() {
     pair.world.flush();
     let (now, later) = (pair.world.now, pair.world.now + std::time::Duration::from_millis(1));
     while let Some(packet) = pair.world.network.pop_due(later) {
-        pair.world.device(1).handle_datagram(now, packet.from, &packet.bytes);
+        pair.world.device(1).handle_datagram(now, packet.from, packet.meta, &packet.bytes);
     }
     let [a, _] = pair.settle();
     assert_eq!(statuses(&a), vec![(1, WcStatus::Success), (2, WcStatus::RemAccessErr)]);

@@ -2,6 +2,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use crate::congestion::CongestionConfig;
 use crate::qp::{Mtu, Retransmission};
 
 /// How a device's queue pairs behave beyond what verbs attributes say.
@@ -19,6 +20,8 @@ pub struct TransportConfig {
     /// (the default) or the adaptive timer. Selective-repeat QPs always
     /// time adaptively.
     pub retransmission: Retransmission,
+    /// Congestion control: the algorithm, the notification point, INT.
+    pub congestion: CongestionConfig,
 }
 
 impl Default for TransportConfig {
@@ -29,6 +32,7 @@ impl Default for TransportConfig {
             ack_request_interval: 32,
             ud_mtu: Mtu::Mtu4096,
             retransmission: Retransmission::Fixed,
+            congestion: CongestionConfig::default(),
         }
     }
 }

@@ -29,7 +29,10 @@ pub struct Counters {
     pub rx_stale_responses: u64,
     pub rx_qkey_violations: u64,
     pub rx_no_receive_posted: u64,
+    /// CNPs received: the reaction point's signal (`rp_cnp_handled`).
     pub rx_cnps: u64,
+    /// CNPs sent for CE-marked packets (`np_cnp_sent`).
+    pub cnps_sent: u64,
     pub seq_naks_sent: u64,
     pub seq_naks_received: u64,
     pub rnr_naks_sent: u64,
@@ -68,6 +71,7 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.rx_qkey_violations += other.rx_qkey_violations;
         self.rx_no_receive_posted += other.rx_no_receive_posted;
         self.rx_cnps += other.rx_cnps;
+        self.cnps_sent += other.cnps_sent;
         self.seq_naks_sent += other.seq_naks_sent;
         self.seq_naks_received += other.seq_naks_received;
         self.rnr_naks_sent += other.rnr_naks_sent;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::completion::{Completion, CqId};
 use crate::config::TransportConfig;
+use crate::congestion::RecvMeta;
 use crate::control::Control;
 use crate::counters::Counters;
 use crate::error::{Result, VerbsError};
@@ -196,8 +197,8 @@ impl Device {
     // ----- the wire -----
 
     /// Consumes a datagram that arrived on UDP port 4791 from `from`.
-    pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) {
-        self.shard.handle_datagram(now, from, datagram)
+    pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, meta: RecvMeta, datagram: &[u8]) {
+        self.shard.handle_datagram(now, from, meta, datagram)
     }
 
     /// Writes the next datagram to send into `buf` (at least

@@ -11,6 +11,7 @@
 
 pub mod completion;
 pub mod config;
+pub mod congestion;
 pub mod control;
 pub mod counters;
 pub mod device;
@@ -26,6 +27,8 @@ pub mod work_request;
 
 pub use completion::{Completion, CompletionQueue, CqId, WcOpcode, WcStatus};
 pub use config::TransportConfig;
+pub use congestion::{Choice, CongestionConfig, IntMark, IntRecords, RecvMeta};
+pub use softrnic_cc as cc;
 pub use control::Control;
 pub use counters::Counters;
 pub use device::Device;

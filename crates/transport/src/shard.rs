@@ -19,21 +19,22 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use softrnic_wire::icrc::UdpFlow;
 use softrnic_wire::packet::PacketRepr;
-use softrnic_wire::{Opcode, ROCEV2_UDP_PORT};
+use softrnic_wire::{DEFAULT_PKEY, Opcode, ROCEV2_UDP_PORT, cnp};
 
 use crate::completion::CqId;
 use crate::config::TransportConfig;
+use crate::congestion::{Choice, RecvMeta};
 use crate::counters::Counters;
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::memory::MemoryTable;
-use crate::qp::{Ctx, QpAttr, QueuePair, Transmit};
+use crate::qp::{Ctx, QpAttr, QpType, QueuePair, Transmit};
 use crate::time::Instant;
 use crate::work_request::{RecvWorkRequest, SendWorkRequest};
 
@@ -83,6 +84,9 @@ pub struct Shard {
     events: VecDeque<AsyncEvent>,
     /// Completion queues whose notification fired, not yet taken.
     fired_cqs: VecDeque<CqId>,
+    /// CNPs to send, to a peer QP at an address: they leave ahead of
+    /// everything, outside any QP's PSN-ordered answers.
+    cnps: VecDeque<(IpAddr, u32)>,
 }
 
 macro_rules! ctx {
@@ -111,6 +115,7 @@ impl Shard {
             counters: Counters::default(),
             events: VecDeque::new(),
             fired_cqs: VecDeque::new(),
+            cnps: VecDeque::new(),
         }
     }
 
@@ -132,7 +137,8 @@ impl Shard {
     // ----- queue pairs -----
 
     /// Takes ownership of a QP the device created for this shard.
-    pub fn insert_qp(&mut self, qp: QueuePair) {
+    pub fn insert_qp(&mut self, mut qp: QueuePair) {
+        qp.default_congestion_control(self.config.congestion.algorithm.clone());
         let qpn = qp.qpn();
         self.qps.insert(qpn, QpSlot { qp, ready: false, scheduled: None });
     }
@@ -163,6 +169,15 @@ impl Shard {
         }
         self.with_qp(now, qpn, |qp, _| {
             qp.set_rate_limit(bits_per_second);
+            Ok(())
+        })
+    }
+
+    /// Chooses a QP's congestion control (`None`: none), in place of the
+    /// device's default.
+    pub fn set_qp_congestion_control(&mut self, now: Instant, qpn: u32, algorithm: Option<Choice>) -> Result<()> {
+        self.with_qp(now, qpn, |qp, ctx| {
+            qp.choose_congestion_control(ctx, algorithm);
             Ok(())
         })
     }
@@ -229,8 +244,9 @@ impl Shard {
 
     // ----- the wire -----
 
-    /// Consumes a datagram that arrived on UDP port 4791 from `from`.
-    pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) {
+    /// Consumes a datagram that arrived on UDP port 4791 from `from` (or
+    /// with INT, its RoCEv2 part), with what the network said of it.
+    pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, meta: RecvMeta, datagram: &[u8]) {
         self.counters.rx_packets += 1;
         self.counters.rx_bytes += datagram.len() as u64;
         let flow =
@@ -243,19 +259,29 @@ impl Shard {
             self.counters.rx_malformed += 1;
             return;
         };
-        if packet.headers.bth.opcode == Opcode::Cnp {
-            self.counters.rx_cnps += 1;
-            return;
-        }
         let qpn = packet.headers.bth.dest_qpn;
         let Some(slot) = self.qps.get_mut(&qpn) else {
             self.counters.rx_unknown_qp += 1;
             return;
         };
         let mut ctx = ctx!(self, now);
+        if packet.headers.bth.opcode == Opcode::Cnp {
+            ctx.counters.rx_cnps += 1;
+            slot.qp.on_cnp(&ctx);
+            self.reschedule(qpn);
+            return;
+        }
+        let meta = if ctx.config.congestion.int { meta } else { RecvMeta { int: None, ..meta } };
+        if meta.ce
+            && slot.qp.init_attr().qp_type == QpType::Rc
+            && let Some(peer_qpn) = slot.qp.attributes().remote_addr.map(|_| slot.qp.attributes().dest_qpn)
+            && slot.qp.on_congestion_experienced(&ctx)
+        {
+            self.cnps.push_back((from.ip(), peer_qpn));
+        }
         // A SEND needs the receives posted before it arrived.
         slot.qp.absorb_posts(&mut ctx);
-        slot.qp.handle_packet(&mut ctx, from.ip(), &packet);
+        slot.qp.handle_packet(&mut ctx, from.ip(), &packet, &meta);
         self.reschedule(qpn);
     }
 
@@ -263,6 +289,9 @@ impl Shard {
     /// [`MAX_DATAGRAM_LEN`] bytes), ICRC included.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         assert!(buf.len() >= MAX_DATAGRAM_LEN, "datagram buffer too small");
+        if let Some(cnp) = self.poll_cnp(buf) {
+            return Some(cnp);
+        }
         while let Some(qpn) = self.ready.pop_front() {
             let Some(slot) = self.qps.get_mut(&qpn) else {
                 continue;
@@ -297,9 +326,27 @@ impl Shard {
         None
     }
 
+    /// Builds the next CNP the notification point owes.
+    fn poll_cnp(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+        while let Some((dst, dest_qpn)) = self.cnps.pop_front() {
+            let Ok(len) = cnp::headers(dest_qpn, DEFAULT_PKEY).emit_packet(buf, &[]) else {
+                continue;
+            };
+            let flow = UdpFlow { src: self.config.local_addr, dst, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT };
+            if flow.seal(&mut buf[..len]).is_err() {
+                continue;
+            }
+            self.counters.cnps_sent += 1;
+            self.counters.tx_packets += 1;
+            self.counters.tx_bytes += len as u64;
+            return Some(Transmit { dscp: self.config.congestion.cnp_dscp, ..Transmit::new(dst, len) });
+        }
+        None
+    }
+
     /// Whether any QP may have something to send.
     pub fn wants_to_transmit(&self) -> bool {
-        !self.ready.is_empty()
+        !self.ready.is_empty() || !self.cnps.is_empty()
     }
 
     /// When [`Shard::handle_timeout`] should next run: the earliest

@@ -101,6 +101,10 @@ impl QueuePair {
             self.req.retries_left = self.attrs.retry_cnt;
             self.req.rnr_retries_left = self.attrs.rnr_retry;
             self.req.rto.on_progress(self.req.una, ctx.now, gap);
+            let acked = self.req.una.distance_from(una_before).max(0) as u64 * u64::from(self.mtu());
+            let rtt_ns = self.req.rto.take_sample().map(|rtt| rtt.as_nanos() as u64);
+            let ecn_echo = bth.becn;
+            self.cc_event(ctx, softrnic_cc::Event::Ack { acked_bytes: acked, rtt_ns, ecn_echo });
             self.req.scoreboard.on_progress(self.req.una);
             self.req.progress_at = ctx.now;
             self.arm_retry_timer(ctx);
@@ -147,6 +151,7 @@ impl QueuePair {
                     Some(_) => ctx.counters.selective_naks_received += 1,
                     None => ctx.counters.seq_naks_received += 1,
                 }
+                self.cc_event(ctx, softrnic_cc::Event::Nak);
                 if self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder {
                     match selective {
                         Some(bitmap) => {

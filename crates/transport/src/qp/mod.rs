@@ -22,6 +22,7 @@
 
 mod attr;
 mod completer;
+mod congestion;
 mod pacing;
 mod placement;
 mod post_queues;
@@ -44,6 +45,7 @@ use softrnic_wire::packet::PacketRepr;
 
 use crate::completion::{Completion, CompletionQueue, CqId, Pushed, WcOpcode, WcStatus};
 use crate::config::TransportConfig;
+use crate::congestion::{Choice, IntMark, RecvMeta};
 use crate::counters::Counters;
 use crate::error::Result;
 use crate::event::AsyncEvent;
@@ -53,6 +55,7 @@ use crate::time::Instant;
 use crate::work_request::{RecvWorkRequest, SendWorkRequest};
 use requester::Requester;
 use responder::Responder;
+use congestion::{NotificationPoint, ReactionPoint};
 use send_queue::SendWqe;
 
 /// Everything a queue pair needs from its device for one event.
@@ -73,6 +76,17 @@ pub(crate) struct Ctx<'a> {
 pub struct Transmit {
     pub dst: IpAddr,
     pub len: usize,
+    /// Whether it travels with an INT header, and which.
+    pub int: IntMark,
+    /// The DSCP it asks for (0: the socket's).
+    pub dscp: u8,
+}
+
+impl Transmit {
+    /// Plain RoCEv2 data or answers.
+    pub fn new(dst: IpAddr, len: usize) -> Transmit {
+        Transmit { dst, len, int: IntMark::None, dscp: 0 }
+    }
 }
 
 /// The shared objects a queue pair posts to and takes from, resolved from
@@ -105,8 +119,15 @@ pub struct QueuePair {
     /// Which role `poll_transmit` offers the link to first, so that a long
     /// READ response cannot starve this side's own requests.
     responder_first: bool,
-    /// The rate limit congestion control (or the user) set on requests.
+    /// The rate limit the user set (`ibv_modify_qp_rate_limit`).
+    rate_limit: Option<u64>,
+    /// Paces data: at the lower of the user's limit and congestion
+    /// control's rate.
     pacer: Option<Pacer>,
+    /// Congestion control, as the sender of data and as its receiver.
+    algorithm: Option<Choice>,
+    rp: Option<ReactionPoint>,
+    np: NotificationPoint,
     /// Set while the pacer, and nothing else, holds a request back: when
     /// it may go.
     paced_until: Option<Instant>,
@@ -128,7 +149,11 @@ impl QueuePair {
             req: Requester::default(),
             resp: Responder::default(),
             responder_first: true,
+            rate_limit: None,
             pacer: None,
+            algorithm: None,
+            rp: None,
+            np: NotificationPoint::default(),
             paced_until: None,
         }
     }
@@ -136,12 +161,12 @@ impl QueuePair {
     /// Limits the rate of this QP's requests, in bits per second; `None`
     /// lifts the limit.
     pub(crate) fn set_rate_limit(&mut self, bits_per_second: Option<u64>) {
-        self.pacer = bits_per_second.map(Pacer::new);
-        self.paced_until = None;
+        self.rate_limit = bits_per_second;
+        self.apply_rate();
     }
 
     pub fn rate_limit(&self) -> Option<u64> {
-        self.pacer.map(|p| p.rate())
+        self.rate_limit
     }
 
     pub fn qpn(&self) -> u32 {
@@ -192,6 +217,8 @@ impl QueuePair {
                 self.posts.reset();
                 self.req = Requester::default();
                 self.resp = Responder::default();
+                self.rp = None;
+                self.np = NotificationPoint::default();
                 self.set_state(QpState::Reset);
             }
             QpState::Error => self.enter_error(ctx),
@@ -202,6 +229,7 @@ impl QueuePair {
                 }
                 if from == QpState::Rtr && to == QpState::Rts {
                     self.req.start(&self.attrs);
+                    self.start_congestion_control(ctx);
                 }
             }
         }
@@ -256,15 +284,21 @@ impl QueuePair {
     }
 
     /// Consumes one packet addressed to this QP from `src`.
-    pub(crate) fn handle_packet(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &PacketRepr) {
+    pub(crate) fn handle_packet(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &PacketRepr, meta: &RecvMeta) {
         match self.init.qp_type {
             QpType::Ud => self.ud_receive(ctx, src, packet),
             QpType::Rc => {
                 if !packet.headers.bth.opcode.is_ud() && Some(src) == self.attrs.remote_addr {
                     if packet.headers.bth.opcode.is_request() {
+                        if meta.int.is_some() {
+                            self.np.int_to_echo = meta.int;
+                        }
                         self.respond(ctx, packet);
                     } else {
                         self.complete(ctx, packet);
+                        if let Some(records) = &meta.int {
+                            self.cc_event(ctx, softrnic_cc::Event::Int { hops: records.hops() });
+                        }
                     }
                 } else {
                     ctx.counters.rx_dropped_foreign += 1;
@@ -301,16 +335,14 @@ impl QueuePair {
     /// When this QP next needs [`QueuePair::handle_timeout`]: a timer, or
     /// the moment its pacer lets a waiting request go.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        match (self.req.deadline(), self.paced_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.req.deadline(), self.paced_until, self.congestion_timer()].into_iter().flatten().min()
     }
 
     pub(crate) fn handle_timeout(&mut self, ctx: &mut Ctx) {
         if self.paced_until.is_some_and(|t| t <= ctx.now) {
             self.paced_until = None;
         }
+        self.congestion_timeout(ctx);
         self.requester_timeout(ctx);
     }
 

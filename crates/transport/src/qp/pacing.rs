@@ -20,6 +20,12 @@ impl Pacer {
         Pacer { bits_per_second: bits_per_second.max(1), next_at: Instant::ZERO }
     }
 
+    /// Changes the rate from the next packet on; the packet already
+    /// scheduled keeps its departure time.
+    pub fn set_rate(&mut self, bits_per_second: u64) {
+        self.bits_per_second = bits_per_second.max(1);
+    }
+
     pub fn rate(&self) -> u64 {
         self.bits_per_second
     }

@@ -97,7 +97,8 @@ impl QueuePair {
     /// Most PSNs the requester keeps unacknowledged: the device's window,
     /// within what a selective-repeat responder accepts.
     pub(super) fn window(&self, ctx: &Ctx) -> u32 {
-        let window = ctx.config.max_inflight_packets.max(1);
+        let device = ctx.config.max_inflight_packets.max(1);
+        let window = self.congestion_window_packets().map_or(device, |cc| cc.min(device));
         if self.attrs.selective_repeat { window.min(scoreboard::WINDOW) } else { window }
     }
 
@@ -108,15 +109,16 @@ impl QueuePair {
             return None;
         }
         let repairing = self.req.scoreboard.has_queued();
-        if let Some(pacer) = self.pacer.filter(|p| !p.may_send(ctx.now)) {
+        if self.pacer.is_some_and(|p| !p.may_send(ctx.now)) {
             if repairing || self.req.cursor < self.sq.len() {
-                self.paced_until = Some(pacer.ready_at());
+                self.paced(ctx);
             }
             return None;
         }
         let dst = self.attrs.remote_addr?;
+        let int = self.request_int(ctx);
         if repairing && let Some(len) = self.poll_repair(ctx, buf) {
-            return Some(Transmit { dst, len });
+            return Some(Transmit { int, ..Transmit::new(dst, len) });
         }
         let (index, psn, is_new) = loop {
             let index = self.req.cursor;
@@ -185,7 +187,7 @@ impl QueuePair {
         }
         self.advance_cursor(span);
         self.on_request_sent(ctx, len);
-        Some(Transmit { dst, len })
+        Some(Transmit { int, ..Transmit::new(dst, len) })
     }
 
     /// Moves the cursor `span` PSNs on within its request, or to the next.
@@ -199,14 +201,12 @@ impl QueuePair {
     }
 
     /// A request packet of `len` bytes left: the timer runs, the pacer
-    /// counts it.
+    /// and congestion control count it.
     fn on_request_sent(&mut self, ctx: &Ctx, len: usize) {
         if self.req.retry_deadline.is_none() {
             self.arm_retry_timer(ctx);
         }
-        if let Some(pacer) = &mut self.pacer {
-            pacer.on_send(ctx.now, len);
-        }
+        self.on_data_sent(ctx, len);
     }
 
     /// Selective repeat: sends the next repair the scoreboard queued, if
@@ -543,6 +543,7 @@ impl QueuePair {
             return;
         }
         ctx.counters.timeouts += 1;
+        self.cc_event(ctx, softrnic_cc::Event::Timeout);
         self.req.scoreboard.on_timeout();
         // A retry is spent each time the QP's full `timeout` passes without
         // progress; the adaptive timer's earlier expiries are free.

@@ -513,7 +513,12 @@ impl QueuePair {
         }
         let dst = self.attrs.remote_addr?;
         let answer = *self.resp.answers.front()?;
-        let (headers, payload_len) = match answer {
+        // READ responses are this side's data: the pacer spaces them as it
+        // spaces requests (the roles of the congestion-control ends swap).
+        if matches!(answer, Answer::Read(_)) && self.paced(ctx) {
+            return None;
+        }
+        let (mut headers, payload_len) = match answer {
             Answer::Ack { psn, msn } => (self.answer_headers(Opcode::RcAck, psn, Some(self.credits()), msn), 0),
             Answer::SequenceNak { psn, msn } => {
                 (self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::Nak(NakCode::PsnSequenceError)), msn), 0)
@@ -552,8 +557,17 @@ impl QueuePair {
                 self.resp.answers.pop_front();
             }
         }
+        let is_data = matches!(answer, Answer::Read(_));
+        if !is_data {
+            // DCTCP's echo: this ACK says CE arrived since the last one.
+            headers.bth.becn = std::mem::take(&mut self.np.ce_unechoed);
+        }
         let len = headers.emit_around_payload(buf, payload_len).ok()?;
-        Some(Transmit { dst, len })
+        if is_data {
+            self.on_data_sent(ctx, len);
+            return Some(Transmit::new(dst, len));
+        }
+        Some(Transmit { int: self.answer_int(), ..Transmit::new(dst, len) })
     }
 
     /// Writes the payload of a READ's next response into `buf` and returns

@@ -67,7 +67,7 @@ impl QueuePair {
         self.req.next_psn = psn.next();
         let len = headers.emit_around_payload(buf, len).ok()?;
         self.complete_send(ctx, &wqe, WcStatus::Success);
-        Some(Transmit { dst: dest.addr, len })
+        Some(Transmit::new(dest.addr, len))
     }
 
     pub(super) fn ud_receive(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &PacketRepr) {
