@@ -4,9 +4,9 @@
 //!
 //! Reference: Alizadeh et al., "Data Center TCP", SIGCOMM 2010; the
 //! rate-based form of HPCC's ns-3 model (`RdmaHw::HandleAckDctcp`): alpha
-//! is updated once per window of data (an "RTT" is the time until what was
-//! sent when the window opened is acknowledged), a cut enters CWR until
-//! that data is acknowledged, and a window without a cut adds `rai`.
+//! is updated once per round of data ([`Rounds`]), a cut enters CWR until
+//! what was in flight then is acknowledged, and a round without a cut adds
+//! `rai`.
 //!
 //! | parameter | default | meaning |
 //! |---|---|---|
@@ -14,9 +14,9 @@
 //! | `rai` | 1000 Mb/s | the additive increase per window |
 //! | `min_rate` | 100 Mb/s | the rate never goes below |
 
-use crate::CongestionControl;
 use crate::event::{Control, Event, Path};
 use crate::params::{ParamError, Params};
+use crate::{CongestionControl, Rounds};
 
 const KNOWN: &[&str] = &["g", "rai", "min_rate"];
 
@@ -29,16 +29,12 @@ pub struct Dctcp {
     line_rate: f64,
     rate: f64,
     alpha: f64,
-    /// Bytes sent and acknowledged, ever.
-    sent: u64,
-    acked: u64,
-    /// The window being measured ends when `acked` reaches this.
-    window_end: u64,
-    /// Bytes acknowledged in the window, and how many of them were marked.
-    window_acked: u64,
-    window_marked: u64,
-    /// In CWR until `acked` passes this.
-    cwr_until: Option<u64>,
+    rounds: Rounds,
+    /// Bytes acknowledged in the round, and how many of them were marked.
+    round_acked: u64,
+    round_marked: u64,
+    /// In CWR until this many more bytes are acknowledged.
+    cwr_left: Option<u64>,
 }
 
 impl Dctcp {
@@ -46,27 +42,26 @@ impl Dctcp {
         self.alpha
     }
 
-    fn on_ack(&mut self, acked_bytes: u64, ecn_echo: bool) {
-        self.acked += acked_bytes;
-        self.window_acked += acked_bytes;
+    fn on_ack(&mut self, acked: u64, in_flight: u64, ecn_echo: bool) {
+        self.round_acked += acked;
         if ecn_echo {
-            self.window_marked += acked_bytes;
+            self.round_marked += acked;
         }
-        let new_window = self.acked >= self.window_end;
-        if new_window {
-            let fraction = self.window_marked as f64 / self.window_acked.max(1) as f64;
+        let new_round = self.rounds.on_ack(acked, in_flight);
+        if new_round {
+            let fraction = self.round_marked as f64 / self.round_acked.max(1) as f64;
             self.alpha = (1.0 - self.g) * self.alpha + self.g * fraction;
-            self.window_end = self.sent;
-            self.window_acked = 0;
-            self.window_marked = 0;
+            self.round_acked = 0;
+            self.round_marked = 0;
         }
-        if self.cwr_until.is_some_and(|end| self.acked > end) {
-            self.cwr_until = None;
-        }
-        if ecn_echo && self.cwr_until.is_none() {
-            self.cwr_until = Some(self.sent);
+        self.cwr_left = match self.cwr_left {
+            Some(left) if acked < left => Some(left - acked),
+            _ => None,
+        };
+        if ecn_echo && self.cwr_left.is_none() {
+            self.cwr_left = Some(in_flight.max(1));
             self.rate = (self.rate * (1.0 - self.alpha / 2.0)).max(self.min_rate);
-        } else if self.cwr_until.is_none() && new_window {
+        } else if self.cwr_left.is_none() && new_round {
             self.rate = (self.rate + self.rai).min(self.line_rate);
         }
     }
@@ -83,20 +78,16 @@ impl CongestionControl for Dctcp {
             line_rate,
             rate: line_rate,
             alpha: 1.0,
-            sent: 0,
-            acked: 0,
-            window_end: 0,
-            window_acked: 0,
-            window_marked: 0,
-            cwr_until: None,
+            rounds: Rounds::default(),
+            round_acked: 0,
+            round_marked: 0,
+            cwr_left: None,
         })
     }
 
     fn on_event(&mut self, _now: u64, event: &Event) -> Control {
-        match *event {
-            Event::Sent { bytes } => self.sent += bytes,
-            Event::Ack { acked_bytes, ecn_echo, .. } => self.on_ack(acked_bytes, ecn_echo),
-            _ => {}
+        if let Event::Ack { acked_bytes, in_flight_bytes, ecn_echo, .. } = *event {
+            self.on_ack(acked_bytes, in_flight_bytes, ecn_echo);
         }
         Control { rate_bps: self.rate as u64, window_bytes: Control::NO_WINDOW, timer_at_ns: 0 }
     }
@@ -111,10 +102,9 @@ mod tests {
     #[test]
     fn a_marked_window_cuts_once_by_half_alpha() {
         let mut d = Dctcp::new(&Params::NONE, &PATH).unwrap();
-        d.on_event(0, &Event::Sent { bytes: 40_000 });
         // Two marked ACKs in one window: one cut, by alpha/2 (alpha
         // starts at 1, as in DCTCP, and the first window updates it).
-        let ack = Event::Ack { acked_bytes: 10_000, rtt_ns: None, ecn_echo: true };
+        let ack = Event::Ack { acked_bytes: 10_000, in_flight_bytes: 30_000, rtt_ns: None, ecn_echo: true };
         let first = d.on_event(1, &ack).rate_bps;
         let alpha = d.alpha();
         assert_eq!(first, (100e9 * (1.0 - alpha / 2.0)) as u64);
@@ -125,10 +115,9 @@ mod tests {
     fn alpha_tracks_the_marked_fraction() {
         let mut d = Dctcp::new(&Params::new("g=0.5"), &PATH).unwrap();
         // Ten packets in flight, three in ten marked: alpha -> 0.3.
-        d.on_event(0, &Event::Sent { bytes: 10 * 1000 });
         for i in 0..400 {
-            d.on_event(0, &Event::Ack { acked_bytes: 1000, rtt_ns: None, ecn_echo: i % 10 < 3 });
-            d.on_event(0, &Event::Sent { bytes: 1000 });
+            let ack = Event::Ack { acked_bytes: 1000, in_flight_bytes: 9000, rtt_ns: None, ecn_echo: i % 10 < 3 };
+            d.on_event(0, &ack);
         }
         assert!((d.alpha() - 0.3).abs() < 0.05, "alpha {}", d.alpha());
     }
@@ -138,8 +127,7 @@ mod tests {
         let mut d = Dctcp::new(&Params::new("rai=500"), &PATH).unwrap();
         d.rate = 10e9;
         for _ in 0..4 {
-            d.on_event(0, &Event::Sent { bytes: 1000 });
-            d.on_event(0, &Event::Ack { acked_bytes: 1000, rtt_ns: None, ecn_echo: false });
+            d.on_event(0, &Event::Ack { acked_bytes: 1000, in_flight_bytes: 0, rtt_ns: None, ecn_echo: false });
         }
         assert_eq!(d.rate as u64, 12_000_000_000);
     }

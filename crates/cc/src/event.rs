@@ -46,11 +46,11 @@ pub enum Event<'a> {
     /// A packet of `bytes` left (a request, or a READ response: the data
     /// direction).
     Sent { bytes: u64 },
-    /// An acknowledgement moved the window on by `acked_bytes`. `rtt_ns`
-    /// is a round-trip sample when the packet it answers was timed;
-    /// `ecn_echo` says the receiver saw CE since its last ACK (the BECN
-    /// bit of the ACK, DCTCP's ECE).
-    Ack { acked_bytes: u64, rtt_ns: Option<u64>, ecn_echo: bool },
+    /// An acknowledgement moved the window on by `acked_bytes`, leaving
+    /// `in_flight_bytes` outstanding. `rtt_ns` is a round-trip sample when
+    /// it covers a packet that was timed; `ecn_echo` says the receiver saw
+    /// CE since its last ACK (the BECN bit of the ACK, DCTCP's ECE).
+    Ack { acked_bytes: u64, in_flight_bytes: u64, rtt_ns: Option<u64>, ecn_echo: bool },
     /// A sequence-error NAK: a packet was lost.
     Nak,
     /// A congestion notification packet from the receiver.

@@ -52,6 +52,8 @@ pub struct Io {
     pub a: u64,
     /// ACK: the RTT sample in ns, 0 for none.
     pub b: u64,
+    /// ACK: bytes in flight.
+    pub c: u64,
     pub hops: [IntHop; MAX_HOPS],
     pub control: Control,
     pub path: Path,
@@ -70,6 +72,7 @@ impl Io {
         count: 0,
         a: 0,
         b: 0,
+        c: 0,
         hops: [IntHop { rate_bps: 0, timestamp_ns: 0, tx_bytes: 0, queue_bytes: 0, _reserved: 0 }; MAX_HOPS],
         control: Control { rate_bps: 0, window_bytes: 0, timer_at_ns: 0 },
         path: Path { line_rate_bps: 0, base_rtt_ns: 0, mtu: 0 },
@@ -83,20 +86,20 @@ impl Io {
     /// Writes `event` at `now` into the block (the host's half).
     pub fn set_event(&mut self, now: u64, event: &Event) {
         self.now_ns = now;
-        (self.kind, self.count, self.a, self.b) = match *event {
-            Event::Sent { bytes } => (kind::SENT, 0, bytes, 0),
-            Event::Ack { acked_bytes, rtt_ns, ecn_echo } => {
-                (kind::ACK, u32::from(ecn_echo), acked_bytes, rtt_ns.unwrap_or(0))
+        (self.kind, self.count, self.a, self.b, self.c) = match *event {
+            Event::Sent { bytes } => (kind::SENT, 0, bytes, 0, 0),
+            Event::Ack { acked_bytes, in_flight_bytes, rtt_ns, ecn_echo } => {
+                (kind::ACK, u32::from(ecn_echo), acked_bytes, rtt_ns.unwrap_or(0), in_flight_bytes)
             }
-            Event::Nak => (kind::NAK, 0, 0, 0),
-            Event::Cnp => (kind::CNP, 0, 0, 0),
-            Event::Timeout => (kind::TIMEOUT, 0, 0, 0),
+            Event::Nak => (kind::NAK, 0, 0, 0, 0),
+            Event::Cnp => (kind::CNP, 0, 0, 0, 0),
+            Event::Timeout => (kind::TIMEOUT, 0, 0, 0, 0),
             Event::Int { hops } => {
                 let n = hops.len().min(MAX_HOPS);
                 self.hops[..n].copy_from_slice(&hops[..n]);
-                (kind::INT, n as u32, 0, 0)
+                (kind::INT, n as u32, 0, 0, 0)
             }
-            Event::Timer => (kind::TIMER, 0, 0, 0),
+            Event::Timer => (kind::TIMER, 0, 0, 0, 0),
         };
     }
 
@@ -107,6 +110,7 @@ impl Io {
             kind::SENT => Event::Sent { bytes: self.a },
             kind::ACK => Event::Ack {
                 acked_bytes: self.a,
+                in_flight_bytes: self.c,
                 rtt_ns: if self.b == 0 { None } else { Some(self.b) },
                 ecn_echo: self.count != 0,
             },
@@ -237,8 +241,8 @@ mod tests {
         let hops = [IntHop { rate_bps: 1, timestamp_ns: 2, tx_bytes: 3, queue_bytes: 4, _reserved: 0 }; 2];
         let events = [
             Event::Sent { bytes: 4096 },
-            Event::Ack { acked_bytes: 8192, rtt_ns: Some(12_000), ecn_echo: true },
-            Event::Ack { acked_bytes: 1, rtt_ns: None, ecn_echo: false },
+            Event::Ack { acked_bytes: 8192, in_flight_bytes: 4096, rtt_ns: Some(12_000), ecn_echo: true },
+            Event::Ack { acked_bytes: 1, in_flight_bytes: 0, rtt_ns: None, ecn_echo: false },
             Event::Nak,
             Event::Cnp,
             Event::Timeout,

@@ -7,8 +7,8 @@
 //! Reference: Li et al., "HPCC: High Precision Congestion Control",
 //! SIGCOMM 2019, Algorithm 1, and its ns-3 model (`RdmaHw::UpdateRateHp`,
 //! the single-rate form): the utilisation is smoothed over a base RTT;
-//! a reference rate is committed once per window of data and each ACK
-//! reacts from it (fast reaction); above `eta`, or after `max_stage`
+//! a reference rate is committed once per round of data ([`Rounds`]) and
+//! each ACK reacts from it (fast reaction); above `eta`, or after `max_stage`
 //! additive steps, the rate is the reference over U/eta plus `rai`,
 //! otherwise the reference plus `rai`. The window is rate × base RTT.
 //!
@@ -16,13 +16,13 @@
 //! |---|---|---|
 //! | `eta` | 0.95 | the utilisation aimed at |
 //! | `max_stage` | 5 | additive steps before a multiplicative one |
-//! | `rai` | line rate / 2000 (50 Mb/s at 100 Gb/s), Mb/s | additive step |
+//! | `rai` | line rate × (1 − eta) / 10, Mb/s | additive step |
 //! | `base_rtt` | the path's, µs | T |
 //! | `min_rate` | 100 Mb/s | the rate never goes below |
 
-use crate::CongestionControl;
 use crate::event::{Control, Event, IntHop, MAX_HOPS, Path};
 use crate::params::{ParamError, Params};
+use crate::{CongestionControl, Rounds};
 
 const KNOWN: &[&str] = &["eta", "max_stage", "rai", "base_rtt", "min_rate"];
 
@@ -46,10 +46,11 @@ pub struct Hpcc {
     /// The records of the previous ACK, hop by hop.
     hops: [IntHop; MAX_HOPS],
     nhops: usize,
-    sent: u64,
-    acked: u64,
-    /// The next per-window update comes once `acked` passes this.
-    update_at: Option<u64>,
+    rounds: Rounds,
+    /// The last ACK ended a round: the INT it brought commits.
+    round_ended: bool,
+    /// INT has been heard: `hops` holds records to compare with.
+    primed: bool,
 }
 
 impl Hpcc {
@@ -63,13 +64,13 @@ impl Hpcc {
 
     fn on_int(&mut self, hops: &[IntHop]) {
         let hops = &hops[..hops.len().min(MAX_HOPS)];
-        let Some(update_at) = self.update_at else {
+        if !self.primed {
             // The first echo: nothing to take differences from.
             self.remember(hops);
-            self.update_at = Some(self.sent);
+            self.primed = true;
             return;
-        };
-        let full_update = self.acked > update_at;
+        }
+        let full_update = core::mem::take(&mut self.round_ended);
         let mut max_u = 0.0;
         let mut dt = 0u32;
         for (i, hop) in hops.iter().enumerate() {
@@ -103,9 +104,6 @@ impl Hpcc {
                 self.stage = stage;
             }
         }
-        if full_update {
-            self.update_at = Some(self.sent);
-        }
     }
 
     fn remember(&mut self, hops: &[IntHop]) {
@@ -130,7 +128,9 @@ impl CongestionControl for Hpcc {
         Ok(Hpcc {
             eta: params.get("eta", 0.95)?.clamp(0.01, 1.0),
             max_stage: params.get("max_stage", 5.0)? as u32,
-            rai: params.get("rai", line_rate / 2000.0 / 1e6)? * 1e6,
+            // HPCC's W_AI = W_init (1 - eta) / N, for N = 10 flows a link
+            // is expected to carry: 500 Mb/s at 100 Gb/s.
+            rai: params.get("rai", line_rate * 0.05 / 10.0 / 1e6)? * 1e6,
             base_rtt_ns: (params.get("base_rtt", path.base_rtt_ns as f64 / 1e3)? * 1e3).max(1.0),
             min_rate: (params.get("min_rate", 100.0)? * 1e6).clamp(1.0, line_rate),
             line_rate,
@@ -141,16 +141,17 @@ impl CongestionControl for Hpcc {
             u: 0.0,
             hops: [IntHop::default(); MAX_HOPS],
             nhops: 0,
-            sent: 0,
-            acked: 0,
-            update_at: None,
+            rounds: Rounds::default(),
+            round_ended: false,
+            primed: false,
         })
     }
 
     fn on_event(&mut self, _now: u64, event: &Event) -> Control {
         match *event {
-            Event::Sent { bytes } => self.sent += bytes,
-            Event::Ack { acked_bytes, .. } => self.acked += acked_bytes,
+            Event::Ack { acked_bytes, in_flight_bytes, .. } => {
+                self.round_ended |= self.rounds.on_ack(acked_bytes, in_flight_bytes);
+            }
             Event::Int { hops } => self.on_int(hops),
             _ => {}
         }
@@ -169,10 +170,9 @@ mod tests {
         IntHop { rate_bps: 100_000_000_000, timestamp_ns: t_ns, tx_bytes: bytes, queue_bytes: queue, _reserved: 0 }
     }
 
-    /// Feeds one window: data sent, acknowledged, with INT.
+    /// Feeds one round: its data acknowledged, with INT.
     fn window(h: &mut Hpcc, hops: &[IntHop]) -> Control {
-        h.on_event(0, &Event::Sent { bytes: 100_000 });
-        h.on_event(0, &Event::Ack { acked_bytes: 100_000, rtt_ns: None, ecn_echo: false });
+        h.on_event(0, &Event::Ack { acked_bytes: 100_000, in_flight_bytes: 100_000, rtt_ns: None, ecn_echo: false });
         h.on_event(0, &Event::Int { hops })
     }
 

@@ -32,6 +32,7 @@ pub mod hpcc;
 mod params;
 #[cfg(feature = "alloc")]
 mod registry;
+mod round_trip;
 pub mod swift;
 pub mod timely;
 
@@ -42,6 +43,7 @@ pub use hpcc::Hpcc;
 pub use params::{ParamError, Params};
 #[cfg(feature = "alloc")]
 pub use registry::{BUILTINS, Builtin};
+pub use round_trip::Rounds;
 pub use swift::Swift;
 pub use timely::Timely;
 

@@ -132,7 +132,10 @@ mod tests {
     const PATH: Path = Path { line_rate_bps: 100_000_000_000, base_rtt_ns: 10_000, mtu: 4096 };
 
     fn ack(s: &mut Swift, now: u64, rtt_us: u64) -> Control {
-        s.on_event(now, &Event::Ack { acked_bytes: 4096, rtt_ns: Some(rtt_us * 1000), ecn_echo: false })
+        s.on_event(
+            now,
+            &Event::Ack { acked_bytes: 4096, in_flight_bytes: 0, rtt_ns: Some(rtt_us * 1000), ecn_echo: false },
+        )
     }
 
     #[test]

@@ -6,8 +6,13 @@
 //! proportion to how far the RTT overshoots; between the two the smoothed
 //! RTT gradient decides: falling or flat grows the rate (by `5·delta`
 //! after `hai_after` such samples in a row, hyper-active increase), rising
-//! cuts it by `beta` times the normalised gradient. One update per RTT
-//! sample (the transport times one packet per flight).
+//! cuts it by `beta` times the normalised gradient, but never by more than
+//! `max_cut` at once (the paper's formula goes negative for a gradient
+//! above 1/beta; a spike then stopped the flow). One update per RTT
+//! sample: the transport times every packet that asks for an ACK, so a
+//! sample comes with each acknowledged message, as TIMELY's completion
+//! events do. The steps scale with the line rate: the paper's 10 Mb/s is
+//! for 10 Gb/s links.
 //!
 //! | parameter | default | meaning |
 //! |---|---|---|
@@ -15,16 +20,17 @@
 //! | `t_high` | 500 µs | above: multiplicative decrease |
 //! | `beta` | 0.8 | decrease factor |
 //! | `alpha` | 0.875 | EWMA weight of a new RTT difference |
-//! | `delta` | 10 Mb/s | additive step |
+//! | `delta` | line rate / 1000, Mb/s | additive step |
 //! | `hai_after` | 5 | samples of falling RTT before hyper increase |
 //! | `min_rtt` | the path's base RTT, µs | normalises the gradient |
-//! | `min_rate` | 10 Mb/s | the rate never goes below |
+//! | `max_cut` | 0.5 | the largest cut one sample makes |
+//! | `min_rate` | line rate / 1000, Mb/s | the rate never goes below |
 
 use crate::CongestionControl;
 use crate::event::{Control, Event, Path};
 use crate::params::{ParamError, Params};
 
-const KNOWN: &[&str] = &["t_low", "t_high", "beta", "alpha", "delta", "hai_after", "min_rtt", "min_rate"];
+const KNOWN: &[&str] = &["t_low", "t_high", "beta", "alpha", "delta", "hai_after", "min_rtt", "max_cut", "min_rate"];
 
 /// One QP's TIMELY.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +42,7 @@ pub struct Timely {
     delta: f64,
     hai_after: u32,
     min_rtt: f64,
+    max_cut: f64,
     min_rate: f64,
     line_rate: f64,
     rate: f64,
@@ -51,6 +58,8 @@ impl Timely {
     }
 
     fn on_rtt(&mut self, rtt: f64) {
+        #[cfg(test)]
+        let _ = ();
         let Some(prev) = self.prev_rtt.replace(rtt) else {
             return;
         };
@@ -61,13 +70,13 @@ impl Timely {
             self.rate += self.delta;
         } else if rtt > self.t_high {
             self.falling = 0;
-            self.rate *= 1.0 - self.beta * (1.0 - self.t_high / rtt);
+            self.rate *= 1.0 - (self.beta * (1.0 - self.t_high / rtt)).min(self.max_cut);
         } else if gradient <= 0.0 {
             self.falling += 1;
             self.rate += if self.falling >= self.hai_after { 5.0 * self.delta } else { self.delta };
         } else {
             self.falling = 0;
-            self.rate *= 1.0 - (self.beta * gradient).min(1.0);
+            self.rate *= 1.0 - (self.beta * gradient).min(self.max_cut);
         }
         self.rate = self.rate.clamp(self.min_rate, self.line_rate);
     }
@@ -83,10 +92,11 @@ impl CongestionControl for Timely {
             t_high: us("t_high", 500.0)?,
             beta: params.get("beta", 0.8)?,
             alpha: params.get("alpha", 0.875)?.min(1.0),
-            delta: params.get("delta", 10.0)? * 1e6,
+            delta: params.get("delta", line_rate / 1e9)? * 1e6,
             hai_after: params.get("hai_after", 5.0)? as u32,
             min_rtt: us("min_rtt", path.base_rtt_ns as f64 / 1e3)?.max(1.0),
-            min_rate: (params.get("min_rate", 10.0)? * 1e6).clamp(1.0, line_rate),
+            max_cut: params.get("max_cut", 0.5)?.min(1.0),
+            min_rate: (params.get("min_rate", line_rate / 1e9)? * 1e6).clamp(1.0, line_rate),
             line_rate,
             rate: line_rate,
             prev_rtt: None,
@@ -110,7 +120,7 @@ mod tests {
     const PATH: Path = Path { line_rate_bps: 10_000_000_000, base_rtt_ns: 20_000, mtu: 4096 };
 
     fn rtt(t: &mut Timely, us: u64) -> f64 {
-        t.on_event(0, &Event::Ack { acked_bytes: 4096, rtt_ns: Some(us * 1000), ecn_echo: false });
+        t.on_event(0, &Event::Ack { acked_bytes: 4096, in_flight_bytes: 0, rtt_ns: Some(us * 1000), ecn_echo: false });
         t.rate_bps()
     }
 
@@ -119,10 +129,13 @@ mod tests {
         let mut t = Timely::new(&Params::NONE, &PATH).unwrap();
         t.rate = 5e9;
         rtt(&mut t, 100);
-        // +20 µs: rtt_diff = 0.875 * 20 µs, gradient = 17.5/20.
-        let r = rtt(&mut t, 120);
-        let expected = 5e9 * (1.0 - 0.8 * (0.875 * 20.0 / 20.0));
+        // +5 µs: rtt_diff = 0.875 * 5 µs, gradient = 4.375/20.
+        let r = rtt(&mut t, 105);
+        let expected = 5e9 * (1.0 - 0.8 * (0.875 * 5.0 / 20.0));
         assert!((r - expected).abs() < 1.0, "{r} vs {expected}");
+        // A steep rise cuts by max_cut, not to nothing.
+        let r = rtt(&mut t, 200);
+        assert!((r - expected * 0.5).abs() < 1.0, "{r}");
     }
 
     #[test]

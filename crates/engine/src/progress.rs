@@ -198,7 +198,12 @@ impl Core {
         for shard in self.shards.iter() {
             if after.foreign.iter().any(|(owner, ..)| *owner == shard.index) {
                 let mine = after.foreign.extract_if(.., |(owner, ..)| *owner == shard.index);
-                shard.handle_foreign(&mut shard.lock(), now, mine.map(|(_, from, meta, bytes)| (from, meta, bytes)), &mut more);
+                shard.handle_foreign(
+                    &mut shard.lock(),
+                    now,
+                    mine.map(|(_, from, meta, bytes)| (from, meta, bytes)),
+                    &mut more,
+                );
             }
         }
         for cq in more.fired_cqs {

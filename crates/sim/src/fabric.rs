@@ -369,6 +369,10 @@ impl Fabric {
         &self.switches[s]
     }
 
+    pub fn switch_mut(&mut self, s: usize) -> &mut Switch<SimPacket> {
+        &mut self.switches[s]
+    }
+
     pub fn switch_count(&self) -> usize {
         self.switches.len()
     }
@@ -429,7 +433,11 @@ mod tests {
     fn a_burst_arrives_in_order_at_the_line_rate() {
         let (mut fabric, [a, b]) = star();
         for i in 0..10u8 {
-            fabric.send(Instant::ZERO, 0, InFlight::new(a, b, vec![i; 1000 - HEADERS], softrnic_transport::IntMark::None));
+            fabric.send(
+                Instant::ZERO,
+                0,
+                InFlight::new(a, b, vec![i; 1000 - HEADERS], softrnic_transport::IntMark::None),
+            );
         }
         let mut arrived = Vec::new();
         while let Some(at) = fabric.next_arrival() {

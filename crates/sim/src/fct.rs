@@ -261,7 +261,6 @@ struct Live {
     failed: bool,
 }
 
-
 impl FctConfig {
     /// The flows: Poisson arrivals per server over the window.
     pub fn flows(&self) -> Vec<FlowResult> {

@@ -42,8 +42,15 @@ pub fn connect(world: &mut World, hosts: &[Host], (src, dst): (usize, usize), mt
     let caps = QpCaps { max_send_wr: depth as u32 * 2, max_recv_wr: 1, ..QpCaps::default() };
     let ends = [src, dst].map(|h| {
         let s = &hosts[h];
-        let init =
-            QpInitAttr { qp_type: QpType::Rc, pd: s.pd, send_cq: s.cq, recv_cq: s.cq, caps, sq_sig_all: false, srq: None };
+        let init = QpInitAttr {
+            qp_type: QpType::Rc,
+            pd: s.pd,
+            send_cq: s.cq,
+            recv_cq: s.cq,
+            caps,
+            sq_sig_all: false,
+            srq: None,
+        };
         world.device(h).create_qp(init).expect("create_qp")
     });
     let now = world.now;
@@ -74,7 +81,8 @@ pub fn connect(world: &mut World, hosts: &[Host], (src, dst): (usize, usize), mt
 /// Posts one signalled WRITE of `len` bytes on `qpn` from `src` to `dst`.
 pub fn post_write(world: &mut World, hosts: &[Host], (src, dst): (usize, usize), qpn: u32, wr_id: u64, len: u32) {
     let remote = RemoteAddr { addr: IOVA, rkey: hosts[dst].rkey };
-    let payload = Payload::Gather(softrnic_transport::smallvec![Sge { addr: IOVA, length: len, lkey: hosts[src].lkey }]);
+    let payload =
+        Payload::Gather(softrnic_transport::smallvec![Sge { addr: IOVA, length: len, lkey: hosts[src].lkey }]);
     let mut wr = SendWorkRequest::new(wr_id, SendOp::Write { remote, imm: None }, payload);
     wr.signaled = true;
     let now = world.now;

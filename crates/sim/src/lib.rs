@@ -12,6 +12,7 @@ pub mod fabric;
 pub mod fct;
 pub mod flows;
 pub mod harness;
+pub mod incast;
 pub mod network;
 pub mod scenario;
 pub mod workload;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use softrnic_transport::{
-    Access, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
+    Access, Choice, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
     Retransmission, SrqAttr, SrqId, TransportConfig, WcStatus,
 };
 
@@ -130,24 +130,33 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     // adaptively, with the floor drawn here if there is one), the other
     // half by go-back-N.
     let selective_repeat = rng.bool();
-    let config = TransportConfig {
+    let mut config = TransportConfig {
         max_inflight_packets: [4, 16, 64, 512][rng.usize(..4)],
         ack_request_interval: [1, 4, 32][rng.usize(..3)],
         retransmission,
         ..TransportConfig::default()
     };
+    // Across switches, the QPs run a congestion-control algorithm (or
+    // none): every invariant must hold whatever it does to the rate.
+    if limits.switched {
+        let names = ["none", "dcqcn", "dctcp", "timely", "hpcc", "swift"];
+        let name = names[rng.usize(..names.len())];
+        config.congestion.algorithm = (name != "none").then(|| Choice::builtin(name, "").expect("a built-in"));
+        config.congestion.int = true;
+    }
     let pairs = rng.usize(1..=limits.max_pairs);
     // Several MiB at large MTUs; at most 2048 packets a message at small ones.
     let max_len = limits.max_len.min(mtu.bytes() as usize * 2048);
     let shape = Shape { ops_per_direction: limits.ops_per_direction, max_len, mtu };
     let plans: Vec<PairPlan> = (0..pairs).map(|p| PairPlan::generate(&mut rng, p, &shape)).collect();
+    let cc = config.congestion.algorithm.as_ref().map_or("no congestion control".to_string(), |c| c.name().to_string());
     let mut world = match limits.switched {
         false => World::with_config(2, faults, seed, config),
         true => World::with_fabric(&two_switches(faults, seed), config),
     };
     let recovery = if selective_repeat { "selective repeat" } else { "go-back-N" };
     let context = format!(
-        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, {retransmission:?}, {recovery})",
+        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, {retransmission:?}, {recovery}, {cc})",
         mtu.bytes()
     );
 

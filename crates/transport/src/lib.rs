@@ -28,7 +28,6 @@ pub mod work_request;
 pub use completion::{Completion, CompletionQueue, CqId, WcOpcode, WcStatus};
 pub use config::TransportConfig;
 pub use congestion::{Choice, CongestionConfig, IntMark, IntRecords, RecvMeta};
-pub use softrnic_cc as cc;
 pub use control::Control;
 pub use counters::Counters;
 pub use device::Device;
@@ -41,6 +40,7 @@ pub use qp::{
 };
 pub use shard::{MAX_DATAGRAM_LEN, Shard, dest_qpn, shard_of};
 pub use smallvec::smallvec;
+pub use softrnic_cc as cc;
 pub use softrnic_wire::Psn;
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqId};
 pub use time::Instant;

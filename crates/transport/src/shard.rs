@@ -332,7 +332,8 @@ impl Shard {
             let Ok(len) = cnp::headers(dest_qpn, DEFAULT_PKEY).emit_packet(buf, &[]) else {
                 continue;
             };
-            let flow = UdpFlow { src: self.config.local_addr, dst, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT };
+            let flow =
+                UdpFlow { src: self.config.local_addr, dst, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT };
             if flow.seal(&mut buf[..len]).is_err() {
                 continue;
             }

@@ -102,9 +102,7 @@ impl QueuePair {
             self.req.rnr_retries_left = self.attrs.rnr_retry;
             self.req.rto.on_progress(self.req.una, ctx.now, gap);
             let acked = self.req.una.distance_from(una_before).max(0) as u64 * u64::from(self.mtu());
-            let rtt_ns = self.req.rto.take_sample().map(|rtt| rtt.as_nanos() as u64);
-            let ecn_echo = bth.becn;
-            self.cc_event(ctx, softrnic_cc::Event::Ack { acked_bytes: acked, rtt_ns, ecn_echo });
+            self.on_acknowledged(ctx, acked, bth.becn);
             self.req.scoreboard.on_progress(self.req.una);
             self.req.progress_at = ctx.now;
             self.arm_retry_timer(ctx);
@@ -154,6 +152,10 @@ impl QueuePair {
                 self.cc_event(ctx, softrnic_cc::Event::Nak);
                 if self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder {
                     match selective {
+                        // A selective NAK overtaken by a later ACK reports
+                        // a hole that is filled: its bitmap is stale, and
+                        // taken as news it hid the packets still missing.
+                        Some(_) if psn.is_before(self.req.una) => ctx.counters.rx_stale_responses += 1,
                         Some(bitmap) => {
                             self.req.scoreboard.on_report(psn, bitmap, self.req.sent_end);
                             if self.req.rto.timed().is_some_and(|timed| self.req.scoreboard.has_arrived(timed)) {

@@ -13,7 +13,10 @@
 //! next ACK (DCTCP's echo) and the INT records of the last request, which
 //! its answers echo.
 
-use softrnic_cc::{Control, CongestionControl, Event, Path};
+use std::collections::VecDeque;
+
+use softrnic_cc::{CongestionControl, Control, Event, Path};
+use softrnic_wire::Psn;
 
 use super::{Ctx, Pacer, QpState, QueuePair};
 use crate::congestion::{Choice, IntMark, IntRecords};
@@ -26,7 +29,14 @@ pub(super) struct ReactionPoint {
     control: Control,
     timer: Option<Instant>,
     wants_int: bool,
+    /// New request packets that asked for an ACK, oldest first, and when
+    /// they left: each ACK that covers one is an RTT sample.
+    timed: VecDeque<(Psn, Instant)>,
 }
+
+/// Request packets timed at once at most: more than a window's ACK
+/// requests never wait.
+const TIMED_MAX: usize = 64;
 
 impl std::fmt::Debug for ReactionPoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,7 +88,14 @@ impl QueuePair {
             };
             let algorithm = choice.0.build(&path);
             let wants_int = algorithm.wants_int();
-            ReactionPoint { algorithm, path, control: Control::line_rate(&path), timer: None, wants_int }
+            ReactionPoint {
+                algorithm,
+                path,
+                control: Control::line_rate(&path),
+                timer: None,
+                wants_int,
+                timed: VecDeque::new(),
+            }
         });
         self.apply_rate();
     }
@@ -100,10 +117,14 @@ impl QueuePair {
         };
         let control = rp.algorithm.on_event(ctx.now.as_nanos(), &event);
         // The sandbox checks what user code says; a built-in's answer is
-        // trusted but still kept within what can be obeyed.
-        let rate = control.rate_bps.clamp(1, rp.path.line_rate_bps);
+        // trusted but still kept within what can be obeyed, and never below
+        // a packet a millisecond: slower, the QP's own retransmission timer
+        // would give up on packets the pacer still holds.
+        let floor = rp.path.mtu * 8 * 1000;
+        let rate = control.rate_bps.clamp(floor.min(rp.path.line_rate_bps), rp.path.line_rate_bps);
         let window = control.window_bytes.max(rp.path.mtu);
-        rp.timer = (control.timer_at_ns != 0).then(|| Instant::from_nanos(control.timer_at_ns.max(ctx.now.as_nanos() + 1)));
+        rp.timer =
+            (control.timer_at_ns != 0).then(|| Instant::from_nanos(control.timer_at_ns.max(ctx.now.as_nanos() + 1)));
         let rate_changed = rate != rp.control.rate_bps;
         rp.control = Control { rate_bps: rate, window_bytes: window, timer_at_ns: control.timer_at_ns };
         if rate_changed {
@@ -112,11 +133,11 @@ impl QueuePair {
     }
 
     /// Sets the pacer to the lower of the user's limit and the algorithm's
-    /// rate; at line rate with no user limit nothing is paced.
+    /// rate. Under congestion control a QP is paced even at line rate, as
+    /// a NIC's wire paces it: a window let out at once would queue in the
+    /// host and inflate every RTT sample.
     pub(super) fn apply_rate(&mut self) {
-        let cc = self.rp.as_ref().map(|rp| rp.control.rate_bps).filter(|&rate| {
-            self.rp.as_ref().is_some_and(|rp| rate < rp.path.line_rate_bps)
-        });
+        let cc = self.rp.as_ref().map(|rp| rp.control.rate_bps);
         let rate = match (self.rate_limit, cc) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -133,8 +154,9 @@ impl QueuePair {
     /// The window in packets congestion control allows, if it sets one.
     pub(super) fn congestion_window_packets(&self) -> Option<u32> {
         let rp = self.rp.as_ref()?;
-        (rp.control.window_bytes != Control::NO_WINDOW)
-            .then(|| (rp.control.window_bytes / u64::from(self.mtu()).max(1)).clamp(1, u64::from(u32::MAX)) as u32)
+        (rp.control.window_bytes != Control::NO_WINDOW).then(|| {
+            rp.control.window_bytes.div_ceil(u64::from(self.mtu()).max(1)).clamp(1, u64::from(u32::MAX)) as u32
+        })
     }
 
     /// When the algorithm's timer is due.
@@ -158,6 +180,40 @@ impl QueuePair {
             pacer.on_send(ctx.now, len);
         }
         self.cc_event(ctx, Event::Sent { bytes: len as u64 });
+    }
+
+    /// A new request packet of `psn` that asks for an ACK left now.
+    pub(super) fn time_for_congestion_control(&mut self, ctx: &Ctx, psn: Psn) {
+        if let Some(rp) = &mut self.rp
+            && rp.timed.len() < TIMED_MAX
+        {
+            rp.timed.push_back((psn, ctx.now));
+        }
+    }
+
+    /// Packets are going again: an ACK will not say which copy it answers
+    /// (Karn's rule), so nothing in flight is timed any more.
+    pub(super) fn forget_timed_for_congestion_control(&mut self) {
+        if let Some(rp) = &mut self.rp {
+            rp.timed.clear();
+        }
+    }
+
+    /// The window moved on by `acked` bytes as of `una`: the algorithm hears
+    /// it, with the round trip of the newest timed packet it covers.
+    pub(super) fn on_acknowledged(&mut self, ctx: &Ctx, acked: u64, ecn_echo: bool) {
+        let Some(rp) = &mut self.rp else {
+            return;
+        };
+        let mut rtt_ns = None;
+        while let Some(&(psn, sent)) = rp.timed.front()
+            && psn.is_before(self.req.una)
+        {
+            rtt_ns = Some((ctx.now - sent).as_nanos() as u64);
+            rp.timed.pop_front();
+        }
+        let in_flight = self.req.sent_end.distance_from(self.req.una).max(0) as u64 * u64::from(self.mtu());
+        self.cc_event(ctx, Event::Ack { acked_bytes: acked, in_flight_bytes: in_flight, rtt_ns, ecn_echo });
     }
 
     /// Whether the pacer holds data back now; if so, the QP wakes when it

@@ -53,9 +53,9 @@ use crate::memory::MemoryTable;
 use crate::srq::SharedReceiveQueue;
 use crate::time::Instant;
 use crate::work_request::{RecvWorkRequest, SendWorkRequest};
+use congestion::{NotificationPoint, ReactionPoint};
 use requester::Requester;
 use responder::Responder;
-use congestion::{NotificationPoint, ReactionPoint};
 use send_queue::SendWqe;
 
 /// Everything a queue pair needs from its device for one event.

@@ -97,8 +97,14 @@ impl QueuePair {
     /// Most PSNs the requester keeps unacknowledged: the device's window,
     /// within what a selective-repeat responder accepts.
     pub(super) fn window(&self, ctx: &Ctx) -> u32 {
-        let device = ctx.config.max_inflight_packets.max(1);
-        let window = self.congestion_window_packets().map_or(device, |cc| cc.min(device));
+        let device = self.device_window(ctx);
+        self.congestion_window_packets().map_or(device, |cc| cc.min(device))
+    }
+
+    /// The window without congestion control's: fixed for the QP's life,
+    /// so READs are cut into the same chunks however the window moves.
+    fn device_window(&self, ctx: &Ctx) -> u32 {
+        let window = ctx.config.max_inflight_packets.max(1);
         if self.attrs.selective_repeat { window.min(scoreboard::WINDOW) } else { window }
     }
 
@@ -176,8 +182,12 @@ impl QueuePair {
         }
         if is_new {
             self.req.rto.on_new_packet(psn, ctx.now);
+            if softrnic_wire::bth::Header::new_unchecked(&buf[..len]).ack_request() {
+                self.time_for_congestion_control(ctx, psn);
+            }
         } else {
             self.req.rto.on_retransmit(psn);
+            self.forget_timed_for_congestion_control();
         }
         if self.req.sent_end.is_before(end) {
             self.req.sent_end = end;
@@ -226,7 +236,7 @@ impl QueuePair {
                     let count = match what {
                         // A lost READ request goes again whole; the PSNs of
                         // its responses are not requests of their own.
-                        Resend::Request(_) if k % self.window(ctx) != 0 => continue,
+                        Resend::Request(_) if k % self.device_window(ctx) != 0 => continue,
                         Resend::Request(_) => self.read_chunk(ctx, index, k),
                         Resend::Responses(_) => self.missing_responses(ctx, index, k),
                     };
@@ -392,7 +402,7 @@ impl QueuePair {
     /// duplicate must (its PSNs must all belong to the original).
     fn read_chunk(&self, ctx: &Ctx, index: usize, k: u32) -> u32 {
         let wqe = &self.sq[index];
-        let window = self.window(ctx);
+        let window = self.device_window(ctx);
         let chunk_end = (k / window + 1).saturating_mul(window).min(wqe.npsn);
         chunk_end - k
     }

@@ -61,8 +61,6 @@ pub(super) struct RtoEstimator {
     timing: Option<(Psn, Instant)>,
     /// The tail-loss probe for the current flight went already.
     pub probed: bool,
-    /// The last sample, until congestion control takes it.
-    fresh_sample: Option<Duration>,
 }
 
 impl RtoEstimator {
@@ -127,7 +125,6 @@ impl RtoEstimator {
         // while a deep queue drains.
         self.backoff = 0;
         let sample = now - sent;
-        self.fresh_sample = Some(sample);
         self.min_rtt = Some(self.min_rtt.map_or(sample, |min| min.min(sample)));
         match self.srtt {
             None => {
@@ -141,11 +138,6 @@ impl RtoEstimator {
                 self.srtt = Some((srtt * 7 + sample) / 8);
             }
         }
-    }
-
-    /// The round trip measured since the last call, if one was.
-    pub fn take_sample(&mut self) -> Option<Duration> {
-        self.fresh_sample.take()
     }
 
     /// The timer ran out.
