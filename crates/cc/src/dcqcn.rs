@@ -33,7 +33,7 @@
 
 use crate::event::{Control, Event, Path};
 use crate::params::{ParamError, Params};
-use crate::{CongestionControl, powi};
+use crate::{CongestionControl, FromParams, powi};
 
 const KNOWN: &[&str] = &[
     "rpg_time_reset",
@@ -96,6 +96,13 @@ impl DcqcnParams {
     }
 }
 
+impl Default for DcqcnParams {
+    /// NVIDIA's defaults.
+    fn default() -> Self {
+        DcqcnParams::parse(&Params::NONE).expect("no parameters are valid parameters")
+    }
+}
+
 /// One QP's reaction point.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dcqcn {
@@ -145,6 +152,11 @@ impl Dcqcn {
 
     pub fn rate_bps(&self) -> f64 {
         self.rate
+    }
+
+    /// Continues from `rate` (a QP that ran another algorithm until now).
+    pub fn set_rate(&mut self, rate: f64) {
+        self.rate = rate.clamp(self.p.min_rate_bps, self.line_rate);
     }
 
     pub fn alpha(&self) -> f64 {
@@ -221,13 +233,25 @@ impl Dcqcn {
     }
 }
 
-impl CongestionControl for Dcqcn {
-    fn new<'p>(params: &Params<'p>, path: &Path) -> Result<Dcqcn, ParamError<'p>> {
+impl FromParams for Dcqcn {
+    fn from_params<'p>(params: &Params<'p>, path: &Path) -> Result<Dcqcn, ParamError<'p>> {
         Ok(Dcqcn::with(DcqcnParams::parse(params)?, path))
     }
+}
 
+impl CongestionControl for Dcqcn {
     fn on_event(&mut self, now: u64, event: &Event) -> Control {
+        // Whatever the event, what was due by now happens first: the
+        // answer's timer is then always in the future.
         self.update_alpha(now);
+        self.maybe_cut(now);
+        if self.increase_at.is_some_and(|at| at <= now) {
+            self.increase_at = Some(now + self.p.time_reset_ns);
+            if self.rate < self.line_rate {
+                self.increase();
+                self.timer_stage += 1;
+            }
+        }
         match *event {
             Event::Cnp => self.on_cnp(now),
             Event::Sent { bytes } if self.rate < self.line_rate => {
@@ -236,16 +260,6 @@ impl CongestionControl for Dcqcn {
                     self.bytes_since_stage = 0;
                     self.increase();
                     self.byte_stage += 1;
-                }
-            }
-            Event::Timer => {
-                self.maybe_cut(now);
-                if self.increase_at.is_some_and(|at| at <= now) {
-                    self.increase_at = Some(now + self.p.time_reset_ns);
-                    if self.rate < self.line_rate {
-                        self.increase();
-                        self.timer_stage += 1;
-                    }
                 }
             }
             _ => {}
@@ -261,7 +275,7 @@ mod tests {
     const PATH: Path = Path { line_rate_bps: 100_000_000_000, base_rtt_ns: 10_000, mtu: 4096 };
 
     fn dcqcn(params: &str) -> Dcqcn {
-        Dcqcn::new(&Params::new(params), &PATH).unwrap()
+        Dcqcn::from_params(&Params::new(params), &PATH).unwrap()
     }
 
     #[test]

@@ -16,7 +16,7 @@
 
 use crate::event::{Control, Event, Path};
 use crate::params::{ParamError, Params};
-use crate::{CongestionControl, Rounds};
+use crate::{CongestionControl, FromParams, Rounds};
 
 const KNOWN: &[&str] = &["g", "rai", "min_rate"];
 
@@ -67,8 +67,8 @@ impl Dctcp {
     }
 }
 
-impl CongestionControl for Dctcp {
-    fn new<'p>(params: &Params<'p>, path: &Path) -> Result<Dctcp, ParamError<'p>> {
+impl FromParams for Dctcp {
+    fn from_params<'p>(params: &Params<'p>, path: &Path) -> Result<Dctcp, ParamError<'p>> {
         params.check(KNOWN)?;
         let line_rate = path.line_rate_bps as f64;
         Ok(Dctcp {
@@ -84,7 +84,9 @@ impl CongestionControl for Dctcp {
             cwr_left: None,
         })
     }
+}
 
+impl CongestionControl for Dctcp {
     fn on_event(&mut self, _now: u64, event: &Event) -> Control {
         if let Event::Ack { acked_bytes, in_flight_bytes, ecn_echo, .. } = *event {
             self.on_ack(acked_bytes, in_flight_bytes, ecn_echo);
@@ -101,7 +103,7 @@ mod tests {
 
     #[test]
     fn a_marked_window_cuts_once_by_half_alpha() {
-        let mut d = Dctcp::new(&Params::NONE, &PATH).unwrap();
+        let mut d = Dctcp::from_params(&Params::NONE, &PATH).unwrap();
         // Two marked ACKs in one window: one cut, by alpha/2 (alpha
         // starts at 1, as in DCTCP, and the first window updates it).
         let ack = Event::Ack { acked_bytes: 10_000, in_flight_bytes: 30_000, rtt_ns: None, ecn_echo: true };
@@ -113,7 +115,7 @@ mod tests {
 
     #[test]
     fn alpha_tracks_the_marked_fraction() {
-        let mut d = Dctcp::new(&Params::new("g=0.5"), &PATH).unwrap();
+        let mut d = Dctcp::from_params(&Params::new("g=0.5"), &PATH).unwrap();
         // Ten packets in flight, three in ten marked: alpha -> 0.3.
         for i in 0..400 {
             let ack = Event::Ack { acked_bytes: 1000, in_flight_bytes: 9000, rtt_ns: None, ecn_echo: i % 10 < 3 };
@@ -124,7 +126,7 @@ mod tests {
 
     #[test]
     fn unmarked_windows_add_rai() {
-        let mut d = Dctcp::new(&Params::new("rai=500"), &PATH).unwrap();
+        let mut d = Dctcp::from_params(&Params::new("rai=500"), &PATH).unwrap();
         d.rate = 10e9;
         for _ in 0..4 {
             d.on_event(0, &Event::Ack { acked_bytes: 1000, in_flight_bytes: 0, rtt_ns: None, ecn_echo: false });

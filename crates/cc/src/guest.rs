@@ -15,18 +15,19 @@
 //! it cannot reach another QP's. The host writes the event into the block
 //! and reads the answer back; nothing else crosses.
 //!
-//! A user writes the algorithm against [`CongestionControl`] and exports
+//! A user writes the algorithm against [`CongestionControl`](crate::CongestionControl) and
+//! [`FromParams`], and exports
 //! it with [`export_algorithm!`](crate::export_algorithm); the README's
 //! "Write your own algorithm" walks through it.
 
-use crate::{CongestionControl, Control, Event, IntHop, MAX_HOPS, Params, Path};
+use crate::{Control, Event, FromParams, IntHop, MAX_HOPS, Params, Path};
 
 /// The interface version this crate speaks.
 pub const ABI_VERSION: u32 = 1;
 /// Bytes of parameter text a module receives at most.
 pub const PARAMS_MAX: usize = 512;
 /// Bytes of the message a module may leave when `init` fails.
-pub const MESSAGE_MAX: usize = 256;
+pub const MESSAGE_MAX: usize = 1024;
 
 /// Event kinds on the wire between host and module.
 pub mod kind {
@@ -133,13 +134,13 @@ impl Io {
 }
 
 /// `softrnic_cc_init`'s body: builds `A` into `slot`.
-pub fn init<A: CongestionControl>(io: &mut Io, slot: &mut Option<A>) -> u32 {
+pub fn init<A: FromParams>(io: &mut Io, slot: &mut Option<A>) -> u32 {
     let len = (io.params_len as usize).min(PARAMS_MAX);
     let params = io.params;
     let Ok(text) = core::str::from_utf8(&params[..len]) else {
         return io.fail("the parameters are not UTF-8");
     };
-    match A::new(&Params::new(text), &io.path) {
+    match A::from_params(&Params::new(text), &io.path) {
         Ok(algorithm) => {
             io.wants_int = u32::from(algorithm.wants_int());
             *slot = Some(algorithm);
@@ -155,7 +156,7 @@ pub fn init<A: CongestionControl>(io: &mut Io, slot: &mut Option<A>) -> u32 {
 }
 
 /// `softrnic_cc_on_event`'s body.
-pub fn on_event<A: CongestionControl>(io: &mut Io, slot: &mut Option<A>) {
+pub fn on_event<A: FromParams>(io: &mut Io, slot: &mut Option<A>) {
     let Some(algorithm) = slot else {
         return;
     };
@@ -188,6 +189,8 @@ impl core::fmt::Write for Message {
 macro_rules! export_algorithm {
     ($algorithm:ty) => {
         mod __softrnic_cc_exports {
+            #[allow(unused_imports)]
+            use super::*;
             use $crate::guest::{self, Io};
 
             /// A static the single-threaded module mutates.

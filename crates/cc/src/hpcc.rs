@@ -22,7 +22,7 @@
 
 use crate::event::{Control, Event, IntHop, MAX_HOPS, Path};
 use crate::params::{ParamError, Params};
-use crate::{CongestionControl, Rounds};
+use crate::{CongestionControl, FromParams, Rounds};
 
 const KNOWN: &[&str] = &["eta", "max_stage", "rai", "base_rtt", "min_rate"];
 
@@ -117,12 +117,8 @@ impl Hpcc {
     }
 }
 
-impl CongestionControl for Hpcc {
-    fn wants_int(&self) -> bool {
-        true
-    }
-
-    fn new<'p>(params: &Params<'p>, path: &Path) -> Result<Hpcc, ParamError<'p>> {
+impl FromParams for Hpcc {
+    fn from_params<'p>(params: &Params<'p>, path: &Path) -> Result<Hpcc, ParamError<'p>> {
         params.check(KNOWN)?;
         let line_rate = path.line_rate_bps as f64;
         Ok(Hpcc {
@@ -145,6 +141,12 @@ impl CongestionControl for Hpcc {
             round_ended: false,
             primed: false,
         })
+    }
+}
+
+impl CongestionControl for Hpcc {
+    fn wants_int(&self) -> bool {
+        true
     }
 
     fn on_event(&mut self, _now: u64, event: &Event) -> Control {
@@ -178,7 +180,7 @@ mod tests {
 
     #[test]
     fn an_overloaded_link_scales_the_window_by_eta_over_u() {
-        let mut h = Hpcc::new(&Params::new("rai=0"), &PATH).unwrap();
+        let mut h = Hpcc::from_params(&Params::new("rai=0"), &PATH).unwrap();
         window(&mut h, &[hop(0, 0, 125_000)]);
         // A full link (12.5 bytes/ns) with a base RTT's worth of queue
         // (125 KB at 100 Gb/s and 10 µs): U = 1 + 1 = 2, over a whole RTT.
@@ -191,7 +193,7 @@ mod tests {
 
     #[test]
     fn below_eta_it_adds_rai_for_max_stage_steps_then_scales() {
-        let mut h = Hpcc::new(&Params::new("rai=1000,max_stage=2"), &PATH).unwrap();
+        let mut h = Hpcc::from_params(&Params::new("rai=1000,max_stage=2"), &PATH).unwrap();
         h.reference = 50e9;
         window(&mut h, &[hop(0, 0, 0)]);
         // Half the link: U = 0.5.
@@ -209,7 +211,7 @@ mod tests {
 
     #[test]
     fn timestamps_and_counters_wrap() {
-        let mut h = Hpcc::new(&Params::new("rai=0"), &PATH).unwrap();
+        let mut h = Hpcc::from_params(&Params::new("rai=0"), &PATH).unwrap();
         window(&mut h, &[hop(u32::MAX - 4_999, u32::MAX - 62_499, 0)]);
         window(&mut h, &[hop(5_000, 62_500, 0)]);
         assert!((h.utilisation() - 1.0).abs() < 1e-9, "{}", h.utilisation());

@@ -49,11 +49,6 @@ pub use timely::Timely;
 
 /// A congestion-control algorithm: the state of one QP and its one hook.
 pub trait CongestionControl {
-    /// The state of a new QP on `path`, with the user's parameters.
-    fn new<'p>(params: &Params<'p>, path: &Path) -> Result<Self, ParamError<'p>>
-    where
-        Self: Sized;
-
     /// Something happened at `now_ns` (any clock, in nanoseconds, that
     /// only moves forward): what the QP should do now.
     fn on_event(&mut self, now_ns: u64, event: &Event) -> Control;
@@ -64,6 +59,12 @@ pub trait CongestionControl {
     fn wants_int(&self) -> bool {
         false
     }
+}
+
+/// How an algorithm's per-QP state comes to be: from the user's
+/// parameters and the QP's path.
+pub trait FromParams: CongestionControl + Sized {
+    fn from_params<'p>(params: &Params<'p>, path: &Path) -> Result<Self, ParamError<'p>>;
 }
 
 /// `base` to the power `n`, by squaring: the same bits on every target

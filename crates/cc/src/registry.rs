@@ -5,7 +5,7 @@ use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::{String, ToString};
 
-use crate::{CongestionControl, Dcqcn, Dctcp, Hpcc, Params, Path, Swift, Timely};
+use crate::{CongestionControl, Dcqcn, Dctcp, FromParams, Hpcc, Params, Path, Swift, Timely};
 
 /// The names of the built-in algorithms.
 pub const BUILTINS: &[&str] = &["dcqcn", "dctcp", "timely", "hpcc", "swift"];
@@ -49,11 +49,13 @@ impl Builtin {
     }
 
     fn try_build(&self, path: &Path) -> Result<Box<dyn CongestionControl + Send>, String> {
-        fn boxed<A: CongestionControl + Send + 'static>(
+        fn boxed<A: FromParams + Send + 'static>(
             params: &Params,
             path: &Path,
         ) -> Result<Box<dyn CongestionControl + Send>, String> {
-            A::new(params, path).map(|a| Box::new(a) as Box<dyn CongestionControl + Send>).map_err(|e| e.to_string())
+            A::from_params(params, path)
+                .map(|a| Box::new(a) as Box<dyn CongestionControl + Send>)
+                .map_err(|e| e.to_string())
         }
         let params = Params::new(&self.params);
         match self.name {

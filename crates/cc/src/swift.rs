@@ -22,9 +22,9 @@
 //! | `min_cwnd` | 0.01 packets | the smallest window |
 //! | `max_cwnd` | 4 BDP | the largest window, packets |
 
-use crate::CongestionControl;
 use crate::event::{Control, Event, Path};
 use crate::params::{ParamError, Params};
+use crate::{CongestionControl, FromParams};
 
 const KNOWN: &[&str] = &["base_target", "hop_scale", "hops", "ai", "beta", "max_mdf", "min_cwnd", "max_cwnd"];
 
@@ -90,8 +90,8 @@ impl Swift {
     }
 }
 
-impl CongestionControl for Swift {
-    fn new<'p>(params: &Params<'p>, path: &Path) -> Result<Swift, ParamError<'p>> {
+impl FromParams for Swift {
+    fn from_params<'p>(params: &Params<'p>, path: &Path) -> Result<Swift, ParamError<'p>> {
         params.check(KNOWN)?;
         let us = |key, default: f64| params.get(key, default).map(|v| v * 1e3);
         let mtu = path.mtu.max(1) as f64;
@@ -113,7 +113,9 @@ impl CongestionControl for Swift {
             last_decrease: None,
         })
     }
+}
 
+impl CongestionControl for Swift {
     fn on_event(&mut self, now: u64, event: &Event) -> Control {
         match *event {
             Event::Ack { acked_bytes, rtt_ns: Some(rtt), .. } => self.on_ack(now, acked_bytes, rtt.max(1) as f64),
@@ -140,7 +142,7 @@ mod tests {
 
     #[test]
     fn below_target_the_window_grows_by_ai_per_rtt() {
-        let mut s = Swift::new(&Params::NONE, &PATH).unwrap();
+        let mut s = Swift::from_params(&Params::NONE, &PATH).unwrap();
         let w = s.cwnd();
         // One window of ACKs adds about one packet.
         for _ in 0..(w as usize) {
@@ -151,7 +153,7 @@ mod tests {
 
     #[test]
     fn above_target_it_cuts_by_the_overshoot_once_per_rtt() {
-        let mut s = Swift::new(&Params::NONE, &PATH).unwrap();
+        let mut s = Swift::from_params(&Params::NONE, &PATH).unwrap();
         let w = s.cwnd();
         // Target 16 µs (10 + 5 + 1 hop); 40 µs overshoots by 60 %: cut by
         // min(0.8 * 0.6, 0.5) = 0.48.
@@ -165,7 +167,7 @@ mod tests {
 
     #[test]
     fn int_hops_raise_the_target_and_tiny_windows_pace() {
-        let mut s = Swift::new(&Params::new("min_cwnd=0.001"), &PATH).unwrap();
+        let mut s = Swift::from_params(&Params::new("min_cwnd=0.001"), &PATH).unwrap();
         let hops = [crate::IntHop::default(); 3];
         s.on_event(0, &Event::Int { hops: &hops });
         assert_eq!(s.target(), 18_000.0);

@@ -26,9 +26,9 @@
 //! | `max_cut` | 0.5 | the largest cut one sample makes |
 //! | `min_rate` | line rate / 1000, Mb/s | the rate never goes below |
 
-use crate::CongestionControl;
 use crate::event::{Control, Event, Path};
 use crate::params::{ParamError, Params};
+use crate::{CongestionControl, FromParams};
 
 const KNOWN: &[&str] = &["t_low", "t_high", "beta", "alpha", "delta", "hai_after", "min_rtt", "max_cut", "min_rate"];
 
@@ -82,8 +82,8 @@ impl Timely {
     }
 }
 
-impl CongestionControl for Timely {
-    fn new<'p>(params: &Params<'p>, path: &Path) -> Result<Timely, ParamError<'p>> {
+impl FromParams for Timely {
+    fn from_params<'p>(params: &Params<'p>, path: &Path) -> Result<Timely, ParamError<'p>> {
         params.check(KNOWN)?;
         let us = |key, default: f64| params.get(key, default).map(|v| v * 1e3);
         let line_rate = path.line_rate_bps as f64;
@@ -104,7 +104,9 @@ impl CongestionControl for Timely {
             falling: 0,
         })
     }
+}
 
+impl CongestionControl for Timely {
     fn on_event(&mut self, _now: u64, event: &Event) -> Control {
         if let Event::Ack { rtt_ns: Some(rtt), .. } = *event {
             self.on_rtt(rtt as f64);
@@ -126,7 +128,7 @@ mod tests {
 
     #[test]
     fn a_rising_rtt_cuts_by_beta_times_the_gradient() {
-        let mut t = Timely::new(&Params::NONE, &PATH).unwrap();
+        let mut t = Timely::from_params(&Params::NONE, &PATH).unwrap();
         t.rate = 5e9;
         rtt(&mut t, 100);
         // +5 µs: rtt_diff = 0.875 * 5 µs, gradient = 4.375/20.
@@ -140,7 +142,7 @@ mod tests {
 
     #[test]
     fn a_falling_rtt_adds_delta_then_five_delta() {
-        let mut t = Timely::new(&Params::NONE, &PATH).unwrap();
+        let mut t = Timely::from_params(&Params::NONE, &PATH).unwrap();
         t.rate = 5e9;
         rtt(&mut t, 300);
         let mut rate = 5e9;
@@ -153,7 +155,7 @@ mod tests {
 
     #[test]
     fn outside_the_band_the_thresholds_rule() {
-        let mut t = Timely::new(&Params::NONE, &PATH).unwrap();
+        let mut t = Timely::from_params(&Params::NONE, &PATH).unwrap();
         t.rate = 5e9;
         rtt(&mut t, 30);
         assert_eq!(rtt(&mut t, 40), 5e9 + 10e6, "below t_low: additive, whatever the gradient");
