@@ -18,7 +18,7 @@ pub fn path(addr: IpAddr) -> PathBuf {
 /// The counters as `name value` lines, in a fixed order.
 pub fn render(c: &NicCounters) -> String {
     let t = &c.transport;
-    let rows: [(&str, u64); 31] = [
+    let rows: [(&str, u64); 33] = [
         ("tx_packets", t.tx_packets),
         ("tx_bytes", t.tx_bytes),
         ("rx_packets", t.rx_packets),
@@ -42,6 +42,9 @@ pub fn render(c: &NicCounters) -> String {
         ("selective_naks_sent", t.selective_naks_sent),
         ("selective_naks_received", t.selective_naks_received),
         ("rx_cnps", t.rx_cnps),
+        // The names mlx5 gives them in hw_counters.
+        ("rp_cnp_handled", t.rx_cnps),
+        ("np_cnp_sent", t.cnps_sent),
         ("tx_dropped_by_kernel", c.tx_dropped_by_kernel),
         ("rx_missteered", c.rx_missteered),
         ("rx_dropped_by_kernel", c.rx_dropped_by_kernel),

@@ -31,9 +31,9 @@ use std::time::Duration;
 use softrnic_transport::memory::MemoryRegion;
 use softrnic_transport::qp::QpAttributes;
 use softrnic_transport::{
-    Access, AsyncEvent, Completion, CompletionQueue, Control, CqId, DmaBuffer, Instant, MrKeys, PdId, PostQueues,
-    Posted, QpAttr, QpInitAttr, QpState, RecvWorkRequest, Result, Retransmission, SendPoster, SendWorkRequest, Shard,
-    SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, shard_of,
+    Access, AsyncEvent, Choice, Completion, CompletionQueue, Control, CqId, DmaBuffer, Instant, MrKeys, PdId,
+    PostQueues, Posted, QpAttr, QpInitAttr, QpState, RecvWorkRequest, Result, Retransmission, SendPoster,
+    SendWorkRequest, Shard, SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, shard_of,
 };
 
 use crate::datapath::{Datapath, DatapathKind, SharedMemory, Udp};
@@ -115,6 +115,10 @@ impl EngineConfig {
         };
         selective_repeat_from_env()?;
         config.transport.retransmission = retransmission_from_env()?;
+        config.transport.congestion.algorithm = crate::congestion::from_env()?;
+        if let Some(rate) = crate::congestion::line_rate_from_env()? {
+            config.transport.congestion.line_rate_bps = rate;
+        }
         // A UD message must fit one packet the link carries.
         config.transport.ud_mtu = crate::interface::active_mtu(addr);
         match std::env::var("SOFTRNIC_ENGINE_THREADS") {
@@ -493,6 +497,12 @@ impl Nic {
         guard.transport.qp(qpn).map(|qp| (qp.state(), *qp.attributes()))
     }
 
+    /// The rate congestion control sets the QP, in bits per second, if it
+    /// runs an algorithm.
+    pub fn qp_congestion_rate(&self, qpn: u32) -> Option<u64> {
+        self.core.shard(qpn).lock().transport.qp(qpn)?.congestion_rate()
+    }
+
     /// `ibv_modify_qp`; returns the state the QP is in afterwards. A QP
     /// the program moves to the error state (or back to reset) first sends
     /// what it owes the wire, as a destroyed one does: the ACK of a message
@@ -512,6 +522,11 @@ impl Nic {
     /// Limits the rate of a QP's requests (bits per second), or lifts it.
     pub fn set_qp_rate_limit(&self, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {
         self.with_qp(qpn, |shard, now| shard.set_qp_rate_limit(now, qpn, bits_per_second))
+    }
+
+    /// Chooses the congestion control of one QP in place of the device's.
+    pub fn set_qp_congestion_control(&self, qpn: u32, algorithm: Option<Choice>) -> Result<()> {
+        self.with_qp(qpn, |shard, now| shard.set_qp_congestion_control(now, qpn, algorithm))
     }
 
     /// Posts one send request and rings the doorbell.

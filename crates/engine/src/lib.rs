@@ -3,6 +3,7 @@
 //! and by the application's own posting and polling. [`engine`] draws the
 //! map; [`progress`] is the policy of who moves packets when.
 
+pub mod congestion;
 pub mod counters_file;
 pub mod datapath;
 pub mod engine;

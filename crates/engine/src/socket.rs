@@ -51,9 +51,16 @@ pub enum BindError {
 const ECT0: libc::c_int = 0b10;
 const CE: u8 = 0b11;
 
-/// Whether datagrams leave ECN-capable: yes unless `SOFTRNIC_ECN=off`.
-fn ecn_capable() -> bool {
-    std::env::var("SOFTRNIC_ECN").map_or(true, |v| v != "off" && v != "0")
+/// The ECN field datagrams leave with: ECT(0) unless `SOFTRNIC_ECN=off`
+/// (Not-ECT); `SOFTRNIC_ECN=ce` marks every datagram CE as it leaves, as
+/// if a congested switch had, to drive a peer's notification point with
+/// no switch in between.
+fn ecn_codepoint() -> libc::c_int {
+    match std::env::var("SOFTRNIC_ECN").as_deref() {
+        Ok("off" | "0") => 0,
+        Ok("ce") => libc::c_int::from(CE),
+        _ => ECT0,
+    }
 }
 
 /// `UDP_SEGMENT` and `UDP_GRO` from `linux/udp.h` (not in libc for glibc).
@@ -122,7 +129,7 @@ impl RoceSocket {
         // Room for bursts of a window of 4 KiB datagrams; the kernel caps it.
         let _ = socket.set_recv_buffer_size(8 << 20);
         let _ = socket.set_send_buffer_size(8 << 20);
-        let ecn = if ecn_capable() { ECT0 } else { 0 };
+        let ecn = ecn_codepoint();
         if addr.is_ipv4() {
             set_int(&socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO).map_err(other)?;
             set_int(&socket, libc::IPPROTO_IP, libc::IP_TOS, ecn).map_err(other)?;

@@ -49,13 +49,14 @@ pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
 pub use qp::{ConnectOptions, QueuePair};
 
+pub use softrnic_engine::congestion::choose as choose_congestion_control;
 pub use softrnic_engine::{
     DatapathKind, EngineConfig, FaultConfig, NicCounters, ProgressMode, Role, retransmission_from_env,
     selective_repeat_from_env,
 };
 pub use softrnic_transport::{
-    Access, Completion, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpState, QpType, RecvWorkRequest, RemoteAddr,
-    Retransmission, SendOp, SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode, WcStatus, smallvec,
+    Access, Choice, Completion, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpState, QpType, RecvWorkRequest,
+    RemoteAddr, Retransmission, SendOp, SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode, WcStatus, smallvec,
 };
 
 /// The status helpers verbs users expect.

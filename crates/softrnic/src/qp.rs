@@ -1,14 +1,15 @@
 use std::sync::Arc;
 
 use softrnic_transport::{
-    Access, Mtu, PostQueues, Psn, QpAttr, QpState, QpType, RcConnection, RecvWorkRequest, SendWorkRequest, ud_steps,
+    Access, Choice, Mtu, PostQueues, Psn, QpAttr, QpState, QpType, RcConnection, RecvWorkRequest, SendWorkRequest,
+    ud_steps,
 };
 
 use crate::cq::CqHandle;
 use crate::{Endpoint, Error, MemoryRegion, ProtectionDomain};
 
 /// Connection settings, with perftest's defaults where it has them.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// The path MTU; lowered to the device's [`Context::active_mtu`] when
     /// larger, as perftest takes the smaller of its `-m` and the port's.
@@ -32,6 +33,12 @@ pub struct ConnectOptions {
     /// selective-repeat responder). `SOFTRNIC_SELECTIVE_REPEAT=1` turns it
     /// on by default.
     pub selective_repeat: bool,
+    /// The congestion control this QP runs, in place of the device's
+    /// (`SOFTRNIC_CC`, none by default): [`choose_congestion_control`]
+    /// names one as `--cc` does.
+    ///
+    /// [`choose_congestion_control`]: crate::choose_congestion_control
+    pub congestion_control: Option<Choice>,
 }
 
 impl Default for ConnectOptions {
@@ -47,6 +54,7 @@ impl Default for ConnectOptions {
             qkey: 0x1111_1111,
             // A bad value is reported when the device opens.
             selective_repeat: crate::selective_repeat_from_env().unwrap_or(false),
+            congestion_control: None,
         }
     }
 }
@@ -143,6 +151,9 @@ impl QueuePair {
         for attr in &steps {
             self.modify(attr)?;
         }
+        if let Some(algorithm) = &o.congestion_control {
+            self.pd.ctx.nic.set_qp_congestion_control(self.qpn, Some(algorithm.clone()))?;
+        }
         Ok(())
     }
 
@@ -151,6 +162,12 @@ impl QueuePair {
     pub fn set_rate_limit(&self, bits_per_second: Option<u64>) -> Result<(), Error> {
         let qpn = self.qpn;
         Ok(self.pd.ctx.nic.set_qp_rate_limit(qpn, bits_per_second)?)
+    }
+
+    /// The rate congestion control sets this QP, bits per second, if it
+    /// runs an algorithm.
+    pub fn congestion_rate(&self) -> Option<u64> {
+        self.pd.ctx.nic.qp_congestion_rate(self.qpn)
     }
 
     pub fn post_send(&self, wr: SendWorkRequest) -> Result<(), Error> {

@@ -45,6 +45,13 @@ impl Choice {
     pub fn name(&self) -> &str {
         self.0.name()
     }
+
+    /// Whether the algorithm steers by INT (asked of a QP built on a
+    /// nominal path).
+    pub fn wants_int(&self) -> bool {
+        let path = Path { line_rate_bps: 100_000_000_000, base_rtt_ns: 10_000, mtu: 4096 };
+        self.0.build(&path).wants_int()
+    }
 }
 
 impl fmt::Debug for Choice {

@@ -109,6 +109,15 @@ fn engine_config(args: &BenchArgs, addr: IpAddr) -> Result<EngineConfig, String>
         Some(mode) => mode,
         None => softrnic::retransmission_from_env()?,
     };
+    config.transport.congestion.algorithm = match &args.cc {
+        Some(name) => softrnic::choose_congestion_control(name, &args.cc_params.join(","))
+            .map_err(|e| format!("--cc {name}: {e}"))?,
+        None if !args.cc_params.is_empty() => return Err("--cc-param needs --cc to name the algorithm".to_string()),
+        None => softrnic_engine::congestion::from_env()?,
+    };
+    if let Some(rate) = args.line_rate.map_or_else(softrnic_engine::congestion::line_rate_from_env, |r| Ok(Some(r)))? {
+        config.transport.congestion.line_rate_bps = rate;
+    }
     Ok(config.with_threads(args.engine_threads, args.split_rx_tx))
 }
 

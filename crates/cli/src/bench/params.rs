@@ -197,6 +197,21 @@ pub struct BenchArgs {
     /// as RoCE does.
     #[arg(long)]
     pub selective_repeat: bool,
+    /// Congestion control for this end's QPs: dcqcn, dctcp, timely or
+    /// swift (built in), the path of a WebAssembly module, or none. hpcc
+    /// steers by INT, which the UDP engine does not carry (the simulator
+    /// runs it: softrnic exp cc). Default: SOFTRNIC_CC, else none.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub cc: Option<String>,
+    /// A parameter of the algorithm, key=value (repeat, or separate with
+    /// commas); the README lists each algorithm's. Default:
+    /// SOFTRNIC_CC_PARAMS.
+    #[arg(long = "cc-param", value_name = "KEY=VALUE")]
+    pub cc_params: Vec<String>,
+    /// The link's rate in Gb/s, which congestion control starts from and
+    /// never exceeds. Default: SOFTRNIC_LINE_RATE, else 100.
+    #[arg(long, value_parser = softrnic_engine::congestion::parse_gbps, value_name = "GBPS")]
+    pub line_rate: Option<u64>,
     /// Drop this fraction of datagrams, in each direction.
     #[arg(long, value_parser = probability)]
     pub loss: Option<f64>,
