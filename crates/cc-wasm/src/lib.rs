@@ -16,4 +16,4 @@ mod build;
 mod sandbox;
 
 pub use build::{TARGET, build_module, target_installed};
-pub use sandbox::{FUEL_PER_EVENT, MEMORY_LIMIT, Sandboxed, WasmAlgorithm};
+pub use sandbox::{FUEL_FOR_INIT, FUEL_PER_EVENT, MEMORY_LIMIT, Sandboxed, WasmAlgorithm};

@@ -12,6 +12,9 @@ use wasmtime::{Config, Engine, Instance, Memory, Module, Store, StoreLimits, Sto
 /// Fuel one event may burn: a few thousand instructions, fifty times what
 /// DCQCN needs; a loop runs out of it in microseconds.
 pub const FUEL_PER_EVENT: u64 = 100_000;
+/// Fuel for building a QP's state: parsing parameters costs more than
+/// any event, once.
+pub const FUEL_FOR_INIT: u64 = 10_000_000;
 /// Linear memory one instance may have: 64 pages (a Rust module starts
 /// with 17: a 1 MiB stack and its statics).
 pub const MEMORY_LIMIT: usize = 64 * 64 * 1024;
@@ -94,20 +97,22 @@ impl WasmAlgorithm {
         let mut store = Store::new(&self.engine, limits);
         store.limiter(|limits| limits);
         store.set_fuel(FUEL_PER_EVENT).map_err(|e| e.to_string())?;
-        let instance = Instance::new(&mut store, &self.module, &[]).map_err(|e| format!("cannot start: {e}"))?;
+        let instance = Instance::new(&mut store, &self.module, &[])
+            .map_err(|e| format!("cannot start: {}", e.root_cause().to_string().lines().next().unwrap_or("")))?;
         let typed = |store: &mut Store<StoreLimits>, name: &str| {
             instance.get_typed_func::<(), u32>(&mut *store, name).map_err(|e| format!("`{name}`: {e}"))
         };
         let abi = typed(&mut store, "softrnic_cc_abi")?
             .call(&mut store, ())
-            .map_err(|e| format!("`softrnic_cc_abi` failed: {e}"))?;
+            .map_err(|e| format!("`softrnic_cc_abi` {}", failure(&store, &e, FUEL_PER_EVENT)))?;
         if abi != ABI_VERSION {
             return Err(format!("speaks interface version {abi}; this softrnic speaks {ABI_VERSION}"));
         }
         let memory = instance.get_memory(&mut store, "memory").ok_or("exports no memory")?;
         let io = typed(&mut store, "softrnic_cc_io")?
             .call(&mut store, ())
-            .map_err(|e| format!("`softrnic_cc_io` failed: {e}"))? as usize;
+            .map_err(|e| format!("`softrnic_cc_io` {}", failure(&store, &e, FUEL_PER_EVENT)))?
+            as usize;
         if io.checked_add(size_of::<Io>()).is_none_or(|end| end > memory.data_size(&store)) {
             return Err("its I/O block lies outside its memory".to_string());
         }
@@ -121,8 +126,11 @@ impl WasmAlgorithm {
         me.put_u64(offset_of!(Io, path) + offset_of!(Path, mtu), path.mtu);
         me.put_bytes(offset_of!(Io, params), self.params.as_bytes());
         me.put_u32(offset_of!(Io, params_len), self.params.len() as u32);
+        me.store.set_fuel(FUEL_FOR_INIT).map_err(|e| e.to_string())?;
+        let status = init
+            .call(&mut me.store, ())
+            .map_err(|e| format!("`softrnic_cc_init` {}", failure(&me.store, &e, FUEL_FOR_INIT)))?;
         me.store.set_fuel(FUEL_PER_EVENT).map_err(|e| e.to_string())?;
-        let status = init.call(&mut me.store, ()).map_err(|e| format!("`softrnic_cc_init` failed: {e}"))?;
         if status != 0 {
             let len = (me.get_u32(offset_of!(Io, message_len)) as usize).min(MESSAGE_MAX);
             let message = me.get_bytes(offset_of!(Io, message), len);
@@ -216,10 +224,7 @@ impl Instance_ {
             }
         }
         self.store.set_fuel(FUEL_PER_EVENT).map_err(|e| e.to_string())?;
-        self.on_event.call(&mut self.store, ()).map_err(|e| match self.store.get_fuel() {
-            Ok(0) => format!("ran out of fuel ({FUEL_PER_EVENT} per event)"),
-            _ => format!("trapped: {}", e.root_cause()),
-        })?;
+        self.on_event.call(&mut self.store, ()).map_err(|e| failure(&self.store, &e, FUEL_PER_EVENT))?;
         let block = &self.memory.data(&self.store)[self.io..self.io + size_of::<Io>()];
         let get = |offset: usize| u64::from_le_bytes(block[offset..offset + 8].try_into().expect("8 bytes"));
         let control = offset_of!(Io, control);
@@ -228,6 +233,15 @@ impl Instance_ {
             window_bytes: get(control + offset_of!(Control, window_bytes)),
             timer_at_ns: get(control + offset_of!(Control, timer_at_ns)),
         })
+    }
+}
+
+/// Why a call into a module failed, in one line (wasmtime's own message
+/// carries a backtrace over several).
+fn failure(store: &Store<StoreLimits>, error: &wasmtime::Error, fuel: u64) -> String {
+    match store.get_fuel() {
+        Ok(0) => format!("ran out of fuel ({fuel} units)"),
+        _ => format!("trapped: {}", error.root_cause().to_string().lines().next().unwrap_or("")),
     }
 }
 

@@ -227,12 +227,16 @@ fn roles_die_with_a_killed_runner() {
 #[test]
 fn fct_quick_writes_flows_buckets_and_the_figure() {
     let dir = out_dir("fct");
-    let out = run(&["exp", "fct", "--quick", "--workload", "hadoop", "--out", dir.to_str().unwrap()]);
+    let out =
+        run(&["exp", "fct", "--quick", "--workload", "hadoop", "--cc", "none,hpcc", "--out", dir.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("fat tree: 320 servers at 10 Gb/s, 56 switches"), "{stdout}");
-    let finished = stdout.lines().find(|l| l.starts_with("hadoop load 0.3:")).expect("a report line");
-    assert!(finished.contains("datagrams per wall second"), "{finished}");
+    for cc in ["none", "hpcc"] {
+        let finished =
+            stdout.lines().find(|l| l.starts_with(&format!("{cc}: hadoop load 0.3:"))).expect("a report line");
+        assert!(finished.contains("datagrams per wall second"), "{finished}");
+    }
     let (header, flows) = csv(&dir.join("fct_results.csv"));
     assert_eq!(header, "cc,workload,load,src,dst,size_bytes,start_us,fct_us,ideal_us,slowdown");
     assert!(flows.len() > 100, "{} flows", flows.len());
@@ -246,7 +250,7 @@ fn fct_quick_writes_flows_buckets_and_the_figure() {
         let [p50, p95, p99] = [5, 6, 7].map(|i| b[i].parse::<f64>().unwrap());
         assert!(1.0 <= p50 && p50 <= p95 && p95 <= p99, "{b:?}");
     }
-    assert_figure_parses(&dir.join("fct_figure.svg"), &["none hadoop load 0.3"]);
+    assert_figure_parses(&dir.join("fct_figure.svg"), &["none hadoop load 0.3", "hpcc hadoop load 0.3"]);
     let refused = run(&["exp", "fct", "--load", "2"]);
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--load 2: give the offered load as a fraction"));
     let _ = std::fs::remove_dir_all(&dir);

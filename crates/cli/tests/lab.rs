@@ -213,8 +213,47 @@ fn the_incast_experiment_writes_its_results() {
         eprintln!("skipped --verbs: needs {} and perftest's ib_write_bw", lib.display());
     }
 
-    let refused = Command::new(SOFTRNIC).args(["exp", "incast", "--cc", "dcqcn"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("--cc dcqcn: softrnic has no congestion control yet"));
+    let refused = Command::new(SOFTRNIC).args(["exp", "incast", "--cc", "hpcc"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--cc hpcc: hpcc steers by in-band telemetry"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// E3: every algorithm, built in and as a module, in the simulated incast
+/// and through the lab's switch; the table and figures written.
+#[test]
+fn e3_measures_every_algorithm_in_the_simulator_and_the_lab() {
+    if !lab_available() {
+        return;
+    }
+    let dir = temp_dir("e3");
+    let out = Command::new(SOFTRNIC).args(["exp", "e3", "--quick", "--out", dir.to_str().unwrap()]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let table = std::fs::read_to_string(dir.join("cc_results.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = table.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    let row = |name: &str| rows.iter().find(|r| r[0] == name).unwrap_or_else(|| panic!("no {name} in\n{table}"));
+    let names: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(names, ["none", "dcqcn", "dctcp", "timely", "hpcc", "swift", "dcqcn.wasm", "aimd.wasm"]);
+    let number = |r: &[&str], i: usize| r[i].parse::<f64>().unwrap_or_else(|_| panic!("column {i} of {r:?}"));
+    // In the simulator (columns 6 to 9): the E3 targets.
+    for name in ["dcqcn", "hpcc"] {
+        let r = row(name);
+        assert!(number(r, 6) >= 0.90 && number(r, 7) >= 0.95, "{r:?}");
+    }
+    assert!(number(row("hpcc"), 9) < 64.0, "HPCC's p99 queue near empty");
+    assert!(number(row("none"), 9) > 4000.0, "without CC the queue fills the buffer");
+    // The module is the built-in, event for event.
+    assert_eq!(row("dcqcn")[6..10], row("dcqcn.wasm")[6..10]);
+    // Size and cost: modules have bytes and a sandboxed cost.
+    for name in ["dcqcn.wasm", "aimd.wasm"] {
+        assert!(number(row(name), 3) > 1000.0 && number(row(name), 5) > 0.0, "{:?}", row(name));
+    }
+    // Through the real switch: DCQCN's run finished and was measured.
+    assert!(number(row("dcqcn"), 10) > 0.0, "{:?}", row("dcqcn"));
+    assert!(row("hpcc")[10].is_empty(), "HPCC does not run on the UDP engine");
+    let svg = std::fs::read_to_string(dir.join("cc_sim_figure.svg")).unwrap();
+    assert!(svg.contains("bottleneck queue") && svg.contains("hpcc"));
+    assert!(dir.join("incast_results.csv").exists() && dir.join("cc_sim_series.csv").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

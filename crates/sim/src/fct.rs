@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use softrnic_switch::{Graph, LinkFaults, PortConfig};
-use softrnic_transport::{Completion, Instant, Mtu, TransportConfig, WcStatus};
+use softrnic_transport::{Choice, Completion, Instant, Mtu, TransportConfig, WcStatus};
 
 use crate::fabric::{FabricSpec, HEADERS, Link};
 use crate::flows::{self, Host};
@@ -212,6 +212,8 @@ pub struct FctConfig {
     /// The run stops here even if flows are unfinished.
     pub limit: Duration,
     pub seed: u64,
+    /// The congestion control every flow runs (every host speaks INT).
+    pub algorithm: Option<Choice>,
 }
 
 /// One flow's outcome.
@@ -315,11 +317,15 @@ impl FctConfig {
         let bdp = (rtt * tree.host_rate_bps as f64 / 8.0 / f64::from(MTU.bytes())).ceil() as u32;
         let window = bdp.max(4);
         // ACKs asked for often enough that the window never waits for one.
-        let config = TransportConfig {
+        let mut config = TransportConfig {
             max_inflight_packets: window,
             ack_request_interval: (window / 4).max(1),
             ..TransportConfig::default()
         };
+        config.congestion.algorithm = self.algorithm.clone();
+        config.congestion.int = true;
+        config.congestion.line_rate_bps = tree.host_rate_bps;
+        config.congestion.base_rtt = Duration::from_secs_f64(rtt);
         let mut world = World::with_fabric(&tree.spec(self.seed), config);
         let servers: Vec<Host> = (0..tree.hosts()).map(|h| Host::open(&mut world, h, REGION)).collect();
         let mut pending = flows.into_iter().peekable();
@@ -472,6 +478,7 @@ mod tests {
                 ..FatTree::hpcc(10)
             },
             workload: Workload::FbHadoop,
+            algorithm: None,
             load: 0.2,
             window: Duration::from_millis(3),
             limit: Duration::from_millis(50),

@@ -14,12 +14,14 @@ use super::figure::Series;
 use super::panels::{self, Panel};
 
 pub fn run(args: &ExpArgs) -> Result<(), String> {
-    for cc in &args.cc {
-        if cc != "none" {
-            return Err(format!(
-                "--cc {cc}: softrnic has no congestion control yet (the issue \"programmable congestion control\" adds DCQCN, DCTCP, TIMELY, HPCC and Swift); run --cc none"
-            ));
-        }
+    let ccs = if args.cc.is_empty() { vec!["none".to_string()] } else { args.cc.clone() };
+    let mut algorithms = Vec::new();
+    for cc in &ccs {
+        let choice = match cc.as_str() {
+            "none" => None,
+            name => Some(softrnic_transport::Choice::builtin(name, "").map_err(|e| format!("--cc {cc}: {e}"))?),
+        };
+        algorithms.push((cc.clone(), choice));
     }
     let workloads = match args.workload.as_slice() {
         [] => vec![Workload::WebSearch],
@@ -49,47 +51,57 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         tree.fabric_rate_bps as f64 / 1e9,
         window
     );
-    for &workload in &workloads {
-        for &load in &loads {
-            let config = FctConfig { tree, workload, load, window, limit: window * 40, seed: 1 };
-            let wall = Instant::now();
-            let run = config.run();
-            let wall = wall.elapsed();
-            println!("{}", report(workload, load, &run, wall));
-            for f in &run.flows {
-                let Some(fct) = f.fct else { continue };
-                let _ = writeln!(
-                    flows_csv,
-                    "none,{},{load},{},{},{},{:.3},{:.3},{:.3},{:.4}",
-                    workload.name(),
-                    f.src,
-                    f.dst,
-                    f.size,
-                    f.start.as_secs_f64() * 1e6,
-                    fct.as_secs_f64() * 1e6,
-                    f.ideal.as_secs_f64() * 1e6,
-                    f.slowdown().unwrap_or(0.0)
-                );
-            }
-            let name = format!("none {} load {load}", workload.name());
-            let mut points: [Vec<(f64, f64)>; 3] = Default::default();
-            for b in buckets(workload, &run.flows) {
-                let _ = writeln!(
-                    summary_csv,
-                    "none,{},{load},{},{},{:.3},{:.3},{:.3}",
-                    workload.name(),
-                    b.max_size,
-                    b.flows,
-                    b.p50,
-                    b.p95,
-                    b.p99
-                );
-                for (i, p) in [b.p50, b.p95, b.p99].into_iter().enumerate() {
-                    points[i].push((b.max_size as f64, p));
+    for (cc, algorithm) in &algorithms {
+        for &workload in &workloads {
+            for &load in &loads {
+                let config = FctConfig {
+                    tree,
+                    workload,
+                    load,
+                    window,
+                    limit: window * 40,
+                    seed: 1,
+                    algorithm: algorithm.clone(),
+                };
+                let wall = Instant::now();
+                let run = config.run();
+                let wall = wall.elapsed();
+                println!("{cc}: {}", report(workload, load, &run, wall));
+                for f in &run.flows {
+                    let Some(fct) = f.fct else { continue };
+                    let _ = writeln!(
+                        flows_csv,
+                        "{cc},{},{load},{},{},{},{:.3},{:.3},{:.3},{:.4}",
+                        workload.name(),
+                        f.src,
+                        f.dst,
+                        f.size,
+                        f.start.as_secs_f64() * 1e6,
+                        fct.as_secs_f64() * 1e6,
+                        f.ideal.as_secs_f64() * 1e6,
+                        f.slowdown().unwrap_or(0.0)
+                    );
                 }
-            }
-            for (i, points) in points.into_iter().enumerate() {
-                percentiles[i].push(Series { name: name.clone(), points });
+                let name = format!("{cc} {} load {load}", workload.name());
+                let mut points: [Vec<(f64, f64)>; 3] = Default::default();
+                for b in buckets(workload, &run.flows) {
+                    let _ = writeln!(
+                        summary_csv,
+                        "{cc},{},{load},{},{},{:.3},{:.3},{:.3}",
+                        workload.name(),
+                        b.max_size,
+                        b.flows,
+                        b.p50,
+                        b.p95,
+                        b.p99
+                    );
+                    for (i, p) in [b.p50, b.p95, b.p99].into_iter().enumerate() {
+                        points[i].push((b.max_size as f64, p));
+                    }
+                }
+                for (i, points) in points.into_iter().enumerate() {
+                    percentiles[i].push(Series { name: name.clone(), points });
+                }
             }
         }
     }

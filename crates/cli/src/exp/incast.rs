@@ -22,20 +22,28 @@ use super::ExpArgs;
 use super::figure::Series;
 use super::panels::{self, Panel};
 
-/// The congestion controls this build has. The rest are the issue
-/// "programmable congestion control"; asking for them is refused.
-const AVAILABLE_CC: [&str; 1] = ["none"];
+/// One congestion control's incast: its name and its run, or why it
+/// failed.
+pub type LabRun = (String, Result<IncastRun, String>);
+
 const COLUMNS: &str = "cc,time_s,kind,id,rate_gbps,depth_bytes,peak_bytes,marked,dropped";
 /// The receiver's first TCP exchange port; sender i uses BASE + i.
 const BASE_PORT: u16 = 19_515;
 
 pub fn run(args: &ExpArgs) -> Result<(), String> {
-    for cc in &args.cc {
-        if !AVAILABLE_CC.contains(&cc.as_str()) {
-            return Err(format!(
-                "--cc {cc}: softrnic has no congestion control yet (the issue \"programmable congestion control\" adds DCQCN, DCTCP, TIMELY, HPCC and Swift); run --cc none"
-            ));
-        }
+    let ccs = if args.cc.is_empty() { vec!["none".to_string()] } else { args.cc.clone() };
+    let failed: Vec<String> = run_each(args, &ccs)?.into_iter().filter_map(|(_, run)| run.err()).collect();
+    if failed.is_empty() { Ok(()) } else { Err(failed.join("; ")) }
+}
+
+/// Runs the incast once per congestion control in `ccs` (built-ins by
+/// name, modules by path, or none), writes the CSV, logs and figure, and
+/// returns each run, or why it failed (the others still run).
+pub fn run_each(args: &ExpArgs, ccs: &[String]) -> Result<Vec<LabRun>, String> {
+    for cc in ccs {
+        // The senders' engines would refuse it: say so before building
+        // anything.
+        softrnic_engine::congestion::choose(cc, "").map_err(|e| format!("--cc {cc}: {e}"))?;
     }
     if let Some(reason) = softrnic_lab::namespaces::unavailable() {
         return Err(format!("the incast runs hosts in network namespaces: {reason}"));
@@ -58,18 +66,26 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
     let csv_path = args.out.join("incast_results.csv");
     let mut rows = vec![COLUMNS.to_string()];
-    let ccs = if args.cc.is_empty() { vec!["none".to_string()] } else { args.cc.clone() };
     let mut panels_rates = Vec::new();
     let mut panels_queue = Vec::new();
-    for cc in &ccs {
+    let mut runs = Vec::new();
+    for cc in ccs {
         let setup = Incast { senders, rate, duration, cc, verbs: args.verbs, bin: &bin, lib: &lib, logs: &logs };
-        let run = setup.run()?;
+        let run = match setup.run() {
+            Ok(run) => run,
+            Err(e) => {
+                eprintln!("softrnic: {e}");
+                runs.push((cc.clone(), Err(e)));
+                continue;
+            }
+        };
         println!("{}", run.report(cc));
         rows.extend(run.rows(cc));
         for (flow, points) in &run.flow_rates {
             panels_rates.push(Series { name: format!("{cc} {flow}"), points: points.clone() });
         }
         panels_queue.push(Series { name: format!("{cc} queue"), points: run.queue_kib.clone() });
+        runs.push((cc.clone(), Ok(run)));
     }
     std::fs::write(&csv_path, rows.join("\n") + "\n")
         .map_err(|e| format!("cannot write {}: {e}", csv_path.display()))?;
@@ -99,7 +115,7 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     )?;
     println!("incast: {} rows in {}", rows.len() - 1, csv_path.display());
     println!("logs in {}, figure {}", logs.display(), figure.display());
-    Ok(())
+    Ok(runs)
 }
 
 struct Incast<'a> {
@@ -161,13 +177,22 @@ impl Incast<'_> {
             let run = format!("LD_LIBRARY_PATH={lib} exec ib_write_bw -d softrnic0 -p {port} -D {secs} --report_gbits");
             // The server's device takes its flow's address; the sender's
             // is its host's (SOFTRNIC_ADDR, set by the lab).
-            (format!("SOFTRNIC_ADDR={server} {run}"), format!("{run} {server}"))
+            (format!("SOFTRNIC_ADDR={server} {run}"), format!("{}{run} {server}", self.congestion_env()))
         } else {
             let bin = self.bin.display();
             (
                 format!("exec {bin} bench write_bw --server --addr {server} -p {port}"),
-                format!("exec {bin} bench write_bw {server} -p {port} -D {secs}"),
+                format!("{}exec {bin} bench write_bw {server} -p {port} -D {secs}", self.congestion_env()),
             )
+        }
+    }
+
+    /// What a sender's environment says of congestion control: the
+    /// algorithm, and the links' rate it starts from.
+    fn congestion_env(&self) -> String {
+        match self.cc {
+            "none" => String::new(),
+            cc => format!("SOFTRNIC_CC={cc} SOFTRNIC_LINE_RATE={} ", self.rate as f64 / 1e9),
         }
     }
 
@@ -262,12 +287,28 @@ impl IncastRun {
 
     /// Mean rate per flow over the steady part, Jain's fairness, the
     /// queue's peak against its limit, marks and drops.
-    pub fn report(&self, cc: &str) -> String {
-        let means: Vec<f64> = self.flow_rates.values().map(|p| steady_mean(p)).collect();
-        let total: f64 = means.iter().sum();
-        let squares: f64 = means.iter().map(|m| m * m).sum();
-        let jain = if squares > 0.0 { total * total / (means.len() as f64 * squares) } else { 0.0 };
+    /// Each flow's mean delivered rate over the steady part, Gb/s.
+    pub fn steady_rates(&self) -> Vec<f64> {
+        self.flow_rates.values().map(|p| steady_mean(p)).collect()
+    }
+
+    /// The bottleneck queue's peak, and its 99th percentile over the
+    /// steady part, bytes.
+    pub fn queue_peak_p99(&self) -> (u64, u64) {
         let peak = self.samples.iter().map(|s| s.peak).max().unwrap_or(0);
+        let skip = self.samples.len() / 5;
+        let mut steady: Vec<u64> =
+            self.samples.iter().skip(skip).take(self.samples.len() - 2 * skip).map(|s| s.depth).collect();
+        steady.sort_unstable();
+        let p99 = steady.get((steady.len() * 99 / 100).min(steady.len().saturating_sub(1))).copied().unwrap_or(0);
+        (peak, p99)
+    }
+
+    pub fn report(&self, cc: &str) -> String {
+        let means = self.steady_rates();
+        let total: f64 = means.iter().sum();
+        let jain = softrnic_sim::incast::jain(&means);
+        let (peak, _) = self.queue_peak_p99();
         let last = self.samples.last();
         format!(
             "incast --cc {cc}: {} flows, {:.3} Gb/s in all, per flow {}, Jain's fairness {jain:.2}; bottleneck queue peak {} KiB of {} KiB, {} marked, {} dropped",

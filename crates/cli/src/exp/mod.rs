@@ -11,6 +11,7 @@
 //! Experiments are reachable by their number in EXPERIMENTS.md (`e9`) and
 //! by name (`careful`); `experiments.rs` has them.
 
+mod cc;
 mod experiments;
 mod fct;
 mod figure;
@@ -63,8 +64,8 @@ pub struct ExpArgs {
     /// with --quick).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub senders: Option<u64>,
-    /// incast: the congestion controls to compare, one run each
-    /// (none; the others arrive with programmable congestion control).
+    /// incast: the congestion controls to compare, one run each: none,
+    /// dcqcn, dctcp, timely, swift, or the path of a WebAssembly module.
     #[arg(long, value_delimiter = ',')]
     pub cc: Vec<String>,
     /// incast: run unmodified ib_write_bw over softrnic's libibverbs.so.1
@@ -188,12 +189,19 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         for e in EXPERIMENTS {
             println!("  {:4} {:11} {}", e.id, e.name, e.about);
         }
+        println!(
+            "  {:4} {:11} congestion control, built in and user modules: size, cost, incasts (simulated and through the lab's switch)",
+            "e3", "cc"
+        );
         println!("  {:4} {:11} N senders to one receiver through the lab's switch (needs root)", "", "incast");
         println!("  {:4} {:11} flow completion times on HPCC's fat tree, in the simulator", "", "fct");
         return Ok(());
     };
     if name.eq_ignore_ascii_case("incast") {
         return incast::run(args);
+    }
+    if name.eq_ignore_ascii_case("e3") || name.eq_ignore_ascii_case("cc") {
+        return cc::run(args);
     }
     if name.eq_ignore_ascii_case("fct") || name.eq_ignore_ascii_case("fattree") {
         return fct::run(args);

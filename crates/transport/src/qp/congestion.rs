@@ -20,7 +20,9 @@ use softrnic_wire::Psn;
 
 use super::{Ctx, Pacer, QpState, QueuePair};
 use crate::congestion::{Choice, IntMark, IntRecords};
-use crate::time::Instant;
+use std::time::Duration;
+
+use crate::time::{Instant, ack_timeout};
 
 /// The reaction point's state.
 pub(super) struct ReactionPoint {
@@ -151,12 +153,18 @@ impl QueuePair {
         }
     }
 
-    /// The window in packets congestion control allows, if it sets one.
+    /// The window in packets congestion control allows: the algorithm's,
+    /// and in any case no more than the pacer lets out in half the QP's
+    /// retransmission timeout (at least 4 packets). A flight that took
+    /// longer to leave would time out while still leaving, go back, and
+    /// spend the QP's retries without the peer ever being silent.
     pub(super) fn congestion_window_packets(&self) -> Option<u32> {
         let rp = self.rp.as_ref()?;
-        (rp.control.window_bytes != Control::NO_WINDOW).then(|| {
-            rp.control.window_bytes.div_ceil(u64::from(self.mtu()).max(1)).clamp(1, u64::from(u32::MAX)) as u32
-        })
+        let mtu = u64::from(self.mtu()).max(1);
+        let timeout = ack_timeout(self.attrs.timeout).unwrap_or(Duration::from_millis(100));
+        let paced = (u128::from(rp.control.rate_bps) * (timeout / 2).as_nanos() / 8_000_000_000) as u64 / mtu;
+        let window = rp.control.window_bytes.div_ceil(mtu).min(paced.max(4));
+        Some(window.clamp(1, u64::from(u32::MAX)) as u32)
     }
 
     /// When the algorithm's timer is due.
