@@ -12,6 +12,12 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
+# User congestion-control modules build for WebAssembly (the sandbox's
+# tests and softrnic exp e3 build the examples in examples/cc).
+if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
+    rustup target add wasm32-unknown-unknown
+fi
+
 step "formatting"
 cargo fmt --all -- --check
 

@@ -58,8 +58,6 @@ impl Timely {
     }
 
     fn on_rtt(&mut self, rtt: f64) {
-        #[cfg(test)]
-        let _ = ();
         let Some(prev) = self.prev_rtt.replace(rtt) else {
             return;
         };

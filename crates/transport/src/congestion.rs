@@ -77,6 +77,9 @@ pub struct CongestionConfig {
     pub line_rate_bps: u64,
     /// The path's round trip without queues, for algorithms that need it.
     pub base_rtt: Duration,
+    /// Answer CE-marked packets with CNPs (NVIDIA's `roce_np` enable):
+    /// on by default, whatever this device's own QPs run.
+    pub notification_point: bool,
     /// The notification point sends a QP at most one CNP this often
     /// (NVIDIA's `min_time_between_cnps`, 4 µs by default).
     pub min_time_between_cnps: Duration,
@@ -92,6 +95,7 @@ impl Default for CongestionConfig {
     fn default() -> Self {
         CongestionConfig {
             algorithm: None,
+            notification_point: true,
             line_rate_bps: 100_000_000_000,
             base_rtt: Duration::from_micros(10),
             min_time_between_cnps: Duration::from_micros(4),

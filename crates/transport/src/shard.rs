@@ -273,6 +273,7 @@ impl Shard {
         }
         let meta = if ctx.config.congestion.int { meta } else { RecvMeta { int: None, ..meta } };
         if meta.ce
+            && ctx.config.congestion.notification_point
             && slot.qp.init_attr().qp_type == QpType::Rc
             && let Some(peer_qpn) = slot.qp.attributes().remote_addr.map(|_| slot.qp.attributes().dest_qpn)
             && slot.qp.on_congestion_experienced(&ctx)

@@ -120,9 +120,12 @@ impl QueuePair {
         let control = rp.algorithm.on_event(ctx.now.as_nanos(), &event);
         // The sandbox checks what user code says; a built-in's answer is
         // trusted but still kept within what can be obeyed, and never below
-        // a packet a millisecond: slower, the QP's own retransmission timer
-        // would give up on packets the pacer still holds.
-        let floor = rp.path.mtu * 8 * 1000;
+        // a packet a millisecond nor 16 packets per retransmission timeout:
+        // slower, the QP's own timer would give up on packets the pacer
+        // still holds.
+        let timeout = ack_timeout(self.attrs.timeout).unwrap_or(Duration::from_millis(100));
+        let per_timeout = (u128::from(rp.path.mtu) * 8 * 16 * 1_000_000_000 / timeout.as_nanos().max(1)) as u64;
+        let floor = (rp.path.mtu * 8 * 1000).max(per_timeout);
         let rate = control.rate_bps.clamp(floor.min(rp.path.line_rate_bps), rp.path.line_rate_bps);
         let window = control.window_bytes.max(rp.path.mtu);
         rp.timer =
