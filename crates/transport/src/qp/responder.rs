@@ -513,9 +513,12 @@ impl QueuePair {
         }
         let dst = self.attrs.remote_addr?;
         let answer = *self.resp.answers.front()?;
-        // READ responses are this side's data: the pacer spaces them as it
-        // spaces requests (the roles of the congestion-control ends swap).
-        if matches!(answer, Answer::Read(_)) && self.paced(ctx) {
+        // Under congestion control READ responses are this side's data: the
+        // pacer spaces them as it spaces requests (the roles of the ends
+        // swap). A user's rate limit alone limits requests, as a NIC's
+        // send-queue rate limiter does.
+        let paces_responses = self.congestion_rate().is_some();
+        if paces_responses && matches!(answer, Answer::Read(_)) && self.paced(ctx) {
             return None;
         }
         let (mut headers, payload_len) = match answer {
@@ -564,7 +567,9 @@ impl QueuePair {
         }
         let len = headers.emit_around_payload(buf, payload_len).ok()?;
         if is_data {
-            self.on_data_sent(ctx, len);
+            if paces_responses {
+                self.on_data_sent(ctx, len);
+            }
             return Some(Transmit::new(dst, len));
         }
         Some(Transmit { int: self.answer_int(), ..Transmit::new(dst, len) })
