@@ -14,7 +14,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 profile=${SOFTRNIC_PROFILE:-release}
-cargo build --quiet --locked --profile "$profile" -p softrnic-ibverbs -p softrnic-rdmacm
+# The softrnic command (`softrnic run` sets up a program's environment)
+# comes in the same build: built apart, the two would pick different
+# features of the dependencies they share and build those (wasmtime
+# among them) twice.
+cargo build --quiet --locked --profile "$profile" -p softrnic-ibverbs -p softrnic-rdmacm -p softrnic-cli
 dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
 out=target/softrnic/lib
 mkdir -p "$out"

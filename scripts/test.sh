@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n== %s\n' "$*"; }
+step() { printf '\n== %s (%s)\n' "$*" "$(date +%T)"; }
 
 # User congestion-control modules build for WebAssembly (the sandbox's
 # tests and softrnic exp e3 build the examples in examples/cc).
@@ -27,14 +27,16 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "tests (simulation seeds: ${SOFTRNIC_SIM_SEEDS:=2000})"
 export SOFTRNIC_SIM_SEEDS
 # The experiment runner's tests (softrnic exp e1, e2 --quick) run
-# rdma_bench over the drop-in library, which must exist first.
+# rdma_bench over the drop-in library, which must exist first (the
+# stack matrix runs the release softrnic command built with it).
 scripts/build-libibverbs.sh >/dev/null
 cargo test --workspace --locked
 
 # The model checker over the shared-memory rings' index protocol, in a
-# target directory of its own (a different --cfg rebuilds everything).
+# target directory of its own (a different --cfg rebuilds everything, and
+# the ring's crate has no dependencies for that reason).
 step "model checking the shared-memory ring (loom)"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p softrnic-engine --lib ring::model
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locked -p softrnic-ring
 
 # Unmodified RDMA programs over the drop-in libibverbs.so.1, both ends on
 # loopback and (as root) between two network namespaces.
@@ -55,7 +57,6 @@ fi
 # other package it misses, and fails.
 if command -v ibstat >/dev/null 2>&1 && command -v ucx_perftest >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then
     step "the RDMA stack over softrnic (scripts/stack-matrix.py)"
-    cargo build --release --locked -p softrnic-cli
     scripts/stack-matrix.py
 else
     if [ "${CI:-}" = true ]; then
@@ -68,10 +69,26 @@ fi
 fuzz_seconds=${SOFTRNIC_FUZZ_SECONDS:-30}
 if [ "$fuzz_seconds" -gt 0 ]; then
     if cargo fuzz --version >/dev/null 2>&1 && cargo +nightly --version >/dev/null 2>&1; then
+        step "building the fuzz targets"
+        (cd fuzz && cargo +nightly fuzz build)
+        # A run prints its last line when it passes and all of its report
+        # (the input, the panic, the backtrace) when it finds something.
+        fuzz() {
+            local log
+            log=$(mktemp)
+            if (cd fuzz && cargo +nightly fuzz run "$1" -- -max_total_time="$fuzz_seconds") >"$log" 2>&1; then
+                tail -n 1 "$log"
+                rm -f "$log"
+            else
+                grep -v '^".*# Uses:' "$log" | tail -n 80
+                rm -f "$log"
+                return 1
+            fi
+        }
         step "fuzzing the packet parser for ${fuzz_seconds}s"
-        (cd fuzz && cargo +nightly fuzz run parse_packet -- -max_total_time="$fuzz_seconds" 2>&1 | tail -n 3)
-        step "fuzzing the responder and completer of live QPs for ${fuzz_seconds}s"
-        (cd fuzz && cargo +nightly fuzz run respond -- -max_total_time="$fuzz_seconds" 2>&1 | tail -n 3)
+        fuzz parse_packet
+        step "fuzzing the responder and completer of live QPs (with ECN, CNPs and INT) for ${fuzz_seconds}s"
+        fuzz respond
     else
         if [ "${CI:-}" = true ]; then
             echo "fuzzing needs cargo-fuzz and a nightly toolchain, and CI must run it (.ci/run installs both)" >&2

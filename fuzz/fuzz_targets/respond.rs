@@ -9,12 +9,16 @@
 //! for. Only the remotely writable region may change; the guard bytes
 //! around it and a region registered for local access only never do.
 //!
-//! Input: a byte whose low bit makes the RC connection selective-repeat
-//! (then SEND and WRITE packets carry an SRETH, whose address and key sit
-//! where a RETH's would when no other header precedes it), then frames of
-//! a selector byte (which QP, which peer, whether time passes, whether a
-//! RETH-shaped field gets one of the device's real keys and addresses), a
-//! length byte and that many bytes of packet, BTH first.
+//! Input: a mode byte, whose low bit makes the RC connection
+//! selective-repeat (then SEND and WRITE packets carry an SRETH, whose
+//! address and key sit where a RETH's would when no other header precedes
+//! it) and whose next two bits pick the device's congestion control (none,
+//! DCQCN, HPCC with INT accepted, TIMELY), so that CE marks, CNPs and INT
+//! echoes reach the notification and reaction points; then frames of a
+//! selector byte (which QP, which peer, whether time passes, whether a
+//! RETH-shaped field gets one of the device's real keys and addresses,
+//! whether the datagram arrives CE-marked or with an INT record), a length
+//! byte and that many bytes of packet, BTH first.
 //! The keys are handed over because no fuzzer guesses a 32-bit key and an
 //! address at once: what is under test is what the device does with a
 //! valid key used where its rights do not reach.
@@ -25,9 +29,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
+use softrnic_cc::IntHop;
 use softrnic_transport::{
-    Access, CqId, Device, DmaBuffer, Instant, MAX_DATAGRAM_LEN, Mtu, Payload, Psn, QpCaps, QpInitAttr, QpType,
-    RcConnection, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, TransportConfig, smallvec, ud_steps,
+    Access, Choice, CongestionConfig, CqId, Device, DmaBuffer, Instant, IntRecords, MAX_DATAGRAM_LEN, Mtu, Payload,
+    Psn, QpCaps, QpInitAttr, QpType, RcConnection, RecvMeta, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge,
+    TransportConfig, smallvec, ud_steps,
 };
 use softrnic_wire::ROCEV2_UDP_PORT;
 use softrnic_wire::icrc::UdpFlow;
@@ -57,8 +63,15 @@ struct Target {
     now: Instant,
 }
 
-fn setup(selective_repeat: bool) -> Target {
-    let mut device = Device::new(TransportConfig { local_addr: LOCAL, ..TransportConfig::default() });
+fn setup(mode: u8) -> Target {
+    let selective_repeat = mode & 1 != 0;
+    let algorithm = [None, Some("dcqcn"), Some("hpcc"), Some("timely")][usize::from(mode >> 1 & 3)];
+    let congestion = CongestionConfig {
+        algorithm: algorithm.map(|name| Choice::builtin(name, "").expect("a built-in")),
+        int: algorithm == Some("hpcc"),
+        ..CongestionConfig::default()
+    };
+    let mut device = Device::new(TransportConfig { local_addr: LOCAL, congestion, ..TransportConfig::default() });
     let buffer = Arc::new(DmaBuffer::from_bytes(&vec![0x5a; LEN]));
     let pd = device.alloc_pd();
     let remote = device
@@ -129,7 +142,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&mode, mut rest)) = data.split_first() else {
         return;
     };
-    let mut t = setup(mode & 1 != 0);
+    let mut t = setup(mode);
     let snapshot = t.buffer.to_vec();
     t.drain();
     while rest.len() >= 2 {
@@ -158,7 +171,16 @@ fuzz_target!(|data: &[u8]| {
         if flow.seal(&mut packet).is_err() {
             continue;
         }
-        t.device.handle_datagram(t.now, SocketAddr::new(from, ROCEV2_UDP_PORT), &packet);
+        let int = (selector & 64 != 0).then(|| {
+            let hop = IntHop {
+                rate_bps: 100_000_000_000,
+                queue_bytes: u32::from(rest.len() as u16) << 8,
+                ..IntHop::default()
+            };
+            IntRecords::new(&[hop])
+        });
+        let meta = RecvMeta { ce: selector & 32 != 0, int };
+        t.device.handle_datagram(t.now, SocketAddr::new(from, ROCEV2_UDP_PORT), meta, &packet);
         t.drain();
         if selector & 4 != 0 {
             t.now = t.now + Duration::from_millis(10);
@@ -171,8 +193,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let after = t.buffer.to_vec();
-    let untouchable =
-        [0..REMOTE_AT, REMOTE_AT + REGION..LOCAL_AT, LOCAL_AT..LOCAL_AT + REGION, LOCAL_AT + REGION..LEN];
+    let untouchable = [0..REMOTE_AT, REMOTE_AT + REGION..LOCAL_AT, LOCAL_AT..LOCAL_AT + REGION, LOCAL_AT + REGION..LEN];
     for range in untouchable {
         assert_eq!(after[range.clone()], snapshot[range.clone()], "bytes {range:?} changed without a key");
     }

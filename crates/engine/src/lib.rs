@@ -12,7 +12,6 @@ pub mod eventfd;
 pub mod faults;
 pub mod interface;
 pub mod progress;
-pub mod ring;
 mod shard;
 pub mod shm;
 pub mod socket;

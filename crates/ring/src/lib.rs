@@ -1,7 +1,7 @@
-//! The index protocol of the shared-memory rings ([`crate::shm`]), apart
-//! from the memory it runs on, so that the model checker (loom) can run
-//! the very code the engine runs: `RUSTFLAGS="--cfg loom" cargo test
-//! --release -p softrnic-engine --lib ring`.
+//! The index protocol of the shared-memory rings (the engine's `shm`
+//! datapath lays them out in memory), apart from that memory, so that the
+//! model checker (loom) can run the very code the engine runs:
+//! `RUSTFLAGS="--cfg loom" cargo test --release -p softrnic-ring`.
 //!
 //! A bounded multi-producer, single-consumer queue in the style of Dmitry
 //! Vyukov's: slot `i` carries a sequence number that says whose turn it is.
