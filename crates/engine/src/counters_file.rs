@@ -18,7 +18,7 @@ pub fn path(addr: IpAddr) -> PathBuf {
 /// The counters as `name value` lines, in a fixed order.
 pub fn render(c: &NicCounters) -> String {
     let t = &c.transport;
-    let rows: [(&str, u64); 33] = [
+    let rows: [(&str, u64); 35] = [
         ("tx_packets", t.tx_packets),
         ("tx_bytes", t.tx_bytes),
         ("rx_packets", t.rx_packets),
@@ -53,6 +53,8 @@ pub fn render(c: &NicCounters) -> String {
         ("injected_duplicates", c.injected_tx.duplicated + c.injected_rx.duplicated),
         ("engine_stall_max_us", c.engine_stall_max_us),
         ("np_ecn_marked_roce_packets", c.np_ecn_marked_roce_packets),
+        ("rx_int_packets", c.rx_int_packets),
+        ("rx_int_malformed", c.rx_int_malformed),
     ];
     let mut out = String::new();
     for (name, value) in rows {

@@ -67,6 +67,12 @@ pub trait Datapath: Send {
     fn malformed(&self) -> u64 {
         0
     }
+
+    /// Datagrams that arrived on the INT port, and how many of them were
+    /// dropped for want of a valid INT header.
+    fn int_datagrams(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 /// Which wire a device uses for peers on the same host.
@@ -101,16 +107,23 @@ impl DatapathKind {
     }
 }
 
-/// The shard's UDP socket.
+/// The shard's UDP socket, and its socket on the INT port if the device
+/// carries in-band telemetry ([`crate::int`]).
 pub struct Udp {
     socket: Arc<RoceSocket>,
+    int: Option<Arc<RoceSocket>>,
     rx: Box<RecvBatch>,
-    drops: u64,
+    /// The kernel's drop counts of the two sockets.
+    drops: [u64; 2],
+    /// Datagrams that arrived on the INT port, and those of them without
+    /// a valid INT header (dropped).
+    int_received: u64,
+    int_malformed: u64,
 }
 
 impl Udp {
-    pub fn new(socket: Arc<RoceSocket>) -> Udp {
-        Udp { socket, rx: Box::default(), drops: 0 }
+    pub fn new(socket: Arc<RoceSocket>, int: Option<Arc<RoceSocket>>) -> Udp {
+        Udp { socket, int, rx: Box::default(), drops: [0; 2], int_received: 0, int_malformed: 0 }
     }
 }
 
@@ -129,26 +142,46 @@ impl Datapath for Udp {
     fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize {
         let n = self.socket.recv_batch(&mut self.rx).unwrap_or(0);
         if n > 0 {
-            self.drops = u64::from(self.rx.kernel_drops());
+            self.drops[0] = u64::from(self.rx.kernel_drops());
         }
         let mut delivered = 0;
         for i in 0..n {
-            if let Some((from, ce, bytes)) = self.rx.get(i)
+            if let Some((from, tos, bytes)) = self.rx.get(i)
                 && !shm::is_wake_up(bytes)
             {
-                deliver(from, RecvMeta { ce, int: None }, bytes);
+                deliver(from, RecvMeta { ce: tos.ce(), int: None }, bytes);
                 delivered += 1;
+            }
+        }
+        let Some(int) = &self.int else { return delivered };
+        let n = int.recv_batch(&mut self.rx).unwrap_or(0);
+        if n > 0 {
+            self.drops[1] = u64::from(self.rx.kernel_drops());
+        }
+        for i in 0..n {
+            let Some((from, tos, datagram)) = self.rx.get(i) else { continue };
+            self.int_received += 1;
+            match crate::int::unwrap(datagram) {
+                Some((records, bytes)) => {
+                    deliver(from, RecvMeta { ce: tos.ce(), int: Some(records) }, bytes);
+                    delivered += 1;
+                }
+                None => self.int_malformed += 1,
             }
         }
         delivered
     }
 
     fn receive_drops(&self) -> u64 {
-        self.drops
+        self.drops.iter().sum()
     }
 
     fn ce_marked(&self) -> u64 {
         self.rx.ce_marked()
+    }
+
+    fn int_datagrams(&self) -> (u64, u64) {
+        (self.int_received, self.int_malformed)
     }
 }
 
@@ -215,11 +248,13 @@ impl Datapath for SharedMemory {
             }
             self.held.pop_front();
         }
-        for &(dst, bytes) in packets.iter().take(BATCH) {
+        for &(dst, datagram) in packets.iter().take(BATCH) {
+            // The ring crosses no switch: INT has no path to record on it.
+            let bytes = crate::int::roce_packet(dst, datagram);
             let sent = if self.held.is_empty() { self.peers.send(source, dst.ip(), bytes) } else { Some(Sent::Full) };
             match sent {
                 None => {
-                    remote[n_remote] = (dst, bytes);
+                    remote[n_remote] = (dst, datagram);
                     n_remote += 1;
                 }
                 Some(Sent::Delivered) => taken += 1,
@@ -290,6 +325,10 @@ impl Datapath for SharedMemory {
     fn malformed(&self) -> u64 {
         self.malformed
     }
+
+    fn int_datagrams(&self) -> (u64, u64) {
+        self.udp.int_datagrams()
+    }
 }
 
 #[cfg(test)]
@@ -304,7 +343,7 @@ mod tests {
     fn a_full_ring_holds_datagrams_in_order_until_it_drains() {
         let (here, there): (IpAddr, IpAddr) = ("127.0.9.20".parse().unwrap(), "127.0.9.21".parse().unwrap());
         let own = Arc::new(Inbox::create(here, 1).unwrap());
-        let mut wire = SharedMemory::new(Udp::new(Arc::new(RoceSocket::bind(here).unwrap())), own.ring(0));
+        let mut wire = SharedMemory::new(Udp::new(Arc::new(RoceSocket::bind(here).unwrap()), None), own.ring(0));
         let peer = Arc::new(Inbox::create(there, 1).unwrap());
         let mut ring = peer.ring(0);
         let to = SocketAddr::new(there, softrnic_wire::ROCEV2_UDP_PORT);

@@ -35,6 +35,8 @@ use softrnic_transport::{
     PostQueues, Posted, QpAttr, QpInitAttr, QpState, RecvWorkRequest, Result, Retransmission, SendPoster,
     SendWorkRequest, Shard, SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, shard_of,
 };
+use softrnic_wire::ROCEV2_UDP_PORT;
+use softrnic_wire::int::INT_UDP_PORT;
 
 use crate::datapath::{Datapath, DatapathKind, SharedMemory, Udp};
 use crate::event_queue::EventQueue;
@@ -115,10 +117,7 @@ impl EngineConfig {
         };
         selective_repeat_from_env()?;
         config.transport.retransmission = retransmission_from_env()?;
-        config.transport.congestion.algorithm = crate::congestion::from_env()?;
-        if let Some(rate) = crate::congestion::line_rate_from_env()? {
-            config.transport.congestion.line_rate_bps = rate;
-        }
+        crate::congestion::config_from_env(&mut config.transport.congestion)?;
         // A UD message must fit one packet the link carries.
         config.transport.ud_mtu = crate::interface::active_mtu(addr);
         match std::env::var("SOFTRNIC_ENGINE_THREADS") {
@@ -211,6 +210,10 @@ pub struct NicCounters {
     /// RoCE packets that arrived marked ECN CE (the name mlx5 gives its
     /// notification point's counter).
     pub np_ecn_marked_roce_packets: u64,
+    /// Datagrams that arrived on the INT port (UDP 4792), and those of
+    /// them dropped for want of a valid INT header.
+    pub rx_int_packets: u64,
+    pub rx_int_malformed: u64,
 }
 
 /// The state every thread of a NIC shares.
@@ -264,26 +267,37 @@ impl Nic {
                 config.engine_threads
             )));
         }
-        let sockets = RoceSocket::bind_group(config.addr, shards)?;
+        let mut transport = TransportConfig { local_addr: config.addr, ..config.transport.clone() };
+        // A device whose algorithm steers by INT carries it.
+        transport.congestion.int |= transport.congestion.algorithm.as_ref().is_some_and(|a| a.wants_int());
+        let mut sockets = RoceSocket::bind_group(config.addr, ROCEV2_UDP_PORT, shards)?;
+        for socket in &mut sockets {
+            socket.set_cnp_dscp(transport.congestion.cnp_dscp);
+        }
+        let int_sockets = match transport.congestion.int {
+            true => RoceSocket::bind_group(config.addr, INT_UDP_PORT, shards)?,
+            false => Vec::new(),
+        };
         let inbox = match config.datapath {
             DatapathKind::Udp => None,
             DatapathKind::Auto => Inbox::create(config.addr, shards).ok().map(Arc::new),
             DatapathKind::Shm => Some(Arc::new(Inbox::create(config.addr, shards)?)),
         };
-        let transport = TransportConfig { local_addr: config.addr, ..config.transport.clone() };
         let control = Control::new(transport.clone(), shards);
         let shards = sockets
             .into_iter()
+            .zip(int_sockets.into_iter().map(Some).chain(std::iter::repeat_with(|| None)))
             .enumerate()
-            .map(|(i, socket)| {
+            .map(|(i, (socket, int_socket))| {
                 let shard = Shard::new(i, transport.clone(), control.memory().clone());
                 let socket = Arc::new(socket);
-                let udp = Udp::new(socket.clone());
+                let int_socket = int_socket.map(Arc::new);
+                let udp = Udp::new(socket.clone(), int_socket.clone());
                 let wire: Box<dyn Datapath> = match &inbox {
                     Some(inbox) => Box::new(SharedMemory::new(udp, inbox.ring(i))),
                     None => Box::new(udp),
                 };
-                EngineShard::new(i, shard, socket, wire, config.faults, config.fault_seed)
+                EngineShard::new(i, shard, (socket, int_socket), wire, config.faults, config.fault_seed)
             })
             .collect::<std::io::Result<Box<[_]>>>()?;
         let epoch = std::time::Instant::now();
@@ -730,6 +744,9 @@ impl Core {
                 out.rx_dropped_by_kernel += wire.receive_drops();
                 out.np_ecn_marked_roce_packets += wire.ce_marked();
                 out.rx_ring_malformed += wire.malformed();
+                let (int, int_malformed) = wire.int_datagrams();
+                out.rx_int_packets += int;
+                out.rx_int_malformed += int_malformed;
             }
             let (tx, rx) = shard.fault_stats();
             out.injected_tx += tx;

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod event_queue;
 pub mod eventfd;
 pub mod faults;
+pub mod int;
 pub mod interface;
 pub mod progress;
 mod shard;

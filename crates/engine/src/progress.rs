@@ -501,7 +501,8 @@ fn sleep(core: &Core, shard: &EngineShard, role: Role) -> Duration {
             Role::Both | Role::Rx => {
                 // Shared-memory peers must know to ring the socket.
                 if shard.lock_wire().prepare_to_sleep() {
-                    let _ = wait_readable(&[shard.socket().fd(), waker], timeout);
+                    let (fds, n) = shard.wait_fds(waker);
+                    let _ = wait_readable(&fds[..n], timeout);
                 }
                 shard.lock_wire().awake();
             }

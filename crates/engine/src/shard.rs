@@ -17,11 +17,12 @@
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use softrnic_transport::{AsyncEvent, CqId, Instant, MAX_DATAGRAM_LEN, RecvMeta, Shard};
-use softrnic_wire::ROCEV2_UDP_PORT;
+use softrnic_wire::int;
 
 use crate::datapath::Datapath;
 use crate::eventfd::EventFd;
@@ -55,7 +56,8 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
-        tx: (0..BATCH).map(|_| vec![0u8; MAX_DATAGRAM_LEN].into_boxed_slice()).collect(),
+        // Room for an INT header in front of the largest datagram.
+        tx: (0..BATCH).map(|_| vec![0u8; MAX_DATAGRAM_LEN + int::HEADER_LEN].into_boxed_slice()).collect(),
         tx_meta: Vec::with_capacity(BATCH),
         faulty: Vec::new(),
         told: Vec::new(),
@@ -99,8 +101,10 @@ pub(crate) struct EngineShard {
     pub index: usize,
     state: Mutex<ShardState>,
     wire: Mutex<Wire>,
-    /// The shard's UDP socket, which its engine thread blocks on.
+    /// The shard's UDP socket, and its INT port's where the device carries
+    /// INT: what its engine thread blocks on.
     socket: Arc<RoceSocket>,
+    int_socket: Option<Arc<RoceSocket>>,
     /// Wakes the thread that sends for this shard: a doorbell, a stop.
     pub tx_waker: EventFd,
     /// Wakes a receive-only thread: a stop.
@@ -136,7 +140,7 @@ impl EngineShard {
     pub fn new(
         index: usize,
         transport: Shard,
-        socket: Arc<RoceSocket>,
+        (socket, int_socket): (Arc<RoceSocket>, Option<Arc<RoceSocket>>),
         wire: Box<dyn Datapath>,
         faults: FaultConfig,
         fault_seed: u64,
@@ -155,6 +159,7 @@ impl EngineShard {
             state: Mutex::new(ShardState { transport, faults }),
             wire: Mutex::new(wire),
             socket,
+            int_socket,
             tx_waker: EventFd::new()?,
             rx_waker: EventFd::new()?,
             sleepers: AtomicUsize::new(0),
@@ -170,6 +175,15 @@ impl EngineShard {
 
     pub fn socket(&self) -> &RoceSocket {
         &self.socket
+    }
+
+    /// The descriptors its engine thread blocks on: the sockets', then
+    /// `waker`; and how many of them there are.
+    pub fn wait_fds(&self, waker: RawFd) -> ([RawFd; 3], usize) {
+        match &self.int_socket {
+            Some(int) => ([self.socket.fd(), int.fd(), waker], 3),
+            None => ([self.socket.fd(), waker, waker], 2),
+        }
     }
 
     /// The state lock.
@@ -314,7 +328,10 @@ impl EngineShard {
                         state = self.lock();
                     }
                     match state.transport.poll_transmit(pass.now, &mut scratch.tx[slot]) {
-                        Some(t) => scratch.tx_meta.push((SocketAddr::new(t.dst, ROCEV2_UDP_PORT), t.len)),
+                        Some(t) => {
+                            let (port, len) = crate::int::wrap(t.int, &mut scratch.tx[slot], t.len);
+                            scratch.tx_meta.push((SocketAddr::new(t.dst, port), len));
+                        }
                         None => break,
                     }
                 }
@@ -382,7 +399,7 @@ fn send_all(wire: &mut dyn Datapath, packets: &mut [(SocketAddr, &[u8])], pass: 
     crate::socket::group_runs(packets);
     if let Some(tracer) = pass.tracer {
         for (dst, bytes) in packets.iter() {
-            tracer.datagram("->", *dst, bytes);
+            tracer.datagram("->", *dst, crate::int::roce_packet(*dst, bytes));
         }
     }
     let sent: usize = packets.chunks(BATCH).map(|chunk| wire.send(chunk)).sum();

@@ -16,6 +16,18 @@
 //! `IPV6_RECVTCLASS`). UDP GRO merges only datagrams with equal TOS, so
 //! a coalesced batch has one ECN field.
 //!
+//! CNPs leave with their own DSCP (`cnp_dscp`, 48 by default) so that a
+//! switch can queue them ahead of data: the socket recognises them by
+//! their opcode, as a NIC does, and sets the TOS of each one alone
+//! (an `IP_TOS` or `IPV6_TCLASS` control message).
+//!
+//! A device that carries in-band telemetry (`INT`, for HPCC) has a second
+//! group of sockets on UDP port 4792, where each datagram is the INT
+//! header and then the RoCEv2 packet (`softrnic_wire::int`); its steering
+//! program reads the destination QP past the header. Datagrams to a
+//! peer's 4792 leave from the 4791 socket: only the destination port
+//! tells a switch to record its path.
+//!
 //! IPv4 sockets set `IP_PMTUDISC_DO`: Linux then sends with DF and IPv4 ID
 //! 0 from an unconnected socket, so every byte the ICRC covers is known
 //! (docs/ARCHITECTURE.md, "Why the ICRC is exact").
@@ -28,6 +40,9 @@ use std::os::fd::{AsRawFd, RawFd};
 use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, Socket, Type};
 use softrnic_transport::{MAX_DATAGRAM_LEN, shard_of};
 use softrnic_wire::ROCEV2_UDP_PORT;
+use softrnic_wire::opcode::Opcode;
+
+use crate::int::{roce_offset, roce_packet};
 
 /// Datagrams moved per system call at most.
 pub const BATCH: usize = 32;
@@ -40,11 +55,11 @@ pub enum BindError {
     )]
     NotLocal(IpAddr),
     #[error(
-        "UDP port 4791 of {0} is already in use, probably by another softrnic device; give each device its own address (127.0.0.2, 127.0.0.3, ...)"
+        "UDP port {1} of {0} is already in use, probably by another softrnic device; give each device its own address (127.0.0.2, 127.0.0.3, ...)"
     )]
-    InUse(IpAddr),
-    #[error("cannot open a UDP socket on {0}:4791: {1}")]
-    Other(IpAddr, io::Error),
+    InUse(IpAddr, u16),
+    #[error("cannot open a UDP socket on {0}: {1}")]
+    Other(SocketAddr, io::Error),
 }
 
 /// The ECN codepoints softrnic sends and looks for (RFC 3168).
@@ -70,8 +85,9 @@ const UDP_GRO: libc::c_int = 104;
 const GSO_MAX_BYTES: usize = 65_000;
 /// A receive buffer: a whole GRO-coalesced batch, or one datagram.
 const RECV_BUFFER: usize = 65_536;
-/// Room for the control messages a receive carries: the GRO segment size,
-/// the socket's drop count (`SO_RXQ_OVFL`) and the TOS or traffic class.
+/// Room for the control messages a receive carries (the GRO segment size,
+/// the socket's drop count (`SO_RXQ_OVFL`) and the TOS or traffic class)
+/// and those a send does (the GSO segment size and a CNP's TOS).
 const CONTROL_LEN: usize = 64;
 
 /// The device's UDP socket.
@@ -83,26 +99,31 @@ pub struct RoceSocket {
     gso: bool,
     /// The kernel hands us coalesced runs of datagrams (UDP GRO).
     gro: bool,
+    /// The TOS (or IPv6 traffic class) CNPs leave with, where it is not
+    /// the socket's own.
+    cnp_tos: Option<u8>,
 }
 
 impl RoceSocket {
     /// Binds UDP port 4791 of `addr`, non-blocking.
     pub fn bind(addr: IpAddr) -> Result<RoceSocket, BindError> {
-        RoceSocket::bind_one(addr, false)
+        RoceSocket::bind_one(SocketAddr::new(addr, ROCEV2_UDP_PORT), false)
     }
 
-    /// Binds `shards` sockets on UDP port 4791 of `addr`, the `i`th
-    /// receiving the datagrams whose destination QP belongs to shard `i`.
-    pub fn bind_group(addr: IpAddr, shards: usize) -> Result<Vec<RoceSocket>, BindError> {
+    /// Binds `shards` sockets on UDP port `port` of `addr` (4791, or 4792
+    /// for INT), the `i`th receiving the datagrams whose destination QP
+    /// belongs to shard `i`.
+    pub fn bind_group(addr: IpAddr, port: u16, shards: usize) -> Result<Vec<RoceSocket>, BindError> {
+        let local = SocketAddr::new(addr, port);
         if shards <= 1 {
-            return Ok(vec![RoceSocket::bind(addr)?]);
+            return Ok(vec![RoceSocket::bind_one(local, false)?]);
         }
         // A group takes any socket of this user that asks to join, so
         // first make sure nobody holds the port: another device on this
         // address would otherwise silently share its datagrams with us.
-        drop(RoceSocket::bind(addr)?);
-        let sockets = (0..shards).map(|_| RoceSocket::bind_one(addr, true)).collect::<Result<Vec<_>, _>>()?;
-        let program = steering_program(shards);
+        drop(RoceSocket::bind_one(local, false)?);
+        let sockets = (0..shards).map(|_| RoceSocket::bind_one(local, true)).collect::<Result<Vec<_>, _>>()?;
+        let program = steering_program(shards, roce_offset(port));
         let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut _ };
         // SAFETY: a valid fd, and a pointer to a `sock_fprog` whose filter
         // array lives across the call; the kernel copies it.
@@ -116,14 +137,14 @@ impl RoceSocket {
             )
         };
         if rc != 0 {
-            return Err(BindError::Other(addr, io::Error::last_os_error()));
+            return Err(BindError::Other(local, io::Error::last_os_error()));
         }
         Ok(sockets)
     }
 
-    fn bind_one(addr: IpAddr, reuse_port: bool) -> Result<RoceSocket, BindError> {
-        let local = SocketAddr::new(addr, ROCEV2_UDP_PORT);
-        let other = |e| BindError::Other(addr, e);
+    fn bind_one(local: SocketAddr, reuse_port: bool) -> Result<RoceSocket, BindError> {
+        let addr = local.ip();
+        let other = |e| BindError::Other(local, e);
         let socket = Socket::new(Domain::for_address(local), Type::DGRAM, Some(Protocol::UDP)).map_err(other)?;
         socket.set_nonblocking(true).map_err(other)?;
         // Room for bursts of a window of 4 KiB datagrams; the kernel caps it.
@@ -144,7 +165,7 @@ impl RoceSocket {
         }
         socket.bind(&SockAddr::from(local)).map_err(|e| match e.kind() {
             io::ErrorKind::AddrNotAvailable => BindError::NotLocal(addr),
-            io::ErrorKind::AddrInUse => BindError::InUse(addr),
+            io::ErrorKind::AddrInUse => BindError::InUse(addr, local.port()),
             _ => other(e),
         })?;
         // Offloads where the kernel has them; `SOFTRNIC_NO_GSO` turns them off.
@@ -154,7 +175,13 @@ impl RoceSocket {
         // Every receive then says how many datagrams the kernel dropped
         // for want of buffer space: loss that is not the network's.
         let _ = set_int(&socket, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1);
-        Ok(RoceSocket { socket: socket.into(), local, gso, gro })
+        Ok(RoceSocket { socket: socket.into(), local, gso, gro, cnp_tos: None })
+    }
+
+    /// CNPs leave with DSCP `dscp` (and the ECN field data has).
+    pub fn set_cnp_dscp(&mut self, dscp: u8) {
+        let tos = dscp << 2 | ecn_codepoint() as u8;
+        self.cnp_tos = (tos != ecn_codepoint() as u8).then_some(tos);
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -190,12 +217,14 @@ impl RoceSocket {
         let mut i = 0;
         while i < n {
             let (dst, first) = packets[i];
+            let tos = self.cnp_tos.filter(|_| is_cnp(dst, first));
             let mut end = i + 1;
             if self.gso {
                 let mut bytes = first.len();
                 while end < n
                     && packets[end].0 == dst
-                    && same_dest_qp(packets[end].1, first)
+                    && same_dest_qp(dst, packets[end].1, first)
+                    && is_cnp(dst, packets[end].1) == is_cnp(dst, first)
                     && packets[end].1.len() <= first.len()
                     && bytes + packets[end].1.len() <= GSO_MAX_BYTES
                 {
@@ -216,19 +245,38 @@ impl RoceSocket {
             h.msg_namelen = name.len();
             h.msg_iov = &mut iovecs[i];
             h.msg_iovlen = end - i;
-            if end - i > 1 {
+            let segment = (end - i > 1).then_some(first.len() as u16);
+            if segment.is_some() || tos.is_some() {
                 let control = &mut controls[messages];
                 h.msg_control = control.as_mut_ptr() as *mut _;
                 h.msg_controllen = CONTROL_LEN;
                 // SAFETY: the control buffer is CONTROL_LEN bytes, aligned
-                // for cmsghdr, enough for one header and a u16.
+                // for cmsghdr, room for two headers and their ints; each
+                // header is written where CMSG_FIRSTHDR/CMSG_NXTHDR put it,
+                // within the length declared so far.
                 unsafe {
-                    let cmsg = libc::CMSG_FIRSTHDR(h);
-                    (*cmsg).cmsg_level = libc::SOL_UDP;
-                    (*cmsg).cmsg_type = UDP_SEGMENT;
-                    (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut u16, first.len() as u16);
-                    h.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
+                    let mut used = 0;
+                    let mut cmsg = libc::CMSG_FIRSTHDR(h);
+                    if let Some(size) = segment {
+                        (*cmsg).cmsg_level = libc::SOL_UDP;
+                        (*cmsg).cmsg_type = UDP_SEGMENT;
+                        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut u16, size);
+                        used += libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
+                        cmsg = libc::CMSG_NXTHDR(h, cmsg);
+                    }
+                    if let Some(tos) = tos {
+                        let (level, kind) = match dst {
+                            SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_TOS),
+                            SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_TCLASS),
+                        };
+                        (*cmsg).cmsg_level = level;
+                        (*cmsg).cmsg_type = kind;
+                        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as usize;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut libc::c_int, libc::c_int::from(tos));
+                        used += libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) as usize;
+                    }
+                    h.msg_controllen = used;
                 }
             }
             counts[messages] = end - i;
@@ -327,9 +375,8 @@ impl RoceSocket {
             let mut offset = 0;
             while offset < len {
                 let size = segment.min(len - offset);
-                let ce = tos & 0b11 == CE;
-                batch.datagrams.push((source, i, offset, size, ce));
-                batch.ce_marked += u64::from(ce);
+                batch.datagrams.push((source, i, offset, size, Tos(tos)));
+                batch.ce_marked += u64::from(Tos(tos).ce());
                 offset += size;
             }
         }
@@ -348,7 +395,7 @@ impl RoceSocket {
 /// hold no run at all. An insertion sort: stable, no allocation, and a
 /// batch is at most [`BATCH`] long.
 pub fn group_runs(packets: &mut [(SocketAddr, &[u8])]) {
-    let key = |p: &(SocketAddr, &[u8])| (p.0, softrnic_transport::dest_qpn(p.1));
+    let key = |p: &(SocketAddr, &[u8])| (p.0, softrnic_transport::dest_qpn(roce_packet(p.0, p.1)));
     for i in 1..packets.len() {
         let mut j = i;
         while j > 0 && key(&packets[j - 1]) > key(&packets[i]) {
@@ -358,23 +405,30 @@ pub fn group_runs(packets: &mut [(SocketAddr, &[u8])]) {
     }
 }
 
-/// Whether two RoCEv2 datagrams go to the same QP (BTH bytes 5..8).
-fn same_dest_qp(a: &[u8], b: &[u8]) -> bool {
+/// Whether two datagrams to `dst` go to the same QP (BTH bytes 5..8).
+fn same_dest_qp(dst: SocketAddr, a: &[u8], b: &[u8]) -> bool {
+    let (a, b) = (roce_packet(dst, a), roce_packet(dst, b));
     a.get(5..8).is_some() && a.get(5..8) == b.get(5..8)
+}
+
+/// Whether a datagram to `dst` is a CNP.
+fn is_cnp(dst: SocketAddr, datagram: &[u8]) -> bool {
+    roce_packet(dst, datagram).first() == Some(&(Opcode::Cnp as u8))
 }
 
 /// The classic-BPF program that steers a datagram to socket
 /// `shard_of(dest_qpn, shards)` of a reuseport group. It runs on the UDP
-/// payload: the BTH's second word holds the destination QP in its low 24
-/// bits. A datagram too short for a BTH aborts the program, and the kernel
-/// then picks a socket by hash; that shard routes it on (or drops it).
-pub fn steering_program(shards: usize) -> [libc::sock_filter; 4] {
+/// payload, whose RoCEv2 packet starts at `bth_at`: the BTH's second word
+/// holds the destination QP in its low 24 bits. A datagram too short for
+/// a BTH aborts the program, and the kernel then picks a socket by hash;
+/// that shard routes it on (or drops it).
+pub fn steering_program(shards: usize, bth_at: usize) -> [libc::sock_filter; 4] {
     const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
     const AND_K: u16 = (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16;
     const MOD_K: u16 = (libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K) as u16;
     const RET_A: u16 = (libc::BPF_RET | libc::BPF_A) as u16;
     let op = |code, k| libc::sock_filter { code, jt: 0, jf: 0, k };
-    [op(LD_W_ABS, 4), op(AND_K, 0x00ff_ffff), op(MOD_K, shards.max(1) as u32), op(RET_A, 0)]
+    [op(LD_W_ABS, bth_at as u32 + 4), op(AND_K, 0x00ff_ffff), op(MOD_K, shards.max(1) as u32), op(RET_A, 0)]
 }
 
 /// What [`steering_program`] computes, run the way the kernel runs it: for
@@ -420,8 +474,8 @@ pub struct RecvBatch {
     buffers: Vec<Box<[u8]>>,
     names: Vec<SockAddrStorage>,
     controls: Vec<[u64; CONTROL_LEN / 8]>,
-    /// (source, buffer, offset, length, CE) of every datagram received.
-    datagrams: Vec<(SocketAddr, usize, usize, usize, bool)>,
+    /// (source, buffer, offset, length, TOS) of every datagram received.
+    datagrams: Vec<(SocketAddr, usize, usize, usize, Tos)>,
     /// Datagrams the kernel dropped on this socket since it opened, for
     /// want of buffer space, as of the last receive.
     kernel_drops: u32,
@@ -456,21 +510,38 @@ impl RecvBatch {
     }
 
     /// The `i`th datagram of the last receive, where it came from, and
-    /// whether it arrived marked CE.
-    pub fn get(&self, i: usize) -> Option<(SocketAddr, bool, &[u8])> {
-        let &(source, buffer, offset, len, ce) = self.datagrams.get(i)?;
-        Some((source, ce, &self.buffers[buffer][offset..offset + len]))
+    /// the TOS (or traffic class) it arrived with.
+    pub fn get(&self, i: usize) -> Option<(SocketAddr, Tos, &[u8])> {
+        let &(source, buffer, offset, len, tos) = self.datagrams.get(i)?;
+        Some((source, tos, &self.buffers[buffer][offset..offset + len]))
+    }
+}
+
+/// An IPv4 TOS byte or IPv6 traffic class: DSCP and ECN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tos(pub u8);
+
+impl Tos {
+    /// A switch on the way was congested.
+    pub fn ce(self) -> bool {
+        self.0 & 0b11 == CE
+    }
+
+    pub fn dscp(self) -> u8 {
+        self.0 >> 2
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use softrnic_wire::int::{self, INT_UDP_PORT};
+
     use super::*;
 
     #[test]
     fn the_steering_program_computes_shard_of() {
         for shards in [1, 2, 3, 4, 8, 16] {
-            let program = steering_program(shards);
+            let program = steering_program(shards, 0);
             for qpn in [0x11u32, 0x12, 0x13, 0x100, 0xab_cdef, 0xff_ffff] {
                 let mut bth = [0u8; 12];
                 bth[4] = 0xff; // the FECN/BECN byte must not leak into the QPN
@@ -482,15 +553,33 @@ mod tests {
         }
     }
 
+    /// On the INT port the destination QP sits past the INT header.
+    #[test]
+    fn the_int_ports_steering_program_reads_past_the_header() {
+        let program = steering_program(4, roce_offset(INT_UDP_PORT));
+        for qpn in [0x11u32, 0x12, 0x13, 0xab_cdef] {
+            let mut datagram = vec![0xffu8; int::HEADER_LEN];
+            datagram.extend_from_slice(&[0, 0, 0, 0, 0xff, 0, 0, 0, 0, 0, 0, 0]);
+            datagram[int::HEADER_LEN + 5..int::HEADER_LEN + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+            assert_eq!(run_steering_program(&program, &datagram), Some(shard_of(qpn, 4) as u32));
+        }
+    }
+
     #[test]
     fn gso_runs_hold_one_destination_qp() {
+        let plain: SocketAddr = "127.0.0.9:4791".parse().unwrap();
         let mut a = [0u8; 12];
         let mut b = [0u8; 12];
         a[5..8].copy_from_slice(&[0, 0, 0x11]);
         b[5..8].copy_from_slice(&[0, 0, 0x12]);
-        assert!(same_dest_qp(&a, &a));
-        assert!(!same_dest_qp(&a, &b));
-        assert!(!same_dest_qp(&a[..4], &a[..4]));
+        assert!(same_dest_qp(plain, &a, &a));
+        assert!(!same_dest_qp(plain, &a, &b));
+        assert!(!same_dest_qp(plain, &a[..4], &a[..4]));
+        // Behind INT headers whose records differ, the QPs still decide.
+        let with_int = |bth: &[u8], records: u8| [&[records; int::HEADER_LEN][..], bth].concat();
+        let int: SocketAddr = SocketAddr::new(plain.ip(), INT_UDP_PORT);
+        assert!(same_dest_qp(int, &with_int(&a, 1), &with_int(&a, 2)));
+        assert!(!same_dest_qp(int, &with_int(&a, 1), &with_int(&b, 1)));
     }
 
     #[test]
@@ -540,5 +629,66 @@ mod tests {
         }
         assert_eq!(received, 2);
         assert_eq!(batch.ce_marked(), 1);
+    }
+
+    /// Receives `count` datagrams on `socket`: (TOS, bytes) of each.
+    fn receive(socket: &RoceSocket, count: usize) -> Vec<(Tos, Vec<u8>)> {
+        let mut batch = RecvBatch::default();
+        let mut got = Vec::new();
+        for _ in 0..1000 {
+            let n = socket.recv_batch(&mut batch).unwrap();
+            got.extend((0..n).map(|i| batch.get(i).map(|(_, tos, bytes)| (tos, bytes.to_vec())).unwrap()));
+            if got.len() >= count {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        got
+    }
+
+    /// A CNP leaves with the CNP DSCP, data beside it with the socket's
+    /// own TOS; both keep the ECN field data has.
+    #[test]
+    fn cnps_leave_with_their_own_dscp() {
+        let receiver = RoceSocket::bind("127.0.0.63".parse().unwrap()).unwrap();
+        let mut sender = RoceSocket::bind("127.0.0.64".parse().unwrap()).unwrap();
+        sender.set_cnp_dscp(48);
+        let to = receiver.local_addr();
+        let mut cnp = [0u8; 32];
+        cnp[0] = Opcode::Cnp as u8;
+        let data = [0x0au8; 32];
+        assert_eq!(sender.send_batch(&[(to, &cnp), (to, &data), (to, &cnp)]).unwrap(), 3);
+        let got: Vec<(Tos, u8)> = receive(&receiver, 3).into_iter().map(|(tos, bytes)| (tos, bytes[0])).collect();
+        let ecn = ecn_codepoint() as u8;
+        let cnp_tos = Tos(48 << 2 | ecn);
+        assert_eq!(got, [(cnp_tos, Opcode::Cnp as u8), (Tos(ecn), 0x0a), (cnp_tos, Opcode::Cnp as u8)]);
+    }
+
+    /// The kernel steers INT datagrams by the QP past their header: each
+    /// reaches the socket of its QP's shard.
+    #[test]
+    fn int_datagrams_reach_their_qps_shard() {
+        let addr: IpAddr = "127.0.0.65".parse().unwrap();
+        let group = RoceSocket::bind_group(addr, INT_UDP_PORT, 2).unwrap();
+        let sender = RoceSocket::bind("127.0.0.66".parse().unwrap()).unwrap();
+        let to = SocketAddr::new(addr, INT_UDP_PORT);
+        let datagrams: Vec<Vec<u8>> = [0x11u8, 0x12, 0x13, 0x14]
+            .iter()
+            .map(|&qpn| {
+                let mut d = vec![0u8; int::HEADER_LEN + 12];
+                int::Repr::default().emit(&mut d).unwrap();
+                d[int::HEADER_LEN + 7] = qpn;
+                d
+            })
+            .collect();
+        let batch: Vec<(SocketAddr, &[u8])> = datagrams.iter().map(|d| (to, &d[..])).collect();
+        assert_eq!(sender.send_batch(&batch).unwrap(), 4);
+        for (shard, socket) in group.iter().enumerate() {
+            let mut got: Vec<u32> =
+                receive(socket, 2).into_iter().map(|(_, bytes)| u32::from(bytes[int::HEADER_LEN + 7])).collect();
+            got.sort();
+            let expected: Vec<u32> = (0x11..=0x14).filter(|&qpn| shard_of(qpn, 2) == shard).collect();
+            assert_eq!(got, expected, "shard {shard}");
+        }
     }
 }

@@ -150,7 +150,7 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
                 eprintln!("softrnic: cannot open {} on {}: {why}", crate::device::DEVICE_NAME, device.addr);
                 let errno = match &why {
                     OpenError::Bind(BindError::NotLocal(_)) => libc::EADDRNOTAVAIL,
-                    OpenError::Bind(BindError::InUse(_)) => libc::EADDRINUSE,
+                    OpenError::Bind(BindError::InUse(..)) => libc::EADDRINUSE,
                     OpenError::Bind(BindError::Other(_, e)) | OpenError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
                     OpenError::Config(_) => libc::EINVAL,
                 };

@@ -86,7 +86,12 @@ impl Frame for EthFrame {
                 let (sport, dport) = (u16::from_be_bytes([l4[0], l4[1]]), u16::from_be_bytes([l4[2], l4[3]]));
                 flow = flow.rotate_left(17) ^ (u64::from(sport) << 16 | u64::from(dport));
                 if protocol == IpNumber::UDP {
-                    int = dport == int::INT_UDP_PORT;
+                    // A path being recorded; an echo goes back untouched.
+                    int = dport == int::INT_UDP_PORT
+                        && l4
+                            .get(UDP_HEADER..)
+                            .and_then(|p| int::Header::new_checked(p).ok())
+                            .is_some_and(|h| !h.is_echo());
                     let bth = match dport {
                         ROCEV2_UDP_PORT => l4.get(UDP_HEADER),
                         int::INT_UDP_PORT => l4.get(UDP_HEADER + int::HEADER_LEN),
@@ -191,19 +196,28 @@ mod tests {
         assert_eq!(plain.stamp_int(Hop::default()), None);
         assert_eq!(plain.bytes, before, "RoCEv2 to 4791 passes byte for byte");
 
-        let builder = etherparse::PacketBuilder::ethernet2([0; 6], [0; 6])
-            .ipv4([10, 77, 0, 1], [10, 77, 0, 2], 64)
-            .udp(49152, int::INT_UDP_PORT);
+        let builder_to = |port| {
+            etherparse::PacketBuilder::ethernet2([0; 6], [0; 6])
+                .ipv4([10, 77, 0, 1], [10, 77, 0, 2], 64)
+                .udp(49152, port)
+        };
         let mut payload = vec![0u8; int::HEADER_LEN + 16];
         int::Repr::default().emit(&mut payload).unwrap();
         let mut bytes = Vec::new();
-        builder.write(&mut bytes, &payload).unwrap();
+        builder_to(int::INT_UDP_PORT).write(&mut bytes, &payload).unwrap();
         let mut frame = EthFrame { bytes };
         assert!(frame.classify().unwrap().int);
         let hop = Hop { rate_mbps: 10_000, timestamp_ns: 5, tx_bytes: 6, queue_bytes: 7 };
         assert_eq!(frame.stamp_int(hop), Some(Stamp::Recorded));
         let at = ETH_HEADER + 20 + UDP_HEADER;
         assert_eq!(int::Repr::parse(&frame.bytes[at..]).unwrap().hops, vec![hop]);
+
+        // The receiver's echo of those records goes back unstamped.
+        let mut echo = vec![0u8; int::HEADER_LEN + 16];
+        int::Repr { hops: vec![hop], echo: true }.emit(&mut echo).unwrap();
+        let mut bytes = Vec::new();
+        builder_to(int::INT_UDP_PORT).write(&mut bytes, &echo).unwrap();
+        assert!(!EthFrame { bytes }.classify().unwrap().int, "an echo is not a path to record");
     }
 
     #[test]

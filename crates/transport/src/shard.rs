@@ -174,8 +174,19 @@ impl Shard {
     }
 
     /// Chooses a QP's congestion control (`None`: none), in place of the
-    /// device's default.
+    /// device's default. One that steers by INT needs a device that
+    /// carries it (`CongestionConfig::int`).
     pub fn set_qp_congestion_control(&mut self, now: Instant, qpn: u32, algorithm: Option<Choice>) -> Result<()> {
+        if let Some(choice) = &algorithm
+            && choice.wants_int()
+            && !self.config.congestion.int
+        {
+            return Err(VerbsError::NotSupported(format!(
+                "{} steers by in-band telemetry (INT), which this device does not carry: \
+                 enable INT on the device (SOFTRNIC_INT=on) or make {0} its default",
+                choice.name()
+            )));
+        }
         self.with_qp(now, qpn, |qp, ctx| {
             qp.choose_congestion_control(ctx, algorithm);
             Ok(())

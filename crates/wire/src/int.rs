@@ -13,14 +13,18 @@
 //! ```text
 //!  0       1       2       3
 //! +-------+-------+-------+-------+
-//! |version| hops  |   reserved    |   hops: records filled so far
-//! +-------+-------+-------+-------+
+//! |version| hops  | flags |  rsvd |   hops: records filled so far
+//! +-------+-------+-------+-------+   flags: ECHO (bit 0)
 //! | record 0 (16 bytes)           |   MAX_HOPS records, always present,
 //! | ...                           |   so a switch never grows the packet
 //! | record 4                      |
 //! +-------------------------------+
 //! | RoCEv2: BTH ... ICRC          |
 //! ```
+//!
+//! A receiver answers with the records its request collected, flagged
+//! [`FLAG_ECHO`]: a switch stamps only headers without it, so an echo
+//! reaches the sender as the forward path left it.
 //!
 //! A record, all big-endian: the egress link's rate in Mb/s (u32); the
 //! switch's clock in nanoseconds when the packet left, modulo 2^32 (u32);
@@ -41,6 +45,8 @@ pub const MAX_HOPS: usize = 5;
 pub const RECORD_LEN: usize = 16;
 /// Bytes of the whole header, records included.
 pub const HEADER_LEN: usize = 4 + MAX_HOPS * RECORD_LEN;
+/// The header carries records back to the sender: switches leave it alone.
+pub const FLAG_ECHO: u8 = 0x01;
 
 typed_view!(
     /// A view over an INT header at the start of a UDP payload.
@@ -72,6 +78,15 @@ impl<T: AsRef<[u8]>> Header<T> {
 
     pub fn hops(&self) -> u8 {
         self.buffer.as_ref()[1]
+    }
+
+    pub fn flags(&self) -> u8 {
+        self.buffer.as_ref()[2]
+    }
+
+    /// An echo going back to the sender, not a path being recorded.
+    pub fn is_echo(&self) -> bool {
+        self.flags() & FLAG_ECHO != 0
     }
 
     /// The `i`th record, if it has been filled.
@@ -106,10 +121,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Header<T> {
     }
 }
 
-/// The meaning of an INT header: the hops recorded so far.
+/// The meaning of an INT header: the hops recorded so far, and whether
+/// they are on their way back.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Repr {
     pub hops: Vec<Hop>,
+    pub echo: bool,
 }
 
 impl Repr {
@@ -120,10 +137,10 @@ impl Repr {
         if header.version() != VERSION {
             return Err(Error::Reserved);
         }
-        if usize::from(header.hops()) > MAX_HOPS {
+        if usize::from(header.hops()) > MAX_HOPS || header.flags() & !FLAG_ECHO != 0 {
             return Err(Error::Reserved);
         }
-        Ok(Repr { hops: (0..MAX_HOPS).map_while(|i| header.hop(i)).collect() })
+        Ok(Repr { hops: (0..MAX_HOPS).map_while(|i| header.hop(i)).collect(), echo: header.is_echo() })
     }
 
     /// Writes the header into the first [`HEADER_LEN`] bytes of `buf`.
@@ -134,6 +151,9 @@ impl Repr {
         let bytes = buf.get_mut(..HEADER_LEN).ok_or(Error::Truncated)?;
         bytes.fill(0);
         bytes[0] = VERSION;
+        if self.echo {
+            bytes[2] = FLAG_ECHO;
+        }
         let mut header = Header::new_unchecked(bytes);
         for hop in &self.hops {
             header.push(*hop);
@@ -150,7 +170,7 @@ mod tests {
     fn literal_bytes() {
         let mut buf = [0xeeu8; HEADER_LEN];
         let hop = Hop { rate_mbps: 100_000, timestamp_ns: 0x0102_0304, tx_bytes: 0xa0b0_c0d0, queue_bytes: 4096 };
-        Repr { hops: vec![hop] }.emit(&mut buf).unwrap();
+        Repr { hops: vec![hop], echo: false }.emit(&mut buf).unwrap();
         let mut expected = [0u8; HEADER_LEN];
         expected[..4].copy_from_slice(&[1, 1, 0, 0]);
         expected[4..20].copy_from_slice(&[
@@ -161,6 +181,16 @@ mod tests {
         ]);
         assert_eq!(buf, expected);
         assert_eq!(Repr::parse(&buf).unwrap().hops, vec![hop]);
+    }
+
+    #[test]
+    fn an_echo_is_flagged() {
+        let mut buf = [0u8; HEADER_LEN];
+        let repr = Repr { hops: vec![Hop { queue_bytes: 9, ..Hop::default() }], echo: true };
+        repr.emit(&mut buf).unwrap();
+        assert_eq!(buf[..4], [1, 1, FLAG_ECHO, 0]);
+        assert!(Header::new_checked(&buf[..]).unwrap().is_echo());
+        assert_eq!(Repr::parse(&buf).unwrap(), repr);
     }
 
     #[test]
@@ -185,5 +215,8 @@ mod tests {
         buf[0] = VERSION;
         buf[1] = MAX_HOPS as u8 + 1;
         assert_eq!(Repr::parse(&buf), Err(Error::Reserved));
+        buf[1] = 0;
+        buf[2] = 0x80;
+        assert_eq!(Repr::parse(&buf), Err(Error::Reserved), "an unknown flag");
     }
 }

@@ -45,13 +45,13 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             if format == Format::Table {
                 println!("softrnic bench: waiting for a client on {addr}:{} ...", args.port);
             }
-            serve(&listener, ctx, timeout * 30, format)
+            serve(&listener, ctx, timeout * 30, format, args.qp_timeout)
         }
         (false, Some(peer)) => {
             let addr = local_addr(args, Some(peer))?;
             let ctx = open(engine_config(args, addr)?)?;
             let exchange = Exchange::connect(SocketAddr::new(peer, args.port), timeout).map_err(|e| e.to_string())?;
-            client(exchange, ctx, params, timeout, format)
+            client(exchange, ctx, params, timeout, format, args.qp_timeout)
         }
         (false, None) => {
             let client_addr = args.addr.unwrap_or(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
@@ -60,13 +60,16 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             let port = listener.local_addr().map_err(|e| e.to_string())?.port();
             let server_ctx = open(engine_config(args, server_addr)?)?;
             let client_ctx = open(engine_config(args, client_addr)?)?;
+            let qp_timeout = args.qp_timeout;
             let server = std::thread::Builder::new()
                 .name("bench-server".into())
-                .spawn(move || serve(&listener, server_ctx, timeout, Format::Json).map_err(|e| format!("server: {e}")))
+                .spawn(move || {
+                    serve(&listener, server_ctx, timeout, Format::Json, qp_timeout).map_err(|e| format!("server: {e}"))
+                })
                 .map_err(|e| e.to_string())?;
             let exchange = Exchange::connect(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port), timeout)
                 .map_err(|e| e.to_string())?;
-            let result = client(exchange, client_ctx, params, timeout, format);
+            let result = client(exchange, client_ctx, params, timeout, format, args.qp_timeout);
             let server_result = server.join().map_err(|_| "the server thread panicked".to_string())?;
             result.and(server_result)
         }
@@ -109,13 +112,17 @@ fn engine_config(args: &BenchArgs, addr: IpAddr) -> Result<EngineConfig, String>
         Some(mode) => mode,
         None => softrnic::retransmission_from_env()?,
     };
-    config.transport.congestion.algorithm = match &args.cc {
-        Some(name) => softrnic::choose_congestion_control(name, &args.cc_params.join(","))
-            .map_err(|e| format!("--cc {name}: {e}"))?,
+    // The environment's congestion control, then the flags over it.
+    softrnic_engine::congestion::config_from_env(&mut config.transport.congestion)?;
+    match &args.cc {
+        Some(name) => {
+            config.transport.congestion.algorithm = softrnic::choose_congestion_control(name, &args.cc_params.join(","))
+                .map_err(|e| format!("--cc {name}: {e}"))?
+        }
         None if !args.cc_params.is_empty() => return Err("--cc-param needs --cc to name the algorithm".to_string()),
-        None => softrnic_engine::congestion::from_env()?,
-    };
-    if let Some(rate) = args.line_rate.map_or_else(softrnic_engine::congestion::line_rate_from_env, |r| Ok(Some(r)))? {
+        None => {}
+    }
+    if let Some(rate) = args.line_rate {
         config.transport.congestion.line_rate_bps = rate;
     }
     Ok(config.with_threads(args.engine_threads, args.split_rx_tx))
@@ -132,12 +139,13 @@ fn client(
     params: Params,
     timeout: Duration,
     format: Format,
+    qp_timeout: u8,
 ) -> Result<(), String> {
     // The MTU the connections will use (and the report shows): -m, or the
     // link's if that is smaller.
     let params = Params { mtu: params.mtu.min(ctx.active_mtu()), ..params };
     exchange.send_text(&params.to_line()).map_err(|e| e.to_string())?;
-    let mut s = Session::open(ctx, params.clone(), exchange, End::Client, timeout)?;
+    let mut s = Session::open(ctx, params.clone(), exchange, End::Client, timeout, qp_timeout)?;
     report::banner(&params, format, &s.describe_local(), &s.describe_remote(), &s.ctx);
     report::header(params.test, format);
     let mut failures = Vec::new();
@@ -180,10 +188,16 @@ fn client(
     }
 }
 
-fn serve(listener: &TcpListener, ctx: Context, timeout: Duration, format: Format) -> Result<(), String> {
+fn serve(
+    listener: &TcpListener,
+    ctx: Context,
+    timeout: Duration,
+    format: Format,
+    qp_timeout: u8,
+) -> Result<(), String> {
     let mut exchange = Exchange::accept(listener, timeout).map_err(|e| e.to_string())?;
     let params = Params::parse(&exchange.read_line().map_err(|e| e.to_string())?)?;
-    let mut s = Session::open(ctx, params.clone(), exchange, End::Server, Duration::from_secs(10))?;
+    let mut s = Session::open(ctx, params.clone(), exchange, End::Server, Duration::from_secs(10), qp_timeout)?;
     if format == Format::Table {
         report::banner(&params, format, &s.describe_local(), &s.describe_remote(), &s.ctx);
     }

@@ -190,6 +190,10 @@ pub struct BenchArgs {
     /// Default: SOFTRNIC_RETRANSMISSION, else fixed.
     #[arg(long, value_parser = Retransmission::parse)]
     pub retransmission: Option<Retransmission>,
+    /// The QP's retransmission timeout, as perftest's -u: 4.096 us x 2^N
+    /// (14: 67 ms; 0: wait for ever).
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub qp_timeout: u8,
     /// Recover from loss by selective repeat: the responder keeps what
     /// arrives beyond a gap and the requester sends only what was lost
     /// (softrnic's extension, negotiated with the server; always with the
@@ -197,10 +201,10 @@ pub struct BenchArgs {
     /// as RoCE does.
     #[arg(long)]
     pub selective_repeat: bool,
-    /// Congestion control for this end's QPs: dcqcn, dctcp, timely or
-    /// swift (built in), the path of a WebAssembly module, or none. hpcc
-    /// steers by INT, which the UDP engine does not carry (the simulator
-    /// runs it: softrnic exp cc). Default: SOFTRNIC_CC, else none.
+    /// Congestion control for this end's QPs: dcqcn, dctcp, timely, hpcc
+    /// or swift (built in), the path of a WebAssembly module, or none.
+    /// hpcc steers by INT: the peer must carry it too (SOFTRNIC_INT=on).
+    /// Default: SOFTRNIC_CC, else none.
     #[arg(long, value_name = "NAME|PATH")]
     pub cc: Option<String>,
     /// A parameter of the algorithm, key=value (repeat, or separate with

@@ -32,13 +32,15 @@ pub enum End {
 
 impl Session {
     /// Opens the device, allocates everything, swaps endpoints with the
-    /// peer and connects every QP.
+    /// peer and connects every QP (with this end's `qp_timeout`, perftest's
+    /// `-u`).
     pub fn open(
         ctx: Context,
         params: Params,
         mut exchange: Exchange,
         end: End,
         timeout: Duration,
+        qp_timeout: u8,
     ) -> Result<Session, String> {
         let pd = ctx.alloc_pd();
         // Outgoing slots, then as many incoming ones (SEND receives).
@@ -70,8 +72,12 @@ impl Session {
             };
             remote.push(peer);
         }
-        let options =
-            ConnectOptions { mtu: params.mtu, selective_repeat: params.selective_repeat, ..ConnectOptions::default() };
+        let options = ConnectOptions {
+            mtu: params.mtu,
+            selective_repeat: params.selective_repeat,
+            timeout: qp_timeout,
+            ..ConnectOptions::default()
+        };
         for (qp, peer) in qps.iter().zip(&remote) {
             qp.connect(peer, &options).map_err(|e| format!("cannot connect QP {:#x}: {e}", qp.qpn()))?;
         }

@@ -146,12 +146,9 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     let series_path = args.out.join("cc_sim_series.csv");
     std::fs::write(&series_path, series_csv).map_err(|e| format!("cannot write {}: {e}", series_path.display()))?;
 
-    // The real switch: every algorithm the UDP engine runs (HPCC needs INT).
-    let lab_names: Vec<String> = ALGOS
-        .iter()
-        .filter(|a| a.name != "hpcc")
-        .map(|a| modules.get(a.name).map_or(a.name.to_string(), |p| p.display().to_string()))
-        .collect();
+    // The real switch: every algorithm, HPCC with INT on UDP port 4792.
+    let lab_names: Vec<String> =
+        ALGOS.iter().map(|a| modules.get(a.name).map_or(a.name.to_string(), |p| p.display().to_string())).collect();
     let lab = match softrnic_lab::namespaces::unavailable() {
         Some(reason) if std::env::var_os("CI").is_none() => {
             println!("E3 through the lab's switch skipped: {reason}");

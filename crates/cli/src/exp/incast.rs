@@ -27,6 +27,17 @@ use super::panels::{self, Panel};
 pub type LabRun = (String, Result<IncastRun, String>);
 
 const COLUMNS: &str = "cc,time_s,kind,id,rate_gbps,depth_bytes,peak_bytes,marked,dropped";
+/// The base RTT the senders' algorithms assume, µs (`congestion_env`).
+const LAB_BASE_RTT_US: u32 = 100;
+
+/// Every host, the switch and the flows' processes share the machine's
+/// cores: on two, an engine thread can wait half a second for one
+/// (`engine_stall_max_us`), and flows whose QPs gave up after 7 × 67 ms
+/// of such waits died of it. So QPs wait 1 s (`-u 18`) before a retry
+/// counts, and find real losses sooner with the adaptive timer.
+const LAB_QP_TIMEOUT: u8 = 18;
+const STALL_TOLERANT: &str = "SOFTRNIC_RETRANSMISSION=adaptive ";
+
 /// The receiver's first TCP exchange port; sender i uses BASE + i.
 const BASE_PORT: u16 = 19_515;
 
@@ -174,25 +185,52 @@ impl Incast<'_> {
         let server = if i == 1 { "$h0".to_string() } else { format!("$h0_{}", i - 1) };
         if self.verbs {
             let lib = self.lib.display();
-            let run = format!("LD_LIBRARY_PATH={lib} exec ib_write_bw -d softrnic0 -p {port} -D {secs} --report_gbits");
+            let run = format!(
+                "{STALL_TOLERANT}LD_LIBRARY_PATH={lib} exec ib_write_bw -d softrnic0 -p {port} -D {secs} --report_gbits -u {LAB_QP_TIMEOUT}"
+            );
             // The server's device takes its flow's address; the sender's
             // is its host's (SOFTRNIC_ADDR, set by the lab).
-            (format!("SOFTRNIC_ADDR={server} {run}"), format!("{}{run} {server}", self.congestion_env()))
+            (
+                format!("{}SOFTRNIC_ADDR={server} {run}", self.receiver_env()),
+                format!("{}{run} {server}", self.congestion_env()),
+            )
         } else {
             let bin = self.bin.display();
             (
-                format!("exec {bin} bench write_bw --server --addr {server} -p {port}"),
-                format!("{}exec {bin} bench write_bw {server} -p {port} -D {secs}", self.congestion_env()),
+                format!(
+                    "{}{STALL_TOLERANT}exec {bin} bench write_bw --server --addr {server} -p {port} -u {LAB_QP_TIMEOUT}",
+                    self.receiver_env()
+                ),
+                format!(
+                    "{}{STALL_TOLERANT}exec {bin} bench write_bw {server} -p {port} -D {secs} -u {LAB_QP_TIMEOUT}",
+                    self.congestion_env()
+                ),
             )
         }
     }
 
     /// What a sender's environment says of congestion control: the
-    /// algorithm, and the links' rate it starts from.
+    /// algorithm, the links' rate it starts from, and the path's base
+    /// RTT. Through the lab's user-space switch a round trip takes far
+    /// longer than the 10 µs of a data-centre hop that the algorithms
+    /// assume; HPCC sizes its window by it (on a 2-core machine, 50 µs
+    /// left the link under-used, 400 µs let the queue grow).
     fn congestion_env(&self) -> String {
         match self.cc {
             "none" => String::new(),
-            cc => format!("SOFTRNIC_CC={cc} SOFTRNIC_LINE_RATE={} ", self.rate as f64 / 1e9),
+            cc => format!(
+                "SOFTRNIC_CC={cc} SOFTRNIC_LINE_RATE={} SOFTRNIC_BASE_RTT={LAB_BASE_RTT_US} ",
+                self.rate as f64 / 1e9
+            ),
+        }
+    }
+
+    /// The receiver's: it carries INT, to echo the records of a sender
+    /// that collects them (HPCC).
+    fn receiver_env(&self) -> &'static str {
+        match self.cc {
+            "none" => "",
+            _ => "SOFTRNIC_INT=on ",
         }
     }
 

@@ -1,0 +1,75 @@
+//! In-band telemetry over real UDP: a device whose QPs run HPCC sends its
+//! data to the peer's INT port (4792) behind an INT header, the peer
+//! (with INT on) echoes the records on its answers to the sender's INT
+//! port, and nothing is lost or sent twice on the way. A device without
+//! INT refuses HPCC for a QP with an error that says how to enable it.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use softrnic::{
+    Access, ConnectOptions, Context, DatapathKind, EngineConfig, QpCaps, SendOp, SendWorkRequest, WcStatus,
+};
+
+/// A device on `addr` over UDP (the shared-memory wire between devices of
+/// one host crosses no switch and carries no INT).
+fn open(addr: [u8; 4], configure: impl FnOnce(&mut EngineConfig)) -> Context {
+    let mut config = EngineConfig { datapath: DatapathKind::Udp, ..EngineConfig::new(IpAddr::from(addr)) };
+    configure(&mut config);
+    Context::with_config(config).expect("open")
+}
+
+#[test]
+fn hpcc_data_collects_int_and_the_peer_echoes_it() {
+    let hpcc = softrnic::choose_congestion_control("hpcc", "").unwrap();
+    let a = open([127, 0, 4, 1], |c| c.transport.congestion.algorithm = hpcc.clone());
+    let b = open([127, 0, 4, 2], |c| c.transport.congestion.int = true);
+    const LEN: usize = 1 << 20;
+    let sides = [&a, &b].map(|ctx| {
+        let pd = ctx.alloc_pd();
+        let mr = pd.register(LEN, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
+        let cq = ctx.create_cq(256).unwrap();
+        let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+        (mr, cq, qp)
+    });
+    let (amr, acq, aqp) = &sides[0];
+    let (bmr, _, bqp) = &sides[1];
+    aqp.connect(&bqp.endpoint(bmr), &ConnectOptions::default()).unwrap();
+    bqp.connect(&aqp.endpoint(amr), &ConnectOptions::default()).unwrap();
+    amr.write(0, &[0xab; LEN]);
+    for i in 0..8 {
+        let write = SendOp::Write { remote: bmr.remote(0), imm: None };
+        aqp.post_send(SendWorkRequest::new(i, write, amr.gather(0, LEN as u32))).unwrap();
+        assert_eq!(acq.wait(Duration::from_secs(30)).expect("a completion").status, WcStatus::Success);
+    }
+    let mut landed = vec![0u8; LEN];
+    bmr.read(0, &mut landed);
+    assert!(landed.iter().all(|&b| b == 0xab), "the data arrived whole");
+
+    let (ac, bc) = (a.counters(), b.counters());
+    let packets = (8 * LEN / 4096) as u64;
+    assert!(bc.rx_int_packets >= packets, "the data went to the INT port: {} of {packets}", bc.rx_int_packets);
+    assert!(ac.rx_int_packets > 0, "the ACKs echoed the records to the sender's INT port");
+    assert_eq!((ac.rx_int_malformed, bc.rx_int_malformed), (0, 0));
+    assert_eq!(ac.transport.retransmitted_packets, 0, "loopback loses nothing");
+    assert_eq!((bc.transport.rx_out_of_sequence, bc.transport.rx_dropped_foreign), (0, 0));
+    assert!(aqp.congestion_rate().is_some_and(|rate| rate > 0), "HPCC paces the QP");
+}
+
+#[test]
+fn a_device_without_int_refuses_hpcc_for_a_qp() {
+    let ctx = open([127, 0, 4, 3], |_| {});
+    let peer = open([127, 0, 4, 4], |_| {});
+    let [(mr, _, qp), (peer_mr, _, peer_qp)] = [&ctx, &peer].map(|ctx| {
+        let pd = ctx.alloc_pd();
+        let mr = pd.register(4096, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+        (mr, cq, qp)
+    });
+    let hpcc = softrnic::choose_congestion_control("hpcc", "").unwrap();
+    let options = ConnectOptions { congestion_control: hpcc, ..ConnectOptions::default() };
+    let refused = qp.connect(&peer_qp.endpoint(&peer_mr), &options).unwrap_err().to_string();
+    assert!(refused.contains("in-band telemetry") && refused.contains("SOFTRNIC_INT=on"), "{refused}");
+    let _ = mr;
+}
