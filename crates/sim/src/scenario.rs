@@ -140,12 +140,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     // none): every invariant must hold whatever it does to the rate. Drawn
     // from a stream of its own, so each seed's workload and faults stay
     // what they were before congestion control joined the draw.
-    // Known gap: selective repeat under congestion control's pacing loses
-    // progress (seeds 22, 582 and 1296 of this draw: retries exhausted, a
-    // receive completion never delivered); the selective-repeat seeds run
-    // without congestion control until that is fixed (docs/ARCHITECTURE.md,
-    // "Congestion control").
-    if limits.switched && !selective_repeat {
+    if limits.switched {
         let names = ["none", "dcqcn", "dctcp", "timely", "hpcc", "swift"];
         let name = names[fastrand::Rng::with_seed(seed ^ 0xcc).usize(..names.len())];
         config.congestion.algorithm = (name != "none").then(|| Choice::builtin(name, "").expect("a built-in"));

@@ -54,6 +54,15 @@ impl QueuePair {
         }
         let bth = &packet.headers.bth;
         let psn = bth.psn;
+        if bth.opcode.is_read_response() || bth.opcode == Opcode::RcAtomicAck {
+            // Responses still arrive, stale ones too: the flight has not
+            // drained, and the repair timer leaves repairs to what the
+            // responses show (counting only fresh ones, a paced
+            // responder's backlog of answers to earlier repairs had it
+            // ask for the same hole every quarter floor, each asking
+            // deepening the backlog).
+            self.req.scoreboard.note_response(ctx.now);
+        }
         // Only PSNs from the last acknowledged one to the last sent one
         // mean anything; anything else is a stale duplicate.
         let in_window = self.req.una.sub(1).is_at_or_before(psn) && psn.is_before(self.req.sent_end);
@@ -81,7 +90,6 @@ impl QueuePair {
                 if in_order || self.attrs.selective_repeat {
                     self.place_atomic_result(ctx, psn, original);
                 }
-                self.req.scoreboard.note_response(ctx.now);
             }
             op if op.is_read_response() && self.attrs.selective_repeat => self.take_read_response(ctx, psn, packet),
             op if op.is_read_response() => {
@@ -330,6 +338,17 @@ impl QueuePair {
         self.acknowledge_through(psn.sub(1));
         if !self.land_read_response(ctx, index, k, psn, packet) {
             return;
+        }
+        // A response new to the scoreboard shows the responder alive and
+        // the path delivering, even while `una` waits for a repair queued
+        // behind the rest of the stream (a paced responder takes a while
+        // to reach it): the retransmission timer and the retry count run
+        // from here. Timing out instead asked for every hole again,
+        // deepened the responder's backlog, and spent the retries while
+        // data flowed.
+        self.req.progress_at = ctx.now;
+        if self.req.retry_deadline.is_some() {
+            self.arm_retry_timer(ctx);
         }
         if k > self.sq[index].responses {
             let ends = packet.headers.bth.opcode.position().is_some_and(Position::ends_message);

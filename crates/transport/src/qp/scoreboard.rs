@@ -171,10 +171,14 @@ impl Scoreboard {
     /// A READ response or ATOMIC acknowledgement of `psn` arrived at
     /// `now`. Each repaired response still `missing` goes again once
     /// `DUPLICATE_THRESHOLD` responses to later requests have overtaken
-    /// it, or once responses still arrive `settle` (a round trip and a
-    /// quarter) after the repair left (RFC 8985's rule by time: the later
-    /// requests that would show it lost are few when the READ limit holds
-    /// them back).
+    /// it, or once a response to a later request arrives `settle` (a round
+    /// trip and a quarter) after the repair left (RFC 8985's rule by time:
+    /// the later requests that would show it lost are few when the READ
+    /// limit holds them back). Only responses to later requests count, as
+    /// in RFC 8985: the responder answers in order, so the others left
+    /// before the repair arrived, and a paced responder's backlog of them
+    /// had the same hole asked for again every round trip, each asking
+    /// deepening the backlog.
     pub fn on_response(
         &mut self,
         psn: Psn,
@@ -190,7 +194,7 @@ impl Scoreboard {
             if !psn.is_before(repair.since) {
                 repair.later_responses += 1;
             }
-            let overdue = repair.sent_at.is_some_and(|at| now - at >= settle);
+            let overdue = repair.later_responses > 0 && repair.sent_at.is_some_and(|at| now - at >= settle);
             if (repair.later_responses >= DUPLICATE_THRESHOLD || overdue) && missing(repair.what.psn()) {
                 *repair = Repair { since: sent_end, later_responses: 0, sent_at: None, ..*repair };
                 self.queue.push_back(repair.what);
@@ -343,17 +347,24 @@ mod tests {
             board.on_response(Psn::new(psn), Psn::new(70), t(20), settle, |_| true);
         }
         assert_eq!(drain(&mut board, Psn::new(40)), [Resend::Responses(Psn::new(40))]);
-        // So does a response that arrives a round trip and a quarter after
-        // the repair left...
+        // So does a response to a later request that arrives a round trip
+        // and a quarter after the repair left...
         board.on_sent(Resend::Responses(Psn::new(40)), t(30));
-        board.on_response(Psn::new(55), Psn::new(70), t(100), settle, |_| true);
+        board.on_response(Psn::new(70), Psn::new(75), t(100), settle, |_| true);
         assert!(!board.has_queued());
-        board.on_response(Psn::new(56), Psn::new(70), t(130), settle, |_| true);
+        board.on_response(Psn::new(71), Psn::new(75), t(130), settle, |_| true);
         assert_eq!(drain(&mut board, Psn::new(40)), [Resend::Responses(Psn::new(40))]);
-        // ...unless the repair's response came meanwhile.
+        // ...but not the responder's backlog of answers to requests sent
+        // before the repair, however late they come.
         board.on_sent(Resend::Responses(Psn::new(40)), t(140));
+        for (i, psn) in (41..60).enumerate() {
+            board.on_response(Psn::new(psn), Psn::new(75), t(300 + 50 * i as u64), settle, |_| true);
+        }
+        assert!(!board.has_queued());
+        // Nor when the repair's response came meanwhile.
+        board.on_sent(Resend::Responses(Psn::new(40)), t(1400));
         for psn in 70..80 {
-            board.on_response(Psn::new(psn), Psn::new(90), t(400), settle, |_| false);
+            board.on_response(Psn::new(psn), Psn::new(90), t(1700), settle, |_| false);
         }
         assert!(!board.has_queued());
     }
