@@ -7,9 +7,9 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use softrnic::{
-    Access, ConnectOptions, Context, DatapathKind, EngineConfig, QpCaps, SendOp, SendWorkRequest, WcStatus,
-};
+use softrnic::{ConnectOptions, Context, DatapathKind, EngineConfig, SendOp, SendWorkRequest, WcStatus};
+
+mod common;
 
 #[test]
 fn ce_in_one_cnp_per_interval_out_rate_down() {
@@ -25,13 +25,7 @@ fn ce_in_one_cnp_per_interval_out_rate_down() {
     };
     let (a, b) = (open([127, 0, 3, 1]), open([127, 0, 3, 2]));
     const LEN: usize = 1 << 20;
-    let sides = [&a, &b].map(|ctx| {
-        let pd = ctx.alloc_pd();
-        let mr = pd.register(LEN, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
-        let cq = ctx.create_cq(256).unwrap();
-        let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
-        (mr, cq, qp)
-    });
+    let sides = [&a, &b].map(|ctx| common::rc_end(ctx, LEN));
     let (amr, acq, aqp) = &sides[0];
     let (bmr, _, bqp) = &sides[1];
     let dcqcn = softrnic::choose_congestion_control("dcqcn", "").unwrap();
@@ -41,10 +35,15 @@ fn ce_in_one_cnp_per_interval_out_rate_down() {
     assert_eq!(aqp.congestion_rate(), Some(10_000_000_000), "DCQCN starts at the line rate");
 
     let started = Instant::now();
+    // The lowest rate seen as each write completes: DCQCN recovers once
+    // the CNPs stop, sooner in wall time the longer this thread waits for
+    // a core, so the rate after the last write says little.
+    let mut lowest = u64::MAX;
     for i in 0..32 {
         let write = SendOp::Write { remote: bmr.remote(0), imm: None };
         aqp.post_send(SendWorkRequest::new(i, write, amr.gather(0, LEN as u32))).unwrap();
         assert_eq!(acq.wait(Duration::from_secs(30)).expect("a completion").status, WcStatus::Success);
+        lowest = lowest.min(aqp.congestion_rate().unwrap());
     }
     let elapsed = started.elapsed();
 
@@ -55,6 +54,5 @@ fn ce_in_one_cnp_per_interval_out_rate_down() {
     let most = elapsed.as_nanos() / 4_000 + 1;
     assert!(u128::from(sent) <= most, "{sent} CNPs in {elapsed:?}: more than one per 4 µs");
     assert_eq!(received, sent, "loopback loses nothing: every CNP reached the sender");
-    let rate = aqp.congestion_rate().unwrap();
-    assert!(rate < 10_000_000_000 / 2, "DCQCN cut the rate: {rate} b/s");
+    assert!(lowest < 10_000_000_000 / 2, "DCQCN cut the rate: at least {lowest} b/s");
 }

@@ -7,9 +7,9 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use softrnic::{
-    Access, ConnectOptions, Context, DatapathKind, EngineConfig, QpCaps, SendOp, SendWorkRequest, WcStatus,
-};
+use softrnic::{ConnectOptions, Context, DatapathKind, EngineConfig, SendOp, SendWorkRequest, WcStatus};
+
+mod common;
 
 /// A device on `addr` over UDP (the shared-memory wire between devices of
 /// one host crosses no switch and carries no INT).
@@ -25,13 +25,7 @@ fn hpcc_data_collects_int_and_the_peer_echoes_it() {
     let a = open([127, 0, 4, 1], |c| c.transport.congestion.algorithm = hpcc.clone());
     let b = open([127, 0, 4, 2], |c| c.transport.congestion.int = true);
     const LEN: usize = 1 << 20;
-    let sides = [&a, &b].map(|ctx| {
-        let pd = ctx.alloc_pd();
-        let mr = pd.register(LEN, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
-        let cq = ctx.create_cq(256).unwrap();
-        let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
-        (mr, cq, qp)
-    });
+    let sides = [&a, &b].map(|ctx| common::rc_end(ctx, LEN));
     let (amr, acq, aqp) = &sides[0];
     let (bmr, _, bqp) = &sides[1];
     aqp.connect(&bqp.endpoint(bmr), &ConnectOptions::default()).unwrap();
@@ -60,16 +54,9 @@ fn hpcc_data_collects_int_and_the_peer_echoes_it() {
 fn a_device_without_int_refuses_hpcc_for_a_qp() {
     let ctx = open([127, 0, 4, 3], |_| {});
     let peer = open([127, 0, 4, 4], |_| {});
-    let [(mr, _, qp), (peer_mr, _, peer_qp)] = [&ctx, &peer].map(|ctx| {
-        let pd = ctx.alloc_pd();
-        let mr = pd.register(4096, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
-        let cq = ctx.create_cq(16).unwrap();
-        let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
-        (mr, cq, qp)
-    });
+    let [(_, _, qp), (peer_mr, _, peer_qp)] = [&ctx, &peer].map(|ctx| common::rc_end(ctx, 4096));
     let hpcc = softrnic::choose_congestion_control("hpcc", "").unwrap();
     let options = ConnectOptions { congestion_control: hpcc, ..ConnectOptions::default() };
     let refused = qp.connect(&peer_qp.endpoint(&peer_mr), &options).unwrap_err().to_string();
     assert!(refused.contains("in-band telemetry") && refused.contains("SOFTRNIC_INT=on"), "{refused}");
-    let _ = mr;
 }
