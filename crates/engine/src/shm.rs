@@ -8,7 +8,7 @@
 //! network namespace and address, holding one ring per shard. A sender
 //! that finds a peer's inbox writes into the ring of the shard that owns
 //! the destination QP; one that does not sends over UDP. The rings are
-//! bounded multi-producer, single-consumer queues ([`softrnic_ring`], where
+//! bounded multi-producer, single-consumer queues ([`softrnic_ring::mpsc`], where
 //! the model checker runs their protocol): a producer claims a slot by
 //! advancing the shared `tail`, fills it, and publishes it by setting the
 //! slot's sequence number; the consumer (the shard) reads in order. Like the rxe driver's mmap'd queues, every
@@ -39,7 +39,7 @@ use rustc_hash::FxHashMap;
 use softrnic_transport::{DmaBuffer, MAX_DATAGRAM_LEN, shard_of};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
-use softrnic_ring::{self as ring, Head, Ring};
+use softrnic_ring::mpsc::{self as ring, Head, Ring};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SRNICSHM");
 const VERSION: u32 = 1;

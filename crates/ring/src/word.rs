@@ -1,0 +1,36 @@
+//! The atomic word the protocols run on: the std one in shared memory,
+//! loom's under the model checker.
+
+use std::sync::atomic::Ordering::{self, AcqRel, Acquire};
+
+/// A 64-bit atomic word.
+pub trait Word {
+    fn load(&self, order: Ordering) -> u64;
+    fn store(&self, value: u64, order: Ordering);
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64>;
+}
+
+impl Word for std::sync::atomic::AtomicU64 {
+    fn load(&self, order: Ordering) -> u64 {
+        self.load(order)
+    }
+    fn store(&self, value: u64, order: Ordering) {
+        self.store(value, order)
+    }
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64> {
+        self.compare_exchange(current, new, AcqRel, Acquire)
+    }
+}
+
+#[cfg(all(test, loom))]
+impl Word for loom::sync::atomic::AtomicU64 {
+    fn load(&self, order: Ordering) -> u64 {
+        loom::sync::atomic::AtomicU64::load(self, order)
+    }
+    fn store(&self, value: u64, order: Ordering) {
+        loom::sync::atomic::AtomicU64::store(self, value, order)
+    }
+    fn compare_exchange(&self, current: u64, new: u64) -> Result<u64, u64> {
+        loom::sync::atomic::AtomicU64::compare_exchange(self, current, new, AcqRel, Acquire)
+    }
+}
