@@ -57,10 +57,10 @@ impl QueuePair {
         if bth.opcode.is_read_response() || bth.opcode == Opcode::RcAtomicAck {
             // Responses still arrive, stale ones too: the flight has not
             // drained, and the repair timer leaves repairs to what the
-            // responses show (counting only fresh ones, a paced
-            // responder's backlog of answers to earlier repairs had it
-            // ask for the same hole every quarter floor, each asking
-            // deepening the backlog).
+            // responses show. (When it heard only fresh ones, a paced
+            // responder's backlog of answers to earlier repairs had it ask
+            // for the same hole every quarter floor, each asking deepening
+            // the backlog.)
             self.req.scoreboard.note_response(ctx.now);
         }
         // Only PSNs from the last acknowledged one to the last sent one
