@@ -6,6 +6,7 @@
 //! byte for byte.
 
 use std::net::SocketAddr;
+use std::ops::Range;
 
 use softrnic_transport::{IntMark, IntRecords};
 use softrnic_wire::ROCEV2_UDP_PORT;
@@ -22,20 +23,23 @@ pub fn roce_packet(dst: SocketAddr, datagram: &[u8]) -> &[u8] {
     datagram.get(roce_offset(dst.port())..).unwrap_or_default()
 }
 
-/// Wraps the `len`-byte RoCEv2 packet at the start of `buf` for `mark`:
-/// unchanged for none, else moved behind an INT header (empty to collect
-/// the path, the records with the echo flag to answer). Returns the UDP
-/// port to send it to and its new length. `buf` must have
-/// [`int::HEADER_LEN`] bytes to spare.
-pub fn wrap(mark: IntMark, buf: &mut [u8], len: usize) -> (u16, usize) {
+/// Room a send buffer keeps in front of the RoCEv2 packet, as a driver
+/// keeps headroom for headers: an INT header is written there rather than
+/// the packet moved.
+pub const HEADROOM: usize = int::HEADER_LEN;
+
+/// Wraps the `len`-byte RoCEv2 packet written at `frame[HEADROOM..]` for
+/// `mark`: as it is for none, else behind an INT header in the headroom
+/// (empty to collect the path, the records with the echo flag to answer).
+/// Returns the UDP port to send it to and where the datagram lies.
+pub fn wrap(mark: IntMark, frame: &mut [u8], len: usize) -> (u16, Range<usize>) {
     let repr = match mark {
-        IntMark::None => return (ROCEV2_UDP_PORT, len),
+        IntMark::None => return (ROCEV2_UDP_PORT, HEADROOM..HEADROOM + len),
         IntMark::Collect => int::Repr::default(),
         IntMark::Echo(records) => int::Repr { hops: records.to_wire().collect(), echo: true },
     };
-    buf.copy_within(..len, int::HEADER_LEN);
-    repr.emit(buf).expect("at most MAX_HOPS records, and room for the header");
-    (INT_UDP_PORT, int::HEADER_LEN + len)
+    repr.emit(&mut frame[..HEADROOM]).expect("at most MAX_HOPS records, and the header fits the headroom");
+    (INT_UDP_PORT, 0..HEADROOM + len)
 }
 
 /// The records and the RoCEv2 packet of a datagram that arrived on the
@@ -51,28 +55,27 @@ mod tests {
 
     #[test]
     fn plain_packets_are_left_alone() {
-        let mut buf = [7u8; 200];
-        assert_eq!(wrap(IntMark::None, &mut buf, 100), (ROCEV2_UDP_PORT, 100));
-        assert_eq!(buf, [7u8; 200]);
+        let mut frame = [7u8; HEADROOM + 200];
+        assert_eq!(wrap(IntMark::None, &mut frame, 100), (ROCEV2_UDP_PORT, HEADROOM..HEADROOM + 100));
+        assert_eq!(frame, [7u8; HEADROOM + 200]);
     }
 
     #[test]
     fn collected_and_echoed_records_round_trip() {
         let packet: Vec<u8> = (0..40).collect();
-        let mut buf = vec![0u8; 40 + int::HEADER_LEN];
-        buf[..40].copy_from_slice(&packet);
-        let (port, len) = wrap(IntMark::Collect, &mut buf, 40);
-        assert_eq!((port, len), (INT_UDP_PORT, 40 + int::HEADER_LEN));
+        let mut frame = vec![0u8; HEADROOM + 40];
+        frame[HEADROOM..].copy_from_slice(&packet);
+        let (port, at) = wrap(IntMark::Collect, &mut frame, 40);
+        assert_eq!((port, at.clone()), (INT_UDP_PORT, 0..HEADROOM + 40));
         let dst = SocketAddr::new("127.0.0.2".parse().unwrap(), port);
-        assert_eq!(roce_packet(dst, &buf[..len]), &packet[..]);
-        let (records, inner) = unwrap(&buf[..len]).unwrap();
+        assert_eq!(roce_packet(dst, &frame[at.clone()]), &packet[..]);
+        let (records, inner) = unwrap(&frame[at]).unwrap();
         assert_eq!((records.hops().len(), inner), (0, &packet[..]));
 
         let hop = int::Hop { rate_mbps: 25_000, timestamp_ns: 1, tx_bytes: 2, queue_bytes: 3 };
-        buf[..40].copy_from_slice(&packet);
-        let (_, len) = wrap(IntMark::Echo(IntRecords::from_wire([hop])), &mut buf, 40);
-        assert!(int::Header::new_checked(&buf[..len]).unwrap().is_echo(), "switches leave an echo alone");
-        let (records, inner) = unwrap(&buf[..len]).unwrap();
+        let (_, at) = wrap(IntMark::Echo(IntRecords::from_wire([hop])), &mut frame, 40);
+        assert!(int::Header::new_checked(&frame[at.clone()]).unwrap().is_echo(), "switches leave an echo alone");
+        let (records, inner) = unwrap(&frame[at]).unwrap();
         assert_eq!((records.to_wire().collect::<Vec<_>>(), inner), (vec![hop], &packet[..]));
     }
 

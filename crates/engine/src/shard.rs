@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use softrnic_transport::{AsyncEvent, CqId, Instant, MAX_DATAGRAM_LEN, RecvMeta, Shard};
-use softrnic_wire::int;
 
 use crate::datapath::Datapath;
 use crate::eventfd::EventFd;
@@ -49,15 +48,16 @@ impl Aftermath {
 /// Buffers a thread reuses for every pass, whichever shard it drives.
 struct Scratch {
     tx: Vec<Box<[u8]>>,
-    tx_meta: Vec<(SocketAddr, usize)>,
+    /// Each datagram's destination and where it lies in its buffer.
+    tx_meta: Vec<(SocketAddr, std::ops::Range<usize>)>,
     faulty: Vec<(SocketAddr, Vec<u8>)>,
     told: Vec<u32>,
 }
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
-        // Room for an INT header in front of the largest datagram.
-        tx: (0..BATCH).map(|_| vec![0u8; MAX_DATAGRAM_LEN + int::HEADER_LEN].into_boxed_slice()).collect(),
+        // Headroom for an INT header in front of the largest datagram.
+        tx: (0..BATCH).map(|_| vec![0u8; crate::int::HEADROOM + MAX_DATAGRAM_LEN].into_boxed_slice()).collect(),
         tx_meta: Vec::with_capacity(BATCH),
         faulty: Vec::new(),
         told: Vec::new(),
@@ -327,10 +327,11 @@ impl EngineShard {
                         drop(state);
                         state = self.lock();
                     }
-                    match state.transport.poll_transmit(pass.now, &mut scratch.tx[slot]) {
+                    let frame = &mut scratch.tx[slot];
+                    match state.transport.poll_transmit(pass.now, &mut frame[crate::int::HEADROOM..]) {
                         Some(t) => {
-                            let (port, len) = crate::int::wrap(t.int, &mut scratch.tx[slot], t.len);
-                            scratch.tx_meta.push((SocketAddr::new(t.dst, port), len));
+                            let (port, at) = crate::int::wrap(t.int, frame, t.len);
+                            scratch.tx_meta.push((SocketAddr::new(t.dst, port), at));
                         }
                         None => break,
                     }
@@ -339,8 +340,8 @@ impl EngineShard {
                 let ShardState { transport, faults } = &mut *state;
                 if let Some(faults) = faults {
                     scratch.faulty.clear();
-                    for (i, &(dst, len)) in scratch.tx_meta.iter().enumerate() {
-                        faults.tx.apply(dst, &scratch.tx[i][..len], &mut scratch.faulty);
+                    for (i, (dst, at)) in scratch.tx_meta.iter().enumerate() {
+                        faults.tx.apply(*dst, &scratch.tx[i][at.clone()], &mut scratch.faulty);
                     }
                     if count == 0 {
                         // A datagram held back for reordering goes out
@@ -356,8 +357,8 @@ impl EngineShard {
                     send_all(wire, &mut packets, pass);
                 } else {
                     let mut packets = [(SocketAddr::new(self.socket.local_addr().ip(), 0), &[][..]); BATCH];
-                    for (i, &(dst, len)) in scratch.tx_meta.iter().enumerate() {
-                        packets[i] = (dst, &scratch.tx[i][..len]);
+                    for (i, (dst, at)) in scratch.tx_meta.iter().enumerate() {
+                        packets[i] = (*dst, &scratch.tx[i][at.clone()]);
                     }
                     send_all(wire, &mut packets[..count], pass);
                 }

@@ -180,8 +180,8 @@ impl RoceSocket {
 
     /// CNPs leave with DSCP `dscp` (and the ECN field data has).
     pub fn set_cnp_dscp(&mut self, dscp: u8) {
-        let tos = dscp << 2 | ecn_codepoint() as u8;
-        self.cnp_tos = (tos != ecn_codepoint() as u8).then_some(tos);
+        let ecn = ecn_codepoint() as u8;
+        self.cnp_tos = (dscp != 0).then_some(dscp << 2 | ecn);
     }
 
     pub fn local_addr(&self) -> SocketAddr {
