@@ -5,6 +5,7 @@
 //! each on its own loopback address.
 
 mod addr;
+mod agg;
 mod bench;
 mod careful;
 mod demo;
@@ -31,6 +32,9 @@ enum Command {
     /// Run a perftest-style benchmark (send_bw, write_bw, read_bw,
     /// atomic_bw, send_lat, write_lat, read_lat, atomic_lat).
     Bench(bench::params::BenchArgs),
+    /// In-network aggregation's programs: a job's parameter server, and
+    /// workers that sum tensors through the lab's switch.
+    Agg(agg::AggArgs),
     /// Show a device's address, GID, limits and counters.
     Devinfo(devinfo::DevinfoArgs),
     /// Run the transport between two simulated RNICs over a faulty network.
@@ -59,6 +63,7 @@ fn main() {
     });
     let result = match command {
         Command::Bench(args) => bench::run(&args),
+        Command::Agg(args) => agg::run(&args),
         Command::Devinfo(args) => devinfo::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Careful(args) => careful::run(&args),

@@ -11,6 +11,7 @@ use etherparse::{EtherType, Ethernet2HeaderSlice, IpNumber, Ipv4HeaderSlice, Udp
 use softrnic_switch::frame::is_control_opcode;
 use softrnic_switch::{Classified, Ecn, Frame};
 use softrnic_wire::ROCEV2_UDP_PORT;
+use softrnic_wire::aggregation;
 use softrnic_wire::int::{self, Hop, Stamp};
 
 const ETH_HEADER: usize = 14;
@@ -101,7 +102,15 @@ impl Frame for EthFrame {
                 }
             }
         }
-        Some(Classified { dst: IpAddr::V4(dst), flow, ecn: Ecn::from_tos(tos), dscp: tos >> 2, control, int })
+        Some(Classified {
+            src: IpAddr::V4(src),
+            dst: IpAddr::V4(dst),
+            flow,
+            ecn: Ecn::from_tos(tos),
+            dscp: tos >> 2,
+            control,
+            int,
+        })
     }
 
     fn mark_ce(&mut self) {
@@ -119,9 +128,36 @@ impl Frame for EthFrame {
         let payload = self.bytes.get_mut(at + UDP_HEADER..)?;
         let mut header = int::Header::new_checked(payload).ok()?;
         let stamp = header.push(hop);
-        // The payload changed: IPv4 lets UDP go without a checksum.
-        self.bytes[at + 6..at + 8].fill(0);
+        self.clear_udp_checksum(at);
         Some(stamp)
+    }
+
+    fn aggregation_payload(&mut self) -> Option<&mut [u8]> {
+        let (at, udp) = self.udp()?;
+        let end = at + usize::from(udp.length());
+        if udp.destination_port() != aggregation::AGG_UDP_PORT || end > self.bytes.len() {
+            return None;
+        }
+        // The stage may rewrite it.
+        self.clear_udp_checksum(at);
+        Some(&mut self.bytes[at + UDP_HEADER..end])
+    }
+
+    fn copy_to(&self, dst: IpAddr) -> EthFrame {
+        let mut copy = self.clone();
+        if let (IpAddr::V4(dst), Some(_)) = (dst, self.ipv4()) {
+            copy.bytes[ETH_HEADER + 16..ETH_HEADER + 20].copy_from_slice(&dst.octets());
+            copy.fix_ip_checksum();
+        }
+        copy
+    }
+}
+
+impl EthFrame {
+    /// A stamp or a rewrite changed the UDP payload: IPv4 lets UDP go
+    /// without a checksum.
+    fn clear_udp_checksum(&mut self, udp_at: usize) {
+        self.bytes[udp_at + 6..udp_at + 8].fill(0);
     }
 }
 
@@ -218,6 +254,26 @@ mod tests {
         let mut bytes = Vec::new();
         builder_to(int::INT_UDP_PORT).write(&mut bytes, &echo).unwrap();
         assert!(!EthFrame { bytes }.classify().unwrap().int, "an echo is not a path to record");
+    }
+
+    #[test]
+    fn aggregation_packets_are_found_and_copied_to_another_host() {
+        let chunk = aggregation::Repr { workers: 2, values: vec![1, 2, 3], ..Default::default() }.to_bytes();
+        let mut bytes = Vec::new();
+        etherparse::PacketBuilder::ethernet2([0; 6], [0; 6])
+            .ipv4([10, 77, 0, 1], [10, 77, 0, 5], 64)
+            .udp(40000, aggregation::AGG_UDP_PORT)
+            .write(&mut bytes, &chunk)
+            .unwrap();
+        // A veth pads short frames: the payload ends where UDP says.
+        bytes.resize(bytes.len() + 6, 0);
+        let mut frame = EthFrame { bytes };
+        assert_eq!(frame.aggregation_payload().unwrap(), &chunk[..]);
+        let copy = frame.copy_to(IpAddr::V4(Ipv4Addr::new(10, 77, 0, 9)));
+        let (header, _) = etherparse::Ipv4Header::from_slice(&copy.bytes[ETH_HEADER..]).unwrap();
+        assert_eq!(header.destination, [10, 77, 0, 9]);
+        assert_eq!(header.header_checksum, header.calc_header_checksum());
+        assert!(roce_frame(0x0a, 0, ROCEV2_UDP_PORT).aggregation_payload().is_none());
     }
 
     #[test]

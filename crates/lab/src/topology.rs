@@ -18,6 +18,7 @@
 //! [[switch]]
 //! name = "s0"
 //! buffer = "4MB"              # the shared packet buffer (default 4MB)
+//! aggregators = 20000         # in-network aggregation's pool (default: none)
 //!
 //! [[host]]
 //! name = "h0"
@@ -41,8 +42,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 pub use softrnic_switch::PortPeer;
-use softrnic_switch::{Graph, LinkFaults, PfcConfig, PortConfig, QUEUES, RedConfig, Routes, SwitchConfig};
+use softrnic_switch::{
+    AggregationConfig, Graph, LinkFaults, PfcConfig, PortConfig, QUEUES, RedConfig, Routes, SwitchConfig,
+};
 use toml::Spanned;
+
+/// The largest aggregation pool (a slot index is 16 bits, one value
+/// reserved).
+pub const MAX_AGGREGATORS: usize = 65_535;
 
 /// The most hosts a lab holds (one /24's worth of the lab's /16).
 pub const MAX_HOSTS: usize = 250;
@@ -77,6 +84,9 @@ impl LinkSpec {
 pub struct SwitchSpec {
     pub name: String,
     pub buffer: u64,
+    /// In-network aggregation's pool; `None`: the switch does not
+    /// aggregate.
+    pub aggregation: Option<AggregationConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -143,6 +153,7 @@ struct File {
 struct SwitchEntry {
     name: Spanned<String>,
     buffer: Option<Spanned<String>>,
+    aggregators: Option<Spanned<usize>>,
 }
 
 /// Declares a table that takes the link keys beside its own, and
@@ -238,7 +249,17 @@ impl Topology {
                 Some(b) => size(&here, b)?,
                 None => 4_000_000,
             };
-            switches.push(SwitchSpec { name: entry.name.get_ref().clone(), buffer });
+            let aggregation = match &entry.aggregators {
+                Some(n) if *n.get_ref() == 0 || *n.get_ref() > MAX_AGGREGATORS => {
+                    return Err(here.at(
+                        n.span(),
+                        format!("aggregators = {}: give a pool of 1 to {MAX_AGGREGATORS}", n.get_ref()),
+                    ));
+                }
+                Some(n) => Some(AggregationConfig::new(*n.get_ref())),
+                None => None,
+            };
+            switches.push(SwitchSpec { name: entry.name.get_ref().clone(), buffer, aggregation });
         }
         let switch_index = |name: &Spanned<String>| -> Result<usize, String> {
             switches.iter().position(|s| &s.name == name.get_ref()).ok_or_else(|| {
@@ -320,7 +341,7 @@ impl Topology {
         };
         let mut t = Topology { switches: Vec::new(), hosts: Vec::new(), links: Vec::new(), ecmp: true, seed: 1 };
         let add_switch = |t: &mut Topology, name: String| {
-            t.switches.push(SwitchSpec { name, buffer: 4_000_000 });
+            t.switches.push(SwitchSpec { name, buffer: 4_000_000, aggregation: None });
             t.switches.len() - 1
         };
         let add_host = |t: &mut Topology, switch: usize| {
@@ -413,6 +434,7 @@ impl Topology {
             queues_per_port: QUEUES,
             shared_buffer: self.switches[switch].buffer,
             seed: self.seed.wrapping_mul(0x9e37_79b9).wrapping_add(switch as u64),
+            aggregation: self.switches[switch].aggregation,
         };
         let addrs: Vec<Vec<IpAddr>> = self.hosts.iter().map(|h| h.addrs().map(IpAddr::V4).collect()).collect();
         (config, self.graph().routes(switch, &addrs, self.ecmp))

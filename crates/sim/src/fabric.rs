@@ -17,8 +17,11 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use softrnic_switch::frame::is_control_opcode;
-use softrnic_switch::{Classified, Ecn, Frame, Graph, LinkFaults, PortConfig, PortPeer, QUEUES, Switch, SwitchConfig};
+use softrnic_switch::{
+    AggregationConfig, Classified, Ecn, Frame, Graph, LinkFaults, PortConfig, PortPeer, QUEUES, Switch, SwitchConfig,
+};
 use softrnic_transport::{Instant, IntRecords};
+use softrnic_wire::aggregation::AGG_UDP_PORT;
 use softrnic_wire::int::{Hop, Stamp};
 
 use crate::network::{InFlight, NetworkStats};
@@ -45,6 +48,7 @@ impl Frame for SimPacket {
         let qpn = bytes.get(5..8).map_or(0, |b| u64::from(b[0]) << 16 | u64::from(b[1]) << 8 | u64::from(b[2]));
         let flow = hash_addr(self.packet.from.ip()).rotate_left(21) ^ hash_addr(self.packet.to.ip()) ^ qpn << 40;
         Some(Classified {
+            src: self.packet.from.ip(),
             dst: self.packet.to.ip(),
             flow,
             ecn: self.ecn,
@@ -64,6 +68,19 @@ impl Frame for SimPacket {
         let records = self.packet.meta.int.as_mut().filter(|_| self.packet.stamp)?;
         let fresh = IntRecords::from_wire([hop]);
         Some(if records.push(fresh.hops()[0]) { Stamp::Recorded } else { Stamp::Full })
+    }
+
+    fn aggregation_payload(&mut self) -> Option<&mut [u8]> {
+        (self.packet.to.port() == AGG_UDP_PORT).then_some(&mut self.packet.bytes[..])
+    }
+
+    fn copy_to(&self, dst: IpAddr) -> SimPacket {
+        let p = &self.packet;
+        let to = std::net::SocketAddr::new(dst, p.to.port());
+        SimPacket {
+            packet: InFlight { from: p.from, to, bytes: p.bytes.clone(), meta: p.meta, stamp: p.stamp },
+            ecn: self.ecn,
+        }
     }
 }
 
@@ -100,6 +117,8 @@ pub struct FabricSpec {
     pub seed: u64,
     /// What every switch port's link does to packets.
     pub faults: LinkFaults,
+    /// Every switch's aggregation pool, if they aggregate.
+    pub aggregation: Option<AggregationConfig>,
 }
 
 #[derive(Debug)]
@@ -215,6 +234,7 @@ impl Fabric {
                 queues_per_port: QUEUES,
                 shared_buffer: spec.shared_buffer,
                 seed: spec.seed ^ (s as u64).wrapping_mul(0x2545_f491_4f6c_dd1d),
+                aggregation: spec.aggregation,
             };
             switches.push(Switch::new(config, graph.routes(s, &host_addrs, true)));
             peers.push(ports);
@@ -420,6 +440,7 @@ mod tests {
             shared_buffer: 1 << 22,
             seed: 1,
             faults: LinkFaults::NONE,
+            aggregation: None,
         };
         let addrs = ["127.0.0.2:4791".parse().unwrap(), "127.0.0.3:4791".parse().unwrap()];
         (Fabric::new(&spec, &addrs.map(|a: SocketAddr| a.ip())), addrs)

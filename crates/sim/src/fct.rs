@@ -185,6 +185,7 @@ impl FatTree {
             shared_buffer: self.buffer,
             seed,
             faults: LinkFaults::NONE,
+            aggregation: None,
         }
     }
 

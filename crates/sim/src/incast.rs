@@ -114,6 +114,7 @@ impl IncastConfig {
             shared_buffer: self.buffer,
             seed: self.seed,
             faults: LinkFaults::NONE,
+            aggregation: None,
         };
         let config = TransportConfig {
             // Without congestion control the window alone holds a sender

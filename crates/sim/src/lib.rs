@@ -8,6 +8,7 @@
 //! - [`workload`]: random mixes of every verb with an oracle that says what
 //!   every byte of memory must hold afterwards.
 
+pub mod aggregation;
 pub mod fabric;
 pub mod fct;
 pub mod flows;

@@ -110,6 +110,7 @@ fn two_switches(faults: Faults, seed: u64) -> FabricSpec {
             reorder_by: faults.reorder_window,
             ..LinkFaults::NONE
         },
+        aggregation: None,
     }
 }
 

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::aggregation::AggregationConfig;
+
 /// Egress queues per port unless a configuration says otherwise: the
 /// control queue and two data classes.
 pub const QUEUES: usize = 3;
@@ -19,13 +21,16 @@ pub struct SwitchConfig {
     /// Seeds ECMP's hash and the random choices (RED, link faults), so a
     /// run can be repeated exactly.
     pub seed: u64,
+    /// In-network aggregation; `None` forwards aggregation packets like
+    /// any other.
+    pub aggregation: Option<AggregationConfig>,
 }
 
 impl SwitchConfig {
     /// `ports` identical ports with [`QUEUES`] queues each, `shared_buffer`
     /// bytes.
     pub fn uniform(ports: usize, port: PortConfig, shared_buffer: u64, seed: u64) -> SwitchConfig {
-        SwitchConfig { ports: vec![port; ports], queues_per_port: QUEUES, shared_buffer, seed }
+        SwitchConfig { ports: vec![port; ports], queues_per_port: QUEUES, shared_buffer, seed, aggregation: None }
     }
 }
 

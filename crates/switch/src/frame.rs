@@ -36,6 +36,7 @@ impl Ecn {
 /// A packet's routing facts, read once when it arrives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Classified {
+    pub src: IpAddr,
     pub dst: IpAddr,
     /// A hash of the flow (addresses, protocol, ports): ECMP keeps a flow
     /// on one path. RoCE NICs give each QP its own UDP source port, so QPs
@@ -69,6 +70,19 @@ pub trait Frame {
     /// classified as carrying one. `None` if the header is not there
     /// after all.
     fn stamp_int(&mut self, hop: Hop) -> Option<Stamp>;
+
+    /// The UDP payload of an aggregation packet (to
+    /// `softrnic_wire::aggregation::AGG_UDP_PORT`), which the aggregation
+    /// stage reads and may rewrite in place (never resizing it); `None`
+    /// for any other packet. The frame fixes whatever checksum a rewrite
+    /// breaks.
+    fn aggregation_payload(&mut self) -> Option<&mut [u8]>;
+
+    /// A copy of this packet addressed to `dst`: the aggregation stage
+    /// replicates a parameter server's answer to every worker.
+    fn copy_to(&self, dst: IpAddr) -> Self
+    where
+        Self: Sized;
 }
 
 /// Whether a RoCEv2 BTH opcode is congestion feedback or an

@@ -8,6 +8,7 @@
 //!
 //! ```text
 //! handle_packet(in_port) ─> route (longest prefix, ECMP by flow hash and seed)
+//!   ─> aggregate (chunks to AGG_UDP_PORT: sum, consume, rewrite; replicate ACKs)
 //!   ─> classify (control: CNP/ACK/NAK to the strict-priority queue 0; data by DSCP)
 //!   ─> admit (per-queue limit and the shared pool; PFC pauses in_port above XOFF)
 //!   ─> egress queue ─> [port's token bucket says go] ─> dequeue (strict priority)
@@ -20,11 +21,12 @@
 //! [`red`] (marking probability), [`routes`] (forwarding and ECMP),
 //! [`counters`] (per port and per queue, and depth samples), [`graph`]
 //! (ports and shortest-path routes of a network of switches), [`pipeline`]
-//! (the state machine). A later stage (in-network aggregation) goes between
-//! route and admit: [`Switch::handle_packet`] says where.
+//! (the state machine), [`aggregation`] (in-network aggregation, between
+//! route and admit).
 
 #![forbid(unsafe_code)]
 
+pub mod aggregation;
 pub mod config;
 pub mod counters;
 pub mod frame;
@@ -34,6 +36,7 @@ pub mod red;
 pub mod routes;
 pub mod token_bucket;
 
+pub use aggregation::{AggregationConfig, Aggregator, JobCounters, Verdict};
 pub use config::{LinkFaults, PfcConfig, PortConfig, QUEUES, RedConfig, SwitchConfig};
 pub use counters::{PortCounters, QueueCounters, QueueSample};
 pub use frame::{Classified, Ecn, Frame};

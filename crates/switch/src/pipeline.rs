@@ -9,9 +9,10 @@ use std::collections::{BinaryHeap, VecDeque};
 use softrnic_wire::int::{Hop, Stamp};
 
 use crate::Time;
+use crate::aggregation::{Aggregator, Verdict};
 use crate::config::{PortConfig, SwitchConfig};
 use crate::counters::{PortCounters, QueueCounters, QueueSample};
-use crate::frame::{Ecn, Frame};
+use crate::frame::{Classified, Ecn, Frame};
 use crate::routes::Routes;
 use crate::token_bucket::TokenBucket;
 
@@ -112,6 +113,15 @@ pub struct Switch<F> {
     /// The port the next scan for something to send starts at, so ports
     /// take turns.
     next_port: usize,
+    aggregation: Option<Aggregator>,
+}
+
+/// Spreads replicated packets over ECMP paths by their destination.
+fn hash_ip(ip: std::net::IpAddr) -> u64 {
+    match ip {
+        std::net::IpAddr::V4(a) => u64::from(u32::from(a)).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        std::net::IpAddr::V6(a) => (u128::from(a) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    }
 }
 
 impl<F: Frame> Switch<F> {
@@ -149,11 +159,12 @@ impl<F: Frame> Switch<F> {
             sequence: 0,
             signals: VecDeque::new(),
             next_port: 0,
+            aggregation: config.aggregation.map(Aggregator::new),
         }
     }
 
     /// A packet arrived on `in_port`.
-    pub fn handle_packet(&mut self, _now: Time, in_port: PortId, frame: F) {
+    pub fn handle_packet(&mut self, now: Time, in_port: PortId, frame: F) {
         let len = frame.wire_len();
         let port = &mut self.ports[in_port].counters;
         port.rx_packets += 1;
@@ -166,10 +177,37 @@ impl<F: Frame> Switch<F> {
             self.ports[in_port].counters.no_route += 1;
             return;
         };
-        // An in-network aggregation stage would sit here: it sees every
-        // routed packet and may consume it, answer it, or let it pass.
+        let mut frame = frame;
+        if let Some(stage) = &mut self.aggregation
+            && let Some(payload) = frame.aggregation_payload()
+        {
+            match stage.handle(now, class.src, class.dst, class.ecn == Ecn::Ce, payload) {
+                Verdict::Forward { ce: false } => {}
+                Verdict::Forward { ce: true } => frame.mark_ce(),
+                Verdict::Consume => return,
+                Verdict::Replicate(workers) => {
+                    for worker in workers {
+                        let copy = frame.copy_to(worker);
+                        match self.routes.lookup(worker, class.flow ^ hash_ip(worker), self.seed) {
+                            Some(out) => self.enqueue(out, in_port, copy, class),
+                            None => self.ports[in_port].counters.no_route += 1,
+                        }
+                    }
+                }
+            }
+        }
+        self.enqueue(out, in_port, frame, class);
+    }
+
+    fn enqueue(&mut self, out: PortId, in_port: PortId, frame: F, class: Classified) {
+        let len = frame.wire_len();
         let queue = if class.control { CONTROL_QUEUE } else { self.data_queue(class.dscp) };
         self.admit(out, queue, Queued { frame, len, ecn: class.ecn, int: class.int, ingress: in_port });
+    }
+
+    /// The aggregation stage, if this switch has one.
+    pub fn aggregation(&self) -> Option<&Aggregator> {
+        self.aggregation.as_ref()
     }
 
     /// Data queues by DSCP class selector (its upper three bits): class 0

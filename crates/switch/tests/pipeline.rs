@@ -20,11 +20,25 @@ struct TestFrame {
     dscp: u8,
     control: bool,
     int: Option<[u8; int::HEADER_LEN]>,
+    /// An aggregation packet's UDP payload, and its source.
+    aggregation: Option<Vec<u8>>,
+    src: IpAddr,
 }
 
 impl TestFrame {
     fn data(id: u64, len: usize, dst: IpAddr) -> TestFrame {
-        TestFrame { id, len, dst, flow: id, ecn: Ecn::Ect0, dscp: 0, control: false, int: None }
+        TestFrame {
+            id,
+            len,
+            dst,
+            flow: id,
+            ecn: Ecn::Ect0,
+            dscp: 0,
+            control: false,
+            int: None,
+            aggregation: None,
+            src: host(200),
+        }
     }
 }
 
@@ -34,6 +48,7 @@ impl Frame for TestFrame {
     }
     fn classify(&self) -> Option<Classified> {
         Some(Classified {
+            src: self.src,
             dst: self.dst,
             flow: self.flow,
             ecn: self.ecn,
@@ -48,6 +63,12 @@ impl Frame for TestFrame {
     fn stamp_int(&mut self, hop: Hop) -> Option<Stamp> {
         let bytes = self.int.as_mut()?;
         Some(int::Header::new_unchecked(&mut bytes[..]).push(hop))
+    }
+    fn aggregation_payload(&mut self) -> Option<&mut [u8]> {
+        self.aggregation.as_deref_mut()
+    }
+    fn copy_to(&self, dst: IpAddr) -> TestFrame {
+        TestFrame { dst, ..self.clone() }
     }
 }
 
@@ -317,4 +338,55 @@ fn samples_keep_the_peak_between_them() {
     assert_eq!((sample.bytes, sample.peak_bytes), (0, 10_000));
     let again = switch.take_samples(Time::from_secs(2)).into_iter().find(|s| s.port == 1 && s.queue == 1).unwrap();
     assert_eq!(again.peak_bytes, 0);
+}
+
+/// The aggregation stage inside the pipeline: three workers' chunks become
+/// one packet to the server's port, and the server's one ACK leaves by
+/// every worker's port.
+#[test]
+fn aggregation_consumes_chunks_and_replicates_the_answer() {
+    use softrnic_switch::AggregationConfig;
+    use softrnic_wire::aggregation::{ALL_WORKERS, FLAG_ACK, NO_SLOT, Repr};
+    let mut routes = Routes::default();
+    for i in 0..4 {
+        routes.add(Prefix::host(host(i as u8)), vec![i]);
+    }
+    let config = SwitchConfig {
+        aggregation: Some(AggregationConfig::new(64)),
+        ..SwitchConfig::uniform(4, PortConfig::new(10_000_000_000, 1 << 20), 1 << 22, 1)
+    };
+    let mut switch: Switch<TestFrame> = Switch::new(config, routes);
+    let mut now = Time::ZERO;
+    let server = host(3);
+    for w in 0..3u8 {
+        let chunk = Repr {
+            job: 1,
+            sequence: 0,
+            workers: 3,
+            worker: w,
+            slot: NO_SLOT,
+            values: vec![i32::from(w) + 1; 4],
+            ..Repr::default()
+        };
+        let frame = TestFrame {
+            src: host(w),
+            aggregation: Some(chunk.to_bytes()),
+            ..TestFrame::data(u64::from(w), 100, server)
+        };
+        switch.handle_packet(now, usize::from(w), frame);
+    }
+    let out = drain(&mut switch, &mut now, Time::from_millis(1));
+    assert_eq!(out.len(), 1, "three chunks in, one sum out");
+    let (port, frame, _) = &out[0];
+    let sum = Repr::parse(frame.aggregation.as_ref().unwrap()).unwrap();
+    assert_eq!((*port, sum.values.clone(), sum.bitmap), (3, vec![6; 4], 0b111));
+
+    let ack = Repr { flags: FLAG_ACK, worker: ALL_WORKERS, ..sum };
+    let frame = TestFrame { src: server, aggregation: Some(ack.to_bytes()), ..TestFrame::data(9, 100, host(0)) };
+    switch.handle_packet(now, 3, frame);
+    let mut ports: Vec<usize> = drain(&mut switch, &mut now, Time::from_millis(2)).iter().map(|o| o.0).collect();
+    ports.sort();
+    assert_eq!(ports, vec![0, 1, 2], "the answer reaches every worker");
+    let stage = switch.aggregation().unwrap();
+    assert_eq!((stage.held(), stage.jobs()[&1].completed, stage.unknown_members), (0, 1, 0));
 }

@@ -17,6 +17,7 @@ mod error;
 mod view;
 
 pub mod aeth;
+pub mod aggregation;
 pub mod atomic_ack_eth;
 pub mod atomic_eth;
 pub mod bth;

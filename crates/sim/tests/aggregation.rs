@@ -1,0 +1,75 @@
+//! In-network aggregation in the simulator: the lab's switch stage,
+//! workers and servers, in virtual time.
+
+use std::time::Duration;
+
+use softrnic_aggregation::Policy;
+use softrnic_sim::aggregation::{Scenario, run};
+
+/// Two jobs of four workers on 10 Gb/s links, a small pool.
+fn small(policy: Policy) -> Scenario {
+    Scenario {
+        jobs: 2,
+        workers: 4,
+        rate_bps: 10_000_000_000,
+        slots: 64,
+        tensor: 16 * 1024,
+        first_job_steps: Some(30),
+        straggler: Some((1, Duration::from_micros(200))),
+        min_rto: Duration::from_micros(500),
+        duration: Duration::from_millis(12),
+        sample_every: Duration::from_micros(200),
+        ..Scenario::cluster(policy)
+    }
+}
+
+#[test]
+fn every_sum_is_exact_through_a_lossy_switch() {
+    let scenario = Scenario {
+        loss: 0.01,
+        min_rto: Duration::from_micros(100),
+        straggler: None,
+        first_job_steps: None,
+        duration: Duration::from_millis(5),
+        ..small(Policy::A2tp)
+    };
+    let outcome = run(&scenario).unwrap();
+    assert!(outcome.steps.iter().all(|&s| s >= 3), "both jobs progress: {:?}", outcome.steps);
+    assert!(outcome.resent > 0, "loss made workers resend");
+    assert!(outcome.aggregated > 0 && outcome.collisions > 0, "{outcome:?}");
+}
+
+/// A2TP against ATP's policy with one job straggling (its last worker
+/// starts each step 200 µs late) and the healthy job ending first: under
+/// A2TP the straggler gives up aggregators while both run (and the healthy
+/// job holds more of the pool than it), the healthy job keeps its goodput,
+/// and the straggler takes more of the pool once alone.
+#[test]
+fn a_straggler_gives_up_the_pool_while_the_healthy_job_runs() {
+    let measure = |policy| {
+        let s = small(policy);
+        let outcome = run(&s).unwrap();
+        let ended = outcome.ended[0].expect("the healthy job finishes its steps");
+        let both = |job| outcome.mean(job, Duration::from_millis(1), ended);
+        let alone = outcome.mean(1, ended + Duration::from_millis(1), s.duration);
+        (both(0), both(1), alone)
+    };
+    let ((a2tp_healthy, a2tp_goodput), (a2tp_straggler, _), (a2tp_alone, _)) = measure(Policy::A2tp);
+    let ((_, atp_goodput), (atp_straggler, _), _) = measure(Policy::Atp);
+    assert!(
+        a2tp_healthy > a2tp_straggler,
+        "A2TP: healthy {a2tp_healthy:.1} % of the pool, straggler {a2tp_straggler:.1} %"
+    );
+    assert!(
+        a2tp_straggler < atp_straggler / 2.0,
+        "the straggler holds {a2tp_straggler:.1} % under A2TP, {atp_straggler:.1} % under ATP"
+    );
+    assert!(
+        a2tp_goodput >= atp_goodput * 0.95,
+        "the healthy job: {a2tp_goodput:.2} Gb/s under A2TP, {atp_goodput:.2} under ATP"
+    );
+    assert!(
+        a2tp_alone > 2.0 * a2tp_straggler,
+        "alone the straggler takes more: {a2tp_alone:.1} % after {a2tp_straggler:.1} %"
+    );
+}
