@@ -1,8 +1,12 @@
 //! How long a chunk takes from its first send to its answer: the resend
-//! timer (RFC 6298's smoothed mean and deviation) and the job's health γ,
-//! the fastest time seen over the smoothed one. (A resend backs off its
-//! own chunk's timer, `worker`: one lost chunk does not slow the others.) A chunk waits for every
-//! worker of its job, so a straggler shows here as a long wait.
+//! timer (RFC 6298's smoothed mean and deviation; a resend backs off its
+//! own chunk's timer, in `worker`, so one lost chunk does not slow the
+//! others); and the job's health γ = q / (q + w): q a chunk's quick
+//! answer time (a floor that falls at once to a faster answer and creeps
+//! up to slower ones), w the smoothed time the switch's aggregators waited
+//! for the job's last worker (the answers carry it). A healthy job's
+//! workers send together (w near 0, γ near 1); a straggler's aggregators
+//! wait for it (γ small), and every worker of the job sees the same.
 
 use std::time::Duration;
 
@@ -13,11 +17,11 @@ pub const MAX_RTO: Duration = Duration::from_secs(2);
 pub struct RttEstimator {
     smoothed: Option<Duration>,
     deviation: Duration,
-    fastest: Duration,
     min_rto: Duration,
     initial_rto: Duration,
-    /// Smoothed wait for a step's first answer.
-    step_wait: Option<Duration>,
+    /// The quick answer time, and the smoothed aggregator wait.
+    quick: Option<Duration>,
+    aggregator_wait: Option<Duration>,
 }
 
 impl RttEstimator {
@@ -26,15 +30,18 @@ impl RttEstimator {
         RttEstimator {
             smoothed: None,
             deviation: Duration::ZERO,
-            fastest: Duration::MAX,
             min_rto,
             initial_rto,
-            step_wait: None,
+            quick: None,
+            aggregator_wait: None,
         }
     }
 
     pub fn sample(&mut self, rtt: Duration) {
-        self.fastest = self.fastest.min(rtt);
+        self.quick = Some(match self.quick {
+            Some(q) if rtt > q => q + (rtt - q) / 64,
+            _ => rtt,
+        });
         match self.smoothed {
             None => {
                 self.smoothed = Some(rtt);
@@ -56,16 +63,16 @@ impl RttEstimator {
         base.min(MAX_RTO)
     }
 
-    /// A step's first answer came `wait` after the step began.
-    pub fn step_sample(&mut self, wait: Duration) {
-        self.step_wait = Some(self.step_wait.map_or(wait, |w| (w * 3 + wait) / 4));
+    /// An answer said its chunk's aggregator waited `wait` for the last
+    /// worker.
+    pub fn aggregator_sample(&mut self, wait: Duration) {
+        self.aggregator_wait = Some(self.aggregator_wait.map_or(wait, |w| (w * 7 + wait) / 8));
     }
 
-    /// γ in (0, 1]: the fastest answer over the smoothed wait for a
-    /// step's first.
+    /// γ in (0, 1].
     pub fn health(&self) -> f64 {
-        match self.step_wait {
-            Some(wait) if !wait.is_zero() => (self.fastest.as_secs_f64() / wait.as_secs_f64()).clamp(0.01, 1.0),
+        match (self.quick, self.aggregator_wait) {
+            (Some(q), Some(w)) if !(q + w).is_zero() => (q.as_secs_f64() / (q + w).as_secs_f64()).clamp(0.01, 1.0),
             _ => 1.0,
         }
     }
@@ -81,15 +88,18 @@ mod tests {
         assert_eq!(r.rto(), Duration::from_millis(200));
         for _ in 0..20 {
             r.sample(Duration::from_micros(100));
-            r.step_sample(Duration::from_micros(100));
+            r.aggregator_sample(Duration::ZERO);
         }
         assert!(r.health() > 0.99);
         assert_eq!(r.rto(), Duration::from_millis(1), "the floor");
-        for _ in 0..40 {
+        for _ in 0..400 {
             r.sample(Duration::from_millis(2));
-            r.step_sample(Duration::from_millis(2));
         }
-        assert!(r.health() < 0.1, "steps wait twenty times the fastest answer: {}", r.health());
+        assert!(r.health() > 0.99, "slower everywhere alike is no straggler");
+        for _ in 0..40 {
+            r.aggregator_sample(Duration::from_millis(40));
+        }
+        assert!(r.health() < 0.1, "aggregators wait twenty times a chunk's answer: {}", r.health());
         assert!(r.rto() >= Duration::from_millis(2));
     }
 }

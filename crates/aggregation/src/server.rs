@@ -67,6 +67,8 @@ pub struct ServerStats {
 #[derive(Debug)]
 struct Pending {
     bitmap: u32,
+    /// The longest an aggregator waited for this chunk's workers.
+    wait_us: u16,
     values: Vec<i32>,
     flags: u8,
     slot: u16,
@@ -135,6 +137,7 @@ impl ParameterServer {
         }
         let pending = self.pending.entry(repr.sequence).or_insert_with(|| Pending {
             bitmap: 0,
+            wait_us: 0,
             values: vec![0; repr.values.len()],
             flags: 0,
             slot: NO_SLOT,
@@ -161,6 +164,7 @@ impl ParameterServer {
         }
         if repr.has(FLAG_AGGREGATED) && repr.slot != NO_SLOT {
             pending.slot = repr.slot;
+            pending.wait_us = pending.wait_us.max(repr.wait_us);
         }
         if pending.bitmap == all {
             let done = self.pending.remove(&repr.sequence).expect("present");
@@ -177,6 +181,7 @@ impl ParameterServer {
             workers: self.config.workers,
             worker: ALL_WORKERS,
             slot: done.slot,
+            wait_us: done.wait_us,
             values: done.values,
         };
         self.stats.chunks += 1;
@@ -207,7 +212,8 @@ mod tests {
     use super::*;
 
     fn from(worker: u8, sequence: u32, values: Vec<i32>, flags: u8) -> Vec<u8> {
-        Repr { flags, job: 1, sequence, bitmap: 1 << worker, workers: 3, worker, slot: NO_SLOT, values }.to_bytes()
+        Repr { flags, job: 1, sequence, bitmap: 1 << worker, workers: 3, worker, slot: NO_SLOT, wait_us: 0, values }
+            .to_bytes()
     }
 
     /// Whatever mix of switch sums and single chunks arrives, each worker
@@ -219,6 +225,7 @@ mod tests {
             flags: FLAG_AGGREGATED | FLAG_RESEND,
             bitmap: 0b011,
             slot: 7,
+            wait_us: 40,
             ..Repr::parse(&from(0, 5, vec![3, 3], 0)).unwrap()
         };
         ps.handle_packet(&partial.to_bytes(), false);
@@ -229,7 +236,7 @@ mod tests {
         let answer = Repr::parse(&bytes).unwrap();
         assert_eq!(to, Destination::All);
         assert_eq!(answer.values, vec![13, 23]);
-        assert_eq!((answer.worker, answer.slot, answer.bitmap), (ALL_WORKERS, 7, 0b111));
+        assert_eq!((answer.worker, answer.slot, answer.bitmap, answer.wait_us), (ALL_WORKERS, 7, 0b111, 40));
         assert_eq!(answer.flags, FLAG_ACK | FLAG_COLLISION | FLAG_ECN);
         let s = ps.stats();
         assert_eq!((s.partial, s.resent, s.collided, s.duplicates, s.chunks), (1, 1, 1, 1, 1));

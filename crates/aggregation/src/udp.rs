@@ -137,7 +137,7 @@ impl Allreduce {
     /// Replaces `values` with their sum over every worker of the job;
     /// true if a sum saturated.
     pub fn sum_i32(&mut self, values: &mut [i32]) -> Result<bool, String> {
-        self.worker.start(self.epoch.elapsed(), values)?;
+        self.worker.start(values)?;
         let mut last_progress = Instant::now();
         let mut answered = self.worker.stats().acked;
         loop {

@@ -96,7 +96,6 @@ struct Outstanding {
 /// One step in progress: a tensor being summed.
 #[derive(Debug)]
 struct Step {
-    started: Duration,
     tensor: Vec<i32>,
     result: Vec<i32>,
     first_sequence: u32,
@@ -158,15 +157,15 @@ impl Worker {
         window as u32
     }
 
-    /// γ: 1 while a step's first answer comes in about the fastest round
-    /// trip seen, less the longer it waits for the job's last worker.
+    /// γ: 1 while the switch's aggregators wait little for the job's last
+    /// worker, less the longer they wait (`rtt`).
     pub fn health(&self) -> f64 {
         self.rtt.health()
     }
 
     /// Starts summing `tensor` with the job's other workers; every worker
     /// of the job must start steps of the same length in the same order.
-    pub fn start(&mut self, now: Duration, tensor: &[i32]) -> Result<(), String> {
+    pub fn start(&mut self, tensor: &[i32]) -> Result<(), String> {
         if self.step.is_some() {
             return Err("a step is already running".into());
         }
@@ -175,7 +174,6 @@ impl Worker {
         self.next_sequence = self.next_sequence.wrapping_add(chunks);
         self.finished = None;
         self.step = Some(Step {
-            started: now,
             tensor: tensor.to_vec(),
             result: vec![0; tensor.len()],
             first_sequence,
@@ -229,6 +227,7 @@ impl Worker {
             workers: self.config.workers,
             worker: self.config.worker,
             slot: NO_SLOT,
+            wait_us: 0,
             values,
         };
         buf.resize(repr.len(), 0);
@@ -266,8 +265,8 @@ impl Worker {
         step.outstanding.remove(&chunk);
         step.resend.retain(|&c| c != chunk);
         step.answered += 1;
-        if step.answered == 1 {
-            self.rtt.step_sample(now.saturating_sub(step.started));
+        if packet.slot() != NO_SLOT {
+            self.rtt.aggregator_sample(Duration::from_micros(packet.wait_us().into()));
         }
         if sent.resends == 0 {
             // Karn: an answer to a chunk sent twice times neither copy.
@@ -339,7 +338,7 @@ mod tests {
     fn streams_a_tensor_in_chunks_within_the_window_and_collects_the_sums() {
         let config = WorkerConfig { values_per_packet: 4, initial_window: 2, ..WorkerConfig::new(3, 1, 2) };
         let mut w = Worker::new(config);
-        w.start(Duration::ZERO, &(0..10).collect::<Vec<i32>>()).unwrap();
+        w.start(&(0..10).collect::<Vec<i32>>()).unwrap();
         let first = drain(&mut w, Duration::ZERO);
         assert_eq!(first.len(), 2, "the window holds two chunks");
         assert_eq!((first[0].sequence, first[0].bitmap, first[0].values.clone()), (0, 0b10, vec![0, 1, 2, 3]));
@@ -353,14 +352,14 @@ mod tests {
         assert_eq!(sum, vec![10, 10, 10, 10, 20, 20, 20, 20, 30, 31]);
         assert!(!overflow && w.is_idle());
         // The next step's chunks follow on.
-        w.start(Duration::ZERO, &[1]).unwrap();
+        w.start(&[1]).unwrap();
         assert_eq!(drain(&mut w, t)[0].sequence, 3);
     }
 
     #[test]
     fn a_late_answer_means_a_resend_flagged_as_such() {
         let mut w = Worker::new(WorkerConfig { values_per_packet: 2, ..WorkerConfig::new(1, 0, 2) });
-        w.start(Duration::ZERO, &[1, 2]).unwrap();
+        w.start(&[1, 2]).unwrap();
         let sent = drain(&mut w, Duration::ZERO);
         let deadline = w.poll_timeout().unwrap();
         w.handle_timeout(deadline - Duration::from_nanos(1));
@@ -383,7 +382,7 @@ mod tests {
             let config =
                 WorkerConfig { values_per_packet: 1, initial_window: 64, policy, ..WorkerConfig::new(1, 0, 2) };
             let mut w = Worker::new(config);
-            w.start(Duration::ZERO, &[0; 4096]).unwrap();
+            w.start(&[0; 4096]).unwrap();
             let mut now = Duration::ZERO;
             for _ in 0..20 {
                 now += Duration::from_micros(50);
@@ -400,7 +399,7 @@ mod tests {
     #[test]
     fn answers_of_another_job_or_malformed_are_ignored() {
         let mut w = Worker::new(WorkerConfig { values_per_packet: 2, ..WorkerConfig::new(1, 0, 2) });
-        w.start(Duration::ZERO, &[1, 2]).unwrap();
+        w.start(&[1, 2]).unwrap();
         let sent = drain(&mut w, Duration::ZERO);
         w.handle_packet(
             Duration::ZERO,

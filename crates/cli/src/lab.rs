@@ -22,7 +22,7 @@ use std::time::Duration;
 use clap::Args;
 use softrnic_lab::topology::{parse_duration, parse_rate, parse_size};
 use softrnic_lab::{LinkSpec, Namespaces, RunOptions, Runner, Topology};
-use softrnic_switch::RedConfig;
+use softrnic_switch::{AggregationConfig, RedConfig};
 
 #[derive(Args, Debug, Clone)]
 pub struct LabArgs {
@@ -61,6 +61,10 @@ pub struct LabArgs {
     /// Capture every host port's frames, both ways, into DIR/HOST.pcap.
     #[arg(long, value_name = "DIR")]
     pub pcap: Option<PathBuf>,
+    /// Every switch of a shape aggregates in a pool of this many
+    /// aggregators (a file says so per switch: `aggregators = N`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=softrnic_lab::topology::MAX_AGGREGATORS as u64))]
+    pub aggregators: Option<u64>,
     /// With no --on command: stay up this long (default: until Ctrl-C).
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
@@ -70,6 +74,9 @@ impl LabArgs {
     pub fn topology(&self) -> Result<Topology, String> {
         let path = std::path::Path::new(&self.topology);
         if self.topology.ends_with(".toml") || path.exists() {
+            if self.aggregators.is_some() {
+                return Err("--aggregators is for a shape: in a topology file, give a switch `aggregators = N`".into());
+            }
             return Topology::load(path);
         }
         let ecn = match self.ecn.as_str() {
@@ -78,7 +85,13 @@ impl LabArgs {
             text => Some(parse_ecn(text)?),
         };
         let link = LinkSpec { rate_bps: self.rate, queue: self.queue, ecn, delay: self.delay, ..LinkSpec::default() };
-        Topology::shape(&self.topology, link)
+        let mut topology = Topology::shape(&self.topology, link)?;
+        if let Some(n) = self.aggregators {
+            for switch in &mut topology.switches {
+                switch.aggregation = Some(AggregationConfig::new(n as usize));
+            }
+        }
+        Ok(topology)
     }
 }
 
@@ -123,8 +136,13 @@ pub fn run(args: &LabArgs) -> Result<(), String> {
     let background = args.bg.iter().map(|t| placed(&topology, t)).collect::<Result<Vec<_>, _>>()?;
     let stop = stop_flag()?;
     let namespaces = Namespaces::create(&topology)?;
-    let options =
-        RunOptions { stats: args.stats.clone(), sample_every: args.sample_every, pcap: args.pcap.clone(), flows: None };
+    let options = RunOptions {
+        stats: args.stats.clone(),
+        sample_every: args.sample_every,
+        pcap: args.pcap.clone(),
+        flows: None,
+        aggregation: None,
+    };
     let runner = Runner::start(&topology, &namespaces, options)?;
     eprintln!("softrnic lab: {} hosts, {} switches", topology.hosts.len(), topology.switches.len());
     for (name, addr, ns) in namespaces.describe(&topology) {

@@ -46,6 +46,8 @@ pub struct RunOptions {
     /// Bytes each host has had delivered from each other host, sampled
     /// with the queues: the flows' rates through the fabric.
     pub flows: Option<PathBuf>,
+    /// Each aggregating switch's pool, per job, sampled with the queues.
+    pub aggregation: Option<PathBuf>,
 }
 
 /// A port's totals at the end of a run.
@@ -166,6 +168,7 @@ struct Fabric {
     pcaps: Vec<PcapWriter<BufWriter<File>>>,
     stats: Option<csv_writer::Stats>,
     flows: Option<BufWriter<File>>,
+    aggregation: Option<BufWriter<File>>,
     /// Bytes delivered to host `dst` from host `src`: `[src][dst]`.
     delivered: Vec<Vec<u64>>,
     sample_every: Duration,
@@ -221,9 +224,19 @@ impl Fabric {
             }
             None => None,
         };
+        let aggregation = match &options.aggregation {
+            Some(path) => {
+                let file = File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                let mut out = BufWriter::new(file);
+                writeln!(out, "{AGGREGATION_HEADER}").map_err(|e| e.to_string())?;
+                Some(out)
+            }
+            None => None,
+        };
         let hosts = topology.hosts.len();
         Ok(Fabric {
             flows,
+            aggregation,
             delivered: vec![vec![0; hosts]; hosts],
             topology: topology.clone(),
             switches,
@@ -319,7 +332,7 @@ impl Fabric {
         if let Some(stats) = &mut self.stats {
             stats.flush()?;
         }
-        if let Some(out) = &mut self.flows {
+        for out in [&mut self.flows, &mut self.aggregation].into_iter().flatten() {
             out.flush().map_err(|e| e.to_string())?;
         }
         for pcap in self.pcaps.drain(..) {
@@ -378,6 +391,27 @@ impl Fabric {
                 for (dst, &bytes) in row.iter().enumerate().filter(|(_, b)| **b > 0) {
                     let (src, dst) = (&self.topology.hosts[src].name, &self.topology.hosts[dst].name);
                     writeln!(out, "{:.6},{src},{dst},{bytes}", now.as_secs_f64()).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        if let Some(out) = &mut self.aggregation {
+            for (s, switch) in self.switches.iter().enumerate() {
+                let Some(stage) = switch.aggregation() else { continue };
+                let (name, slots) = (&self.topology.switches[s].name, stage.config().slots);
+                for (job, c) in stage.jobs() {
+                    writeln!(
+                        out,
+                        "{:.6},{name},{job},{},{slots},{},{},{},{},{},{}",
+                        now.as_secs_f64(),
+                        c.held,
+                        c.aggregated,
+                        c.collisions,
+                        c.completed,
+                        c.flushed,
+                        c.acked_chunks,
+                        c.acked_values
+                    )
+                    .map_err(|e| e.to_string())?;
                 }
             }
         }
@@ -473,5 +507,9 @@ mod csv_writer {
 }
 
 pub use csv_writer::HEADER as STATS_HEADER;
+/// The aggregation CSV: per switch and job, the aggregators held now and
+/// cumulative counts (`softrnic_switch::JobCounters`).
+pub const AGGREGATION_HEADER: &str =
+    "time_s,switch,job,held,slots,aggregated,collisions,completed,flushed,acked_chunks,acked_values";
 /// The flows CSV: cumulative bytes delivered from `src` to `dst`.
 pub const FLOWS_HEADER: &str = "time_s,src,dst,bytes";

@@ -236,7 +236,7 @@ pub fn run(s: &Scenario) -> Result<Outcome, String> {
                 if w.start_at.is_some_and(|t| t <= now) {
                     w.start_at = None;
                     let tensor: Vec<i32> = (0..s.tensor).map(|k| contribution(j, w.step, i, k)).collect();
-                    w.worker.start(now, &tensor)?;
+                    w.worker.start(&tensor)?;
                 }
                 w.worker.handle_timeout(now);
                 let from = fabric.host(w.addr.ip()).expect("a worker is a host");
@@ -277,6 +277,14 @@ pub fn run(s: &Scenario) -> Result<Outcome, String> {
     for c in stage.jobs().values() {
         outcome.aggregated += c.aggregated;
         outcome.collisions += c.collisions;
+    }
+        for job in &workers {
+            eprintln!(
+                "DEBUG windows {:?} health {:?}",
+                job.iter().map(|w| w.worker.window()).collect::<Vec<_>>(),
+                job.iter().map(|w| (w.worker.health() * 100.0) as u32).collect::<Vec<_>>()
+            );
+        }
     }
     outcome.resent = workers.iter().flatten().map(|w| w.worker.stats().resent).sum();
     Ok(outcome)

@@ -117,6 +117,7 @@ struct Slot {
     done: bool,
     overflow: bool,
     ce: bool,
+    claimed: Time,
     touched: Time,
     values: Vec<i32>,
 }
@@ -147,6 +148,7 @@ impl Aggregator {
                 done: false,
                 overflow: false,
                 ce: false,
+                claimed: Time::ZERO,
                 touched: Time::ZERO,
                 values: Vec::new(),
             })
@@ -214,7 +216,7 @@ impl Aggregator {
             }
             // The aggregator has this worker's first copy: the packet
             // takes the sum so far to the server.
-            write_sum(&mut packet, slot, index);
+            write_sum(&mut packet, slot, index, now);
             packet.set_flags(packet.flags() | FLAG_AGGREGATED);
             let ce = slot.ce;
             if !slot.done {
@@ -250,7 +252,7 @@ impl Aggregator {
                 let counters = self.jobs.entry(job).or_default();
                 counters.aggregated += 1;
                 counters.overflows += u64::from(overflow);
-                self.finish_if_complete(index, &mut packet)
+                self.finish_if_complete(now, index, &mut packet)
             }
             Some(_) if now.saturating_sub(slot.touched) < reclaim_after => {
                 if !slot.turned_away.contains(&Some((job, sequence))) {
@@ -278,6 +280,7 @@ impl Aggregator {
                 slot.done = false;
                 slot.overflow = false;
                 slot.ce = ce;
+                slot.claimed = now;
                 slot.touched = now;
                 slot.values.clear();
                 slot.values.extend((0..count.min(MAX_VALUES)).map(|i| packet.value(i)));
@@ -285,21 +288,21 @@ impl Aggregator {
                 counters.held += 1;
                 counters.claimed += 1;
                 counters.aggregated += 1;
-                self.finish_if_complete(index, &mut packet)
+                self.finish_if_complete(now, index, &mut packet)
             }
         }
     }
 
     /// When every worker is in, the packet in hand leaves with the sum;
     /// the aggregator waits for the server's ACK.
-    fn finish_if_complete(&mut self, index: usize, packet: &mut Packet<&mut [u8]>) -> Verdict {
+    fn finish_if_complete(&mut self, now: Time, index: usize, packet: &mut Packet<&mut [u8]>) -> Verdict {
         let slot = &mut self.slots[index];
         let all = if slot.fan_in >= 32 { u32::MAX } else { (1u32 << slot.fan_in) - 1 };
         if slot.bitmap != all {
             return Verdict::Consume;
         }
         slot.done = true;
-        write_sum(packet, slot, index);
+        write_sum(packet, slot, index, now);
         packet.set_flags(packet.flags() | FLAG_AGGREGATED);
         let ce = slot.ce;
         if let Some((job, _)) = slot.holder {
@@ -345,8 +348,12 @@ impl Aggregator {
     }
 }
 
-/// Writes an aggregator's sum, bitmap and index into the packet in hand.
-fn write_sum(packet: &mut Packet<&mut [u8]>, slot: &Slot, index: usize) {
+/// Writes an aggregator's sum, bitmap, index and wait (since its first
+/// packet, or its last one for a finished sum resent) into the packet in
+/// hand.
+fn write_sum(packet: &mut Packet<&mut [u8]>, slot: &Slot, index: usize, now: Time) {
+    let until = if slot.done { slot.touched } else { now };
+    packet.set_wait_us(until.saturating_sub(slot.claimed).as_micros().min(u128::from(u16::MAX)) as u16);
     for (i, v) in slot.values.iter().enumerate() {
         packet.set_value(i, *v);
     }
@@ -394,9 +401,10 @@ mod tests {
         }
         assert_eq!(agg.jobs()[&1].held, 1);
         let mut last = chunk(1, 5, 3, 2, &[2, 10]);
-        assert_eq!(send(&mut agg, 0, &mut last), Verdict::Forward { ce: false });
+        assert_eq!(send(&mut agg, 3, &mut last), Verdict::Forward { ce: false });
         let result = Repr::parse(&last).unwrap();
         assert_eq!(result.values, vec![3, 30]);
+        assert_eq!(result.wait_us, 3000, "the last worker came 3 ms after the first");
         assert_eq!(result.bitmap, 0b111);
         assert_eq!(result.flags, FLAG_AGGREGATED);
         assert_eq!(usize::from(result.slot), agg.slot_of(1, 5));
@@ -452,6 +460,7 @@ mod tests {
             workers: 3,
             worker: ALL_WORKERS,
             slot,
+            wait_us: 0,
             values: vec![3],
         }
         .to_bytes();

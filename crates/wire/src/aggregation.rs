@@ -21,8 +21,8 @@
 //! +-------+-------+---------------+
 //! |workers|worker |     slot      |   fan-in; sender (to, in an ACK);
 //! +-------+-------+---------------+   the aggregator that held it
-//! |     count     |   reserved    |
-//! +---------------+---------------+
+//! |     count     |     wait      |   µs the aggregator waited for the
+//! +---------------+---------------+   last worker (saturating)
 //! | count values, i32 each        |   fixed-point numbers (the sender's
 //! | ...                           |   scale), big-endian
 //! ```
@@ -30,7 +30,10 @@
 //! The fields are ATP's (`p4ml`'s bitmap, fan-in, flags, job-and-sequence
 //! and aggregator index) with A2TP's collision flag and a value count, so
 //! one format carries ATP's 62-value chunks and larger ones up to
-//! [`MAX_VALUES`].
+//! [`MAX_VALUES`]. The wait is how a job learns it straggles: a switch
+//! writes, into a sum it finishes or flushes, how long the aggregator
+//! held it from its first packet, and the server copies the longest into
+//! its answer.
 
 use crate::view::{get_u16, get_u32, put_u16, put_u32};
 use crate::{Error, Result};
@@ -117,6 +120,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
         usize::from(get_u16(&self.buffer.as_ref()[16..]))
     }
 
+    pub fn wait_us(&self) -> u16 {
+        get_u16(&self.buffer.as_ref()[18..])
+    }
+
     /// The `i`th value; `i` below [`count`](Self::count) of a checked
     /// packet.
     pub fn value(&self, i: usize) -> i32 {
@@ -158,6 +165,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         put_u16(&mut self.buffer.as_mut()[14..], slot);
     }
 
+    pub fn set_wait_us(&mut self, wait: u16) {
+        put_u16(&mut self.buffer.as_mut()[18..], wait);
+    }
+
     pub fn set_value(&mut self, i: usize, value: i32) {
         put_u32(&mut self.buffer.as_mut()[HEADER_LEN + 4 * i..], value as u32);
     }
@@ -173,6 +184,7 @@ pub struct Repr {
     pub workers: u8,
     pub worker: u8,
     pub slot: u16,
+    pub wait_us: u16,
     pub values: Vec<i32>,
 }
 
@@ -188,6 +200,7 @@ impl Repr {
             workers: packet.workers(),
             worker: packet.worker(),
             slot: packet.slot(),
+            wait_us: packet.wait_us(),
             values: (0..packet.count()).map(|i| packet.value(i)).collect(),
         })
     }
@@ -220,7 +233,7 @@ impl Repr {
         bytes[13] = self.worker;
         put_u16(&mut bytes[14..], self.slot);
         put_u16(&mut bytes[16..], self.values.len() as u16);
-        put_u16(&mut bytes[18..], 0);
+        put_u16(&mut bytes[18..], self.wait_us);
         for (i, v) in self.values.iter().enumerate() {
             put_u32(&mut bytes[HEADER_LEN + 4 * i..], *v as u32);
         }
@@ -249,6 +262,7 @@ mod tests {
             workers: 4,
             worker: 2,
             slot: NO_SLOT,
+            wait_us: 300,
             values: vec![1, -2],
         };
         let bytes = repr.to_bytes();
@@ -258,7 +272,7 @@ mod tests {
             0x01, 0x02, 0x03, 0x04,     // sequence
             0x00, 0x00, 0x00, 0x04,     // bitmap: worker 2
             4, 2, 0xff, 0xff,           // 4 workers, from worker 2, no slot
-            0x00, 0x02, 0x00, 0x00,     // two values
+            0x00, 0x02, 0x01, 0x2c,     // two values, waited 300 µs
             0x00, 0x00, 0x00, 0x01,     // 1
             0xff, 0xff, 0xff, 0xfe,     // -2
         ];

@@ -250,6 +250,7 @@ impl Incast<'_> {
             flows: Some(flows.clone()),
             sample_every: Duration::from_millis(20),
             pcap: None,
+            aggregation: None,
         };
         let runner = Runner::start(&topology, &namespaces, options)?;
         let spawn = |host: usize, command: &str, log: &str| -> Result<Child, String> {

@@ -11,6 +11,7 @@
 //! Experiments are reachable by their number in EXPERIMENTS.md (`e9`) and
 //! by name (`careful`); `experiments.rs` has them.
 
+mod aggregation;
 mod cc;
 mod experiments;
 mod fct;
@@ -75,6 +76,18 @@ pub struct ExpArgs {
     /// incast: the links' rate (default 1Gbps).
     #[arg(long, value_parser = softrnic_lab::topology::parse_rate)]
     pub rate: Option<u64>,
+    /// e10: the policies to compare, one run each: a2tp, atp, off
+    /// (default all three).
+    #[arg(long, value_delimiter = ',')]
+    pub policy: Vec<String>,
+    /// e10: the switch's pool of aggregators (default 16, scaled down with
+    /// the links so that the jobs contend for it).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=softrnic_lab::topology::MAX_AGGREGATORS as u64))]
+    pub aggregators: Option<u64>,
+    /// e10: how late the straggling job's last worker starts each step,
+    /// ms (default 20).
+    #[arg(long)]
+    pub straggle: Option<f64>,
     /// fct: the flow-size distributions (websearch, hadoop).
     #[arg(long, value_delimiter = ',')]
     pub workload: Vec<String>,
@@ -195,6 +208,10 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         );
         println!("  {:4} {:11} N senders to one receiver through the lab's switch (needs root)", "", "incast");
         println!("  {:4} {:11} flow completion times on HPCC's fat tree, in the simulator", "", "fct");
+        println!(
+            "  {:4} {:11} in-network aggregation shared by two jobs, one straggling (the lab's switch, needs root; and the simulator)",
+            "e10", "aggregation"
+        );
         return Ok(());
     };
     if name.eq_ignore_ascii_case("incast") {
@@ -202,6 +219,9 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     }
     if name.eq_ignore_ascii_case("e3") || name.eq_ignore_ascii_case("cc") {
         return cc::run(args);
+    }
+    if name.eq_ignore_ascii_case("e10") || name.eq_ignore_ascii_case("aggregation") {
+        return aggregation::run(args);
     }
     if name.eq_ignore_ascii_case("fct") || name.eq_ignore_ascii_case("fattree") {
         return fct::run(args);

@@ -1,0 +1,440 @@
+//! `softrnic exp e10` (`aggregation`): in-network aggregation shared by two
+//! training jobs, one of them straggling, through the lab's switch, as the
+//! seed's E10 runs it, scaled down to what this machine carries; then the
+//! same switch stage and worker logic in the simulator at cluster scale.
+//!
+//! The lab: one switch with a pool of aggregators; two jobs of four
+//! workers and a parameter server each; two background hosts sending UDP
+//! (iperf3) to the servers' links. Job 1's last worker starts every step
+//! late (`--straggle`); job 0 ends first, job 1 runs on alone. One run per
+//! policy: A2TP's two windows, ATP's link window alone, and aggregation
+//! off (everything through the servers). Every worker checks every sum
+//! against the exact one.
+//!
+//! Writes `result.csv` (per policy, over time, per job: aggregation
+//! throughput in Gb/s and aggregator occupancy in %), the simulator's
+//! `aggregation_sim.csv`, per-run logs, and `aggregation_figure.svg`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use softrnic_aggregation::Policy;
+use softrnic_lab::runner::AGGREGATION_HEADER;
+use softrnic_lab::{LinkSpec, Namespaces, RunOptions, Runner, Topology};
+use softrnic_sim::aggregation::{Outcome, Scenario};
+use softrnic_switch::{AggregationConfig, RedConfig};
+
+use super::ExpArgs;
+use super::figure::Series;
+use super::panels::{self, Panel};
+
+const WORKERS: usize = 4;
+const JOBS: usize = 2;
+/// Hosts: each job's workers then its server, then the background pair.
+const BACKGROUND: [usize; 2] = [JOBS * (WORKERS + 1), JOBS * (WORKERS + 1) + 1];
+const COLUMNS: &str = "policy,time_s,job,throughput_gbps,occupancy_pct";
+
+/// What one policy's run compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Config {
+    A2tp,
+    Atp,
+    Off,
+}
+
+impl Config {
+    fn name(self) -> &'static str {
+        match self {
+            Config::A2tp => "a2tp",
+            Config::Atp => "atp",
+            Config::Off => "off",
+        }
+    }
+
+    fn parse(text: &str) -> Result<Config, String> {
+        match text {
+            "a2tp" => Ok(Config::A2tp),
+            "atp" => Ok(Config::Atp),
+            "off" => Ok(Config::Off),
+            _ => {
+                Err(format!("--policy {text}: give a2tp, atp or off (aggregation off: everything through the servers)"))
+            }
+        }
+    }
+
+    fn worker_flags(self) -> &'static str {
+        match self {
+            Config::A2tp => "--policy a2tp",
+            Config::Atp => "--policy atp",
+            Config::Off => "--policy atp --bypass",
+        }
+    }
+}
+
+/// The lab's scale and timing.
+struct Lab {
+    rate: u64,
+    slots: usize,
+    straggle_ms: f64,
+    /// The healthy job runs `both`; the straggler `both + alone`.
+    both: Duration,
+    alone: Duration,
+    values: usize,
+    bin: PathBuf,
+    logs: PathBuf,
+}
+
+/// One job's samples: (time, Gb/s, occupancy %).
+type Samples = Vec<(f64, f64, f64)>;
+
+/// One policy's run: each job's samples, and when (on the samples' clock)
+/// the workers started, the healthy job ended, and the straggler ended.
+struct LabRun {
+    jobs: Vec<Samples>,
+    started: f64,
+    healthy_ended: f64,
+    ended: f64,
+}
+
+pub fn run(args: &ExpArgs) -> Result<(), String> {
+    let configs = if args.policy.is_empty() {
+        vec![Config::A2tp, Config::Atp, Config::Off]
+    } else {
+        args.policy.iter().map(|p| Config::parse(p)).collect::<Result<_, _>>()?
+    };
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let logs = args.out.join("aggregation_logs");
+    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+    let lab = Lab {
+        rate: args.rate.unwrap_or(200_000_000),
+        slots: args.aggregators.map_or(16, |n| n as usize),
+        straggle_ms: args.straggle.unwrap_or(20.0),
+        both: Duration::from_secs(if args.quick { 4 } else { 12 }),
+        alone: Duration::from_secs(if args.quick { 3 } else { 8 }),
+        values: 65_536,
+        bin: std::env::current_exe().map_err(|e| e.to_string())?,
+        logs,
+    };
+    let mut panels_rate = Vec::new();
+    let mut panels_pool = Vec::new();
+    let mut rows = vec![COLUMNS.to_string()];
+    let mut failures = Vec::new();
+    if let Some(reason) = softrnic_lab::namespaces::unavailable() {
+        failures.push(format!("the lab's part needs network namespaces: {reason}"));
+    } else if super::experiments::which("iperf3").is_none() {
+        failures.push("the lab's background traffic is iperf3's: apt install iperf3".into());
+    } else {
+        println!(
+            "e10 in the lab, scaled down to this machine ({} cores): {JOBS} jobs x ({WORKERS} workers + 1 parameter server) and 2 UDP background hosts on one switch, {} Mb/s links, {} aggregators, {} values a step in 256-value chunks; job 1's last worker {} ms late each step (the seed: 100 Gb/s links, 20,000 aggregators)",
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            lab.rate / 1_000_000,
+            lab.slots,
+            lab.values,
+            lab.straggle_ms
+        );
+        for config in &configs {
+            match lab.run(*config) {
+                Ok(run) => {
+                    println!("{}", report(config.name(), &run));
+                    for (job, samples) in run.jobs.iter().enumerate() {
+                        rows.extend(
+                            samples.iter().map(|(t, g, o)| format!("{},{t:.3},{job},{g:.4},{o:.2}", config.name())),
+                        );
+                        let name = format!("{} job {job}{}", config.name(), if job == 1 { " (straggler)" } else { "" });
+                        panels_rate
+                            .push(Series { name: name.clone(), points: samples.iter().map(|s| (s.0, s.1)).collect() });
+                        panels_pool.push(Series { name, points: samples.iter().map(|s| (s.0, s.2)).collect() });
+                    }
+                }
+                Err(e) => failures.push(format!("{}: {e}", config.name())),
+            }
+        }
+    }
+    let csv = args.out.join("result.csv");
+    std::fs::write(&csv, rows.join("\n") + "\n").map_err(|e| format!("cannot write {}: {e}", csv.display()))?;
+    let (sim_rows, sim_series) = simulate(args.quick)?;
+    let sim_csv = args.out.join("aggregation_sim.csv");
+    std::fs::write(&sim_csv, sim_rows.join("\n") + "\n")
+        .map_err(|e| format!("cannot write {}: {e}", sim_csv.display()))?;
+    let figure = args.out.join("aggregation_figure.svg");
+    let axis = |y: &str, series| Panel { x_label: "time (s)".into(), y_label: y.into(), x_log: false, series };
+    panels::write(
+        &figure,
+        "E10: two jobs share the switch's aggregators; job 1 straggles, job 0 ends first",
+        &[
+            axis("aggregation throughput (Gb/s)", panels_rate),
+            axis("aggregator occupancy (%)", panels_pool),
+            Panel { x_label: "simulated time (ms)".into(), ..axis("occupancy, simulator (%)", sim_series) },
+        ],
+    )?;
+    println!(
+        "e10: {} and {}; logs in {}; figure {}",
+        csv.display(),
+        sim_csv.display(),
+        lab.logs.display(),
+        figure.display()
+    );
+    if failures.is_empty() { Ok(()) } else { Err(failures.join("; ")) }
+}
+
+impl Lab {
+    fn topology(&self) -> Result<Topology, String> {
+        let link = LinkSpec {
+            rate_bps: self.rate,
+            queue: 256_000,
+            ecn: Some(RedConfig::for_rate(self.rate)),
+            ..LinkSpec::default()
+        };
+        let mut topology = Topology::shape(&format!("star:{}", BACKGROUND[1] + 1), link)?;
+        topology.switches[0].aggregation = Some(AggregationConfig::new(self.slots));
+        Ok(topology)
+    }
+
+    fn host(job: usize, index: usize) -> usize {
+        job * (WORKERS + 1) + index
+    }
+
+    fn spawn(
+        &self,
+        namespaces: &Namespaces,
+        topology: &Topology,
+        host: usize,
+        name: &str,
+        command: &str,
+    ) -> Result<Child, String> {
+        let path = self.logs.join(format!("{name}.log"));
+        let mut file = File::create(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        std::io::Write::write_all(&mut file, format!("$ {command}\n").as_bytes()).map_err(|e| e.to_string())?;
+        let err = file.try_clone().map_err(|e| e.to_string())?;
+        namespaces.spawn(topology, host, command, Stdio::from(file), Stdio::from(err))
+    }
+
+    fn run(&self, config: Config) -> Result<LabRun, String> {
+        let topology = self.topology()?;
+        let namespaces = Namespaces::create(&topology)?;
+        let pool_csv = self.logs.join(format!("{}_pool.csv", config.name()));
+        let options = RunOptions {
+            stats: None,
+            flows: None,
+            aggregation: Some(pool_csv.clone()),
+            sample_every: Duration::from_millis(250),
+            pcap: None,
+        };
+        let runner = Runner::start(&topology, &namespaces, options)?;
+        // The runner's samples count from about here.
+        let clock = Instant::now();
+        let bin = self.bin.display();
+        let name = config.name();
+        let mut servers = Vec::new();
+        for job in 0..JOBS {
+            let workers: Vec<String> = (0..WORKERS).map(|w| format!("$h{}", Lab::host(job, w))).collect();
+            let ps = Lab::host(job, WORKERS);
+            let command = format!("exec {bin} agg server --job {job} --workers {} --addr $h{ps}", workers.join(","));
+            servers.push(self.spawn(&namespaces, &topology, ps, &format!("{name}_job{job}_server"), &command)?);
+            let iperf = format!("exec iperf3 -s -B $h{ps} -p 5201");
+            servers.push(self.spawn(&namespaces, &topology, ps, &format!("{name}_job{job}_iperf3_server"), &iperf)?);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let total = (self.both + self.alone).as_secs();
+        for (k, &bg) in BACKGROUND.iter().enumerate() {
+            // A fifth of a link of UDP toward each server's port.
+            let ps = Lab::host(k, WORKERS);
+            let command = format!("exec iperf3 -u -c $h{ps} -p 5201 -b {} -t {total} -l 1200", self.rate / 5);
+            servers.push(self.spawn(&namespaces, &topology, bg, &format!("{name}_background{k}"), &command)?);
+        }
+        let mut workers = Vec::new();
+        let started = clock.elapsed().as_secs_f64();
+        for job in 0..JOBS {
+            let seconds = if job == 0 { self.both } else { self.both + self.alone }.as_secs_f64();
+            for w in 0..WORKERS {
+                let host = Lab::host(job, w);
+                let straggle = if job == 1 && w == WORKERS - 1 {
+                    format!(" --straggle {}", self.straggle_ms)
+                } else {
+                    String::new()
+                };
+                let command = format!(
+                    "exec {bin} agg worker --job {job} --worker {w} --workers {WORKERS} --addr $h{host} --server $h{} --values {} --duration {seconds} {}{straggle}",
+                    Lab::host(job, WORKERS),
+                    self.values,
+                    config.worker_flags()
+                );
+                workers.push((
+                    job,
+                    w,
+                    self.spawn(&namespaces, &topology, host, &format!("{name}_job{job}_worker{w}"), &command)?,
+                ));
+            }
+        }
+        let deadline = Instant::now() + self.both + self.alone + Duration::from_secs(30);
+        let mut failures = Vec::new();
+        // A job ends when its first worker does (one may start a last step
+        // the others never join, and wait for it to time out).
+        let mut ended = [f64::MAX; JOBS];
+        let mut running: Vec<_> = workers.iter_mut().collect();
+        while !running.is_empty() {
+            let now = clock.elapsed().as_secs_f64();
+            running.retain_mut(|(job, w, child)| match child.try_wait() {
+                Ok(None) if Instant::now() <= deadline => true,
+                Ok(None) | Err(_) => {
+                    failures.push(format!("job {job} worker {w} did not finish"));
+                    super::stop_child(child);
+                    false
+                }
+                Ok(Some(status)) => {
+                    ended[*job] = ended[*job].min(now);
+                    if !status.success() {
+                        failures.push(format!("job {job} worker {w} ended with {status}"));
+                    }
+                    false
+                }
+            });
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for server in &mut servers {
+            super::stop_child(server);
+        }
+        let summary = runner.stop()?;
+        drop(namespaces);
+        std::fs::write(self.logs.join(format!("{name}_switch.log")), format!("{summary}\n"))
+            .map_err(|e| e.to_string())?;
+        if !failures.is_empty() {
+            return Err(format!("{}; see the logs in {}", failures.join("; "), self.logs.display()));
+        }
+        Ok(LabRun { jobs: read_pool(&pool_csv)?, started, healthy_ended: ended[0], ended: ended[1] })
+    }
+}
+
+/// Each job's throughput (from the answers the switch saw) and occupancy,
+/// sample by sample.
+fn read_pool(path: &Path) -> Result<Vec<Samples>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut lines = text.lines();
+    if lines.next() != Some(AGGREGATION_HEADER) {
+        return Err(format!("{}: not an aggregation file", path.display()));
+    }
+    let mut jobs: Vec<Samples> = vec![Vec::new(); JOBS];
+    let mut last = vec![(0.0f64, 0u64); JOBS];
+    for line in lines {
+        let f: Vec<&str> = line.split(',').collect();
+        // time_s,switch,job,held,slots,aggregated,collisions,completed,flushed,acked_chunks,acked_values
+        let (Some(time), Some(job), Some(held), Some(slots), Some(values)) = (
+            f.first().and_then(|v| v.parse::<f64>().ok()),
+            f.get(2).and_then(|v| v.parse::<usize>().ok()),
+            f.get(3).and_then(|v| v.parse::<f64>().ok()),
+            f.get(4).and_then(|v| v.parse::<f64>().ok()),
+            f.get(10).and_then(|v| v.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        let Some(samples) = jobs.get_mut(job) else { continue };
+        let (t0, v0) = last[job];
+        if time > t0 {
+            let gbps = (values - v0) as f64 * 32.0 / (time - t0) / 1e9;
+            samples.push((time, gbps, held * 100.0 / slots));
+        }
+        last[job] = (time, values);
+    }
+    Ok(jobs)
+}
+
+/// The mean of samples in `[from, to)`: (Gb/s, occupancy %).
+fn mean(samples: &Samples, from: f64, to: f64) -> (f64, f64) {
+    let s: Vec<_> = samples.iter().filter(|s| s.0 >= from && s.0 < to).collect();
+    let n = s.len().max(1) as f64;
+    (s.iter().map(|s| s.1).sum::<f64>() / n, s.iter().map(|s| s.2).sum::<f64>() / n)
+}
+
+/// The seed's comparison: each job while both run, the straggler alone
+/// (a second after each start, half a second before each end).
+fn report(policy: &str, run: &LabRun) -> String {
+    let (jobs, both) = (&run.jobs, (run.started + 1.0, run.healthy_ended - 0.5));
+    let (healthy, straggler) = (mean(&jobs[0], both.0, both.1), mean(&jobs[1], both.0, both.1));
+    let alone = mean(&jobs[1], run.healthy_ended + 1.0, run.ended - 0.5);
+    format!(
+        "e10 {policy:>4}: while both run, healthy job {:.3} Gb/s at {:.1} % of the pool, straggler {:.3} Gb/s at {:.1} %; straggler alone {:.3} Gb/s at {:.1} %",
+        healthy.0, healthy.1, straggler.0, straggler.1, alone.0, alone.1
+    )
+}
+
+/// The simulator at cluster scale (a small scenario with --quick): one
+/// run per policy; rows and each job's occupancy series.
+fn simulate(quick: bool) -> Result<(Vec<String>, Vec<Series>), String> {
+    let mut rows = vec!["policy,time_ms,job,throughput_gbps,occupancy_pct".to_string()];
+    let mut series = Vec::new();
+    for policy in [Policy::A2tp, Policy::Atp] {
+        let scenario = if quick {
+            Scenario {
+                jobs: 2,
+                workers: 4,
+                rate_bps: 10_000_000_000,
+                slots: 64,
+                tensor: 16 * 1024,
+                first_job_steps: Some(30),
+                straggler: Some((1, Duration::from_micros(200))),
+                min_rto: Duration::from_micros(500),
+                duration: Duration::from_millis(12),
+                sample_every: Duration::from_micros(200),
+                ..Scenario::cluster(policy)
+            }
+        } else {
+            Scenario::cluster(policy)
+        };
+        let name = match policy {
+            Policy::A2tp => "a2tp",
+            Policy::Atp => "atp",
+        };
+        let outcome = softrnic_sim::aggregation::run(&scenario)?;
+        println!("{}", sim_report(name, &scenario, &outcome));
+        for s in &outcome.samples {
+            rows.push(format!("{name},{:.3},{},{:.3},{:.2}", s.time.as_secs_f64() * 1e3, s.job, s.gbps, s.occupancy));
+        }
+        for job in [0, 1] {
+            let points = outcome
+                .samples
+                .iter()
+                .filter(|s| s.job == job)
+                .map(|s| (s.time.as_secs_f64() * 1e3, s.occupancy))
+                .collect();
+            series.push(Series {
+                name: format!("sim {name} job {job}{}", if job == 1 { " (straggler)" } else { "" }),
+                points,
+            });
+        }
+    }
+    Ok((rows, series))
+}
+
+fn sim_report(policy: &str, s: &Scenario, o: &Outcome) -> String {
+    let ended = o.ended[0].unwrap_or(s.duration);
+    let warm = s.duration / 10;
+    let (healthy, straggler) = (o.mean(0, warm, ended), o.mean(1, warm, ended));
+    let others: Vec<(f64, f64)> = (2..s.jobs).map(|j| o.mean(j, warm, ended)).collect();
+    let alone = o.mean(1, ended + warm, s.duration);
+    let others = if others.is_empty() {
+        String::new()
+    } else {
+        let n = others.len() as f64;
+        format!(
+            ", the other {} jobs {:.1} Gb/s at {:.1} % each",
+            others.len(),
+            others.iter().map(|x| x.1).sum::<f64>() / n,
+            others.iter().map(|x| x.0).sum::<f64>() / n
+        )
+    };
+    format!(
+        "e10 simulated, {} jobs x {} workers at {} Gb/s, {} aggregators, {policy:>4}: job 0 {:.1} Gb/s at {:.1} %, straggler {:.1} Gb/s at {:.1} %{others}; straggler after job 0 ends {:.1} Gb/s at {:.1} %",
+        s.jobs,
+        s.workers,
+        s.rate_bps / 1_000_000_000,
+        s.slots,
+        healthy.1,
+        healthy.0,
+        straggler.1,
+        straggler.0,
+        alone.1,
+        alone.0
+    )
+}
