@@ -278,14 +278,6 @@ pub fn run(s: &Scenario) -> Result<Outcome, String> {
         outcome.aggregated += c.aggregated;
         outcome.collisions += c.collisions;
     }
-        for job in &workers {
-            eprintln!(
-                "DEBUG windows {:?} health {:?}",
-                job.iter().map(|w| w.worker.window()).collect::<Vec<_>>(),
-                job.iter().map(|w| (w.worker.health() * 100.0) as u32).collect::<Vec<_>>()
-            );
-        }
-    }
     outcome.resent = workers.iter().flatten().map(|w| w.worker.stats().resent).sum();
     Ok(outcome)
 }
