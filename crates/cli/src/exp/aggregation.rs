@@ -316,7 +316,7 @@ fn read_pool(path: &Path) -> Result<Vec<Samples>, String> {
         return Err(format!("{}: not an aggregation file", path.display()));
     }
     let mut jobs: Vec<Samples> = vec![Vec::new(); JOBS];
-    let mut last = vec![(0.0f64, 0u64); JOBS];
+    let mut last = [(0.0f64, 0u64); JOBS];
     for line in lines {
         let f: Vec<&str> = line.split(',').collect();
         // time_s,switch,job,held,slots,aggregated,collisions,completed,flushed,acked_chunks,acked_values
