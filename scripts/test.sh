@@ -66,6 +66,19 @@ else
     step "RDMA stack programs skipped: needs infiniband-diags and ucx-utils (sudo apt-get install infiniband-diags ucx-utils)"
 fi
 
+# In-network aggregation from Python: NumPy tensors of four worker
+# processes summed through the lab's switch over the C ABI.
+if [ "$(id -u)" = 0 ] && { python3 -c 'import numpy' 2>/dev/null || /usr/bin/python3 -c 'import numpy' 2>/dev/null; }; then
+    step "the Python allreduce through the lab's switch (scripts/python-allreduce.sh)"
+    scripts/python-allreduce.sh | grep -E '^worker|^softrnic'
+else
+    if [ "${CI:-}" = true ]; then
+        echo "the Python allreduce needs root and NumPy, and CI must run it (.ci/run installs python3-numpy)" >&2
+        exit 1
+    fi
+    step "the Python allreduce skipped: needs root (network namespaces) and NumPy (apt-get install python3-numpy)"
+fi
+
 fuzz_seconds=${SOFTRNIC_FUZZ_SECONDS:-30}
 if [ "$fuzz_seconds" -gt 0 ]; then
     if cargo fuzz --version >/dev/null 2>&1 && cargo +nightly --version >/dev/null 2>&1; then

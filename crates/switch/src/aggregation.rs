@@ -211,7 +211,8 @@ impl Aggregator {
         let slot = &mut self.slots[index];
         let ours = slot.holder == Some((job, sequence));
         if packet.has(FLAG_RESEND) {
-            if !(ours && slot.bitmap & bit != 0) {
+            // (A resend of another length is not this chunk's to carry.)
+            if !(ours && slot.bitmap & bit != 0 && slot.values.len() == packet.count()) {
                 return Verdict::Forward { ce: false };
             }
             // The aggregator has this worker's first copy: the packet
@@ -576,5 +577,37 @@ mod tests {
         let mut last = chunk(1, 0, 2, 1, &[1]);
         assert_eq!(agg.handle(Time::ZERO, worker_addr(1), PS, false, &mut last), Verdict::Forward { ce: true });
         assert!(!Repr::parse(&last).unwrap().has(FLAG_ECN), "the server sets ECN in its ACK, not the switch");
+    }
+
+    proptest::proptest! {
+        /// Hostile packets (valid chunks with bytes flipped, and noise)
+        /// never panic the stage, and the pool's accounting stays true:
+        /// each job's `held` is the aggregators that hold its chunks.
+        #[test]
+        fn hostile_packets_keep_the_pool_consistent(
+            packets in proptest::collection::vec(
+                (0u16..3, 0u32..40, 0u8..4, proptest::collection::vec(proptest::num::i32::ANY, 1..6),
+                 proptest::option::of((0usize..40, proptest::num::u8::ANY)), 0u8..3, 0u64..2000),
+                1..200),
+        ) {
+            let mut agg = Aggregator::new(AggregationConfig { slots: 8, reclaim_after: Duration::from_millis(500) });
+            for (job, sequence, worker, values, flip, kind, at_ms) in packets {
+                let mut bytes = match kind {
+                    // A worker's chunk, its resend, or the server's answer.
+                    0 => chunk(job, sequence, 4, worker, &values),
+                    1 => resend(chunk(job, sequence, 4, worker, &values)),
+                    _ => Repr { flags: FLAG_ACK, job, sequence, workers: 4, worker: ALL_WORKERS, slot: agg.slot_of(job, sequence) as u16, values, ..Repr::default() }.to_bytes(),
+                };
+                if let Some((at, byte)) = flip {
+                    let len = bytes.len();
+                    bytes[at % len] ^= byte;
+                }
+                let _ = agg.handle(Time::from_millis(at_ms), worker_addr(worker), PS, false, &mut bytes);
+                for (job, counters) in agg.jobs() {
+                    let holding = agg.slots.iter().filter(|s| s.holder.is_some_and(|(j, _)| j == *job)).count();
+                    proptest::prop_assert_eq!(counters.held, holding as u64, "job {}", job);
+                }
+            }
+        }
     }
 }
