@@ -99,24 +99,15 @@ struct LabRun {
 }
 
 pub fn run(args: &ExpArgs) -> Result<(), String> {
+    if args.bench {
+        return bench(args);
+    }
     let configs = if args.policy.is_empty() {
         vec![Config::A2tp, Config::Atp, Config::Off]
     } else {
         args.policy.iter().map(|p| Config::parse(p)).collect::<Result<_, _>>()?
     };
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    let logs = args.out.join("aggregation_logs");
-    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
-    let lab = Lab {
-        rate: args.rate.unwrap_or(200_000_000),
-        slots: args.aggregators.map_or(16, |n| n as usize),
-        straggle_ms: args.straggle.unwrap_or(20.0),
-        both: Duration::from_secs(if args.quick { 4 } else { 12 }),
-        alone: Duration::from_secs(if args.quick { 3 } else { 8 }),
-        values: 65_536,
-        bin: std::env::current_exe().map_err(|e| e.to_string())?,
-        logs,
-    };
+    let lab = Lab::new(args)?;
     let mut panels_rate = Vec::new();
     let mut panels_pool = Vec::new();
     let mut rows = vec![COLUMNS.to_string()];
@@ -180,6 +171,21 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
 }
 
 impl Lab {
+    fn new(args: &ExpArgs) -> Result<Lab, String> {
+        let logs = args.out.join("aggregation_logs");
+        std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+        Ok(Lab {
+            rate: args.rate.unwrap_or(200_000_000),
+            slots: args.aggregators.map_or(16, |n| n as usize),
+            straggle_ms: args.straggle.unwrap_or(20.0),
+            both: Duration::from_secs(if args.quick { 4 } else { 12 }),
+            alone: Duration::from_secs(if args.quick { 3 } else { 8 }),
+            values: 65_536,
+            bin: std::env::current_exe().map_err(|e| e.to_string())?,
+            logs,
+        })
+    }
+
     fn topology(&self) -> Result<Topology, String> {
         let link = LinkSpec {
             rate_bps: self.rate,
@@ -437,4 +443,263 @@ fn sim_report(policy: &str, s: &Scenario, o: &Outcome) -> String {
         alone.1,
         alone.0
     )
+}
+
+/// `softrnic exp e10 --bench`: one job of four workers summing the same
+/// tensors through the switch's aggregation and with Open MPI's
+/// MPI_Allreduce over TCP, on the same lab hosts, each `--runs` times
+/// (medians); and the aggregation stage's cost per packet against the
+/// pipeline without it.
+fn bench(args: &ExpArgs) -> Result<(), String> {
+    if let Some(reason) = softrnic_lab::namespaces::unavailable() {
+        return Err(format!("the benchmark runs in the lab's namespaces: {reason}"));
+    }
+    for (program, package) in [("mpicc", "libopenmpi-dev"), ("mpirun", "openmpi-bin")] {
+        if super::experiments::which(program).is_none() {
+            return Err(format!("the TCP baseline is Open MPI's: apt install {package}"));
+        }
+    }
+    let lab = Lab::new(args)?;
+    let seconds = if args.quick { 3 } else { 8 };
+    let mpi = lab.logs.join("mpi_allreduce");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/mpi/allreduce.c");
+    let built = std::process::Command::new("mpicc").arg("-O2").arg("-o").arg(&mpi).arg(&source).status();
+    if !built.is_ok_and(|s| s.success()) {
+        return Err(format!("cannot build {} with mpicc", source.display()));
+    }
+    println!(
+        "e10 bench: one job of {WORKERS} workers on a {}-port star, {} Mb/s links, {} values a step, {seconds} s a run, {} runs",
+        WORKERS + 1,
+        lab.rate / 1_000_000,
+        lab.values,
+        args.runs
+    );
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for run in 0..args.runs {
+        ours.push(lab.single_job(run, seconds)?);
+        theirs.push(lab.mpi(run, seconds, &mpi)?);
+    }
+    let (ours, theirs) = (median(&mut ours), median(&mut theirs));
+    let per_second = |gbps: f64| gbps * 1e9 / 32.0 / 1e6;
+    println!(
+        "e10 bench: aggregation through the switch {ours:.3} Gb/s ({:.2} M values/s), MPI_Allreduce over TCP {theirs:.3} Gb/s ({:.2} M values/s): {:.2}x",
+        per_second(ours),
+        per_second(theirs),
+        ours / theirs
+    );
+    let (with, without) = stage_cost();
+    println!(
+        "e10 bench: the switch pipeline takes {with:.0} ns a chunk packet with the aggregation stage, {without:.0} ns without it (the same packets forwarded): {:.2}x",
+        with / without
+    );
+    Ok(())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+impl Lab {
+    /// A star of the job's workers and its server, no background.
+    fn single_topology(&self) -> Result<Topology, String> {
+        let link = LinkSpec {
+            rate_bps: self.rate,
+            queue: 256_000,
+            ecn: Some(RedConfig::for_rate(self.rate)),
+            ..LinkSpec::default()
+        };
+        let mut topology = Topology::shape(&format!("star:{}", WORKERS + 1), link)?;
+        topology.switches[0].aggregation = Some(AggregationConfig::new(softrnic_lab::topology::MAX_AGGREGATORS));
+        Ok(topology)
+    }
+
+    /// Runs `commands` (host, log name, command), waits for every one in
+    /// `foreground`, stops the rest; the foreground logs.
+    fn run_hosts(
+        &self,
+        topology: &Topology,
+        commands: &[(usize, String, String, bool)],
+    ) -> Result<Vec<String>, String> {
+        let namespaces = Namespaces::create(topology)?;
+        let options = RunOptions {
+            stats: None,
+            flows: None,
+            aggregation: None,
+            sample_every: Duration::from_secs(1),
+            pcap: None,
+        };
+        let runner = Runner::start(topology, &namespaces, options)?;
+        let mut background = Vec::new();
+        let mut foreground = Vec::new();
+        for (host, name, command, waited) in commands {
+            let child = self.spawn(&namespaces, topology, *host, name, command)?;
+            if *waited {
+                foreground.push((name.clone(), child))
+            } else {
+                background.push(child)
+            }
+            if !*waited {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        }
+        let mut failures = Vec::new();
+        for (name, child) in &mut foreground {
+            match child.wait() {
+                Ok(status) if status.success() => {}
+                other => failures.push(format!("{name}: {other:?}")),
+            }
+        }
+        for child in &mut background {
+            super::stop_child(child);
+        }
+        runner.stop()?;
+        drop(namespaces);
+        if !failures.is_empty() {
+            return Err(format!("{}; see the logs in {}", failures.join("; "), self.logs.display()));
+        }
+        foreground
+            .iter()
+            .map(|(name, _)| std::fs::read_to_string(self.logs.join(format!("{name}.log"))).map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    /// The job's goodput through the switch, as worker 0 reports it.
+    fn single_job(&self, run: u32, seconds: u64) -> Result<f64, String> {
+        let topology = self.single_topology()?;
+        let bin = self.bin.display();
+        let workers: Vec<String> = (0..WORKERS).map(|w| format!("$h{w}")).collect();
+        let mut commands = vec![(
+            WORKERS,
+            format!("bench{run}_server"),
+            format!("exec {bin} agg server --job 0 --workers {} --addr $h{WORKERS}", workers.join(",")),
+            false,
+        )];
+        for w in 0..WORKERS {
+            commands.push((
+                w,
+                format!("bench{run}_worker{w}"),
+                format!(
+                    "exec {bin} agg worker --job 0 --worker {w} --workers {WORKERS} --addr $h{w} --server $h{WORKERS} --values {} --duration {seconds}",
+                    self.values
+                ),
+                true,
+            ));
+        }
+        let logs = self.run_hosts(&topology, &commands)?;
+        gbps_of(&logs[0], "aggregated")
+    }
+
+    /// MPI_Allreduce of the same tensors over TCP between the same hosts:
+    /// mpirun on the server's host starts a rank on each worker's host
+    /// through an agent that enters the host's namespace (as ssh would
+    /// log in to it).
+    fn mpi(&self, run: u32, seconds: u64, program: &Path) -> Result<f64, String> {
+        let topology = self.single_topology()?;
+        let agent = self.logs.join("netns-agent.sh");
+        let script = format!(
+            "#!/bin/sh\n\
+             # mpirun's remote-shell agent: runs the command in the namespace of\n\
+             # the lab host (of softrnic process {pid}) that has the address given.\n\
+             host=$1; shift\n\
+             for ns in $(ls /run/netns | grep '^srn-{pid}-h'); do\n\
+             \x20   if ip netns exec \"$ns\" ip -4 -o addr show dev eth0 | grep -q \" $host/\"; then\n\
+             \x20       exec ip netns exec \"$ns\" sh -c \"$*\"\n\
+             \x20   fi\n\
+             done\n\
+             echo \"no lab host has the address $host\" >&2\n\
+             exit 1\n",
+            pid = std::process::id()
+        );
+        std::fs::write(&agent, script).map_err(|e| format!("cannot write {}: {e}", agent.display()))?;
+        std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(|e| e.to_string())?;
+        let hosts: Vec<String> = (0..WORKERS).map(|w| format!("$h{w}")).collect();
+        let command = format!(
+            "exec mpirun --allow-run-as-root -np {WORKERS} --host {} --mca plm_rsh_agent {} --mca mpi_yield_when_idle 1 --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 {} {} {seconds}",
+            hosts.join(","),
+            agent.display(),
+            program.display(),
+            self.values,
+        );
+        let logs = self.run_hosts(&topology, &[(WORKERS, format!("bench{run}_mpi"), command, true)])?;
+        gbps_of(&logs[0], "Gb/s")
+    }
+}
+
+/// The Gb/s figure on the line of `log` that says `marker`.
+fn gbps_of(log: &str, marker: &str) -> Result<f64, String> {
+    log.lines()
+        .filter(|l| l.contains(marker))
+        .find_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let at = words.iter().position(|w| w.starts_with("Gb/s"))?;
+            words.get(at.checked_sub(1)?)?.parse().ok()
+        })
+        .ok_or_else(|| format!("no goodput in: {log}"))
+}
+
+/// The pipeline's time per chunk packet (four workers' chunks, a sum to the
+/// server, the server's answer fanned out), with the stage, and without it
+/// (the same packets forwarded whole).
+fn stage_cost() -> (f64, f64) {
+    use softrnic_lab::eth_frame::EthFrame;
+    use softrnic_switch::{PortConfig, Prefix, Routes, Switch, SwitchConfig, Time};
+    use softrnic_wire::aggregation::{AGG_UDP_PORT, ALL_WORKERS, FLAG_ACK, NO_SLOT, Repr};
+    let addr = |i: u8| [10, 77, 0, i + 1];
+    let frame = |from: u8, to: u8, repr: &Repr| {
+        let mut bytes = Vec::new();
+        etherparse::PacketBuilder::ethernet2([0; 6], [0; 6])
+            .ipv4(addr(from), addr(to), 64)
+            .udp(AGG_UDP_PORT, AGG_UDP_PORT)
+            .write(&mut bytes, &repr.to_bytes())
+            .expect("a frame");
+        EthFrame { bytes }
+    };
+    let measure = |aggregate: bool| {
+        let mut routes = Routes::default();
+        for i in 0..=WORKERS as u8 {
+            routes.add(Prefix::host(std::net::IpAddr::from(addr(i))), vec![usize::from(i)]);
+        }
+        let port = PortConfig { red: None, ..PortConfig::new(u64::MAX / 2, u64::MAX / 4) };
+        let config = SwitchConfig {
+            aggregation: aggregate.then_some(AggregationConfig::new(20_000)),
+            ..SwitchConfig::uniform(WORKERS + 1, port, u64::MAX / 2, 1)
+        };
+        let mut switch: Switch<EthFrame> = Switch::new(config, routes);
+        let pool = softrnic_switch::Aggregator::new(AggregationConfig::new(20_000));
+        let (mut packets, mut sequence, mut spent) = (0u64, 0u32, Duration::ZERO);
+        let chunk = |w: u8, sequence| Repr {
+            job: 1,
+            sequence,
+            workers: WORKERS as u8,
+            worker: w,
+            slot: NO_SLOT,
+            values: vec![1; 256],
+            ..Repr::default()
+        };
+        while spent < Duration::from_millis(300) {
+            // Frames are made outside the clock: only the pipeline is timed.
+            let mut batch = Vec::new();
+            for _ in 0..64 {
+                for w in 0..WORKERS as u8 {
+                    batch.push((usize::from(w), frame(w, WORKERS as u8, &chunk(w, sequence))));
+                }
+                // The server answers for the aggregator that held the sum.
+                let slot = if aggregate { pool.slot_of(1, sequence) as u16 } else { NO_SLOT };
+                let ack = Repr { flags: FLAG_ACK, worker: ALL_WORKERS, slot, ..chunk(0, sequence) };
+                batch.push((WORKERS, frame(WORKERS as u8, 0, &ack)));
+                sequence += 1;
+            }
+            packets += batch.len() as u64;
+            let start = Instant::now();
+            for (port, frame) in batch {
+                switch.handle_packet(Time::ZERO, port, frame);
+            }
+            while switch.poll_transmit(Time::ZERO).is_some() {}
+            spent += start.elapsed();
+        }
+        spent.as_nanos() as f64 / packets as f64
+    };
+    (measure(true), measure(false))
 }

@@ -80,6 +80,11 @@ pub struct ExpArgs {
     /// (default all three).
     #[arg(long, value_delimiter = ',')]
     pub policy: Vec<String>,
+    /// e10: the benchmark instead: one job's goodput through the switch
+    /// against MPI_Allreduce over TCP (Open MPI), and the stage's cost
+    /// per packet.
+    #[arg(long)]
+    pub bench: bool,
     /// e10: the switch's pool of aggregators (default 16, scaled down with
     /// the links so that the jobs contend for it).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=softrnic_lab::topology::MAX_AGGREGATORS as u64))]
