@@ -401,9 +401,10 @@ impl Fabric {
                 for (job, c) in stage.jobs() {
                     writeln!(
                         out,
-                        "{:.6},{name},{job},{},{slots},{},{},{},{},{},{}",
+                        "{:.6},{name},{job},{},{:.6},{slots},{},{},{},{},{},{}",
                         now.as_secs_f64(),
                         c.held,
+                        c.held_seconds(now),
                         c.aggregated,
                         c.collisions,
                         c.completed,
@@ -507,9 +508,10 @@ mod csv_writer {
 }
 
 pub use csv_writer::HEADER as STATS_HEADER;
-/// The aggregation CSV: per switch and job, the aggregators held now and
-/// cumulative counts (`softrnic_switch::JobCounters`).
+/// The aggregation CSV: per switch and job, the aggregators held now,
+/// aggregator-seconds held so far, and cumulative counts
+/// (`softrnic_switch::JobCounters`).
 pub const AGGREGATION_HEADER: &str =
-    "time_s,switch,job,held,slots,aggregated,collisions,completed,flushed,acked_chunks,acked_values";
+    "time_s,switch,job,held,held_seconds,slots,aggregated,collisions,completed,flushed,acked_chunks,acked_values";
 /// The flows CSV: cumulative bytes delivered from `src` to `dst`.
 pub const FLOWS_HEADER: &str = "time_s,src,dst,bytes";

@@ -81,7 +81,7 @@ impl Scenario {
 pub struct Sample {
     pub time: Duration,
     pub job: usize,
-    /// Percent of the pool the job holds.
+    /// Percent of the pool the job held, on average since the last sample.
     pub occupancy: f64,
     /// Tensor values finished per second, as Gb/s of 32-bit values.
     pub gbps: f64,
@@ -180,7 +180,7 @@ pub fn run(s: &Scenario) -> Result<Outcome, String> {
         (0..s.jobs).map(|j| ParameterServer::new(ServerConfig::new(j as u16, s.workers))).collect();
     let server_addr = |j: usize| address(j, usize::from(s.workers));
     let mut outcome = Outcome { steps: vec![0; s.jobs], ended: vec![None; s.jobs], ..Outcome::default() };
-    let mut last_acked = vec![0u64; s.jobs];
+    let mut last_acked = vec![(0u64, 0.0f64); s.jobs];
     let mut next_sample = s.sample_every;
     let mut now = Duration::ZERO;
     let mut buf = Vec::new();
@@ -249,14 +249,11 @@ pub fn run(s: &Scenario) -> Result<Outcome, String> {
             let stage = fabric.switch(0).aggregation().expect("the switch aggregates");
             for (j, last) in last_acked.iter_mut().enumerate() {
                 let c = stage.jobs().get(&(j as u16)).copied().unwrap_or_default();
-                let gbps = (c.acked_values - *last) as f64 * 32.0 / s.sample_every.as_secs_f64() / 1e9;
-                *last = c.acked_values;
-                outcome.samples.push(Sample {
-                    time: now,
-                    job: j,
-                    occupancy: c.held as f64 * 100.0 / s.slots as f64,
-                    gbps,
-                });
+                let gbps = (c.acked_values - last.0) as f64 * 32.0 / s.sample_every.as_secs_f64() / 1e9;
+                let held = c.held_seconds(now);
+                let occupancy = (held - last.1) / s.sample_every.as_secs_f64() / s.slots as f64 * 100.0;
+                *last = (c.acked_values, held);
+                outcome.samples.push(Sample { time: now, job: j, occupancy, gbps });
             }
             next_sample += s.sample_every;
         }

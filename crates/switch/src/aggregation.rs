@@ -83,6 +83,10 @@ pub enum Verdict {
 pub struct JobCounters {
     /// Aggregators the job holds now.
     pub held: u64,
+    /// `held` integrated over time, up to `held_since` (aggregator-ns):
+    /// the mean occupancy between two samples, however short the holds.
+    pub held_ns: u128,
+    pub held_since: Time,
     pub claimed: u64,
     /// Chunks summed into an aggregator (the claiming one included).
     pub aggregated: u64,
@@ -100,6 +104,21 @@ pub struct JobCounters {
     pub overflows: u64,
     /// The job's aggregators another chunk took after they sat idle.
     pub reclaimed: u64,
+}
+
+impl JobCounters {
+    /// The job takes (`delta` 1) or gives back (-1) an aggregator at `now`.
+    fn hold(&mut self, now: Time, delta: i64) {
+        self.held_ns += u128::from(self.held) * now.saturating_sub(self.held_since).as_nanos();
+        self.held_since = self.held_since.max(now);
+        self.held = self.held.saturating_add_signed(delta);
+    }
+
+    /// Aggregator-seconds held until `now`.
+    pub fn held_seconds(&self, now: Time) -> f64 {
+        let ns = self.held_ns + u128::from(self.held) * now.saturating_sub(self.held_since).as_nanos();
+        ns as f64 / 1e9
+    }
 }
 
 #[derive(Debug)]
@@ -192,7 +211,7 @@ impl Aggregator {
         }
         let (job, sequence) = (packet.job(), packet.sequence());
         if packet.has(FLAG_ACK) {
-            return self.acknowledged(job, sequence, dst, &packet);
+            return self.acknowledged(now, job, sequence, dst, &packet);
         }
         let worker = packet.worker();
         if worker == ALL_WORKERS {
@@ -224,7 +243,7 @@ impl Aggregator {
                 slot.holder = None;
                 let counters = self.jobs.entry(job).or_default();
                 counters.flushed += 1;
-                counters.held -= 1;
+                counters.hold(now, -1);
             }
             return Verdict::Forward { ce };
         }
@@ -272,7 +291,7 @@ impl Aggregator {
             holder => {
                 if let Some((stale, _)) = holder {
                     let counters = self.jobs.entry(stale).or_default();
-                    counters.held -= 1;
+                    counters.hold(now, -1);
                     counters.reclaimed += 1;
                 }
                 slot.holder = Some((job, sequence));
@@ -286,7 +305,7 @@ impl Aggregator {
                 slot.values.clear();
                 slot.values.extend((0..count.min(MAX_VALUES)).map(|i| packet.value(i)));
                 let counters = self.jobs.entry(job).or_default();
-                counters.held += 1;
+                counters.hold(now, 1);
                 counters.claimed += 1;
                 counters.aggregated += 1;
                 self.finish_if_complete(now, index, &mut packet)
@@ -313,7 +332,7 @@ impl Aggregator {
     }
 
     /// The server's answer: frees the chunk's aggregator and fans out.
-    fn acknowledged(&mut self, job: u16, sequence: u32, dst: IpAddr, packet: &Packet<&mut [u8]>) -> Verdict {
+    fn acknowledged(&mut self, now: Time, job: u16, sequence: u32, dst: IpAddr, packet: &Packet<&mut [u8]>) -> Verdict {
         let slot = usize::from(packet.slot());
         let counters = self.jobs.entry(job).or_default();
         // Progress: one answer per chunk (the one for all workers, or the
@@ -327,7 +346,7 @@ impl Aggregator {
             && s.holder == Some((job, sequence))
         {
             s.holder = None;
-            counters.held -= 1;
+            counters.hold(now, -1);
         }
         if packet.worker() != ALL_WORKERS {
             return Verdict::Forward { ce: false };
@@ -545,6 +564,10 @@ mod tests {
         assert_eq!(agg.jobs()[&2].collisions, 20);
         assert_eq!(send(&mut agg, 200, &mut chunk(2, 100, 2, 0, &[1])), Verdict::Consume, "idle 200 ms");
         assert_eq!((agg.jobs()[&1].reclaimed, agg.jobs()[&1].held, agg.jobs()[&2].held), (1, 1, 1));
+        // Job 1 held two aggregators for 200 ms, then one; job 2 one since.
+        let at = Time::from_millis(300);
+        assert!((agg.jobs()[&1].held_seconds(at) - (2.0 * 0.2 + 0.1)).abs() < 1e-9);
+        assert!((agg.jobs()[&2].held_seconds(at) - 0.1).abs() < 1e-9);
     }
 
     #[test]

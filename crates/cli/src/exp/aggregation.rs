@@ -322,26 +322,25 @@ fn read_pool(path: &Path) -> Result<Vec<Samples>, String> {
         return Err(format!("{}: not an aggregation file", path.display()));
     }
     let mut jobs: Vec<Samples> = vec![Vec::new(); JOBS];
-    let mut last = [(0.0f64, 0u64); JOBS];
+    let mut last = [(0.0f64, 0.0f64, 0u64); JOBS];
     for line in lines {
         let f: Vec<&str> = line.split(',').collect();
-        // time_s,switch,job,held,slots,aggregated,collisions,completed,flushed,acked_chunks,acked_values
-        let (Some(time), Some(job), Some(held), Some(slots), Some(values)) = (
-            f.first().and_then(|v| v.parse::<f64>().ok()),
-            f.get(2).and_then(|v| v.parse::<usize>().ok()),
-            f.get(3).and_then(|v| v.parse::<f64>().ok()),
-            f.get(4).and_then(|v| v.parse::<f64>().ok()),
-            f.get(10).and_then(|v| v.parse::<u64>().ok()),
-        ) else {
+        // time_s,switch,job,held,held_seconds,slots,aggregated,collisions,completed,flushed,acked_chunks,acked_values
+        let number = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+        let (Some(time), Some(job), Some(held), Some(slots), Some(values)) =
+            (number(0), number(2), number(4), number(5), f.get(11).and_then(|v| v.parse::<u64>().ok()))
+        else {
             continue;
         };
+        let job = job as usize;
         let Some(samples) = jobs.get_mut(job) else { continue };
-        let (t0, v0) = last[job];
+        let (t0, held0, values0) = last[job];
         if time > t0 {
-            let gbps = (values - v0) as f64 * 32.0 / (time - t0) / 1e9;
-            samples.push((time, gbps, held * 100.0 / slots));
+            let gbps = (values - values0) as f64 * 32.0 / (time - t0) / 1e9;
+            // The mean share of the pool since the last sample.
+            samples.push((time, gbps, (held - held0) / (time - t0) / slots * 100.0));
         }
-        last[job] = (time, values);
+        last[job] = (time, held, values);
     }
     Ok(jobs)
 }
