@@ -5,18 +5,11 @@
 
 use std::process::Command;
 
-const SOFTRNIC: &str = env!("CARGO_BIN_EXE_softrnic");
+mod common;
 
-fn lab_available() -> bool {
-    match softrnic_lab::namespaces::unavailable() {
-        None => true,
-        Some(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI must run the lab: {reason}"),
-        Some(reason) => {
-            eprintln!("skipped: {reason}");
-            false
-        }
-    }
-}
+use common::lab_available;
+
+const SOFTRNIC: &str = env!("CARGO_BIN_EXE_softrnic");
 
 /// Every link loses 2 % of what the switch sends on it (chunks, sums,
 /// answers): workers resend, the switch flushes partial sums to the

@@ -7,19 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const SOFTRNIC: &str = env!("CARGO_BIN_EXE_softrnic");
+mod common;
 
-/// Whether the lab can run here; under CI it must.
-fn lab_available() -> bool {
-    match softrnic_lab::namespaces::unavailable() {
-        None => true,
-        Some(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI must run the lab: {reason}"),
-        Some(reason) => {
-            eprintln!("skipped: {reason}");
-            false
-        }
-    }
-}
+use common::lab_available;
+
+const SOFTRNIC: &str = env!("CARGO_BIN_EXE_softrnic");
 
 fn temp_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("softrnic-lab-{}-{tag}", std::process::id()));

@@ -592,17 +592,25 @@ fn duration(here: &Located, s: &Spanned<String>) -> Result<Duration, String> {
     parse_duration(s.get_ref()).map_err(|e| here.at(s.span(), e))
 }
 
-impl Default for LinkSpec {
-    /// 10 Gb/s, 512 KB per queue, HPCC's ECN thresholds, no PFC.
-    fn default() -> LinkSpec {
+impl LinkSpec {
+    /// A link at `rate_bps` whose queues hold `queue` bytes, with HPCC's
+    /// ECN thresholds for the rate, no PFC, no delay, no loss.
+    pub fn new(rate_bps: u64, queue: u64) -> LinkSpec {
         LinkSpec {
-            rate_bps: 10_000_000_000,
-            queue: 512_000,
-            ecn: Some(RedConfig::for_rate(10_000_000_000)),
+            rate_bps,
+            queue,
+            ecn: Some(RedConfig::for_rate(rate_bps)),
             pfc: None,
             delay: Duration::ZERO,
             loss: 0.0,
         }
+    }
+}
+
+impl Default for LinkSpec {
+    /// 10 Gb/s, 512 KB per queue, HPCC's ECN thresholds, no PFC.
+    fn default() -> LinkSpec {
+        LinkSpec::new(10_000_000_000, 512_000)
     }
 }
 

@@ -76,6 +76,27 @@ impl Scenario {
     }
 }
 
+impl Scenario {
+    /// A small one for tests and a quick look: two jobs of four workers
+    /// on 10 Gb/s links sharing 64 aggregators, job 1's last worker
+    /// 200 µs late each step, job 0 ending after 30 steps; 12 ms.
+    pub fn small(policy: Policy) -> Scenario {
+        Scenario {
+            jobs: 2,
+            workers: 4,
+            rate_bps: 10_000_000_000,
+            slots: 64,
+            tensor: 16 * 1024,
+            first_job_steps: Some(30),
+            straggler: Some((1, Duration::from_micros(200))),
+            min_rto: Duration::from_micros(500),
+            duration: Duration::from_millis(12),
+            sample_every: Duration::from_micros(200),
+            ..Scenario::cluster(policy)
+        }
+    }
+}
+
 /// One sample of one job.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {

@@ -6,23 +6,6 @@ use std::time::Duration;
 use softrnic_aggregation::Policy;
 use softrnic_sim::aggregation::{Scenario, run};
 
-/// Two jobs of four workers on 10 Gb/s links, a small pool.
-fn small(policy: Policy) -> Scenario {
-    Scenario {
-        jobs: 2,
-        workers: 4,
-        rate_bps: 10_000_000_000,
-        slots: 64,
-        tensor: 16 * 1024,
-        first_job_steps: Some(30),
-        straggler: Some((1, Duration::from_micros(200))),
-        min_rto: Duration::from_micros(500),
-        duration: Duration::from_millis(12),
-        sample_every: Duration::from_micros(200),
-        ..Scenario::cluster(policy)
-    }
-}
-
 #[test]
 fn every_sum_is_exact_through_a_lossy_switch() {
     let scenario = Scenario {
@@ -31,7 +14,7 @@ fn every_sum_is_exact_through_a_lossy_switch() {
         straggler: None,
         first_job_steps: None,
         duration: Duration::from_millis(5),
-        ..small(Policy::A2tp)
+        ..Scenario::small(Policy::A2tp)
     };
     let outcome = run(&scenario).unwrap();
     assert!(outcome.steps.iter().all(|&s| s >= 3), "both jobs progress: {:?}", outcome.steps);
@@ -47,7 +30,7 @@ fn every_sum_is_exact_through_a_lossy_switch() {
 #[test]
 fn a_straggler_gives_up_the_pool_while_the_healthy_job_runs() {
     let measure = |policy| {
-        let s = small(policy);
+        let s = Scenario::small(policy);
         let outcome = run(&s).unwrap();
         let ended = outcome.ended[0].expect("the healthy job finishes its steps");
         let both = |job| outcome.mean(job, Duration::from_millis(1), ended);

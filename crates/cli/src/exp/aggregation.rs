@@ -24,7 +24,7 @@ use softrnic_aggregation::Policy;
 use softrnic_lab::runner::AGGREGATION_HEADER;
 use softrnic_lab::{LinkSpec, Namespaces, RunOptions, Runner, Topology};
 use softrnic_sim::aggregation::{Outcome, Scenario};
-use softrnic_switch::{AggregationConfig, RedConfig};
+use softrnic_switch::AggregationConfig;
 
 use super::ExpArgs;
 use super::figure::Series;
@@ -187,12 +187,7 @@ impl Lab {
     }
 
     fn topology(&self) -> Result<Topology, String> {
-        let link = LinkSpec {
-            rate_bps: self.rate,
-            queue: 256_000,
-            ecn: Some(RedConfig::for_rate(self.rate)),
-            ..LinkSpec::default()
-        };
+        let link = LinkSpec::new(self.rate, 256_000);
         let mut topology = Topology::shape(&format!("star:{}", BACKGROUND[1] + 1), link)?;
         topology.switches[0].aggregation = Some(AggregationConfig::new(self.slots));
         Ok(topology)
@@ -370,23 +365,7 @@ fn simulate(quick: bool) -> Result<(Vec<String>, Vec<Series>), String> {
     let mut rows = vec!["policy,time_ms,job,throughput_gbps,occupancy_pct".to_string()];
     let mut series = Vec::new();
     for policy in [Policy::A2tp, Policy::Atp] {
-        let scenario = if quick {
-            Scenario {
-                jobs: 2,
-                workers: 4,
-                rate_bps: 10_000_000_000,
-                slots: 64,
-                tensor: 16 * 1024,
-                first_job_steps: Some(30),
-                straggler: Some((1, Duration::from_micros(200))),
-                min_rto: Duration::from_micros(500),
-                duration: Duration::from_millis(12),
-                sample_every: Duration::from_micros(200),
-                ..Scenario::cluster(policy)
-            }
-        } else {
-            Scenario::cluster(policy)
-        };
+        let scenario = if quick { Scenario::small(policy) } else { Scenario::cluster(policy) };
         let name = match policy {
             Policy::A2tp => "a2tp",
             Policy::Atp => "atp",
@@ -502,12 +481,7 @@ fn median(values: &mut [f64]) -> f64 {
 impl Lab {
     /// A star of the job's workers and its server, no background.
     fn single_topology(&self) -> Result<Topology, String> {
-        let link = LinkSpec {
-            rate_bps: self.rate,
-            queue: 256_000,
-            ecn: Some(RedConfig::for_rate(self.rate)),
-            ..LinkSpec::default()
-        };
+        let link = LinkSpec::new(self.rate, 256_000);
         let mut topology = Topology::shape(&format!("star:{}", WORKERS + 1), link)?;
         topology.switches[0].aggregation = Some(AggregationConfig::new(softrnic_lab::topology::MAX_AGGREGATORS));
         Ok(topology)

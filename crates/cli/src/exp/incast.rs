@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use softrnic_lab::runner::{FLOWS_HEADER, STATS_HEADER};
 use softrnic_lab::{LinkSpec, Namespaces, RunOptions, Runner, Topology};
-use softrnic_switch::RedConfig;
 
 use super::ExpArgs;
 use super::figure::Series;
@@ -164,12 +163,7 @@ pub struct QueueRow {
 
 impl Incast<'_> {
     fn topology(&self) -> Result<Topology, String> {
-        let link = LinkSpec {
-            rate_bps: self.rate,
-            queue: 256_000,
-            ecn: Some(RedConfig::for_rate(self.rate)),
-            ..LinkSpec::default()
-        };
+        let link = LinkSpec::new(self.rate, 256_000);
         let mut topology = Topology::shape(&format!("star:{}", self.senders + 1), link)?;
         // One address for each sender's server: a softrnic device owns
         // its address's port 4791.
