@@ -78,8 +78,9 @@ pub struct WorkerStats {
     pub sent: u64,
     pub resent: u64,
     pub acked: u64,
-    /// ACKs that said a chunk collided, or saw ECN.
+    /// ACKs that said a chunk collided (somewhere, for some worker).
     pub collided: u64,
+    /// ACKs that came marked CE or said a packet of the chunk was.
     pub marked: u64,
     pub steps: u64,
 }

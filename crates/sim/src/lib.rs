@@ -6,7 +6,9 @@
 //! - [`network`]: the links and their faults;
 //! - [`world`]: hosts, the event loop and virtual time;
 //! - [`workload`]: random mixes of every verb with an oracle that says what
-//!   every byte of memory must hold afterwards.
+//!   every byte of memory must hold afterwards;
+//! - [`fabric`]: hosts on switches running the switch pipeline; [`incast`],
+//!   [`fct`] and [`aggregation`] (in-network aggregation's jobs) on it.
 
 pub mod aggregation;
 pub mod fabric;
