@@ -186,6 +186,14 @@ impl Lab {
         })
     }
 
+    /// The workers' shortest resend timer: past the straggler's delay, as
+    /// the simulator's is, so that a step's wait for the straggler is not
+    /// taken for loss (a resend would flush the straggler's partial sums
+    /// and free its aggregators, whatever the policy).
+    fn min_rto_ms(&self) -> f64 {
+        (self.straggle_ms * 2.0).max(5.0)
+    }
+
     fn topology(&self) -> Result<Topology, String> {
         let link = LinkSpec::new(self.rate, 256_000);
         let mut topology = Topology::shape(&format!("star:{}", BACKGROUND[1] + 1), link)?;
@@ -257,9 +265,10 @@ impl Lab {
                     String::new()
                 };
                 let command = format!(
-                    "exec {bin} agg worker --job {job} --worker {w} --workers {WORKERS} --addr $h{host} --server $h{} --values {} --duration {seconds} {}{straggle}",
+                    "exec {bin} agg worker --job {job} --worker {w} --workers {WORKERS} --addr $h{host} --server $h{} --values {} --duration {seconds} --min-rto {} {}{straggle}",
                     Lab::host(job, WORKERS),
                     self.values,
+                    self.min_rto_ms(),
                     config.worker_flags()
                 );
                 workers.push((
