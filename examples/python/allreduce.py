@@ -102,8 +102,10 @@ def main():
         if not np.array_equal(total, np.sum(np.array(ints, dtype=np.int64), axis=0).astype(np.int32)):
             sys.exit(f"worker {args.worker} step {step}: the integer sum differs from NumPy's")
     agg.close()
-    print(f"worker {args.worker}: {args.steps} steps of {args.size} values, float32 within {worst:.2e} "
-          f"of NumPy (bound {bound:.2e}), int32 exact")
+    # One write, so that the workers' lines do not interleave.
+    sys.stdout.write(f"worker {args.worker}: {args.steps} steps of {args.size} values, float32 within "
+                     f"{worst:.2e} of NumPy (bound {bound:.2e}), int32 exact\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

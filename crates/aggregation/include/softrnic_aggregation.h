@@ -4,6 +4,7 @@
  * Each worker of a job opens a handle at its own address; the job's
  * parameter server (`softrnic agg server`) runs at `server`. Every worker
  * calls the allreduce with tensors of the same length, in the same order.
+ * A handle is used by one thread at a time; errors are per thread.
  * Link with -lsoftrnic_aggregation (target/release/libsoftrnic_aggregation.so).
  */
 #ifndef SOFTRNIC_AGGREGATION_H

@@ -23,28 +23,39 @@ fn every_sum_is_exact_through_a_lossy_switch() {
 }
 
 /// A2TP against ATP's policy with one job straggling (its last worker
-/// starts each step 200 µs late) and the healthy job ending first: under
-/// A2TP the straggler gives up aggregators while both run (and the healthy
-/// job holds more of the pool than it), the healthy job keeps its goodput,
-/// and the straggler takes more of the pool once alone.
+/// starts each step 200 µs late) and the healthy job ending first, over
+/// eight seeds (a run can settle into a different regime, so one seed
+/// proves little): under A2TP the healthy job holds more of the pool than
+/// the straggler while both run, the straggler holds less than under ATP,
+/// the healthy job keeps its goodput, and the straggler takes more of the
+/// pool once alone.
 #[test]
 fn a_straggler_gives_up_the_pool_while_the_healthy_job_runs() {
+    const SEEDS: u64 = 8;
+    // Means over the seeds: (healthy %, healthy Gb/s, straggler %, straggler alone %).
     let measure = |policy| {
-        let s = Scenario::small(policy);
-        let outcome = run(&s).unwrap();
-        let ended = outcome.ended[0].expect("the healthy job finishes its steps");
-        let both = |job| outcome.mean(job, Duration::from_millis(1), ended);
-        let alone = outcome.mean(1, ended + Duration::from_millis(1), s.duration);
-        (both(0), both(1), alone)
+        let mut sums = [0.0; 4];
+        for seed in 1..=SEEDS {
+            let s = Scenario { seed, ..Scenario::small(policy) };
+            let outcome = run(&s).unwrap();
+            let ended = outcome.ended[0].expect("the healthy job finishes its steps");
+            let (healthy, goodput) = outcome.mean(0, Duration::from_millis(1), ended);
+            let (straggler, _) = outcome.mean(1, Duration::from_millis(1), ended);
+            let (alone, _) = outcome.mean(1, ended + Duration::from_millis(1), s.duration);
+            for (sum, x) in sums.iter_mut().zip([healthy, goodput, straggler, alone]) {
+                *sum += x / SEEDS as f64;
+            }
+        }
+        sums
     };
-    let ((a2tp_healthy, a2tp_goodput), (a2tp_straggler, _), (a2tp_alone, _)) = measure(Policy::A2tp);
-    let ((_, atp_goodput), (atp_straggler, _), _) = measure(Policy::Atp);
+    let [a2tp_healthy, a2tp_goodput, a2tp_straggler, a2tp_alone] = measure(Policy::A2tp);
+    let [_, atp_goodput, atp_straggler, _] = measure(Policy::Atp);
     assert!(
         a2tp_healthy > a2tp_straggler,
         "A2TP: healthy {a2tp_healthy:.1} % of the pool, straggler {a2tp_straggler:.1} %"
     );
     assert!(
-        a2tp_straggler < atp_straggler,
+        a2tp_straggler < 0.8 * atp_straggler,
         "the straggler holds {a2tp_straggler:.1} % under A2TP, {atp_straggler:.1} % under ATP"
     );
     assert!(
@@ -52,7 +63,7 @@ fn a_straggler_gives_up_the_pool_while_the_healthy_job_runs() {
         "the healthy job: {a2tp_goodput:.2} Gb/s under A2TP, {atp_goodput:.2} under ATP"
     );
     assert!(
-        a2tp_alone > 2.0 * a2tp_straggler,
+        a2tp_alone > 1.5 * a2tp_straggler,
         "alone the straggler takes more: {a2tp_alone:.1} % after {a2tp_straggler:.1} %"
     );
 }
