@@ -449,7 +449,10 @@ fn bench(args: &ExpArgs) -> Result<(), String> {
     let lab = Lab::new(args)?;
     let seconds = if args.quick { 3 } else { 8 };
     let mpi = lab.logs.join("mpi_allreduce");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/mpi/allreduce.c");
+    // The program travels inside softrnic, so a moved build still has it.
+    let source = lab.logs.join("mpi_allreduce.c");
+    std::fs::write(&source, include_str!("../../../../examples/mpi/allreduce.c"))
+        .map_err(|e| format!("cannot write {}: {e}", source.display()))?;
     let built = std::process::Command::new("mpicc").arg("-O2").arg("-o").arg(&mpi).arg(&source).status();
     if !built.is_ok_and(|s| s.success()) {
         return Err(format!("cannot build {} with mpicc", source.display()));
@@ -597,8 +600,11 @@ impl Lab {
         std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .map_err(|e| e.to_string())?;
         let hosts: Vec<String> = (0..WORKERS).map(|w| format!("$h{w}")).collect();
+        // `rtc ^hwloc`: orted's copy of mpirun's hardware topology (shared
+        // memory mapped at a fixed address) crashed it now and then here;
+        // placement needs no topology on one machine's namespaces.
         let command = format!(
-            "exec mpirun --allow-run-as-root -np {WORKERS} --host {} --mca plm_rsh_agent {} --mca mpi_yield_when_idle 1 --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 {} {} {seconds}",
+            "exec mpirun --allow-run-as-root -np {WORKERS} --host {} --mca plm_rsh_agent {} --mca mpi_yield_when_idle 1 --mca rtc ^hwloc --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 {} {} {seconds}",
             hosts.join(","),
             agent.display(),
             program.display(),
