@@ -90,6 +90,8 @@ struct Outstanding {
     first_sent: Duration,
     /// Sends after the first.
     resends: u32,
+    /// In the resend queue now.
+    queued: bool,
     /// Bumped at each send, so a stale timer is known.
     generation: u32,
 }
@@ -205,7 +207,16 @@ impl Worker {
     pub fn poll_transmit(&mut self, now: Duration, buf: &mut Vec<u8>) -> bool {
         let window = self.window().max(1) as usize;
         let Some(step) = &mut self.step else { return false };
-        let (chunk, resend) = if let Some(chunk) = step.resend.pop_front() {
+        // The queue may hold chunks answered since they were queued.
+        let mut queued = None;
+        while let Some(chunk) = step.resend.pop_front() {
+            if let Some(o) = step.outstanding.get_mut(&chunk).filter(|o| o.queued) {
+                o.queued = false;
+                queued = Some(chunk);
+                break;
+            }
+        }
+        let (chunk, resend) = if let Some(chunk) = queued {
             (chunk, true)
         } else if step.next_chunk < step.chunks && step.outstanding.len() < window {
             step.next_chunk += 1;
@@ -215,12 +226,12 @@ impl Worker {
         };
         let per = self.config.values_per_packet;
         let start = chunk as usize * per;
-        let values = step.tensor[start..(start + per).min(step.tensor.len())].to_vec();
+        let values = &step.tensor[start..(start + per).min(step.tensor.len())];
         let mut flags = if resend { FLAG_RESEND } else { 0 };
         if self.config.bypass {
             flags |= FLAG_BYPASS;
         }
-        let repr = Repr {
+        let header = Repr {
             flags,
             job: self.config.job,
             sequence: step.first_sequence.wrapping_add(chunk),
@@ -229,11 +240,15 @@ impl Worker {
             worker: self.config.worker,
             slot: NO_SLOT,
             wait_us: 0,
-            values,
+            values: Vec::new(),
         };
-        buf.resize(repr.len(), 0);
-        repr.emit(buf).expect("sized to fit");
-        let entry = step.outstanding.entry(chunk).or_insert(Outstanding { first_sent: now, resends: 0, generation: 0 });
+        header.emit_with_values(values, buf).expect("a chunk fits a packet (config checked)");
+        let entry = step.outstanding.entry(chunk).or_insert(Outstanding {
+            first_sent: now,
+            resends: 0,
+            queued: false,
+            generation: 0,
+        });
         entry.resends += u32::from(resend);
         entry.generation += 1;
         // Each resend of a chunk waits twice as long as the one before.
@@ -259,12 +274,11 @@ impl Worker {
         if packet.count() != len {
             return;
         }
-        for i in 0..len {
-            step.result[start + i] = packet.value(i);
+        for (slot, value) in step.result[start..start + len].iter_mut().zip(packet.values()) {
+            *slot = value;
         }
         step.overflow |= packet.has(FLAG_OVERFLOW);
         step.outstanding.remove(&chunk);
-        step.resend.retain(|&c| c != chunk);
         step.answered += 1;
         if packet.slot() != NO_SLOT {
             self.rtt.aggregator_sample(Duration::from_micros(packet.wait_us().into()));
@@ -306,8 +320,8 @@ impl Worker {
             }
             self.timers.pop();
             let Some(step) = &mut self.step else { continue };
-            if step.outstanding.get(&chunk).is_some_and(|o| o.generation == generation) && !step.resend.contains(&chunk)
-            {
+            if let Some(o) = step.outstanding.get_mut(&chunk).filter(|o| o.generation == generation && !o.queued) {
+                o.queued = true;
                 step.resend.push_back(chunk);
                 late = true;
             }

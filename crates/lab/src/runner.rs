@@ -215,24 +215,9 @@ impl Fabric {
             Some(path) => Some(csv_writer::Stats::create(path)?),
             None => None,
         };
-        let flows = match &options.flows {
-            Some(path) => {
-                let file = File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-                let mut out = BufWriter::new(file);
-                writeln!(out, "{FLOWS_HEADER}").map_err(|e| e.to_string())?;
-                Some(out)
-            }
-            None => None,
-        };
-        let aggregation = match &options.aggregation {
-            Some(path) => {
-                let file = File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-                let mut out = BufWriter::new(file);
-                writeln!(out, "{AGGREGATION_HEADER}").map_err(|e| e.to_string())?;
-                Some(out)
-            }
-            None => None,
-        };
+        let flows = options.flows.as_deref().map(|p| csv_writer::create(p, FLOWS_HEADER)).transpose()?;
+        let aggregation =
+            options.aggregation.as_deref().map(|p| csv_writer::create(p, AGGREGATION_HEADER)).transpose()?;
         let hosts = topology.hosts.len();
         Ok(Fabric {
             flows,
@@ -475,12 +460,17 @@ mod csv_writer {
         out: BufWriter<File>,
     }
 
+    /// A CSV file at `path`, its header line written.
+    pub fn create(path: &std::path::Path, header: &str) -> Result<BufWriter<File>, String> {
+        let file = File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        let mut out = BufWriter::new(file);
+        writeln!(out, "{header}").map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+
     impl Stats {
         pub fn create(path: &std::path::Path) -> Result<Stats, String> {
-            let file = File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-            let mut out = BufWriter::new(file);
-            writeln!(out, "{HEADER}").map_err(|e| e.to_string())?;
-            Ok(Stats { out })
+            Ok(Stats { out: create(path, HEADER)? })
         }
 
         pub fn row(&mut self, switch: &str, peer: &str, s: &QueueSample, port: &PortCounters) -> Result<(), String> {

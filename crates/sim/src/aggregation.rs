@@ -262,7 +262,11 @@ pub fn run(s: &Scenario) -> Result<Outcome, String> {
                 w.worker.handle_timeout(now);
                 let from = fabric.host(w.addr.ip()).expect("a worker is a host");
                 while w.worker.poll_transmit(now, &mut buf) {
-                    fabric.send(instant(now), from, InFlight::new(w.addr, server_addr(j), buf.clone(), IntMark::None));
+                    fabric.send(
+                        instant(now),
+                        from,
+                        InFlight::new(w.addr, server_addr(j), std::mem::take(&mut buf), IntMark::None),
+                    );
                 }
             }
         }

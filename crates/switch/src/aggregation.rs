@@ -40,8 +40,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use softrnic_wire::aggregation::{
-    ALL_WORKERS, FLAG_ACK, FLAG_AGGREGATED, FLAG_BYPASS, FLAG_COLLISION, FLAG_OVERFLOW, FLAG_RESEND, MAX_VALUES,
-    NO_SLOT, Packet,
+    ALL_WORKERS, FLAG_ACK, FLAG_AGGREGATED, FLAG_BYPASS, FLAG_COLLISION, FLAG_OVERFLOW, FLAG_RESEND, NO_SLOT, Packet,
 };
 
 use crate::Time;
@@ -260,9 +259,9 @@ impl Aggregator {
             }
             Some(_) if ours => {
                 let mut overflow = false;
-                for (i, sum) in slot.values.iter_mut().enumerate() {
-                    let (added, over) = sum.overflowing_add(packet.value(i));
-                    *sum = if over { sum.saturating_add(packet.value(i)) } else { added };
+                for (sum, value) in slot.values.iter_mut().zip(packet.values()) {
+                    let (added, over) = sum.overflowing_add(value);
+                    *sum = if over { sum.saturating_add(value) } else { added };
                     overflow |= over;
                 }
                 slot.bitmap |= bit;
@@ -303,7 +302,7 @@ impl Aggregator {
                 slot.claimed = now;
                 slot.touched = now;
                 slot.values.clear();
-                slot.values.extend((0..count.min(MAX_VALUES)).map(|i| packet.value(i)));
+                slot.values.extend(packet.values());
                 let counters = self.jobs.entry(job).or_default();
                 counters.hold(now, 1);
                 counters.claimed += 1;
@@ -374,9 +373,7 @@ impl Aggregator {
 fn write_sum(packet: &mut Packet<&mut [u8]>, slot: &Slot, index: usize, now: Time) {
     let until = if slot.done { slot.touched } else { now };
     packet.set_wait_us(until.saturating_sub(slot.claimed).as_micros().min(u128::from(u16::MAX)) as u16);
-    for (i, v) in slot.values.iter().enumerate() {
-        packet.set_value(i, *v);
-    }
+    packet.set_values(&slot.values);
     packet.set_bitmap(slot.bitmap);
     packet.set_slot(index as u16);
     if slot.overflow {

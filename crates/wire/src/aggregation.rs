@@ -130,6 +130,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
         get_u32(&self.buffer.as_ref()[HEADER_LEN + 4 * i..]) as i32
     }
 
+    /// The values, in order (of a checked packet).
+    pub fn values(&self) -> impl Iterator<Item = i32> + '_ {
+        let bytes = &self.buffer.as_ref()[HEADER_LEN..HEADER_LEN + 4 * self.count()];
+        bytes.chunks_exact(4).map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
     /// Whether the header is one this module writes and the buffer holds
     /// every value it counts: what [`Repr::parse`] checks, without
     /// copying the values.
@@ -169,8 +175,20 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         put_u16(&mut self.buffer.as_mut()[18..], wait);
     }
 
+    pub fn set_count(&mut self, count: usize) {
+        put_u16(&mut self.buffer.as_mut()[16..], count as u16);
+    }
+
     pub fn set_value(&mut self, i: usize, value: i32) {
         put_u32(&mut self.buffer.as_mut()[HEADER_LEN + 4 * i..], value as u32);
+    }
+
+    /// Overwrites the first `values.len()` values.
+    pub fn set_values(&mut self, values: &[i32]) {
+        let bytes = &mut self.buffer.as_mut()[HEADER_LEN..HEADER_LEN + 4 * values.len()];
+        for (b, v) in bytes.chunks_exact_mut(4).zip(values) {
+            b.copy_from_slice(&v.to_be_bytes());
+        }
     }
 }
 
@@ -201,7 +219,7 @@ impl Repr {
             worker: packet.worker(),
             slot: packet.slot(),
             wait_us: packet.wait_us(),
-            values: (0..packet.count()).map(|i| packet.value(i)).collect(),
+            values: packet.values().collect(),
         })
     }
 
@@ -237,6 +255,22 @@ impl Repr {
         for (i, v) in self.values.iter().enumerate() {
             put_u32(&mut bytes[HEADER_LEN + 4 * i..], *v as u32);
         }
+        Ok(())
+    }
+
+    /// Writes the header (its `values` left out) and then `values` into
+    /// `buf`, resized to fit: a sender's chunk without copying its values
+    /// into a `Repr` first.
+    pub fn emit_with_values(&self, values: &[i32], buf: &mut Vec<u8>) -> Result<()> {
+        if values.len() > MAX_VALUES || !self.values.is_empty() {
+            return Err(Error::Reserved);
+        }
+        buf.clear();
+        buf.resize(HEADER_LEN + 4 * values.len(), 0);
+        self.emit(buf)?;
+        let mut packet = Packet::new_unchecked(&mut buf[..]);
+        packet.set_count(values.len());
+        packet.set_values(values);
         Ok(())
     }
 
@@ -278,6 +312,14 @@ mod tests {
         ];
         assert_eq!(bytes, expected);
         assert_eq!(Repr::parse(&bytes).unwrap(), repr);
+    }
+
+    #[test]
+    fn values_written_beside_the_header_make_the_same_packet() {
+        let repr = Repr { job: 3, sequence: 9, workers: 2, values: vec![7, -8, 9], ..Repr::default() };
+        let mut buf = vec![0xee; 5];
+        Repr { values: Vec::new(), ..repr.clone() }.emit_with_values(&repr.values, &mut buf).unwrap();
+        assert_eq!(buf, repr.to_bytes());
     }
 
     #[test]
