@@ -9,10 +9,16 @@ use std::path::PathBuf;
 
 use crate::NicCounters;
 
-/// `$XDG_RUNTIME_DIR/softrnic/<addr>.counters`, or under `/tmp`.
-pub fn path(addr: IpAddr) -> PathBuf {
+/// Where softrnic keeps a user's run-time files (device counters, the
+/// daemon's socket): `$XDG_RUNTIME_DIR/softrnic`, or `/tmp/softrnic`.
+pub fn runtime_dir() -> PathBuf {
     let base = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    base.join("softrnic").join(format!("{addr}.counters"))
+    base.join("softrnic")
+}
+
+/// `<runtime dir>/<addr>.counters`.
+pub fn path(addr: IpAddr) -> PathBuf {
+    runtime_dir().join(format!("{addr}.counters"))
 }
 
 /// The counters as `name value` lines, in a fixed order.

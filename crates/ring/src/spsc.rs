@@ -62,6 +62,17 @@ impl Producer {
         }
     }
 
+    /// How many slots are free: entries the producer may write before it
+    /// must wait for the consumer.
+    pub fn free<Q: Queue>(&self, queue: &Q) -> Result<u64, Broken> {
+        let consumed = queue.consumed().load(Acquire);
+        let used = self.produced.wrapping_sub(consumed);
+        if used > queue.slots() {
+            return Err(Broken { found: consumed, ours: self.produced });
+        }
+        Ok(queue.slots() - used)
+    }
+
     /// Publishes the slot [`Producer::slot`] gave, once filled.
     pub fn publish<Q: Queue>(&mut self, queue: &Q) {
         self.produced = self.produced.wrapping_add(1);

@@ -108,6 +108,7 @@ impl Completion {
 
 /// A completion queue's handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct CqId(pub u32);
 
 /// What `ibv_req_notify_cq` armed.

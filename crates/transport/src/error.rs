@@ -20,6 +20,9 @@ pub enum VerbsError {
     /// The operation is not supported on this object (EOPNOTSUPP).
     #[error("not supported: {0}")]
     NotSupported(String),
+    /// The device itself failed: the daemon serving it went away.
+    #[error("device error: {0}")]
+    Device(String),
 }
 
 impl VerbsError {
@@ -34,6 +37,7 @@ impl VerbsError {
             VerbsError::OutOfResources(_) => 12,                            // ENOMEM
             VerbsError::Busy(_) => 16,                                      // EBUSY
             VerbsError::NotSupported(_) => 95,                              // EOPNOTSUPP
+            VerbsError::Device(_) => 5,                                     // EIO
         }
     }
 }

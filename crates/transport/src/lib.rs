@@ -35,8 +35,8 @@ pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
 pub use memory::{Access, DmaBuffer, MrKeys, PdId};
 pub use qp::{
-    Mtu, PostQueues, Posted, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Retransmission, SendPoster,
-    Transmit, ud_steps,
+    Mtu, PostQueues, Posted, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Retransmission,
+    SendPoster, Transmit, check_recv, check_send, ud_steps,
 };
 pub use shard::{MAX_DATAGRAM_LEN, Shard, dest_qpn, shard_of};
 pub use smallvec::smallvec;

@@ -12,6 +12,7 @@ use crate::work_request::RecvWorkRequest;
 
 /// A shared receive queue's handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SrqId(pub u32);
 
 /// Sizes and the limit of an SRQ (`ibv_srq_attr`).

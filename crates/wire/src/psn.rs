@@ -9,6 +9,7 @@ use core::fmt;
 
 /// A 24-bit packet sequence number.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Psn(u32);
 
 impl Psn {

@@ -7,11 +7,13 @@ use super::DmaBuffer;
 /// A protection domain: QPs and memory regions only work together when
 /// they belong to the same one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PdId(pub u32);
 
 bitflags::bitflags! {
     /// What a memory region allows, with the values of `ibv_access_flags`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
     pub struct Access: u32 {
         const LOCAL_WRITE = 1;
         const REMOTE_WRITE = 1 << 1;
@@ -27,6 +29,7 @@ impl Access {
 
 /// The keys of a registered region. softrnic uses one key for both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct MrKeys {
     pub lkey: u32,
     pub rkey: u32,

@@ -13,6 +13,7 @@ use crate::srq::SrqId;
 
 /// The verbs QP state machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum QpState {
     Reset,
     Init,
@@ -39,6 +40,7 @@ impl QpState {
 
 /// The transport service of a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum QpType {
     /// Reliable connected.
     Rc,
@@ -48,6 +50,7 @@ pub enum QpType {
 
 /// Path MTU, with the values of `enum ibv_mtu`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Mtu {
     Mtu256 = 1,
     Mtu512 = 2,
@@ -69,6 +72,7 @@ impl Mtu {
 
 /// Sizes fixed when a QP is created (`ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpCaps {
     pub max_send_wr: u32,
     pub max_recv_wr: u32,
@@ -85,6 +89,7 @@ impl Default for QpCaps {
 
 /// What `ibv_create_qp` needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpInitAttr {
     pub qp_type: QpType,
     pub pd: PdId,
@@ -100,6 +105,7 @@ pub struct QpInitAttr {
 /// Attributes to change in `modify_qp`; `None` leaves one as it is (the
 /// `attr_mask` of `ibv_modify_qp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpAttr {
     pub state: Option<QpState>,
     pub access: Option<Access>,
@@ -128,6 +134,7 @@ pub struct QpAttr {
 
 /// The attributes in force (`ibv_query_qp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpAttributes {
     pub access: Access,
     pub pkey_index: u16,

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 pub use attr::{MAX_RD_ATOMIC, Mtu, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, ud_steps};
 pub use pacing::Pacer;
-pub use post_queues::{PostQueues, Posted, SendPoster};
+pub use post_queues::{PostQueues, Posted, SendPoster, check_recv, check_send};
 pub use rto::Retransmission;
 use softrnic_wire::packet::PacketRepr;
 

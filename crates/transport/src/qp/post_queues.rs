@@ -88,25 +88,7 @@ impl PostQueues {
 
     /// `ibv_post_recv` for one request.
     pub fn post_recv(&self, wr: RecvWorkRequest) -> Result<Posted> {
-        if self.srq {
-            return Err(VerbsError::invalid(format!(
-                "QP {:#x} takes its receives from an SRQ; post them there",
-                self.qpn
-            )));
-        }
-        if wr.sges.len() > self.caps.max_recv_sge as usize {
-            return Err(VerbsError::invalid(format!(
-                "{} SGEs exceed max_recv_sge {}",
-                wr.sges.len(),
-                self.caps.max_recv_sge
-            )));
-        }
-        if self.state() == QpState::Reset {
-            return Err(VerbsError::invalid(format!(
-                "QP {:#x} is in RESET; move it to INIT before posting receives",
-                self.qpn
-            )));
-        }
+        check_recv(self.qpn, &self.caps, self.srq, self.state(), &wr)?;
         if !reserve(&self.recvs_held, self.caps.max_recv_wr) {
             return Err(VerbsError::OutOfResources(format!(
                 "receive queue of QP {:#x} is full ({} requests)",
@@ -127,55 +109,8 @@ impl PostQueues {
         QpState::from_u8(self.state.load(Ordering::Acquire))
     }
 
-    /// `ibv_post_send`'s checks of one request against what the QP was
-    /// created with.
     fn check_send(&self, wr: &SendWorkRequest) -> Result<()> {
-        let caps = &self.caps;
-        match &wr.payload {
-            Payload::Gather(sges) if sges.len() > caps.max_send_sge as usize => {
-                return Err(VerbsError::invalid(format!(
-                    "{} SGEs exceed max_send_sge {}",
-                    sges.len(),
-                    caps.max_send_sge
-                )));
-            }
-            Payload::Inline(bytes) if bytes.len() > caps.max_inline_data as usize => {
-                return Err(VerbsError::invalid(format!(
-                    "{} inline bytes exceed max_inline_data {}",
-                    bytes.len(),
-                    caps.max_inline_data
-                )));
-            }
-            Payload::Inline(_) if wr.op.writes_locally() => {
-                return Err(VerbsError::invalid("READ and ATOMIC results cannot go to inline data"));
-            }
-            _ => {}
-        }
-        if wr.payload.len() > 1 << 31 {
-            return Err(VerbsError::invalid("a message is at most 2 GiB"));
-        }
-        if wr.op.is_atomic() && wr.payload.len() != 8 {
-            return Err(VerbsError::invalid("an ATOMIC's local buffer must be exactly 8 bytes"));
-        }
-        match self.qp_type {
-            QpType::Ud => {
-                if !matches!(wr.op, crate::work_request::SendOp::Send { .. }) {
-                    return Err(VerbsError::NotSupported("UD QPs only SEND".into()));
-                }
-                if wr.ud.is_none() {
-                    return Err(VerbsError::invalid("a UD send needs an address handle"));
-                }
-            }
-            QpType::Rc => {}
-        }
-        match self.state() {
-            QpState::Reset | QpState::Init | QpState::Rtr => Err(VerbsError::invalid(format!(
-                "QP {:#x} is in state {:?}; move it to RTS before posting sends",
-                self.qpn,
-                self.state()
-            ))),
-            _ => Ok(()),
-        }
+        check_send(self.qpn, self.qp_type, &self.caps, self.state(), wr)
     }
 
     // ----- the QP's side -----
@@ -225,6 +160,66 @@ impl PostQueues {
         self.sends_pending.store(false, Ordering::Release);
         self.recvs_pending.store(false, Ordering::Release);
     }
+}
+
+/// `ibv_post_send`'s checks of one request against what the QP was created
+/// with and the state it is in. The engine's queues run them, and so does a
+/// program whose queues the daemon serves, before it writes the request.
+pub fn check_send(qpn: u32, qp_type: QpType, caps: &QpCaps, state: QpState, wr: &SendWorkRequest) -> Result<()> {
+    match &wr.payload {
+        Payload::Gather(sges) if sges.len() > caps.max_send_sge as usize => {
+            return Err(VerbsError::invalid(format!("{} SGEs exceed max_send_sge {}", sges.len(), caps.max_send_sge)));
+        }
+        Payload::Inline(bytes) if bytes.len() > caps.max_inline_data as usize => {
+            return Err(VerbsError::invalid(format!(
+                "{} inline bytes exceed max_inline_data {}",
+                bytes.len(),
+                caps.max_inline_data
+            )));
+        }
+        Payload::Inline(_) if wr.op.writes_locally() => {
+            return Err(VerbsError::invalid("READ and ATOMIC results cannot go to inline data"));
+        }
+        _ => {}
+    }
+    if wr.payload.len() > 1 << 31 {
+        return Err(VerbsError::invalid("a message is at most 2 GiB"));
+    }
+    if wr.op.is_atomic() && wr.payload.len() != 8 {
+        return Err(VerbsError::invalid("an ATOMIC's local buffer must be exactly 8 bytes"));
+    }
+    match qp_type {
+        QpType::Ud => {
+            if !matches!(wr.op, crate::work_request::SendOp::Send { .. }) {
+                return Err(VerbsError::NotSupported("UD QPs only SEND".into()));
+            }
+            if wr.ud.is_none() {
+                return Err(VerbsError::invalid("a UD send needs an address handle"));
+            }
+        }
+        QpType::Rc => {}
+    }
+    match state {
+        QpState::Reset | QpState::Init | QpState::Rtr => Err(VerbsError::invalid(format!(
+            "QP {:#x} is in state {:?}; move it to RTS before posting sends",
+            qpn, state
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `ibv_post_recv`'s checks of one request.
+pub fn check_recv(qpn: u32, caps: &QpCaps, srq: bool, state: QpState, wr: &RecvWorkRequest) -> Result<()> {
+    if srq {
+        return Err(VerbsError::invalid(format!("QP {qpn:#x} takes its receives from an SRQ; post them there")));
+    }
+    if wr.sges.len() > caps.max_recv_sge as usize {
+        return Err(VerbsError::invalid(format!("{} SGEs exceed max_recv_sge {}", wr.sges.len(), caps.max_recv_sge)));
+    }
+    if state == QpState::Reset {
+        return Err(VerbsError::invalid(format!("QP {qpn:#x} is in RESET; move it to INIT before posting receives")));
+    }
+    Ok(())
 }
 
 /// A QP's send queue locked for posting a chain of requests.

@@ -1,0 +1,327 @@
+//! A program's end of softrnicd: control verbs as calls over the socket,
+//! the data path as memory operations on the shared queues.
+//!
+//! `post_send` checks the request as the engine would (the same
+//! [`check_send`]), writes a WQE into the send ring and rings the doorbell
+//! only if the command processor sleeps; `poll` copies CQEs out of the
+//! CQ's ring. Neither makes a system call while the daemon is busy.
+
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use softrnic_ring::spsc::{Consumer, Producer};
+use softrnic_transport::{
+    Access, Completion, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest,
+    Result, SendWorkRequest, VerbsError, check_recv, check_send,
+};
+
+use crate::doorbell::DoorbellPage;
+use crate::protocol::{self, Opened, PROTOCOL_VERSION, Request, Response};
+use crate::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
+use crate::shared_memory::SharedMapping;
+use crate::wqe::{self, CQE_LEN};
+
+/// An open device served by softrnicd.
+pub struct Session {
+    socket: Mutex<OwnedFd>,
+    doorbell: DoorbellPage,
+    wake: OwnedFd,
+    addr: IpAddr,
+    opened: Opened,
+}
+
+fn lost(e: io::Error) -> VerbsError {
+    VerbsError::Device(format!("softrnicd: {e}"))
+}
+
+fn unexpected(response: Response) -> VerbsError {
+    match response {
+        Response::Error(e) => e.into_verbs(),
+        other => VerbsError::Device(format!("softrnicd answered out of turn: {other:?}")),
+    }
+}
+
+impl Session {
+    /// Connects to the daemon at `socket` and opens its device on `addr`.
+    pub fn connect(socket: &Path, addr: IpAddr) -> Result<Session> {
+        let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+            .map_err(|e| lost(e.into()))?;
+        let unix = SocketAddrUnix::new(socket).map_err(|e| lost(e.into()))?;
+        rustix::net::connect(&fd, &unix).map_err(|e| {
+            VerbsError::Device(format!(
+                "cannot reach softrnicd at {} ({e}); start it (softrnicd --socket {0}) or set SOFTRNIC_DAEMON=off",
+                socket.display()
+            ))
+        })?;
+        let (response, fds) =
+            protocol::call(&fd, &Request::Open { version: PROTOCOL_VERSION, addr }, &[]).map_err(lost)?;
+        let Response::Opened(opened) = response else { return Err(unexpected(response)) };
+        let [page, wake]: [OwnedFd; 2] =
+            fds.try_into().map_err(|_| VerbsError::Device("softrnicd's answer lacks its descriptors".into()))?;
+        let doorbell = DoorbellPage::attach(page).map_err(lost)?;
+        Ok(Session { socket: Mutex::new(fd), doorbell, wake, addr, opened })
+    }
+
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    pub fn active_mtu(&self) -> u32 {
+        self.opened.active_mtu
+    }
+
+    pub fn engine_threads(&self) -> usize {
+        self.opened.engine_threads as usize
+    }
+
+    fn call(&self, request: Request, fds: &[BorrowedFd<'_>]) -> Result<(Response, Vec<OwnedFd>)> {
+        let socket = self.socket.lock().unwrap_or_else(|e| e.into_inner());
+        protocol::call(&*socket, &request, fds).map_err(lost)
+    }
+
+    fn call_done(&self, request: Request) -> Result<()> {
+        match self.call(request, &[])?.0 {
+            Response::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn alloc_pd(&self) -> Result<PdId> {
+        match self.call(Request::AllocPd, &[])?.0 {
+            Response::Pd(pd) => Ok(pd),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn dealloc_pd(&self, pd: PdId) -> Result<()> {
+        self.call_done(Request::DeallocPd { pd })
+    }
+
+    /// Registers `len` bytes of `memory` from `offset` on, addressed as
+    /// `iova`.
+    pub fn register_memory(
+        &self,
+        pd: PdId,
+        memory: &SharedMapping,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys> {
+        let request = Request::RegisterMemory { pd, iova, offset: offset as u64, len: len as u64, access };
+        match self.call(request, &[memory.fd()])?.0 {
+            Response::Mr(keys) => Ok(keys),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn deregister_memory(&self, lkey: u32) -> Result<()> {
+        self.call_done(Request::DeregisterMemory { lkey })
+    }
+
+    pub fn create_channel(&self) -> Result<Channel> {
+        match self.call(Request::CreateChannel, &[])? {
+            (Response::Channel(id), fds) => {
+                let fd = fds.into_iter().next().ok_or_else(|| VerbsError::Device("channel without socket".into()))?;
+                Ok(Channel { id, fd })
+            }
+            (other, _) => Err(unexpected(other)),
+        }
+    }
+
+    pub fn destroy_channel(&self, channel: &Channel) -> Result<()> {
+        self.call_done(Request::DestroyChannel { channel: channel.id })
+    }
+
+    pub fn create_cq(&self, capacity: usize, channel: Option<&Channel>) -> Result<Cq> {
+        let capacity = u32::try_from(capacity).map_err(|_| VerbsError::invalid("CQ too large"))?;
+        match self.call(Request::CreateCq { capacity, channel: channel.map(|c| c.id) }, &[])? {
+            (Response::Cq(layout), fds) => {
+                let fd = fds.into_iter().next().ok_or_else(|| VerbsError::Device("CQ without ring".into()))?;
+                let ring = SharedQueue::attach(fd, layout.slots, CQE_LEN as u32).map_err(lost)?;
+                Ok(Cq { id: layout.cq, ring, consumer: Mutex::new(Consumer::default()) })
+            }
+            (other, _) => Err(unexpected(other)),
+        }
+    }
+
+    pub fn destroy_cq(&self, cq: CqId) -> Result<()> {
+        self.call_done(Request::DestroyCq { cq })
+    }
+
+    pub fn create_qp(&self, init: QpInitAttr) -> Result<Qp> {
+        match self.call(Request::CreateQp { init }, &[])? {
+            (Response::Qp(layout), fds) => {
+                let [send, recv]: [OwnedFd; 2] =
+                    fds.try_into().map_err(|_| VerbsError::Device("QP without its rings".into()))?;
+                let send = SharedQueue::attach(send, layout.send_slots, layout.send_slot_size).map_err(lost)?;
+                let recv = SharedQueue::attach(recv, layout.recv_slots, layout.recv_slot_size).map_err(lost)?;
+                Ok(Qp {
+                    qpn: layout.qpn,
+                    qp_type: init.qp_type,
+                    caps: layout.caps,
+                    state: AtomicU8::new(QpState::Reset as u8),
+                    send: Mutex::new((send, Producer::default())),
+                    recv: Mutex::new((recv, Producer::default())),
+                })
+            }
+            (other, _) => Err(unexpected(other)),
+        }
+    }
+
+    pub fn modify_qp(&self, qp: &Qp, attr: &QpAttr) -> Result<QpState> {
+        match self.call(Request::ModifyQp { qpn: qp.qpn, attr: *attr }, &[])?.0 {
+            Response::State(state) => {
+                qp.state.store(state as u8, Ordering::Release);
+                Ok(state)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn query_qp(&self, qpn: u32) -> Result<(QpState, QpAttributes)> {
+        match self.call(Request::QueryQp { qpn }, &[])?.0 {
+            Response::Query { state, attributes } => Ok((state, attributes)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn destroy_qp(&self, qpn: u32) -> Result<()> {
+        self.call_done(Request::DestroyQp { qpn })
+    }
+
+    /// `ibv_post_send`.
+    pub fn post_send(&self, qp: &Qp, wr: &SendWorkRequest) -> Result<()> {
+        check_send(qp.qpn, qp.qp_type, &qp.caps, qp.state(), wr)?;
+        let mut guard = qp.send.lock().unwrap_or_else(|e| e.into_inner());
+        let (ring, producer) = &mut *guard;
+        let slot = producer.slot(ring).map_err(|e| VerbsError::Device(e.to_string()))?;
+        let slot = slot.ok_or_else(|| {
+            VerbsError::OutOfResources(format!(
+                "send queue of QP {:#x} is full ({} requests)",
+                qp.qpn,
+                ring.slot_count()
+            ))
+        })?;
+        let mut entry = [0u8; 4096];
+        let len = wqe::emit_send(wr, &mut entry);
+        ring.write_slot(slot, &entry[..len]);
+        producer.publish(ring);
+        drop(guard);
+        self.doorbell.ring(&self.wake);
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&self, qp: &Qp, wr: &RecvWorkRequest) -> Result<()> {
+        check_recv(qp.qpn, &qp.caps, false, qp.state(), wr)?;
+        let mut guard = qp.recv.lock().unwrap_or_else(|e| e.into_inner());
+        let (ring, producer) = &mut *guard;
+        let slot = producer.slot(ring).map_err(|e| VerbsError::Device(e.to_string()))?;
+        let slot = slot.ok_or_else(|| {
+            VerbsError::OutOfResources(format!(
+                "receive queue of QP {:#x} is full ({} requests)",
+                qp.qpn,
+                ring.slot_count()
+            ))
+        })?;
+        let mut entry = [0u8; 1024];
+        let len = wqe::emit_recv(wr, &mut entry);
+        ring.write_slot(slot, &entry[..len]);
+        producer.publish(ring);
+        drop(guard);
+        self.doorbell.ring(&self.wake);
+        Ok(())
+    }
+}
+
+/// A QP whose queues live in shared memory.
+pub struct Qp {
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub caps: QpCaps,
+    /// The state as of this program's last `modify_qp` (the engine may
+    /// have moved it to error since: posting then flushes, as it should).
+    state: AtomicU8,
+    send: Mutex<(SharedQueue, Producer)>,
+    recv: Mutex<(SharedQueue, Producer)>,
+}
+
+impl Qp {
+    pub fn state(&self) -> QpState {
+        QpState::from_u8(self.state.load(Ordering::Acquire))
+    }
+}
+
+/// A CQ whose completions arrive in shared memory.
+pub struct Cq {
+    pub id: CqId,
+    ring: SharedQueue,
+    consumer: Mutex<Consumer>,
+}
+
+impl Cq {
+    /// `ibv_poll_cq`: a read of the ring.
+    pub fn poll(&self, max: usize, out: &mut Vec<Completion>) -> usize {
+        let mut consumer = self.consumer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entry = [0u8; CQE_LEN];
+        let mut taken = 0;
+        while taken < max {
+            // A scribbled producer index cannot come from the daemon; read
+            // it as an empty queue rather than trust it.
+            let Ok(Some(slot)) = consumer.slot(&self.ring) else { break };
+            self.ring.read_slot(slot, &mut entry);
+            consumer.release(&self.ring);
+            out.push(wqe::parse_completion(&entry));
+            taken += 1;
+        }
+        taken
+    }
+
+    /// `ibv_req_notify_cq`: the next completion (or the next solicited
+    /// one) is announced on the CQ's channel.
+    pub fn request_notify(&self, solicited_only: bool) {
+        let armed = if solicited_only { ARMED_SOLICITED } else { ARMED_NEXT };
+        self.ring.armed().store(armed, Ordering::Release);
+    }
+}
+
+/// A completion channel: readable when an armed CQ gets a completion.
+pub struct Channel {
+    pub id: u32,
+    fd: OwnedFd,
+}
+
+impl Channel {
+    /// Takes one notification, waiting up to `timeout` for it: the CQ it
+    /// names.
+    pub fn get_event(&self, timeout: Duration) -> io::Result<Option<CqId>> {
+        let mut waited = false;
+        loop {
+            let mut cq = [0u8; 4];
+            match rustix::net::recv(&self.fd, &mut cq, rustix::net::RecvFlags::DONTWAIT) {
+                Ok((4, _)) => return Ok(Some(CqId(u32::from_le_bytes(cq)))),
+                // Not the daemon's: skip it.
+                Ok(_) => continue,
+                Err(rustix::io::Errno::AGAIN) if waited => return Ok(None),
+                Err(rustix::io::Errno::AGAIN) => {
+                    softrnic_engine::eventfd::wait_readable(&[self.fd.as_raw_fd()], timeout)?;
+                    waited = true;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl AsFd for Channel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}

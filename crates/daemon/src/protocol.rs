@@ -1,0 +1,311 @@
+//! The control protocol between a program and softrnicd: one request, one
+//! answer, over a Unix `SOCK_SEQPACKET` socket (message boundaries come
+//! free, and file descriptors ride along as `SCM_RIGHTS`).
+//!
+//! Only control verbs travel here. Posting and polling never do: the
+//! answers to `CreateQp` and `CreateCq` carry the memory of the queues
+//! (memfds), and from then on the program and the engine meet there.
+//!
+//! Messages are postcard-encoded serde values. The first request of a
+//! connection is [`Request::Open`], which names the protocol version; a
+//! daemon that speaks another one answers with an error saying so.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
+use serde::{Deserialize, Serialize};
+use softrnic_transport::{Access, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, VerbsError};
+
+/// Bumped whenever a message or a shared layout changes.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The largest message either side sends or accepts.
+pub const MAX_MESSAGE: usize = 4096;
+
+/// The most descriptors one message carries.
+pub const MAX_FDS: usize = 4;
+
+/// What a program asks of the daemon.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    /// Opens the device on `addr` (starting it if nobody serves it yet).
+    /// The answer is [`Response::Opened`] with two descriptors: the
+    /// tenant's doorbell page and the daemon's wake-up eventfd.
+    Open {
+        version: u32,
+        addr: IpAddr,
+    },
+    AllocPd,
+    DeallocPd {
+        pd: PdId,
+    },
+    /// Registers `len` bytes of the memfd that comes with the request,
+    /// from `offset` on, addressed as `iova`. The memfd must be sealed
+    /// against shrinking: the engine maps it and must never fault on it.
+    RegisterMemory {
+        pd: PdId,
+        iova: u64,
+        offset: u64,
+        len: u64,
+        access: Access,
+    },
+    DeregisterMemory {
+        lkey: u32,
+    },
+    /// A completion channel: the answer carries one end of a datagram
+    /// socket that becomes readable when an armed CQ of the channel gets
+    /// a completion (one datagram per notification, naming the CQ).
+    CreateChannel,
+    DestroyChannel {
+        channel: u32,
+    },
+    /// The answer carries the CQ's ring.
+    CreateCq {
+        capacity: u32,
+        channel: Option<u32>,
+    },
+    DestroyCq {
+        cq: CqId,
+    },
+    /// The answer carries the send ring, then (without an SRQ) the
+    /// receive ring.
+    CreateQp {
+        init: QpInitAttr,
+    },
+    ModifyQp {
+        qpn: u32,
+        attr: QpAttr,
+    },
+    QueryQp {
+        qpn: u32,
+    },
+    DestroyQp {
+        qpn: u32,
+    },
+}
+
+/// The daemon's answer to one [`Request`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Response {
+    Opened(Opened),
+    Done,
+    Pd(PdId),
+    Mr(MrKeys),
+    Channel(u32),
+    Cq(CqLayout),
+    Qp(QpLayout),
+    State(QpState),
+    Query { state: QpState, attributes: QpAttributes },
+    Error(RemoteError),
+}
+
+/// What a program learns when it opens a device.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Opened {
+    /// The daemon's number for this connection, in its logs.
+    pub tenant: u64,
+    /// Bytes of the largest packet payload the device's port carries.
+    pub active_mtu: u32,
+    pub engine_threads: u32,
+}
+
+/// A CQ's ring, as created.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct CqLayout {
+    pub cq: CqId,
+    pub slots: u32,
+}
+
+/// A QP's rings, as created.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct QpLayout {
+    pub qpn: u32,
+    /// The capabilities granted (never less than asked for).
+    pub caps: QpCaps,
+    pub send_slots: u32,
+    pub send_slot_size: u32,
+    /// Zero when the QP takes its receives from an SRQ.
+    pub recv_slots: u32,
+    pub recv_slot_size: u32,
+}
+
+/// A verb's failure as it crosses the socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    InvalidArgument,
+    OutOfResources,
+    NotFound,
+    Busy,
+    NotSupported,
+    Device,
+}
+
+impl From<VerbsError> for RemoteError {
+    fn from(e: VerbsError) -> RemoteError {
+        let kind = match e {
+            VerbsError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            VerbsError::OutOfResources(_) => ErrorKind::OutOfResources,
+            VerbsError::NotFound(_) => ErrorKind::NotFound,
+            VerbsError::Busy(_) => ErrorKind::Busy,
+            VerbsError::NotSupported(_) => ErrorKind::NotSupported,
+            VerbsError::Device(_) => ErrorKind::Device,
+        };
+        let message = match e {
+            VerbsError::InvalidArgument(m)
+            | VerbsError::OutOfResources(m)
+            | VerbsError::NotSupported(m)
+            | VerbsError::Device(m) => m,
+            VerbsError::NotFound(what) | VerbsError::Busy(what) => what.to_string(),
+        };
+        RemoteError { kind, message }
+    }
+}
+
+impl RemoteError {
+    pub fn invalid(message: impl Into<String>) -> RemoteError {
+        RemoteError { kind: ErrorKind::InvalidArgument, message: message.into() }
+    }
+
+    pub fn exhausted(message: impl Into<String>) -> RemoteError {
+        RemoteError { kind: ErrorKind::OutOfResources, message: message.into() }
+    }
+
+    pub fn not_found(what: &'static str) -> RemoteError {
+        RemoteError { kind: ErrorKind::NotFound, message: what.to_string() }
+    }
+
+    /// The verbs error a local engine would have returned.
+    pub fn into_verbs(self) -> VerbsError {
+        /// `VerbsError` names objects with static strings.
+        fn object(name: &str) -> &'static str {
+            ["PD", "MR", "CQ", "QP", "SRQ", "completion channel", "device"]
+                .into_iter()
+                .find(|known| known.eq_ignore_ascii_case(name))
+                .unwrap_or("object")
+        }
+        match self.kind {
+            ErrorKind::InvalidArgument => VerbsError::InvalidArgument(self.message),
+            ErrorKind::OutOfResources => VerbsError::OutOfResources(self.message),
+            ErrorKind::NotFound => VerbsError::NotFound(object(&self.message)),
+            ErrorKind::Busy => VerbsError::Busy(object(&self.message)),
+            ErrorKind::NotSupported => VerbsError::NotSupported(self.message),
+            ErrorKind::Device => VerbsError::Device(self.message),
+        }
+    }
+}
+
+/// Sends one message with `fds` attached.
+pub fn send<T: Serialize>(socket: BorrowedFd<'_>, message: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let bytes = postcard::to_stdvec(message).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    if bytes.len() > MAX_MESSAGE || fds.len() > MAX_FDS {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "control message too large"));
+    }
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() {
+        control.push(SendAncillaryMessage::ScmRights(fds));
+    }
+    let sent = rustix::net::sendmsg(socket, &[IoSlice::new(&bytes)], &mut control, SendFlags::NOSIGNAL)?;
+    if sent != bytes.len() {
+        return Err(io::Error::new(io::ErrorKind::WriteZero, "control message cut short"));
+    }
+    Ok(())
+}
+
+/// Receives one message and the descriptors that came with it. `Ok(None)`
+/// means the other side closed the connection.
+pub fn receive<T: for<'de> Deserialize<'de>>(socket: BorrowedFd<'_>) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    let mut bytes = [0u8; MAX_MESSAGE];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let received = loop {
+        match rustix::net::recvmsg(socket, &mut [IoSliceMut::new(&mut bytes)], &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::CONNRESET) => return Ok(None),
+            other => break other?,
+        }
+    };
+    let mut fds = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
+        }
+    }
+    if received.bytes == 0 {
+        return Ok(None);
+    }
+    if received.flags.contains(rustix::net::ReturnFlags::TRUNC)
+        || received.flags.contains(rustix::net::ReturnFlags::CTRUNC)
+    {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "control message truncated"));
+    }
+    let message = postcard::from_bytes(&bytes[..received.bytes])
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("malformed control message: {e}")))?;
+    Ok(Some((message, fds)))
+}
+
+/// A request and its answer, for the client: sends, then waits.
+pub fn call(socket: impl AsFd, request: &Request, fds: &[BorrowedFd<'_>]) -> io::Result<(Response, Vec<OwnedFd>)> {
+    send(socket.as_fd(), request, fds)?;
+    receive(socket.as_fd())?
+        .ok_or_else(|| io::Error::new(io::ErrorKind::ConnectionAborted, "softrnicd closed the connection"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Seek, Write};
+
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+
+    use super::*;
+
+    fn pair() -> (OwnedFd, OwnedFd) {
+        rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap()
+    }
+
+    #[test]
+    fn a_request_and_a_descriptor_arrive_together() {
+        let (a, b) = pair();
+        let mut file = std::fs::File::from(rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::CLOEXEC).unwrap());
+        file.write_all(b"registered").unwrap();
+        let request =
+            Request::RegisterMemory { pd: PdId(3), iova: 0x1000, offset: 0, len: 10, access: Access::REMOTE_WRITE };
+        send(a.as_fd(), &request, &[file.as_fd()]).unwrap();
+        let (got, fds): (Request, _) = receive(b.as_fd()).unwrap().unwrap();
+        assert!(matches!(got, Request::RegisterMemory { pd: PdId(3), iova: 0x1000, len: 10, .. }));
+        let mut same = std::fs::File::from(fds.into_iter().next().unwrap());
+        same.rewind().unwrap();
+        let mut text = String::new();
+        same.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "registered", "the descriptor is the same memfd");
+    }
+
+    #[test]
+    fn garbage_is_an_error_and_a_closed_peer_is_none() {
+        let (a, b) = pair();
+        rustix::net::send(&a, &[0xff, 0xff, 0xff, 0xff, 0x7f], SendFlags::empty()).unwrap();
+        let err = receive::<Request>(b.as_fd()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        drop(a);
+        assert!(receive::<Request>(b.as_fd()).unwrap().is_none());
+    }
+
+    #[test]
+    fn errors_cross_with_their_kind() {
+        let e = RemoteError::from(VerbsError::NotFound("QP"));
+        assert_eq!(e.clone().into_verbs(), VerbsError::NotFound("QP"));
+        let e = RemoteError::from(VerbsError::invalid("max_send_wr 0"));
+        assert_eq!(e.into_verbs(), VerbsError::InvalidArgument("max_send_wr 0".into()));
+    }
+}

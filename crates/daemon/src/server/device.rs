@@ -1,0 +1,47 @@
+//! The devices the daemon runs: one engine (`Nic`) per address, opened
+//! when the first tenant asks for it and closed when the last one leaves.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, Weak};
+
+use softrnic_engine::{EngineConfig, FaultConfig, Nic, ProgressMode, interface};
+
+/// One device.
+pub struct Device {
+    pub nic: Nic,
+    /// Bytes of payload per packet on the device's port.
+    pub active_mtu: u32,
+}
+
+/// Open devices by address.
+pub struct Devices {
+    open: Mutex<HashMap<IpAddr, Weak<Device>>>,
+    engine_threads: usize,
+}
+
+impl Devices {
+    /// Devices whose engines get `engine_threads` threads each (`--cores`).
+    pub fn new(engine_threads: usize) -> Devices {
+        Devices { open: Mutex::new(HashMap::new()), engine_threads }
+    }
+
+    /// The device on `addr`, opened if nobody holds it. The daemon's own
+    /// environment configures it as it would an in-process engine
+    /// (`SOFTRNIC_*`), with dedicated progress: no program drives it.
+    pub fn open(&self, addr: IpAddr) -> Result<Arc<Device>, String> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(device) = open.get(&addr).and_then(Weak::upgrade) {
+            return Ok(device);
+        }
+        let faults = FaultConfig::from_env()?;
+        let config = EngineConfig { faults, progress: ProgressMode::Dedicated, ..EngineConfig::from_env(addr)? }
+            .with_threads(self.engine_threads, false);
+        let nic = Nic::open(config).map_err(|e| format!("cannot open the device on {addr}: {e}"))?;
+        let active_mtu = interface::active_mtu(addr).bytes();
+        let device = Arc::new(Device { nic, active_mtu });
+        open.retain(|_, d| d.strong_count() > 0);
+        open.insert(addr, Arc::downgrade(&device));
+        Ok(device)
+    }
+}

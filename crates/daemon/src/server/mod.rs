@@ -1,0 +1,154 @@
+//! softrnicd's side: the listening socket, a thread per tenant for its
+//! control verbs, and the command processor that serves every tenant's
+//! queues.
+
+pub mod device;
+pub mod processor;
+pub mod tenant;
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
+use crate::limits::DaemonConfig;
+use device::Devices;
+use processor::Registry;
+
+/// How to run the daemon.
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    /// Where to listen.
+    pub socket: PathBuf,
+    /// Engine threads per device (`--cores`).
+    pub engine_threads: usize,
+    pub config: DaemonConfig,
+}
+
+/// A bound daemon, not yet serving.
+pub struct Daemon {
+    listener: OwnedFd,
+    options: DaemonOptions,
+    registry: Arc<Registry>,
+    devices: Arc<Devices>,
+}
+
+/// A daemon serving on its own threads (tests, and `softrnicd` itself).
+pub struct Running {
+    socket: PathBuf,
+    registry: Arc<Registry>,
+    stopping: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+    processor: Option<JoinHandle<()>>,
+}
+
+impl Daemon {
+    /// Binds the socket. A socket file left by a daemon that died is
+    /// replaced; one a live daemon listens on is not.
+    pub fn bind(options: DaemonOptions) -> io::Result<Daemon> {
+        let path = &options.socket;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let addr = SocketAddrUnix::new(path.as_path())?;
+        if path.exists() {
+            let probe = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None)?;
+            if rustix::net::connect(&probe, &addr).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("softrnicd already listens on {}; stop it or pick another --socket", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let listener =
+            rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+        rustix::net::bind(&listener, &addr)?;
+        // The daemon serves its user (and containers mapped to it).
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        rustix::net::listen(&listener, 128)?;
+        let registry = Arc::new(Registry::new()?);
+        let devices = Arc::new(Devices::new(options.engine_threads));
+        Ok(Daemon { listener, options, registry, devices })
+    }
+
+    /// Starts the command processor and the acceptor.
+    pub fn start(self) -> io::Result<Running> {
+        let Daemon { listener, options, registry, devices } = self;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let processor = {
+            let registry = registry.clone();
+            std::thread::Builder::new().name("softrnicd-processor".into()).spawn(move || processor::run(&registry))?
+        };
+        let acceptor = {
+            let (registry, stopping) = (registry.clone(), stopping.clone());
+            let limits = options.config.tenant;
+            std::thread::Builder::new().name("softrnicd-accept".into()).spawn(move || {
+                let next_tenant = AtomicU64::new(1);
+                loop {
+                    let socket = match rustix::net::accept_with(&listener, SocketFlags::CLOEXEC) {
+                        Ok(socket) => socket,
+                        Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => continue,
+                        Err(e) => {
+                            eprintln!("softrnicd: accept: {e}");
+                            std::thread::sleep(std::time::Duration::from_millis(10));
+                            continue;
+                        }
+                    };
+                    if stopping.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let id = next_tenant.fetch_add(1, Ordering::Relaxed);
+                    let (devices, registry) = (devices.clone(), registry.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("softrnicd-tenant-{id}"))
+                        .spawn(move || tenant::serve(id, socket, &devices, registry, limits));
+                    if let Err(e) = spawned {
+                        eprintln!("softrnicd: cannot serve tenant {id}: {e}");
+                    }
+                }
+            })?
+        };
+        Ok(Running { socket: options.socket, registry, stopping, acceptor: Some(acceptor), processor: Some(processor) })
+    }
+}
+
+impl Running {
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
+    /// Runs until the process ends.
+    pub fn wait(mut self) {
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+    }
+}
+
+impl Drop for Running {
+    /// Stops accepting and stops the processor. Tenants still connected
+    /// keep their control threads until they leave.
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Release);
+        // Wake the acceptor with a connection of our own.
+        if let Ok(probe) = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None)
+            && let Ok(addr) = SocketAddrUnix::new(self.socket.as_path())
+        {
+            let _ = rustix::net::connect(&probe, &addr);
+        }
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        self.registry.stop();
+        if let Some(processor) = self.processor.take() {
+            let _ = processor.join();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}

@@ -1,0 +1,429 @@
+//! The command processor: the part of a NIC that fetches work requests
+//! from the rings programs write and writes completions back. One thread
+//! serves every tenant's queues.
+//!
+//! Per pass it moves each QP's new send and receive WQEs into the engine
+//! (checked: see [`crate::wqe`]) and each CQ's new completions into its
+//! ring, announcing them on the CQ's channel when the program armed it.
+//! After [`IDLE_BEFORE_SLEEP`] without work it tells the programs it
+//! sleeps ([`crate::doorbell`]), arms the engine's CQs, looks once more,
+//! and blocks until a doorbell, a completion or a change of the queues
+//! served.
+//!
+//! A tenant's fault stays the tenant's: a malformed WQE or a scribbled
+//! ring index moves that QP to the error state (its requests flush) and the
+//! processor goes on with everyone else.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use softrnic_engine::EventQueue;
+use softrnic_engine::eventfd::wait_readable;
+use softrnic_ring::spsc::{Consumer, Producer};
+use softrnic_transport::{
+    Completion, CompletionQueue, CqId, Payload, PostQueues, QpAttr, QpCaps, QpState, RecvWorkRequest, SendOp,
+    SendWorkRequest, SgeList, VerbsError,
+};
+
+use super::device::Device;
+use crate::doorbell::{self, DoorbellPage};
+use crate::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
+use crate::wqe::{self, CQE_LEN};
+
+/// How long the processor polls without finding work before it sleeps.
+pub const IDLE_BEFORE_SLEEP: Duration = Duration::from_millis(1);
+/// The longest it sleeps without looking (a last resort: every event that
+/// matters wakes it).
+const LONGEST_SLEEP: Duration = Duration::from_millis(100);
+/// Completions moved per CQ per pass, so one busy CQ cannot starve others.
+const CQ_BATCH: usize = 64;
+/// WQEs moved per queue per pass.
+const WQE_BATCH: usize = 64;
+
+/// A QP whose rings the processor serves.
+pub struct ServedQp {
+    pub tenant: u64,
+    pub qpn: u32,
+    pub device: Arc<Device>,
+    pub posts: Arc<PostQueues>,
+    pub caps: QpCaps,
+    pub send: SharedQueue,
+    pub recv: Option<SharedQueue>,
+    cursors: Mutex<Cursors>,
+    /// WQEs refused as malformed (the QP went to error with the first).
+    pub refused: AtomicU64,
+}
+
+#[derive(Default)]
+struct Cursors {
+    send: Consumer,
+    recv: Consumer,
+    /// A ring's index was scribbled: nothing more is read from it.
+    broken: bool,
+}
+
+impl ServedQp {
+    pub fn new(
+        tenant: u64,
+        device: Arc<Device>,
+        posts: Arc<PostQueues>,
+        caps: QpCaps,
+        send: SharedQueue,
+        recv: Option<SharedQueue>,
+    ) -> ServedQp {
+        ServedQp {
+            tenant,
+            qpn: posts.qpn(),
+            device,
+            posts,
+            caps,
+            send,
+            recv,
+            cursors: Mutex::new(Cursors::default()),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// Moves new WQEs into the engine. Returns whether it moved any.
+    fn drain(&self) -> bool {
+        let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+        if cursors.broken {
+            return false;
+        }
+        let mut moved = false;
+        if let Some(recv) = &self.recv {
+            moved |= self.drain_recv(&mut cursors, recv);
+        }
+        moved |= self.drain_send(&mut cursors);
+        moved
+    }
+
+    fn drain_send(&self, cursors: &mut Cursors) -> bool {
+        let mut slot = vec![0u8; self.send.slot_size() as usize];
+        let (max_sge, max_inline) = (self.caps.max_send_sge as usize, self.caps.max_inline_data as usize);
+        let mut moved = 0;
+        let mut fault = None;
+        // One lock and one doorbell for the batch; released before a
+        // fault moves the QP to error.
+        let mut queue = self.device.nic.send_queue(&self.posts);
+        while moved < WQE_BATCH {
+            let index = match cursors.send.slot(&self.send) {
+                Ok(Some(index)) => index,
+                Ok(None) => break,
+                Err(broken) => {
+                    fault = Some(Fault::Ring(format!("send queue: {broken}")));
+                    break;
+                }
+            };
+            self.send.read_slot(index, &mut slot);
+            let posted = match wqe::parse_send(&slot, max_sge, max_inline) {
+                Ok(wr) => queue.post(wr),
+                Err(e) => Err(VerbsError::invalid(e.to_string())),
+            };
+            match posted {
+                // The engine's queue is full: this WQE waits in the ring.
+                Err(VerbsError::OutOfResources(_)) => break,
+                Err(e) => {
+                    fault = Some(Fault::Entry {
+                        wr_id: wqe::wr_id(&slot),
+                        send: true,
+                        why: format!("send WQE refused: {e}"),
+                    })
+                }
+                Ok(()) => {}
+            }
+            cursors.send.release(&self.send);
+            moved += 1;
+            if fault.is_some() {
+                break;
+            }
+        }
+        drop(queue);
+        self.handle_fault(cursors, fault);
+        moved > 0
+    }
+
+    fn drain_recv(&self, cursors: &mut Cursors, recv: &SharedQueue) -> bool {
+        let mut slot = vec![0u8; recv.slot_size() as usize];
+        let mut moved = 0;
+        let mut fault = None;
+        while moved < WQE_BATCH {
+            let index = match cursors.recv.slot(recv) {
+                Ok(Some(index)) => index,
+                Ok(None) => break,
+                Err(broken) => {
+                    fault = Some(Fault::Ring(format!("receive queue: {broken}")));
+                    break;
+                }
+            };
+            recv.read_slot(index, &mut slot);
+            let posted = match wqe::parse_recv(&slot, self.caps.max_recv_sge as usize) {
+                Ok(wr) => self.device.nic.post_recv(&self.posts, wr),
+                Err(e) => Err(VerbsError::invalid(e.to_string())),
+            };
+            match posted {
+                Err(VerbsError::OutOfResources(_)) => break,
+                Err(e) => {
+                    fault = Some(Fault::Entry {
+                        wr_id: wqe::wr_id(&slot),
+                        send: false,
+                        why: format!("receive WQE refused: {e}"),
+                    })
+                }
+                Ok(()) => {}
+            }
+            cursors.recv.release(recv);
+            moved += 1;
+            if fault.is_some() {
+                break;
+            }
+        }
+        self.handle_fault(cursors, fault);
+        moved > 0
+    }
+
+    /// A bad entry moves the QP to error, so it and everything after it
+    /// flush (the bad one too: the program gets a completion for each
+    /// request, as from a NIC); a scribbled ring index leaves the ring
+    /// unread for good.
+    fn handle_fault(&self, cursors: &mut Cursors, fault: Option<Fault>) {
+        let Some(fault) = fault else { return };
+        let why = match &fault {
+            Fault::Entry { why, .. } => why,
+            Fault::Ring(why) => why,
+        };
+        eprintln!("softrnicd: tenant {}: QP {:#x}: {why}; the QP moves to the error state", self.tenant, self.qpn);
+        let error = QpAttr { state: Some(QpState::Error), ..QpAttr::default() };
+        let _ = self.device.nic.modify_qp(self.qpn, &error);
+        match fault {
+            Fault::Entry { wr_id, send, .. } => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                let nic = &self.device.nic;
+                let _ = if send {
+                    nic.post_send(
+                        &self.posts,
+                        SendWorkRequest::new(wr_id, SendOp::Send { imm: None }, Payload::Gather(SgeList::new())),
+                    )
+                } else {
+                    nic.post_recv(&self.posts, RecvWorkRequest { wr_id, sges: SgeList::new() })
+                };
+            }
+            Fault::Ring(_) => cursors.broken = true,
+        }
+    }
+}
+
+/// What a tenant got wrong in a QP's rings.
+enum Fault {
+    /// One entry: refused, and flushed like the rest.
+    Entry { wr_id: u64, send: bool, why: String },
+    /// An index: the ring cannot be read any more.
+    Ring(String),
+}
+
+/// A CQ whose ring the processor fills.
+pub struct ServedCq {
+    pub tenant: u64,
+    pub device: Arc<Device>,
+    pub queue: Arc<CompletionQueue>,
+    pub ring: SharedQueue,
+    /// The completion channel's socket, when the CQ has one.
+    pub channel: Option<Arc<OwnedFd>>,
+    producer: Mutex<Producer>,
+    broken: AtomicBool,
+}
+
+impl ServedCq {
+    pub fn new(
+        tenant: u64,
+        device: Arc<Device>,
+        queue: Arc<CompletionQueue>,
+        ring: SharedQueue,
+        channel: Option<Arc<OwnedFd>>,
+    ) -> ServedCq {
+        ServedCq {
+            tenant,
+            device,
+            queue,
+            ring,
+            channel,
+            producer: Mutex::new(Producer::default()),
+            broken: AtomicBool::new(false),
+        }
+    }
+
+    /// Moves completions from the engine's CQ into the ring, as many as
+    /// fit. Returns whether it moved any.
+    fn fill(&self, scratch: &mut Vec<Completion>) -> bool {
+        if self.broken.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        let free = match producer.free(&self.ring) {
+            Ok(free) => free as usize,
+            Err(broken) => {
+                // The program scribbled its consumer index. Its completions
+                // stay in the engine's CQ; nothing else is affected.
+                eprintln!(
+                    "softrnicd: tenant {}: CQ {:?}: {broken}; the CQ is no longer served",
+                    self.tenant,
+                    self.queue.id()
+                );
+                self.broken.store(true, Ordering::Relaxed);
+                return false;
+            }
+        };
+        scratch.clear();
+        if free == 0 || self.device.nic.poll_cq(&self.queue, free.min(CQ_BATCH), scratch) == 0 {
+            return false;
+        }
+        let mut entry = [0u8; CQE_LEN];
+        let mut solicited = false;
+        for c in scratch.iter() {
+            let Ok(Some(index)) = producer.slot(&self.ring) else { unreachable!("free slots were counted") };
+            wqe::emit_completion(c, &mut entry);
+            self.ring.write_slot(index, &entry);
+            producer.publish(&self.ring);
+            solicited |= c.solicited;
+        }
+        drop(producer);
+        self.notify(solicited);
+        true
+    }
+
+    /// Announces new completions on the channel if the program armed the
+    /// CQ for them (`ibv_req_notify_cq`): once per arming.
+    fn notify(&self, solicited: bool) {
+        let armed = self.ring.armed();
+        let wanted = match armed.load(Ordering::Acquire) {
+            ARMED_NEXT => true,
+            ARMED_SOLICITED => solicited,
+            _ => false,
+        };
+        if !wanted {
+            return;
+        }
+        let seen = armed.swap(0, Ordering::AcqRel);
+        if let (Some(channel), ARMED_NEXT | ARMED_SOLICITED) = (&self.channel, seen) {
+            // A datagram naming the CQ; a channel whose program stopped
+            // reading drops it rather than stall the processor.
+            let _ = rustix::net::send(
+                channel.as_fd(),
+                &self.queue.id().0.to_le_bytes(),
+                rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL,
+            );
+        }
+    }
+}
+
+/// What the processor serves: replaced whole when tenants change it, so
+/// the processor reads it without a lock on its hot path.
+#[derive(Default, Clone)]
+pub struct Served {
+    pub qps: Vec<Arc<ServedQp>>,
+    pub cqs: Vec<Arc<ServedCq>>,
+    pub doorbells: Vec<Arc<DoorbellPage>>,
+}
+
+/// The processor's inputs, shared with the tenants' threads.
+pub struct Registry {
+    served: Mutex<Arc<Served>>,
+    generation: AtomicU64,
+    /// The eventfd that wakes the processor (a copy goes to every tenant).
+    pub wake: OwnedFd,
+    /// Where every device announces completions on the CQs the processor
+    /// armed before sleeping: one channel for all of them.
+    pub completions: Arc<EventQueue<CqId>>,
+    stop: AtomicBool,
+}
+
+impl Registry {
+    pub fn new() -> std::io::Result<Registry> {
+        Ok(Registry {
+            served: Mutex::new(Arc::new(Served::default())),
+            generation: AtomicU64::new(0),
+            wake: doorbell::wake_eventfd()?,
+            completions: Arc::new(EventQueue::new()?),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// Changes what is served. The processor picks the change up on its
+    /// next pass; it holds the previous set (and the mappings in it) until
+    /// then, so a removed queue's memory outlives its last use.
+    pub fn update(&self, change: impl FnOnce(&mut Served)) {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = Served::clone(&served);
+        change(&mut next);
+        *served = Arc::new(next);
+        self.generation.fetch_add(1, Ordering::Release);
+        doorbell::signal(&self.wake);
+    }
+
+    fn snapshot(&self) -> Arc<Served> {
+        self.served.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        doorbell::signal(&self.wake);
+    }
+}
+
+/// Runs the processor until [`Registry::stop`].
+pub fn run(registry: &Registry) {
+    let mut generation = registry.generation.load(Ordering::Acquire);
+    let mut served = registry.snapshot();
+    let mut scratch = Vec::with_capacity(CQ_BATCH);
+    let mut idle_since = Instant::now();
+    while !registry.stop.load(Ordering::Acquire) {
+        let now_generation = registry.generation.load(Ordering::Acquire);
+        if now_generation != generation {
+            generation = now_generation;
+            served = registry.snapshot();
+        }
+        if pass(&served, &mut scratch) {
+            idle_since = Instant::now();
+            continue;
+        }
+        if idle_since.elapsed() < IDLE_BEFORE_SLEEP {
+            std::hint::spin_loop();
+            continue;
+        }
+        sleep(registry, &served, &mut scratch);
+        idle_since = Instant::now();
+    }
+}
+
+/// One look at every queue. Returns whether anything moved.
+fn pass(served: &Served, scratch: &mut Vec<Completion>) -> bool {
+    let mut worked = false;
+    for qp in &served.qps {
+        worked |= qp.drain();
+    }
+    for cq in &served.cqs {
+        worked |= cq.fill(scratch);
+    }
+    worked
+}
+
+fn sleep(registry: &Registry, served: &Served, scratch: &mut Vec<Completion>) {
+    for page in &served.doorbells {
+        page.set_sleeping(true);
+    }
+    for cq in &served.cqs {
+        cq.queue.request_notify(false);
+    }
+    // A WQE published, or a completion queued, before the programs saw the
+    // flag or the CQs were armed is found here.
+    if !pass(served, scratch) {
+        let _ = wait_readable(&[registry.wake.as_raw_fd(), registry.completions.as_raw_fd()], LONGEST_SLEEP);
+    }
+    doorbell::drain(&registry.wake);
+    while registry.completions.try_pop().is_some() {}
+    for page in &served.doorbells {
+        page.set_sleeping(false);
+    }
+}

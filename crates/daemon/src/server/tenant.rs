@@ -1,0 +1,386 @@
+//! One tenant: a program's connection, the objects it created, and the
+//! control verbs it may run on them.
+//!
+//! Isolation is by ownership. A tenant names objects by the engine's own
+//! numbers (PD, CQ, QPN, lkey), but every request is checked against the
+//! tenant's own tables first, so another tenant's numbers are refused as
+//! unknown. Against remote peers the engine's protection domains do the
+//! work: each tenant's PDs are its own, and a region answers an rkey only on
+//! a QP of its PD (a guessed rkey of another tenant fails with a remote
+//! access error).
+//!
+//! When the connection ends, whatever the reason (exit, crash, `SIGKILL`),
+//! everything the tenant held is taken down in the order the verbs
+//! require: its queues leave the command processor, its QPs move to error
+//! (their requests flush) and are destroyed, then CQs, regions and PDs.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
+use softrnic_transport::{CqId, DmaBuffer, PdId, QpAttr, QpInitAttr, QpState};
+
+use super::device::{Device, Devices};
+use super::processor::{Registry, ServedCq, ServedQp};
+use crate::doorbell::DoorbellPage;
+use crate::limits::TenantLimits;
+use crate::protocol::{self, CqLayout, Opened, PROTOCOL_VERSION, QpLayout, RemoteError, Request, Response};
+use crate::queue::SharedQueue;
+use crate::shared_memory::SharedMapping;
+use crate::wqe::{self, CQE_LEN};
+
+/// A registered region's memory, mapped from the tenant's memfd.
+struct Region {
+    mapping: SharedMapping,
+    len: u64,
+}
+
+pub struct Tenant {
+    id: u64,
+    device: Arc<Device>,
+    limits: TenantLimits,
+    registry: Arc<Registry>,
+    doorbell: Arc<DoorbellPage>,
+    pds: HashSet<PdId>,
+    regions: HashMap<u32, Region>,
+    registered_bytes: u64,
+    channels: HashMap<u32, Arc<OwnedFd>>,
+    next_channel: u32,
+    cqs: HashMap<CqId, Arc<ServedCq>>,
+    qps: HashMap<u32, Arc<ServedQp>>,
+}
+
+/// What an answer carries besides the message.
+type Answer = Result<(Response, Vec<OwnedFd>), RemoteError>;
+
+/// Serves one connection until it closes.
+pub fn serve(id: u64, socket: OwnedFd, devices: &Devices, registry: Arc<Registry>, limits: TenantLimits) {
+    let peer = rustix::net::sockopt::socket_peercred(&socket).map(|c| c.pid.as_raw_nonzero().get()).unwrap_or(0);
+    let mut tenant = match open(id, &socket, devices, registry, limits) {
+        Ok(tenant) => tenant,
+        Err(e) => {
+            let _ = protocol::send(socket.as_fd(), &Response::Error(e), &[]);
+            return;
+        }
+    };
+    eprintln!("softrnicd: tenant {id} (pid {peer}) opened the device on {}", tenant.device.nic.addr());
+    loop {
+        let (request, fds) = match protocol::receive::<Request>(socket.as_fd()) {
+            Ok(Some(message)) => message,
+            Ok(None) => break,
+            Err(e) => {
+                // A malformed message ends the connection: its sender no
+                // longer speaks the protocol, and nothing it says can be
+                // trusted to mean what it meant.
+                eprintln!("softrnicd: tenant {id}: {e}; closing its connection");
+                break;
+            }
+        };
+        let (response, out) = tenant.handle(request, fds).unwrap_or_else(|e| (Response::Error(e), Vec::new()));
+        let out: Vec<BorrowedFd<'_>> = out.iter().map(|fd| fd.as_fd()).collect();
+        if protocol::send(socket.as_fd(), &response, &out).is_err() {
+            break;
+        }
+    }
+    eprintln!("softrnicd: tenant {id} (pid {peer}) left; freeing what it held");
+}
+
+fn open(
+    id: u64,
+    socket: &OwnedFd,
+    devices: &Devices,
+    registry: Arc<Registry>,
+    limits: TenantLimits,
+) -> Result<Tenant, RemoteError> {
+    let first = protocol::receive::<Request>(socket.as_fd()).map_err(|e| RemoteError::invalid(e.to_string()))?;
+    let Some((Request::Open { version, addr }, _)) = first else {
+        return Err(RemoteError::invalid("the first request must open a device"));
+    };
+    if version != PROTOCOL_VERSION {
+        return Err(RemoteError::invalid(format!(
+            "this softrnicd speaks protocol {PROTOCOL_VERSION}, the program {version}: use a library and daemon of one build"
+        )));
+    }
+    let device = devices.open(addr).map_err(RemoteError::invalid)?;
+    let doorbell = Arc::new(DoorbellPage::create().map_err(|e| RemoteError::exhausted(e.to_string()))?);
+    let opened =
+        Opened { tenant: id, active_mtu: device.active_mtu, engine_threads: device.nic.engine_threads() as u32 };
+    let wake = registry.wake.try_clone().map_err(|e| RemoteError::exhausted(e.to_string()))?;
+    protocol::send(socket.as_fd(), &Response::Opened(opened), &[doorbell.fd(), wake.as_fd()])
+        .map_err(|e| RemoteError::invalid(e.to_string()))?;
+    registry.update(|s| s.doorbells.push(doorbell.clone()));
+    Ok(Tenant {
+        id,
+        device,
+        limits,
+        registry,
+        doorbell,
+        pds: HashSet::new(),
+        regions: HashMap::new(),
+        registered_bytes: 0,
+        channels: HashMap::new(),
+        next_channel: 1,
+        cqs: HashMap::new(),
+        qps: HashMap::new(),
+    })
+}
+
+fn at_limit(what: &str, limit: impl std::fmt::Display) -> RemoteError {
+    RemoteError::exhausted(format!("this tenant may hold at most {limit} {what} (softrnicd's [tenant] limits)"))
+}
+
+fn io(e: std::io::Error) -> RemoteError {
+    RemoteError::exhausted(e.to_string())
+}
+
+impl Tenant {
+    fn handle(&mut self, request: Request, fds: Vec<OwnedFd>) -> Answer {
+        let nic = &self.device.nic;
+        let done = |r: softrnic_transport::Result<()>| -> Answer {
+            r.map(|()| (Response::Done, Vec::new())).map_err(RemoteError::from)
+        };
+        match request {
+            Request::Open { .. } => Err(RemoteError::invalid("the device is open already")),
+            Request::AllocPd => {
+                if self.pds.len() >= self.limits.max_pds as usize {
+                    return Err(at_limit("PDs", self.limits.max_pds));
+                }
+                let pd = nic.alloc_pd();
+                self.pds.insert(pd);
+                Ok((Response::Pd(pd), Vec::new()))
+            }
+            Request::DeallocPd { pd } => {
+                self.own_pd(pd)?;
+                done(nic.dealloc_pd(pd))?;
+                self.pds.remove(&pd);
+                Ok((Response::Done, Vec::new()))
+            }
+            Request::RegisterMemory { pd, iova, offset, len, access } => {
+                self.register(pd, iova, offset, len, access, fds)
+            }
+            Request::DeregisterMemory { lkey } => {
+                let region = self.regions.get(&lkey).ok_or(RemoteError::not_found("MR"))?;
+                let len = region.len;
+                done(nic.deregister_memory(lkey))?;
+                // The engine no longer reaches the region: unmap it.
+                self.regions.remove(&lkey);
+                self.registered_bytes -= len;
+                Ok((Response::Done, Vec::new()))
+            }
+            Request::CreateChannel => {
+                let (ours, theirs) = rustix::net::socketpair(
+                    AddressFamily::UNIX,
+                    SocketType::DGRAM,
+                    SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+                    None,
+                )
+                .map_err(|e| io(e.into()))?;
+                let id = self.next_channel;
+                self.next_channel += 1;
+                self.channels.insert(id, Arc::new(ours));
+                Ok((Response::Channel(id), vec![theirs]))
+            }
+            Request::DestroyChannel { channel } => {
+                let ours = self.channels.get(&channel).ok_or(RemoteError::not_found("completion channel"))?;
+                if self.cqs.values().any(|cq| cq.channel.as_ref().is_some_and(|c| Arc::ptr_eq(c, ours))) {
+                    return Err(RemoteError::from(softrnic_transport::VerbsError::Busy("completion channel")));
+                }
+                self.channels.remove(&channel);
+                Ok((Response::Done, Vec::new()))
+            }
+            Request::CreateCq { capacity, channel } => self.create_cq(capacity, channel),
+            Request::DestroyCq { cq } => {
+                let served = self.cqs.get(&cq).ok_or(RemoteError::not_found("CQ"))?.clone();
+                done(nic.destroy_cq(cq))?;
+                nic.set_channel(cq, None);
+                self.cqs.remove(&cq);
+                self.registry.update(|s| s.cqs.retain(|c| !Arc::ptr_eq(c, &served)));
+                Ok((Response::Done, Vec::new()))
+            }
+            Request::CreateQp { init } => self.create_qp(init),
+            Request::ModifyQp { qpn, attr } => {
+                self.own_qp(qpn)?;
+                nic.modify_qp(qpn, &attr).map(|s| (Response::State(s), Vec::new())).map_err(RemoteError::from)
+            }
+            Request::QueryQp { qpn } => {
+                self.own_qp(qpn)?;
+                let (state, attributes) = nic.query_qp(qpn).ok_or(RemoteError::not_found("QP"))?;
+                Ok((Response::Query { state, attributes }, Vec::new()))
+            }
+            Request::DestroyQp { qpn } => {
+                self.own_qp(qpn)?;
+                self.destroy_qp(qpn).map_err(RemoteError::from)?;
+                Ok((Response::Done, Vec::new()))
+            }
+        }
+    }
+
+    fn own_pd(&self, pd: PdId) -> Result<(), RemoteError> {
+        self.pds.contains(&pd).then_some(()).ok_or(RemoteError::not_found("PD"))
+    }
+
+    fn own_qp(&self, qpn: u32) -> Result<(), RemoteError> {
+        self.qps.contains_key(&qpn).then_some(()).ok_or(RemoteError::not_found("QP"))
+    }
+
+    fn register(
+        &mut self,
+        pd: PdId,
+        iova: u64,
+        offset: u64,
+        len: u64,
+        access: softrnic_transport::Access,
+        fds: Vec<OwnedFd>,
+    ) -> Answer {
+        self.own_pd(pd)?;
+        if self.regions.len() >= self.limits.max_mrs as usize {
+            return Err(at_limit("memory regions", self.limits.max_mrs));
+        }
+        if self.registered_bytes.saturating_add(len) > self.limits.max_memory_bytes() {
+            return Err(at_limit("MiB registered", self.limits.max_memory_mib));
+        }
+        let [fd]: [OwnedFd; 1] = fds.try_into().map_err(|_| RemoteError::invalid("a region comes with one memfd"))?;
+        let end = offset.checked_add(len).filter(|&end| end <= isize::MAX as u64);
+        let end = end.ok_or_else(|| RemoteError::invalid("the region's offset and length overflow"))?;
+        let mapping = SharedMapping::attach(fd, end as usize).map_err(|e| RemoteError::invalid(e.to_string()))?;
+        // SAFETY: the range lies inside the mapping, which `Region` keeps
+        // until the engine has deregistered the region (the memfd is
+        // sealed against shrinking, so the pages stay).
+        let buffer = unsafe { DmaBuffer::from_raw_parts(mapping.as_ptr().add(offset as usize), len as usize) };
+        let keys = self
+            .device
+            .nic
+            .register_memory(pd, Arc::new(buffer), 0, len as usize, iova, access)
+            .map_err(RemoteError::from)?;
+        self.regions.insert(keys.lkey, Region { mapping, len });
+        self.registered_bytes += len;
+        Ok((Response::Mr(keys), Vec::new()))
+    }
+
+    fn create_cq(&mut self, capacity: u32, channel: Option<u32>) -> Answer {
+        if self.cqs.len() >= self.limits.max_cqs as usize {
+            return Err(at_limit("CQs", self.limits.max_cqs));
+        }
+        if capacity == 0 || capacity > MAX_CQE {
+            return Err(RemoteError::invalid(format!("a CQ holds 1 to {MAX_CQE} completions, not {capacity}")));
+        }
+        let channel = match channel {
+            None => None,
+            Some(id) => Some(self.channels.get(&id).ok_or(RemoteError::not_found("completion channel"))?.clone()),
+        };
+        let ring = SharedQueue::create("softrnic-cq", capacity, CQE_LEN as u32).map_err(io)?;
+        let nic = &self.device.nic;
+        let queue = nic.create_cq(ring.slot_count() as usize);
+        nic.set_channel(queue.id(), Some(self.registry.completions.clone()));
+        let layout = CqLayout { cq: queue.id(), slots: ring.slot_count() };
+        let fd = ring.fd().try_clone_to_owned().map_err(io)?;
+        let served = Arc::new(ServedCq::new(self.id, self.device.clone(), queue, ring, channel));
+        self.cqs.insert(layout.cq, served.clone());
+        self.registry.update(|s| s.cqs.push(served));
+        Ok((Response::Cq(layout), vec![fd]))
+    }
+
+    fn create_qp(&mut self, init: QpInitAttr) -> Answer {
+        if self.qps.len() >= self.limits.max_qps as usize {
+            return Err(at_limit("QPs", self.limits.max_qps));
+        }
+        self.own_pd(init.pd)?;
+        for cq in [init.send_cq, init.recv_cq] {
+            if !self.cqs.contains_key(&cq) {
+                return Err(RemoteError::not_found("CQ"));
+            }
+        }
+        if init.srq.is_some() {
+            return Err(RemoteError::from(softrnic_transport::VerbsError::NotSupported(
+                "shared receive queues are not served by softrnicd yet; run the engine in the program (SOFTRNIC_DAEMON=off)"
+                    .into(),
+            )));
+        }
+        let caps = init.caps;
+        if caps.max_send_wr > MAX_QP_WR
+            || caps.max_recv_wr > MAX_QP_WR
+            || caps.max_send_sge > MAX_SGE
+            || caps.max_recv_sge > MAX_SGE
+            || caps.max_inline_data > MAX_INLINE_DATA
+        {
+            return Err(RemoteError::invalid(format!(
+                "capabilities beyond the device's: {MAX_QP_WR} requests, {MAX_SGE} SGEs, {MAX_INLINE_DATA} inline bytes"
+            )));
+        }
+        let send = SharedQueue::create(
+            "softrnic-sq",
+            caps.max_send_wr,
+            wqe::send_slot_size(caps.max_send_sge, caps.max_inline_data),
+        )
+        .map_err(io)?;
+        let recv =
+            SharedQueue::create("softrnic-rq", caps.max_recv_wr, wqe::recv_slot_size(caps.max_recv_sge)).map_err(io)?;
+        let nic = &self.device.nic;
+        let posts = nic.create_qp(init).map_err(RemoteError::from)?;
+        let qpn = posts.qpn();
+        if let Some(rate) = self.limits.rate_bits_per_second() {
+            let _ = nic.set_qp_rate_limit(qpn, Some(rate));
+        }
+        let layout = QpLayout {
+            qpn,
+            caps,
+            send_slots: send.slot_count(),
+            send_slot_size: send.slot_size(),
+            recv_slots: recv.slot_count(),
+            recv_slot_size: recv.slot_size(),
+        };
+        let fds = vec![send.fd().try_clone_to_owned().map_err(io)?, recv.fd().try_clone_to_owned().map_err(io)?];
+        let served = Arc::new(ServedQp::new(self.id, self.device.clone(), posts, caps, send, Some(recv)));
+        self.qps.insert(qpn, served.clone());
+        self.registry.update(|s| s.qps.push(served));
+        Ok((Response::Qp(layout), fds))
+    }
+
+    fn destroy_qp(&mut self, qpn: u32) -> softrnic_transport::Result<()> {
+        self.device.nic.destroy_qp(qpn)?;
+        if let Some(served) = self.qps.remove(&qpn) {
+            self.registry.update(|s| s.qps.retain(|q| !Arc::ptr_eq(q, &served)));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Tenant {
+    /// Frees what the tenant held, however its connection ended.
+    fn drop(&mut self) {
+        let device = self.device.clone();
+        let nic = &device.nic;
+        let error = QpAttr { state: Some(QpState::Error), ..QpAttr::default() };
+        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        for &qpn in &qpns {
+            let _ = nic.modify_qp(qpn, &error);
+        }
+        for qpn in qpns {
+            if let Err(e) = self.destroy_qp(qpn) {
+                eprintln!("softrnicd: tenant {}: destroying QP {qpn:#x}: {e}", self.id);
+            }
+        }
+        let doorbell = self.doorbell.clone();
+        let cqs: Vec<Arc<ServedCq>> = self.cqs.drain().map(|(_, cq)| cq).collect();
+        self.registry.update(|s| {
+            s.cqs.retain(|c| !cqs.iter().any(|gone| Arc::ptr_eq(c, gone)));
+            s.doorbells.retain(|d| !Arc::ptr_eq(d, &doorbell));
+        });
+        for cq in cqs {
+            let id = cq.queue.id();
+            nic.set_channel(id, None);
+            let _ = nic.destroy_cq(id);
+        }
+        for (lkey, region) in self.regions.drain() {
+            if nic.deregister_memory(lkey).is_err() {
+                // The engine may still reach it: keep the pages mapped.
+                std::mem::forget(region.mapping);
+            }
+        }
+        for pd in self.pds.drain() {
+            let _ = nic.dealloc_pd(pd);
+        }
+    }
+}
