@@ -1,140 +1,17 @@
 //! softrnicd end to end: tenants that reach one daemon over its socket and
-//! move data through shared queues, and tenants that misbehave.
+//! move data through shared queues.
 
-use std::net::IpAddr;
-use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+mod common;
+
 use std::time::{Duration, Instant};
 
-use softrnic_daemon::client::{Cq, Qp, Session};
+use common::{REGION, Tenant, address, daemon, daemon_with, pair, pattern};
 use softrnic_daemon::limits::DaemonConfig;
-use softrnic_daemon::server::{Daemon, DaemonOptions, Running};
 use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_transport::{
-    Access, Completion, MrKeys, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
-    RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, WcOpcode, WcStatus, smallvec,
+    Access, Completion, Payload, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest, RemoteAddr, SendOp,
+    SendWorkRequest, Sge, WcOpcode, WcStatus, smallvec,
 };
-
-static NEXT: AtomicU8 = AtomicU8::new(10);
-
-/// A fresh loopback address per device, so tests run side by side.
-fn address() -> IpAddr {
-    IpAddr::from([127, 0, 9, NEXT.fetch_add(1, Ordering::Relaxed)])
-}
-
-fn daemon(name: &str) -> Running {
-    daemon_with(name, DaemonConfig::default())
-}
-
-fn daemon_with(name: &str, config: DaemonConfig) -> Running {
-    let socket = std::env::temp_dir().join(format!("softrnicd-test-{}-{name}.sock", std::process::id()));
-    Daemon::bind(DaemonOptions { socket, engine_threads: 1, config }).unwrap().start().unwrap()
-}
-
-const REGION: usize = 1 << 16;
-
-/// One tenant with a region, a CQ and an RC QP.
-struct Tenant {
-    session: Arc<Session>,
-    pd: PdId,
-    memory: SharedMapping,
-    keys: MrKeys,
-    cq: Cq,
-    qp: Qp,
-    psn: Psn,
-}
-
-impl Tenant {
-    fn open(socket: &Path, addr: IpAddr) -> Tenant {
-        let session = Arc::new(Session::connect(socket, addr).unwrap());
-        let pd = session.alloc_pd().unwrap();
-        let memory = SharedMapping::create("test-region", REGION).unwrap();
-        let iova = memory.as_ptr() as u64;
-        let keys = session.register_memory(pd, &memory, 0, REGION, iova, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
-        let cq = session.create_cq(256, None).unwrap();
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            pd,
-            send_cq: cq.id,
-            recv_cq: cq.id,
-            caps: QpCaps::default(),
-            sq_sig_all: false,
-            srq: None,
-        };
-        let qp = session.create_qp(init).unwrap();
-        Tenant { session, pd, memory, keys, cq, qp, psn: Psn::new(fastrand_psn()) }
-    }
-
-    fn iova(&self, offset: usize) -> u64 {
-        self.memory.as_ptr() as u64 + offset as u64
-    }
-
-    fn sge(&self, offset: usize, len: u32) -> Payload {
-        Payload::Gather(smallvec![Sge { addr: self.iova(offset), length: len, lkey: self.keys.lkey }])
-    }
-
-    /// Connects to `peer`, quick to give up on a dead one.
-    fn connect(&self, peer: &Tenant) {
-        let steps = RcConnection {
-            access: Access::REMOTE,
-            remote_addr: peer.session.addr(),
-            dest_qpn: peer.qp.qpn,
-            rq_psn: peer.psn,
-            sq_psn: self.psn,
-            mtu: Mtu::Mtu1024,
-            max_dest_rd_atomic: 16,
-            max_rd_atomic: 16,
-            min_rnr_timer: 1,
-            timeout: 10,
-            retry_cnt: 3,
-            rnr_retry: 7,
-            selective_repeat: false,
-        }
-        .steps();
-        for attr in &steps {
-            self.session.modify_qp(&self.qp, attr).unwrap();
-        }
-        assert_eq!(self.qp.state(), QpState::Rts);
-    }
-
-    fn wait(&self, n: usize) -> Vec<Completion> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut out = Vec::new();
-        while out.len() < n {
-            assert!(Instant::now() < deadline, "{} of {n} completions after 10 s: {out:?}", out.len());
-            if self.cq.poll(n - out.len(), &mut out) == 0 {
-                std::thread::yield_now();
-            }
-        }
-        out
-    }
-
-    fn read(&self, offset: usize, len: usize) -> Vec<u8> {
-        let mut out = vec![0; len];
-        self.memory.bytes(offset, len).read(0, &mut out);
-        out
-    }
-
-    fn write(&self, offset: usize, bytes: &[u8]) {
-        self.memory.bytes(offset, bytes.len()).write(0, bytes);
-    }
-}
-
-fn fastrand_psn() -> u32 {
-    (std::process::id().wrapping_mul(2654435761) ^ NEXT.load(Ordering::Relaxed) as u32) & 0xff_ffff
-}
-
-fn pair(socket: &Path) -> (Tenant, Tenant) {
-    let (a, b) = (Tenant::open(socket, address()), Tenant::open(socket, address()));
-    a.connect(&b);
-    b.connect(&a);
-    (a, b)
-}
-
-fn pattern(len: usize, salt: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ salt).collect()
-}
 
 #[test]
 fn two_tenants_move_every_operation_through_shared_queues() {
@@ -303,4 +180,112 @@ fn a_departed_tenant_frees_what_it_held_and_its_peer_flushes() {
     let again = Tenant::open(daemon.socket(), b_addr);
     again.connect(&a);
     assert_eq!(again.qp.state(), QpState::Rts);
+}
+
+/// Eight pairs of tenants, each on a thread of its own, and four threads
+/// sharing one QP: every byte lands, and the engines count no reordering
+/// or NAK of their own making.
+#[test]
+fn tenants_and_threads_at_once_disturb_nothing() {
+    let daemon = daemon("concurrent");
+    let socket = daemon.socket();
+    let pairs: Vec<(Tenant, Tenant)> = (0..8).map(|_| pair(socket)).collect();
+    std::thread::scope(|s| {
+        for (n, (a, b)) in pairs.iter().enumerate() {
+            s.spawn(move || {
+                for round in 0..30u8 {
+                    let data = pattern(8192, round ^ n as u8);
+                    a.write(0, &data);
+                    for i in 0..8usize {
+                        let remote = RemoteAddr { addr: b.iova(i * 1024), rkey: b.keys.rkey };
+                        let mut wr =
+                            SendWorkRequest::new(i as u64, SendOp::Write { remote, imm: None }, a.sge(i * 1024, 1024));
+                        wr.signaled = i == 7;
+                        a.session.post_send(&a.qp, &wr).unwrap();
+                    }
+                    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+                    assert_eq!(b.read(0, 8192), data, "pair {n} round {round}");
+                }
+            });
+        }
+    });
+    let (a, b) = &pairs[0];
+    std::thread::scope(|s| {
+        for t in 0..4usize {
+            s.spawn(move || {
+                for i in 0..50usize {
+                    let at = t * 8192 + (i % 8) * 1024;
+                    let remote = RemoteAddr { addr: b.iova(at), rkey: b.keys.rkey };
+                    let wr = SendWorkRequest::new(
+                        (t * 1000 + i) as u64,
+                        SendOp::Write { remote, imm: None },
+                        a.sge(at, 1024),
+                    );
+                    while let Err(e) = a.session.post_send(&a.qp, &wr) {
+                        assert!(matches!(e, softrnic_transport::VerbsError::OutOfResources(_)), "{e}");
+                        std::thread::yield_now();
+                    }
+                }
+            });
+        }
+    });
+    let mut done = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while done.len() < 200 {
+        assert!(Instant::now() < deadline, "{} of 200", done.len());
+        a.cq.poll(64, &mut done);
+    }
+    assert!(done.iter().all(|c| c.status == WcStatus::Success));
+    for (a, b) in &pairs {
+        for addr in [a.session.addr(), b.session.addr()] {
+            let c = daemon.counters(addr).unwrap();
+            let t = &c.transport;
+            assert_eq!(
+                (t.rx_out_of_sequence, t.seq_naks_sent, t.rx_unknown_qp, c.rx_missteered),
+                (0, 0, 0, 0),
+                "{addr}: {c:?}"
+            );
+        }
+    }
+}
+
+/// A completion channel is a descriptor: it becomes readable once per
+/// arming, naming the CQ, and stays quiet while the CQ is not armed.
+#[test]
+fn an_armed_cq_announces_its_next_completion_on_its_channel() {
+    let daemon = daemon("channel");
+    let socket = daemon.socket();
+    let b = Tenant::open(socket, address());
+    let channel = b.session.create_channel().unwrap();
+    let cq = b.session.create_cq(16, Some(&channel)).unwrap();
+    let init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd: b.pd,
+        send_cq: b.cq.id,
+        recv_cq: cq.id,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+        srq: None,
+    };
+    let qp = b.session.create_qp(init).unwrap();
+    let b = Tenant { qp, ..b };
+    let a = Tenant::open(socket, address());
+    a.connect(&b);
+    b.connect(&a);
+    let send = |wr_id| {
+        b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id, sges: smallvec![] }).unwrap();
+        a.session.post_send(&a.qp, &SendWorkRequest::new(wr_id, SendOp::Send { imm: None }, a.sge(0, 0))).unwrap();
+        a.wait(1);
+    };
+    send(1);
+    assert_eq!(channel.get_event(Duration::from_millis(50)).unwrap(), None, "not armed");
+    let mut out = Vec::new();
+    assert_eq!(cq.poll(4, &mut out), 1);
+    cq.request_notify(false);
+    send(2);
+    assert_eq!(channel.get_event(Duration::from_secs(5)).unwrap(), Some(cq.id));
+    send(3);
+    assert_eq!(channel.get_event(Duration::from_millis(50)).unwrap(), None, "once per arming");
+    assert_eq!(cq.poll(4, &mut out), 2);
+    assert!(b.session.destroy_channel(&channel).is_err(), "a CQ still uses it");
 }

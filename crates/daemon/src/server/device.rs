@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, Weak};
 
-use softrnic_engine::{EngineConfig, FaultConfig, Nic, ProgressMode, interface};
+use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, ProgressMode, interface};
 
 /// One device.
 pub struct Device {
@@ -43,5 +43,11 @@ impl Devices {
         open.retain(|_, d| d.strong_count() > 0);
         open.insert(addr, Arc::downgrade(&device));
         Ok(device)
+    }
+
+    /// The counters of the device on `addr`, while it is open.
+    pub fn counters(&self, addr: IpAddr) -> Option<NicCounters> {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.get(&addr).and_then(Weak::upgrade).map(|d| d.nic.counters())
     }
 }

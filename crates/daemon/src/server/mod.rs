@@ -42,6 +42,7 @@ pub struct Daemon {
 pub struct Running {
     socket: PathBuf,
     registry: Arc<Registry>,
+    devices: Arc<Devices>,
     stopping: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
     processor: Option<JoinHandle<()>>,
@@ -81,6 +82,7 @@ impl Daemon {
     pub fn start(self) -> io::Result<Running> {
         let Daemon { listener, options, registry, devices } = self;
         let stopping = Arc::new(AtomicBool::new(false));
+        let devices_for_running = devices.clone();
         let processor = {
             let registry = registry.clone();
             std::thread::Builder::new().name("softrnicd-processor".into()).spawn(move || processor::run(&registry))?
@@ -114,13 +116,30 @@ impl Daemon {
                 }
             })?
         };
-        Ok(Running { socket: options.socket, registry, stopping, acceptor: Some(acceptor), processor: Some(processor) })
+        Ok(Running {
+            socket: options.socket,
+            registry,
+            devices: devices_for_running,
+            stopping,
+            acceptor: Some(acceptor),
+            processor: Some(processor),
+        })
     }
 }
 
 impl Running {
     pub fn socket(&self) -> &std::path::Path {
         &self.socket
+    }
+
+    /// How many QPs and CQs the command processor serves now.
+    pub fn served(&self) -> (usize, usize) {
+        self.registry.served()
+    }
+
+    /// The counters of the device on `addr`, while a tenant holds it.
+    pub fn counters(&self, addr: std::net::IpAddr) -> Option<softrnic_engine::NicCounters> {
+        self.devices.counters(addr)
     }
 
     /// Runs until the process ends.

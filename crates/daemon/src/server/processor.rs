@@ -362,6 +362,12 @@ impl Registry {
         doorbell::signal(&self.wake);
     }
 
+    /// How many QPs and CQs are served.
+    pub fn served(&self) -> (usize, usize) {
+        let served = self.snapshot();
+        (served.qps.len(), served.cqs.len())
+    }
+
     fn snapshot(&self) -> Arc<Served> {
         self.served.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }

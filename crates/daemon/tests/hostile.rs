@@ -1,0 +1,292 @@
+//! Tenants that misbehave: scribbled rings, garbage on the socket, a
+//! program killed mid-transfer. The daemon must go on serving everyone
+//! else, and the tenant's own QPs must end in error with their requests
+//! flushed.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::IpAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::{Tenant, address, daemon, pair, pattern};
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+use softrnic_daemon::protocol::{self, PROTOCOL_VERSION, Request, Response};
+use softrnic_daemon::queue::SharedQueue;
+use softrnic_daemon::shared_memory::SharedMapping;
+use softrnic_ring::spsc::{self, Producer};
+use softrnic_transport::{
+    Access, Completion, CqId, PdId, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RcConnection, RecvWorkRequest,
+    RemoteAddr, SendOp, SendWorkRequest, WcStatus, smallvec,
+};
+
+fn raw_connect(socket: &Path) -> OwnedFd {
+    let fd = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).unwrap();
+    rustix::net::connect(&fd, &SocketAddrUnix::new(socket).unwrap()).unwrap();
+    fd
+}
+
+fn call(fd: &OwnedFd, request: Request) -> (Response, Vec<OwnedFd>) {
+    protocol::call(fd, &request, &[]).unwrap()
+}
+
+/// Proves the daemon still serves: a WRITE between two fresh tenants.
+fn still_serves(socket: &Path) {
+    let (a, b) = pair(socket);
+    let data = pattern(4096, 9);
+    a.write(0, &data);
+    let remote = RemoteAddr { addr: b.iova(0), rkey: b.keys.rkey };
+    let mut wr = SendWorkRequest::new(1, SendOp::Write { remote, imm: None }, a.sge(0, 4096));
+    wr.signaled = true;
+    a.session.post_send(&a.qp, &wr).unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(b.read(0, 4096), data);
+}
+
+#[test]
+fn fuzzed_ring_entries_and_indices_never_stop_the_daemon() {
+    let daemon = daemon("fuzz");
+    let socket = daemon.socket();
+    let (a, _b) = pair(socket);
+    let seed = std::env::var("SOFTRNIC_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
+    eprintln!("fuzz seed {seed} (SOFTRNIC_SEED to repeat)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for round in 0..40 {
+        // A hostile tenant with a QP connected to the good tenant `a`.
+        let fd = raw_connect(socket);
+        let (opened, _fds) = call(&fd, Request::Open { version: PROTOCOL_VERSION, addr: address() });
+        assert!(matches!(opened, Response::Opened(_)));
+        let (Response::Pd(pd), _) = call(&fd, Request::AllocPd) else { panic!() };
+        let (Response::Cq(cq), cq_fds) = call(&fd, Request::CreateCq { capacity: 16, channel: None }) else { panic!() };
+        let cq_ring = SharedQueue::attach(cq_fds.into_iter().next().unwrap(), cq.slots, 64).unwrap();
+        let init = QpInitAttr {
+            qp_type: QpType::Rc,
+            pd,
+            send_cq: cq.cq,
+            recv_cq: cq.cq,
+            caps: QpCaps::default(),
+            sq_sig_all: true,
+            srq: None,
+        };
+        let (Response::Qp(layout), fds) = call(&fd, Request::CreateQp { init }) else { panic!() };
+        let mut rings = fds.into_iter();
+        let send = SharedQueue::attach(rings.next().unwrap(), layout.send_slots, layout.send_slot_size).unwrap();
+        let recv = SharedQueue::attach(rings.next().unwrap(), layout.recv_slots, layout.recv_slot_size).unwrap();
+        let steps = RcConnection {
+            access: Access::REMOTE,
+            remote_addr: a.session.addr(),
+            dest_qpn: rng.u32(..0xff_ffff),
+            rq_psn: Psn::new(0),
+            sq_psn: Psn::new(0),
+            mtu: softrnic_transport::Mtu::Mtu1024,
+            max_dest_rd_atomic: 1,
+            max_rd_atomic: 1,
+            min_rnr_timer: 1,
+            timeout: 1,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            selective_repeat: false,
+        }
+        .steps();
+        for attr in &steps {
+            call(&fd, Request::ModifyQp { qpn: layout.qpn, attr: *attr });
+        }
+        let (mut sp, mut rp) = (Producer::default(), Producer::default());
+        for _ in 0..rng.usize(1..64) {
+            let mut entry = vec![0u8; layout.send_slot_size as usize];
+            rng.fill(&mut entry);
+            if rng.bool() {
+                entry[8] = rng.u8(0..8); // a real opcode now and then
+                entry[9] &= 0x0f;
+                entry[10..12].copy_from_slice(&rng.u16(0..4).to_le_bytes());
+            }
+            match rng.u8(0..10) {
+                0 => <SharedQueue as spsc::Queue>::produced(&send).store(rng.u64(..), Ordering::Release),
+                1 => <SharedQueue as spsc::Queue>::consumed(&cq_ring).store(rng.u64(..), Ordering::Release),
+                2 => cq_ring.armed().store(rng.u64(..), Ordering::Release),
+                3..6 => {
+                    if let Ok(Some(slot)) = rp.slot(&recv) {
+                        recv.write_slot(slot, &entry[..layout.recv_slot_size as usize]);
+                        rp.publish(&recv);
+                    }
+                }
+                _ => {
+                    if let Ok(Some(slot)) = sp.slot(&send) {
+                        send.write_slot(slot, &entry);
+                        sp.publish(&send);
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        if round % 8 == 0 {
+            // The hostile tenant's QP ends in error, never anywhere worse.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let (Response::Query { state, .. }, _) = call(&fd, Request::QueryQp { qpn: layout.qpn }) else {
+                    panic!()
+                };
+                if state == QpState::Error {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "round {round}: the hostile QP is in {state:?}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        drop(fd);
+    }
+    still_serves(socket);
+}
+
+#[test]
+fn garbage_and_lies_on_the_socket_are_refused() {
+    let daemon = daemon("garbage");
+    let socket = daemon.socket();
+    // Bytes that are not a message: the daemon hangs up.
+    let fd = raw_connect(socket);
+    rustix::net::send(&fd, &[0xff; 40], rustix::net::SendFlags::empty()).unwrap();
+    assert!(protocol::receive::<Response>(fd.as_fd()).unwrap().is_none_or(|(r, _)| matches!(r, Response::Error(_))));
+    // A protocol of another build.
+    let fd = raw_connect(socket);
+    let (response, _) = call(&fd, Request::Open { version: PROTOCOL_VERSION + 1, addr: address() });
+    let Response::Error(e) = response else { panic!("{response:?}") };
+    assert!(e.message.contains("protocol"), "{e:?}");
+    // Verbs before opening, objects that are not ours, memory that lies.
+    let fd = raw_connect(socket);
+    assert!(matches!(call(&fd, Request::AllocPd).0, Response::Error(_)));
+    let fd = raw_connect(socket);
+    call(&fd, Request::Open { version: PROTOCOL_VERSION, addr: address() });
+    let (Response::Pd(pd), _) = call(&fd, Request::AllocPd) else { panic!() };
+    let refused = |request: Request, fds: &[std::os::fd::BorrowedFd<'_>]| {
+        let (response, _) = protocol::call(&fd, &request, fds).unwrap();
+        let Response::Error(e) = response else { panic!("{request:?} was accepted: {response:?}") };
+        e.message
+    };
+    let register = |len| Request::RegisterMemory { pd, iova: 0, offset: 0, len, access: Access::LOCAL_WRITE };
+    assert!(refused(register(4096), &[]).contains("one memfd"));
+    let unsealed = rustix::fs::memfd_create("x", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&unsealed, 4096).unwrap();
+    assert!(refused(register(4096), &[unsealed.as_fd()]).contains("not sealed"));
+    let small = SharedMapping::create("small", 4096).unwrap();
+    assert!(refused(register(1 << 20), &[small.fd()]).contains("4096 bytes"));
+    assert!(
+        refused(
+            Request::RegisterMemory { pd, iova: 0, offset: u64::MAX, len: 2, access: Access::empty() },
+            &[small.fd()]
+        )
+        .contains("overflow")
+    );
+    assert!(
+        refused(
+            Request::RegisterMemory { pd: PdId(pd.0 + 1000), iova: 0, offset: 0, len: 8, access: Access::empty() },
+            &[small.fd()]
+        )
+        .contains("PD")
+    );
+    assert!(refused(Request::CreateCq { capacity: u32::MAX, channel: None }, &[]).contains("completions"));
+    assert!(refused(Request::CreateCq { capacity: 4, channel: Some(77) }, &[]).contains("channel"));
+    assert!(refused(Request::DestroyCq { cq: CqId(12345) }, &[]).contains("CQ"));
+    let (Response::Cq(cq), _) = call(&fd, Request::CreateCq { capacity: 4, channel: None }) else { panic!() };
+    let mut init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd,
+        send_cq: cq.cq,
+        recv_cq: cq.cq,
+        caps: QpCaps { max_send_wr: u32::MAX, ..QpCaps::default() },
+        sq_sig_all: false,
+        srq: None,
+    };
+    assert!(refused(Request::CreateQp { init }, &[]).contains("capabilities"));
+    init.caps = QpCaps::default();
+    init.send_cq = CqId(cq.cq.0 + 1000);
+    assert!(refused(Request::CreateQp { init }, &[]).contains("CQ"));
+    assert!(refused(Request::ModifyQp { qpn: 1, attr: QpAttr::default() }, &[]).contains("QP"));
+    drop(fd);
+    still_serves(socket);
+}
+
+/// The child's part of the next test: a tenant that writes to its peer
+/// until it is killed.
+fn child(socket: &Path, addr: IpAddr) {
+    let me = Tenant::open(socket, addr);
+    println!("ENDPOINT {} {} {}", me.qp.qpn, me.psn.value(), me.iova(0));
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let (peer, qpn, psn, rkey, iova) = (
+        f[0].parse().unwrap(),
+        f[1].parse().unwrap(),
+        f[2].parse().unwrap(),
+        f[3].parse().unwrap(),
+        f[4].parse().unwrap(),
+    );
+    me.connect_to(peer, qpn, Psn::new(psn));
+    me.write(0, &pattern(4096, 3));
+    for n in 0u64.. {
+        let remote = RemoteAddr { addr: iova, rkey };
+        let mut wr = SendWorkRequest::new(n, SendOp::Write { remote, imm: None }, me.sge(0, 4096));
+        wr.signaled = n % 16 == 0;
+        while me.session.post_send(&me.qp, &wr).is_err() {
+            let mut out = Vec::new();
+            me.cq.poll(16, &mut out);
+        }
+    }
+}
+
+#[test]
+fn a_killed_client_leaves_its_peer_flushed_and_the_daemon_serving() {
+    const CHILD: &str = "SOFTRNICD_TEST_CHILD";
+    if let Ok(spec) = std::env::var(CHILD) {
+        let (socket, addr) = spec.split_once(',').unwrap();
+        return child(Path::new(socket), addr.parse().unwrap());
+    }
+    let daemon = daemon("killed");
+    let socket = daemon.socket();
+    let child_addr = address();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_killed_client_leaves_its_peer_flushed_and_the_daemon_serving", "--nocapture"])
+        .env(CHILD, format!("{},{child_addr}", socket.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let endpoint =
+        lines.by_ref().map(Result::unwrap).find(|l| l.starts_with("ENDPOINT")).expect("the child's endpoint");
+    let f: Vec<u64> = endpoint.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+    let me = Tenant::open(socket, address());
+    me.connect_to(child_addr, f[0] as u32, Psn::new(f[1] as u32));
+    me.session.post_recv(&me.qp, &RecvWorkRequest { wr_id: 77, sges: smallvec![] }).unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{} {} {} {} {}", me.session.addr(), me.qp.qpn, me.psn.value(), me.keys.rkey, me.iova(0)).unwrap();
+    // Mid-transfer: the child's writes are landing.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while me.read(0, 4096) != pattern(4096, 3) {
+        assert!(Instant::now() < deadline, "the child's writes never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(daemon.served().0, 2);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The daemon frees the child's QP and CQ.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.served() != (1, 1) {
+        assert!(Instant::now() < deadline, "still served: {:?}", daemon.served());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Our side: a send to the dead peer exhausts its retries, and
+    // everything else flushes, the posted receive too.
+    let remote = RemoteAddr { addr: f[2], rkey: 0 };
+    let mut wr = SendWorkRequest::new(1, SendOp::Write { remote, imm: None }, me.sge(0, 8));
+    wr.signaled = true;
+    me.session.post_send(&me.qp, &wr).unwrap();
+    let done = me.wait(2);
+    let (send, recv): (Vec<&Completion>, Vec<&Completion>) = done.iter().partition(|c| c.wr_id == 1);
+    assert_eq!(send[0].status, WcStatus::RetryExcErr, "{done:?}");
+    assert_eq!((recv[0].wr_id, recv[0].status), (77, WcStatus::WrFlushErr), "{done:?}");
+    still_serves(socket);
+}
