@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use softrnic_engine::NicCounters;
 use softrnic_ring::spsc::{Consumer, Producer};
 use softrnic_transport::{
     Access, Completion, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest,
@@ -78,6 +79,21 @@ impl Session {
 
     pub fn engine_threads(&self) -> usize {
         self.opened.engine_threads as usize
+    }
+
+    pub fn shared_memory(&self) -> bool {
+        self.opened.shared_memory
+    }
+
+    pub fn set_qp_rate_limit(&self, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {
+        self.call_done(Request::SetRateLimit { qpn, bits_per_second })
+    }
+
+    pub fn counters(&self) -> Result<NicCounters> {
+        match self.call(Request::Counters, &[])?.0 {
+            Response::Counters(counters) => Ok(*counters),
+            other => Err(unexpected(other)),
+        }
     }
 
     fn call(&self, request: Request, fds: &[BorrowedFd<'_>]) -> Result<(Response, Vec<OwnedFd>)> {
@@ -149,6 +165,11 @@ impl Session {
             }
             (other, _) => Err(unexpected(other)),
         }
+    }
+
+    /// Gives `cq` a completion channel (or takes it away).
+    pub fn set_cq_channel(&self, cq: CqId, channel: Option<&Channel>) -> Result<()> {
+        self.call_done(Request::SetCqChannel { cq, channel: channel.map(|c| c.id) })
     }
 
     pub fn destroy_cq(&self, cq: CqId) -> Result<()> {

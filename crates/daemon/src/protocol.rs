@@ -19,6 +19,7 @@ use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
 use serde::{Deserialize, Serialize};
+use softrnic_engine::NicCounters;
 use softrnic_transport::{Access, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, VerbsError};
 
 /// Bumped whenever a message or a shared layout changes.
@@ -87,6 +88,18 @@ pub enum Request {
     DestroyQp {
         qpn: u32,
     },
+    /// Paces one QP (`None` lifts the limit), within the tenant's limit.
+    SetRateLimit {
+        qpn: u32,
+        bits_per_second: Option<u64>,
+    },
+    /// Gives a CQ a completion channel after its creation (`None`: none).
+    SetCqChannel {
+        cq: CqId,
+        channel: Option<u32>,
+    },
+    /// The device's counters.
+    Counters,
 }
 
 /// The daemon's answer to one [`Request`].
@@ -101,6 +114,7 @@ pub enum Response {
     Qp(QpLayout),
     State(QpState),
     Query { state: QpState, attributes: QpAttributes },
+    Counters(Box<NicCounters>),
     Error(RemoteError),
 }
 
@@ -112,6 +126,8 @@ pub struct Opened {
     /// Bytes of the largest packet payload the device's port carries.
     pub active_mtu: u32,
     pub engine_threads: u32,
+    /// Whether peers on this host reach the device through shared memory.
+    pub shared_memory: bool,
 }
 
 /// A CQ's ring, as created.

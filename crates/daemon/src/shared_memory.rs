@@ -87,6 +87,17 @@ impl SharedMapping {
         unsafe { &*(self.as_ptr().add(offset) as *const AtomicU32) }
     }
 
+    /// `len` bytes from `offset` as a buffer that owns the mapping: the
+    /// memory stays mapped for as long as anyone (a memory region, the
+    /// engine's table) holds the buffer.
+    pub fn into_buffer(self, offset: usize, len: usize) -> DmaBuffer {
+        assert!(offset.checked_add(len).is_some_and(|end| end <= self.len()), "bytes outside the mapping");
+        // SAFETY: the range lies in the mapping, and the buffer owns the
+        // mapping; the memfd is sealed against shrinking, so no page of it
+        // can vanish while mapped.
+        unsafe { DmaBuffer::with_keeper(self.as_ptr().add(offset), len, Box::new(self)) }
+    }
+
     /// `len` bytes from `offset` as a buffer of atomic byte copies: the
     /// other process may write them at any moment, so no Rust reference
     /// may cover them.

@@ -187,6 +187,7 @@ pub enum OpenError {
 
 /// What a NIC counted, for `devinfo` and for tests.
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct NicCounters {
     pub transport: softrnic_transport::Counters,
     pub injected_tx: FaultStats,

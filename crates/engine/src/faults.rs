@@ -49,6 +49,7 @@ pub fn parse_probability(text: &str) -> Result<f64, String> {
 
 /// Counts of what the injector did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct FaultStats {
     pub dropped: u64,
     pub corrupted: u64,

@@ -7,7 +7,7 @@ use softrnic::{Access, ConnectOptions, Context, QpCaps, SendOp, SendWorkRequest,
 fn main() -> Result<(), softrnic::Error> {
     let writer = Context::open("127.0.4.2".parse()?)?;
     let target = Context::open("127.0.4.3".parse()?)?;
-    let (wpd, tpd) = (writer.alloc_pd(), target.alloc_pd());
+    let (wpd, tpd) = (writer.alloc_pd()?, target.alloc_pd()?);
     let local = wpd.register(1 << 20, Access::LOCAL_WRITE)?;
     let remote = tpd.register(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)?;
     let (wcq, tcq) = (writer.create_cq(16)?, target.create_cq(16)?);

@@ -1,15 +1,20 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use std::path::Path;
+
+use softrnic_daemon::client::Session;
 use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, ProgressMode, interface};
 use softrnic_transport::Mtu;
 
+use crate::backend::Backend;
 use crate::{CompletionQueue, Error, ProtectionDomain};
 
-/// An open software RNIC.
+/// An open software RNIC: an engine in this process, or a device that
+/// softrnicd serves.
 #[derive(Clone)]
 pub struct Context {
-    pub(crate) nic: Arc<Nic>,
+    pub(crate) backend: Arc<Backend>,
     active_mtu: Mtu,
 }
 
@@ -18,20 +23,42 @@ impl Context {
     /// `SOFTRNIC_ENGINE_THREADS` gives), injecting the faults the
     /// environment asks for (`SOFTRNIC_LOSS`, `SOFTRNIC_REORDER`,
     /// `SOFTRNIC_DUPLICATE`, `SOFTRNIC_CORRUPT`), none by default.
+    ///
+    /// With softrnicd running (`SOFTRNIC_DAEMON=PATH`, or its default
+    /// socket present and `SOFTRNIC_DAEMON` not `off`), the device is the
+    /// daemon's instead, configured by the daemon's environment.
     pub fn open(addr: IpAddr) -> Result<Context, Error> {
+        if let Some(socket) = softrnic_daemon::socket_path::from_env() {
+            return Context::through_daemon(&socket, addr);
+        }
         let faults = FaultConfig::from_env().map_err(Error::Config)?;
         let config = EngineConfig::from_env(addr).map_err(Error::Config)?;
         Context::with_config(EngineConfig { faults, ..config })
     }
 
+    /// An engine in this process, as `config` says.
     pub fn with_config(config: EngineConfig) -> Result<Context, Error> {
         let active_mtu = interface::active_mtu(config.addr);
-        Ok(Context { nic: Arc::new(Nic::open(config)?), active_mtu })
+        Ok(Context { backend: Arc::new(Backend::Engine(Nic::open(config)?)), active_mtu })
+    }
+
+    /// The device on `addr` that softrnicd, listening on `socket`, serves:
+    /// posting and polling are then memory operations on queues shared
+    /// with the daemon.
+    pub fn through_daemon(socket: &Path, addr: IpAddr) -> Result<Context, Error> {
+        let session = Session::connect(socket, addr)?;
+        let active_mtu = Mtu::from_bytes(session.active_mtu()).unwrap_or(Mtu::Mtu1024);
+        Ok(Context { backend: Arc::new(Backend::Daemon(session)), active_mtu })
+    }
+
+    /// Whether softrnicd serves this device.
+    pub fn through_daemon_now(&self) -> bool {
+        matches!(*self.backend, Backend::Daemon(_))
     }
 
     /// The device's address, which is also its GID.
     pub fn addr(&self) -> IpAddr {
-        self.nic.addr()
+        self.backend.addr()
     }
 
     /// The largest path MTU whose packets the device's network interface
@@ -40,39 +67,39 @@ impl Context {
         self.active_mtu
     }
 
-    pub fn alloc_pd(&self) -> ProtectionDomain {
-        let id = self.nic.alloc_pd();
-        ProtectionDomain { ctx: self.clone(), id: Arc::new(crate::pd::PdHandle { ctx: self.clone(), id }) }
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain, Error> {
+        let id = self.backend.alloc_pd()?;
+        Ok(ProtectionDomain { ctx: self.clone(), id: Arc::new(crate::pd::PdHandle { ctx: self.clone(), id }) })
     }
 
     /// A completion queue of `capacity` entries.
     pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue, Error> {
-        let cq = self.nic.create_cq(capacity);
+        let cq = self.backend.create_cq(capacity)?;
         Ok(CompletionQueue::new(self.clone(), cq))
     }
 
     pub fn counters(&self) -> NicCounters {
-        self.nic.counters()
+        self.backend.counters()
     }
 
     /// Whether devices on this host reach this one through shared memory.
     pub fn shared_memory(&self) -> bool {
-        self.nic.shared_memory()
+        self.backend.shared_memory()
     }
 
     pub fn engine_threads(&self) -> usize {
-        self.nic.engine_threads()
+        self.backend.engine_threads()
     }
 
     /// Whether engine threads poll the device on cores of their own
     /// ([`ProgressMode::Dedicated`]) or the program's posts and polls drive
     /// it ([`ProgressMode::Inline`]).
     pub fn progress_mode(&self) -> ProgressMode {
-        self.nic.progress_mode()
+        self.backend.progress_mode()
     }
 
     /// Makes progress from the caller's thread; true if anything moved.
     pub fn progress(&self) -> bool {
-        self.nic.progress()
+        self.backend.progress()
     }
 }

@@ -1,23 +1,29 @@
-use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use softrnic_daemon::client::Channel;
 use softrnic_engine::EventQueue;
 use softrnic_engine::eventfd::wait_readable;
 use softrnic_transport::{Completion, CqId};
 
-type Queue = softrnic_transport::CompletionQueue;
-
+use crate::backend::{Backend, CqBackend};
 use crate::{Context, Error};
 
 pub(crate) struct CqHandle {
     ctx: Context,
-    queue: Arc<Queue>,
+    queue: CqBackend,
+    /// The completion channel through softrnicd, made at the first
+    /// `request_notify`.
+    daemon_channel: OnceLock<Channel>,
 }
 
 impl Drop for CqHandle {
     fn drop(&mut self) {
-        let _ = self.ctx.nic.destroy_cq(self.queue.id());
+        let _ = self.ctx.backend.destroy_cq(&self.queue);
+        if let (Backend::Daemon(session), Some(channel)) = (&*self.ctx.backend, self.daemon_channel.get()) {
+            let _ = session.destroy_channel(channel);
+        }
     }
 }
 
@@ -29,9 +35,15 @@ pub struct CompletionQueue {
     handle: Arc<CqHandle>,
 }
 
+/// Where a CQ's notifications arrive.
+enum Notifications<'a> {
+    Engine(Arc<EventQueue<CqId>>),
+    Daemon(&'a Channel),
+}
+
 impl CompletionQueue {
-    pub(crate) fn new(ctx: Context, queue: Arc<Queue>) -> CompletionQueue {
-        let handle = Arc::new(CqHandle { ctx: ctx.clone(), queue });
+    pub(crate) fn new(ctx: Context, queue: CqBackend) -> CompletionQueue {
+        let handle = Arc::new(CqHandle { ctx: ctx.clone(), queue, daemon_channel: OnceLock::new() });
         CompletionQueue { ctx, handle }
     }
 
@@ -46,9 +58,10 @@ impl CompletionQueue {
     /// Moves up to `max` completions into `out`; returns how many.
     ///
     /// With none ready, the calling thread receives what has arrived for
-    /// the QPs that feed this queue (`softrnic_engine::progress`).
+    /// the QPs that feed this queue (`softrnic_engine::progress`); through
+    /// softrnicd it only reads the queue's shared ring.
     pub fn poll(&self, max: usize, out: &mut Vec<Completion>) -> usize {
-        self.ctx.nic.poll_cq(&self.handle.queue, max, out)
+        self.ctx.backend.poll_cq(&self.handle.queue, max, out)
     }
 
     /// Polls until a completion arrives or `timeout` passes.
@@ -74,29 +87,55 @@ impl CompletionQueue {
     /// Arms the completion channel for the next completion (or the next
     /// solicited one), as `ibv_req_notify_cq` does.
     pub fn request_notify(&self, solicited_only: bool) -> Result<(), Error> {
-        self.channel()?;
-        self.handle.queue.request_notify(solicited_only);
+        self.notifications()?;
+        match &self.handle.queue {
+            CqBackend::Engine(queue) => queue.request_notify(solicited_only),
+            CqBackend::Daemon(queue) => queue.request_notify(solicited_only),
+        }
         Ok(())
     }
 
-    fn channel(&self) -> Result<Arc<EventQueue<CqId>>, Error> {
-        Ok(self.ctx.nic.channel(self.id())?)
+    fn notifications(&self) -> Result<Notifications<'_>, Error> {
+        match &*self.ctx.backend {
+            Backend::Engine(nic) => Ok(Notifications::Engine(nic.channel(self.id())?)),
+            Backend::Daemon(session) => {
+                if let Some(channel) = self.handle.daemon_channel.get() {
+                    return Ok(Notifications::Daemon(channel));
+                }
+                let channel = session.create_channel()?;
+                session.set_cq_channel(self.id(), Some(&channel))?;
+                // Two threads may race to make it: the loser's goes.
+                if let Err(extra) = self.handle.daemon_channel.set(channel) {
+                    let _ = session.destroy_channel(&extra);
+                    session.set_cq_channel(self.id(), self.handle.daemon_channel.get())?;
+                }
+                Ok(Notifications::Daemon(self.handle.daemon_channel.get().expect("set above")))
+            }
+        }
     }
 
     /// The completion channel's file descriptor, for `poll`/`epoll`.
     pub fn channel_fd(&self) -> Result<RawFd, Error> {
-        Ok(self.channel()?.as_raw_fd())
+        Ok(match self.notifications()? {
+            Notifications::Engine(queue) => queue.as_raw_fd(),
+            Notifications::Daemon(channel) => channel.as_fd().as_raw_fd(),
+        })
     }
 
     /// Blocks until the armed notification fires or `timeout` passes;
     /// returns whether it fired. The engine threads make the progress.
     pub fn wait_event(&self, timeout: Duration) -> Result<bool, Error> {
-        let channel = self.channel()?;
-        if channel.try_pop().is_some() {
-            return Ok(true);
+        match (self.notifications()?, &*self.ctx.backend, &self.handle.queue) {
+            (Notifications::Engine(channel), Backend::Engine(nic), CqBackend::Engine(queue)) => {
+                if channel.try_pop().is_some() {
+                    return Ok(true);
+                }
+                let _waiting = nic.application_waits(queue.shards());
+                wait_readable(&[channel.as_raw_fd()], timeout)?;
+                Ok(channel.try_pop().is_some())
+            }
+            (Notifications::Daemon(channel), ..) => Ok(channel.get_event(timeout)?.is_some()),
+            _ => unreachable!("a CQ belongs to the backend that made it"),
         }
-        let _waiting = self.ctx.nic.application_waits(self.handle.queue.shards());
-        wait_readable(&[channel.as_raw_fd()], timeout)?;
-        Ok(channel.try_pop().is_some())
     }
 }

@@ -11,7 +11,7 @@
 //! # fn main() -> Result<(), softrnic::Error> {
 //! // Two devices on this machine, each on its own loopback address.
 //! let (a, b) = (Context::open("127.0.3.2".parse()?)?, Context::open("127.0.3.3".parse()?)?);
-//! let (pd_a, pd_b) = (a.alloc_pd(), b.alloc_pd());
+//! let (pd_a, pd_b) = (a.alloc_pd()?, b.alloc_pd()?);
 //! let src = pd_a.register(4096, Access::LOCAL_WRITE)?;
 //! let dst = pd_b.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
 //! let (cq_a, cq_b) = (a.create_cq(64)?, b.create_cq(64)?);
@@ -33,6 +33,7 @@
 //! # }
 //! ```
 
+mod backend;
 mod context;
 mod cq;
 mod error;

@@ -11,8 +11,7 @@ pub(crate) struct PdHandle {
 
 impl Drop for PdHandle {
     fn drop(&mut self) {
-        let id = self.id;
-        let _ = self.ctx.nic.dealloc_pd(id);
+        let _ = self.ctx.backend.dealloc_pd(self.id);
     }
 }
 
@@ -24,24 +23,17 @@ pub struct ProtectionDomain {
     pub(crate) id: Arc<PdHandle>,
 }
 
-/// Where softrnic places a region it allocates in the address space that
-/// work requests and peers use.
-const IOVA_BASE: u64 = 0x1000_0000_0000;
-
 impl ProtectionDomain {
-    /// Allocates and registers a zeroed buffer of `len` bytes.
+    /// Allocates and registers a zeroed buffer of `len` bytes (memory the
+    /// daemon shares, when softrnicd serves the device).
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion, Error> {
-        let buffer = Arc::new(DmaBuffer::new(len));
-        // Each region gets its own IOVA range, so a stray address of one
-        // never lands in another.
-        let iova = IOVA_BASE + (buffer.as_ptr() as u64 & 0xffff_ffff_f000);
-        self.register_buffer(buffer, iova, access)
+        let (buffer, keys, iova) = self.ctx.backend.register(self.id.id, len, access)?;
+        Ok(MemoryRegion { pd: self.clone(), buffer, keys, iova })
     }
 
     /// Registers an existing buffer, addressed from `iova`.
     pub fn register_buffer(&self, buffer: Arc<DmaBuffer>, iova: u64, access: Access) -> Result<MemoryRegion, Error> {
-        let (pd, len) = (self.id.id, buffer.len());
-        let keys = self.ctx.nic.register_memory(pd, buffer.clone(), 0, len, iova, access)?;
+        let keys = self.ctx.backend.register_buffer(self.id.id, buffer.clone(), iova, access)?;
         Ok(MemoryRegion { pd: self.clone(), buffer, keys, iova })
     }
 
@@ -73,7 +65,7 @@ impl ProtectionDomain {
             sq_sig_all,
             srq: None,
         };
-        let posts = self.ctx.nic.create_qp(init)?;
-        Ok(QueuePair::new(self.clone(), posts, qp_type, [send_cq.handle(), recv_cq.handle()]))
+        let qp = self.ctx.backend.create_qp(init)?;
+        Ok(QueuePair::new(self.clone(), qp, qp_type, [send_cq.handle(), recv_cq.handle()]))
     }
 }

@@ -1,10 +1,10 @@
 use std::sync::Arc;
 
 use softrnic_transport::{
-    Access, Choice, Mtu, PostQueues, Psn, QpAttr, QpState, QpType, RcConnection, RecvWorkRequest, SendWorkRequest,
-    ud_steps,
+    Access, Choice, Mtu, Psn, QpAttr, QpState, QpType, RcConnection, RecvWorkRequest, SendWorkRequest, ud_steps,
 };
 
+use crate::backend::QpBackend;
 use crate::cq::CqHandle;
 use crate::{Endpoint, Error, MemoryRegion, ProtectionDomain};
 
@@ -67,7 +67,7 @@ pub struct QueuePair {
     qpn: u32,
     /// The program's end of the QP's queues: posts go there without
     /// waiting for the engine.
-    posts: Arc<PostQueues>,
+    posts: QpBackend,
     qp_type: QpType,
     psn: Psn,
     // Keeps the CQs alive while the QP uses them.
@@ -75,12 +75,7 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
-    pub(crate) fn new(
-        pd: ProtectionDomain,
-        posts: Arc<PostQueues>,
-        qp_type: QpType,
-        cqs: [Arc<CqHandle>; 2],
-    ) -> QueuePair {
+    pub(crate) fn new(pd: ProtectionDomain, posts: QpBackend, qp_type: QpType, cqs: [Arc<CqHandle>; 2]) -> QueuePair {
         // A random initial PSN, as perftest picks one.
         let psn = Psn::new(fastrand::u32(..));
         QueuePair { pd, qpn: posts.qpn(), posts, qp_type, psn, _cqs: cqs }
@@ -110,19 +105,18 @@ impl QueuePair {
 
     pub fn state(&self) -> QpState {
         let qpn = self.qpn;
-        self.pd.ctx.nic.query_qp(qpn).map_or(QpState::Error, |(state, _)| state)
+        self.pd.ctx.backend.query_qp(qpn).map_or(QpState::Error, |(state, _)| state)
     }
 
     /// Whether the connection recovers from loss by selective repeat (both
     /// ends asked for it and offered it).
     pub fn selective_repeat(&self) -> bool {
         let qpn = self.qpn;
-        self.pd.ctx.nic.query_qp(qpn).is_some_and(|(_, attrs)| attrs.selective_repeat)
+        self.pd.ctx.backend.query_qp(qpn).is_some_and(|(_, attrs)| attrs.selective_repeat)
     }
 
     pub fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
-        let qpn = self.qpn;
-        self.pd.ctx.nic.modify_qp(qpn, attr)?;
+        self.pd.ctx.backend.modify_qp(&self.posts, attr)?;
         Ok(())
     }
 
@@ -152,7 +146,7 @@ impl QueuePair {
             self.modify(attr)?;
         }
         if let Some(algorithm) = &o.congestion_control {
-            self.pd.ctx.nic.set_qp_congestion_control(self.qpn, Some(algorithm.clone()))?;
+            self.pd.ctx.backend.set_qp_congestion_control(self.qpn, Some(algorithm.clone()))?;
         }
         Ok(())
     }
@@ -161,27 +155,27 @@ impl QueuePair {
     /// pacing hook congestion control drives), or lifts it with `None`.
     pub fn set_rate_limit(&self, bits_per_second: Option<u64>) -> Result<(), Error> {
         let qpn = self.qpn;
-        Ok(self.pd.ctx.nic.set_qp_rate_limit(qpn, bits_per_second)?)
+        Ok(self.pd.ctx.backend.set_qp_rate_limit(qpn, bits_per_second)?)
     }
 
     /// The rate congestion control sets this QP, bits per second, if it
     /// runs an algorithm.
     pub fn congestion_rate(&self) -> Option<u64> {
-        self.pd.ctx.nic.qp_congestion_rate(self.qpn)
+        self.pd.ctx.backend.qp_congestion_rate(self.qpn)
     }
 
     pub fn post_send(&self, wr: SendWorkRequest) -> Result<(), Error> {
-        Ok(self.pd.ctx.nic.post_send(&self.posts, wr)?)
+        Ok(self.pd.ctx.backend.post_send(&self.posts, wr)?)
     }
 
     pub fn post_recv(&self, wr: RecvWorkRequest) -> Result<(), Error> {
-        Ok(self.pd.ctx.nic.post_recv(&self.posts, wr)?)
+        Ok(self.pd.ctx.backend.post_recv(&self.posts, wr)?)
     }
 }
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let qpn = self.qpn;
-        let _ = self.pd.ctx.nic.destroy_qp(qpn);
+        let _ = self.pd.ctx.backend.destroy_qp(qpn);
     }
 }

@@ -23,7 +23,7 @@ struct Side {
 
 fn side(addr: IpAddr, faults: FaultConfig, len: usize) -> Side {
     let ctx = Context::with_config(EngineConfig { faults, ..EngineConfig::new(addr) }).expect("open");
-    let pd = ctx.alloc_pd();
+    let pd = ctx.alloc_pd().unwrap();
     let mr = pd.register(len, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
     let cq = ctx.create_cq(1024).unwrap();
     let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
@@ -229,4 +229,50 @@ fn opening_an_address_twice_or_one_that_is_not_local_says_why() {
     assert!(err.contains("already in use"), "{err}");
     let err = Context::open("192.0.2.77".parse().unwrap()).err().unwrap().to_string();
     assert!(err.contains("not an address of this machine"), "{err}");
+}
+
+/// A daemon of this test's own, on a socket of its own.
+fn daemon(name: &str) -> softrnic_daemon::server::Running {
+    use softrnic_daemon::server::{Daemon, DaemonOptions};
+    let socket = std::env::temp_dir().join(format!("softrnicd-api-{}-{name}.sock", std::process::id()));
+    let options = DaemonOptions { socket, engine_threads: 1, config: Default::default() };
+    Daemon::bind(options).unwrap().start().unwrap()
+}
+
+/// A connected pair whose devices softrnicd serves.
+fn pair_through(daemon: &softrnic_daemon::server::Running, len: usize) -> (Side, Side) {
+    let side = |addr| {
+        let ctx = Context::through_daemon(daemon.socket(), addr).expect("open through softrnicd");
+        assert!(ctx.through_daemon_now());
+        let pd = ctx.alloc_pd().unwrap();
+        let mr = pd.register(len, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
+        let cq = ctx.create_cq(1024).unwrap();
+        let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+        Side { ctx, mr, cq, qp }
+    };
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    let (a, b) = (side(IpAddr::from([127, 0, 1, n])), side(IpAddr::from([127, 0, 1, n + 1])));
+    let options = ConnectOptions { timeout: 10, min_rnr_timer: 1, ..ConnectOptions::default() };
+    a.qp.connect(&b.qp.endpoint(&b.mr), &options).unwrap();
+    b.qp.connect(&a.qp.endpoint(&a.mr), &options).unwrap();
+    (a, b)
+}
+
+#[test]
+fn every_operation_through_softrnicd() {
+    let daemon = daemon("every");
+    let (a, b) = pair_through(&daemon, 4 * LEN);
+    every_operation_on(&a, &b);
+    assert!(a.ctx.counters().transport.tx_packets > 0, "the daemon's counters");
+}
+
+#[test]
+fn a_completion_channel_through_softrnicd_wakes_a_sleeping_waiter() {
+    let daemon = daemon("channel");
+    let (a, b) = pair_through(&daemon, 4096);
+    b.cq.request_notify(false).unwrap();
+    b.qp.post_recv(RecvWorkRequest { wr_id: 1, sges: softrnic_transport::smallvec![b.mr.sge(0, 64)] }).unwrap();
+    a.qp.post_send(SendWorkRequest::new(1, SendOp::Send { imm: None }, Payload::Inline(b"wake"[..].into()))).unwrap();
+    assert!(b.cq.wait_event(Duration::from_secs(10)).unwrap(), "no completion event");
+    assert_eq!(wait(&b.cq).byte_len, 4);
 }

@@ -72,7 +72,7 @@ struct Lane {
 }
 
 fn lane(a: &Context, b: &Context, pairs: usize, options: &ConnectOptions) -> Lane {
-    let (pd_a, pd_b) = (a.alloc_pd(), b.alloc_pd());
+    let (pd_a, pd_b) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (a_cq, b_cq) = (a.create_cq(4096).unwrap(), b.create_cq(4096).unwrap());
     let pairs = (0..pairs)
         .map(|_| {

@@ -3,6 +3,7 @@
 
 /// Packet and error counters of one device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Counters {
     pub tx_packets: u64,
     pub tx_bytes: u64,

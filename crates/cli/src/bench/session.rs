@@ -42,7 +42,7 @@ impl Session {
         timeout: Duration,
         qp_timeout: u8,
     ) -> Result<Session, String> {
-        let pd = ctx.alloc_pd();
+        let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
         // Outgoing slots, then as many incoming ones (SEND receives).
         let len = 2 * params.qps * params.qp_stride() + 64;
         let mr = pd

@@ -261,7 +261,7 @@ impl Rdma {
     fn open(addr: IpAddr, control: &mut Exchange, server: bool, timeout: Duration) -> Result<Rdma, String> {
         let e = |e: softrnic::Error| e.to_string();
         let ctx = Context::open(addr).map_err(e)?;
-        let pd = ctx.alloc_pd();
+        let pd = ctx.alloc_pd().map_err(e)?;
         let mr = pd.register((RECV_SLOTS + 1) * MAX_MESSAGE, Access::LOCAL_WRITE | Access::REMOTE).map_err(e)?;
         let cq = ctx.create_cq(4 * RECV_SLOTS).map_err(e)?;
         let caps =

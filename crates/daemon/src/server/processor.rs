@@ -230,7 +230,7 @@ pub struct ServedCq {
     pub queue: Arc<CompletionQueue>,
     pub ring: SharedQueue,
     /// The completion channel's socket, when the CQ has one.
-    pub channel: Option<Arc<OwnedFd>>,
+    pub channel: Mutex<Option<Arc<OwnedFd>>>,
     producer: Mutex<Producer>,
     broken: AtomicBool,
 }
@@ -248,7 +248,7 @@ impl ServedCq {
             device,
             queue,
             ring,
-            channel,
+            channel: Mutex::new(channel),
             producer: Mutex::new(Producer::default()),
             broken: AtomicBool::new(false),
         }
@@ -306,7 +306,8 @@ impl ServedCq {
             return;
         }
         let seen = armed.swap(0, Ordering::AcqRel);
-        if let (Some(channel), ARMED_NEXT | ARMED_SOLICITED) = (&self.channel, seen) {
+        let channel = self.channel.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let (Some(channel), ARMED_NEXT | ARMED_SOLICITED) = (channel, seen) {
             // A datagram naming the CQ; a channel whose program stopped
             // reading drops it rather than stall the processor.
             let _ = rustix::net::send(

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
-use softrnic_transport::{CqId, DmaBuffer, PdId, QpAttr, QpInitAttr, QpState};
+use softrnic_transport::{CqId, PdId, QpAttr, QpInitAttr, QpState};
 
 use super::device::{Device, Devices};
 use super::processor::{Registry, ServedCq, ServedQp};
@@ -31,12 +31,6 @@ use crate::queue::SharedQueue;
 use crate::shared_memory::SharedMapping;
 use crate::wqe::{self, CQE_LEN};
 
-/// A registered region's memory, mapped from the tenant's memfd.
-struct Region {
-    mapping: SharedMapping,
-    len: u64,
-}
-
 pub struct Tenant {
     id: u64,
     device: Arc<Device>,
@@ -44,7 +38,8 @@ pub struct Tenant {
     registry: Arc<Registry>,
     doorbell: Arc<DoorbellPage>,
     pds: HashSet<PdId>,
-    regions: HashMap<u32, Region>,
+    /// Registered regions' lengths, by lkey.
+    regions: HashMap<u32, u64>,
     registered_bytes: u64,
     channels: HashMap<u32, Arc<OwnedFd>>,
     next_channel: u32,
@@ -105,8 +100,12 @@ fn open(
     }
     let device = devices.open(addr).map_err(RemoteError::invalid)?;
     let doorbell = Arc::new(DoorbellPage::create().map_err(|e| RemoteError::exhausted(e.to_string()))?);
-    let opened =
-        Opened { tenant: id, active_mtu: device.active_mtu, engine_threads: device.nic.engine_threads() as u32 };
+    let opened = Opened {
+        tenant: id,
+        active_mtu: device.active_mtu,
+        engine_threads: device.nic.engine_threads() as u32,
+        shared_memory: device.nic.shared_memory(),
+    };
     let wake = registry.wake.try_clone().map_err(|e| RemoteError::exhausted(e.to_string()))?;
     protocol::send(socket.as_fd(), &Response::Opened(opened), &[doorbell.fd(), wake.as_fd()])
         .map_err(|e| RemoteError::invalid(e.to_string()))?;
@@ -161,10 +160,8 @@ impl Tenant {
                 self.register(pd, iova, offset, len, access, fds)
             }
             Request::DeregisterMemory { lkey } => {
-                let region = self.regions.get(&lkey).ok_or(RemoteError::not_found("MR"))?;
-                let len = region.len;
+                let len = *self.regions.get(&lkey).ok_or(RemoteError::not_found("MR"))?;
                 done(nic.deregister_memory(lkey))?;
-                // The engine no longer reaches the region: unmap it.
                 self.regions.remove(&lkey);
                 self.registered_bytes -= len;
                 Ok((Response::Done, Vec::new()))
@@ -184,7 +181,10 @@ impl Tenant {
             }
             Request::DestroyChannel { channel } => {
                 let ours = self.channels.get(&channel).ok_or(RemoteError::not_found("completion channel"))?;
-                if self.cqs.values().any(|cq| cq.channel.as_ref().is_some_and(|c| Arc::ptr_eq(c, ours))) {
+                let uses = |cq: &ServedCq| {
+                    cq.channel.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|c| Arc::ptr_eq(c, ours))
+                };
+                if self.cqs.values().any(|cq| uses(cq)) {
                     return Err(RemoteError::from(softrnic_transport::VerbsError::Busy("completion channel")));
                 }
                 self.channels.remove(&channel);
@@ -209,6 +209,28 @@ impl Tenant {
                 let (state, attributes) = nic.query_qp(qpn).ok_or(RemoteError::not_found("QP"))?;
                 Ok((Response::Query { state, attributes }, Vec::new()))
             }
+            Request::SetRateLimit { qpn, bits_per_second } => {
+                self.own_qp(qpn)?;
+                // A tenant's limit caps what it asks for.
+                let limit = self.limits.rate_bits_per_second();
+                let rate = match (bits_per_second, limit) {
+                    (Some(asked), Some(limit)) => Some(asked.min(limit)),
+                    (asked, limit) => asked.or(limit),
+                };
+                done(nic.set_qp_rate_limit(qpn, rate))
+            }
+            Request::SetCqChannel { cq, channel } => {
+                let served = self.cqs.get(&cq).ok_or(RemoteError::not_found("CQ"))?;
+                let channel = match channel {
+                    None => None,
+                    Some(id) => {
+                        Some(self.channels.get(&id).ok_or(RemoteError::not_found("completion channel"))?.clone())
+                    }
+                };
+                *served.channel.lock().unwrap_or_else(|e| e.into_inner()) = channel;
+                Ok((Response::Done, Vec::new()))
+            }
+            Request::Counters => Ok((Response::Counters(Box::new(nic.counters())), Vec::new())),
             Request::DestroyQp { qpn } => {
                 self.own_qp(qpn)?;
                 self.destroy_qp(qpn).map_err(RemoteError::from)?;
@@ -245,16 +267,14 @@ impl Tenant {
         let end = offset.checked_add(len).filter(|&end| end <= isize::MAX as u64);
         let end = end.ok_or_else(|| RemoteError::invalid("the region's offset and length overflow"))?;
         let mapping = SharedMapping::attach(fd, end as usize).map_err(|e| RemoteError::invalid(e.to_string()))?;
-        // SAFETY: the range lies inside the mapping, which `Region` keeps
-        // until the engine has deregistered the region (the memfd is
-        // sealed against shrinking, so the pages stay).
-        let buffer = unsafe { DmaBuffer::from_raw_parts(mapping.as_ptr().add(offset as usize), len as usize) };
+        // The engine's table holds the buffer, the buffer the mapping.
+        let buffer = mapping.into_buffer(offset as usize, len as usize);
         let keys = self
             .device
             .nic
             .register_memory(pd, Arc::new(buffer), 0, len as usize, iova, access)
             .map_err(RemoteError::from)?;
-        self.regions.insert(keys.lkey, Region { mapping, len });
+        self.regions.insert(keys.lkey, len);
         self.registered_bytes += len;
         Ok((Response::Mr(keys), Vec::new()))
     }
@@ -373,11 +393,8 @@ impl Drop for Tenant {
             nic.set_channel(id, None);
             let _ = nic.destroy_cq(id);
         }
-        for (lkey, region) in self.regions.drain() {
-            if nic.deregister_memory(lkey).is_err() {
-                // The engine may still reach it: keep the pages mapped.
-                std::mem::forget(region.mapping);
-            }
+        for (lkey, _) in self.regions.drain() {
+            let _ = nic.deregister_memory(lkey);
         }
         for pd in self.pds.drain() {
             let _ = nic.dealloc_pd(pd);

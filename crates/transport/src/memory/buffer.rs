@@ -24,6 +24,9 @@ pub struct DmaBuffer {
     /// belongs to someone else (an application buffer registered through
     /// the C API).
     owned: Option<Layout>,
+    /// What keeps borrowed memory alive (a mapping of shared memory), if
+    /// the buffer holds it: dropped with the buffer.
+    _keeper: Option<Box<dyn Send + Sync>>,
 }
 
 // SAFETY: the buffer is plain bytes with no thread affinity; every access
@@ -44,13 +47,13 @@ impl DmaBuffer {
     /// A zero-filled buffer of `len` bytes, aligned to a cache line.
     pub fn new(len: usize) -> DmaBuffer {
         if len == 0 {
-            return DmaBuffer { ptr: NonNull::dangling(), len: 0, owned: None };
+            return DmaBuffer { ptr: NonNull::dangling(), len: 0, owned: None, _keeper: None };
         }
         let layout = Layout::from_size_align(len, ALIGN).expect("buffer size overflows");
         // SAFETY: `layout` has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        DmaBuffer { ptr, len, owned: Some(layout) }
+        DmaBuffer { ptr, len, owned: Some(layout), _keeper: None }
     }
 
     /// A buffer initialised with `bytes`.
@@ -67,7 +70,18 @@ impl DmaBuffer {
     /// as the returned buffer (and every region made from it) lives.
     pub unsafe fn from_raw_parts(ptr: *mut u8, len: usize) -> DmaBuffer {
         let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
-        DmaBuffer { ptr, len, owned: None }
+        DmaBuffer { ptr, len, owned: None, _keeper: None }
+    }
+
+    /// Wraps memory that `keeper` keeps valid (a mapping), and holds the
+    /// keeper for as long as the buffer lives.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes for as long
+    /// as `keeper` lives.
+    pub unsafe fn with_keeper(ptr: *mut u8, len: usize, keeper: Box<dyn Send + Sync>) -> DmaBuffer {
+        let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
+        DmaBuffer { ptr, len, owned: None, _keeper: Some(keeper) }
     }
 
     pub fn len(&self) -> usize {

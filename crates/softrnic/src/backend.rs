@@ -1,0 +1,246 @@
+//! Where a context's verbs run: an engine inside this process, or
+//! softrnicd, which serves many processes from one engine. The objects of
+//! the API hold one of these and never ask which.
+
+use std::sync::Arc;
+
+use softrnic_daemon::client::{self, Session};
+use softrnic_daemon::shared_memory::SharedMapping;
+use softrnic_engine::{Nic, NicCounters, ProgressMode};
+use softrnic_transport::{
+    Access, Choice, Completion, CompletionQueue, CqId, DmaBuffer, MrKeys, PdId, PostQueues, QpAttr, QpAttributes,
+    QpInitAttr, QpState, RecvWorkRequest, Result, SendWorkRequest, VerbsError,
+};
+
+pub(crate) enum Backend {
+    Engine(Nic),
+    Daemon(Session),
+}
+
+pub(crate) enum CqBackend {
+    Engine(Arc<CompletionQueue>),
+    Daemon(client::Cq),
+}
+
+pub(crate) enum QpBackend {
+    Engine(Arc<PostQueues>),
+    Daemon(client::Qp),
+}
+
+/// Where softrnic places a region it allocates in the address space that
+/// work requests and peers use: a fixed base plus the buffer's page, so
+/// each region gets its own IOVA range and a stray address of one never
+/// lands in another.
+const IOVA_BASE: u64 = 0x1000_0000_0000;
+
+fn iova_of(ptr: *const u8) -> u64 {
+    IOVA_BASE + (ptr as u64 & 0xffff_ffff_f000)
+}
+
+impl CqBackend {
+    pub fn id(&self) -> CqId {
+        match self {
+            CqBackend::Engine(cq) => cq.id(),
+            CqBackend::Daemon(cq) => cq.id,
+        }
+    }
+}
+
+impl QpBackend {
+    pub fn qpn(&self) -> u32 {
+        match self {
+            QpBackend::Engine(posts) => posts.qpn(),
+            QpBackend::Daemon(qp) => qp.qpn,
+        }
+    }
+}
+
+impl Backend {
+    pub fn addr(&self) -> std::net::IpAddr {
+        match self {
+            Backend::Engine(nic) => nic.addr(),
+            Backend::Daemon(session) => session.addr(),
+        }
+    }
+
+    pub fn alloc_pd(&self) -> Result<PdId> {
+        match self {
+            Backend::Engine(nic) => Ok(nic.alloc_pd()),
+            Backend::Daemon(session) => session.alloc_pd(),
+        }
+    }
+
+    pub fn dealloc_pd(&self, pd: PdId) -> Result<()> {
+        match self {
+            Backend::Engine(nic) => nic.dealloc_pd(pd),
+            Backend::Daemon(session) => session.dealloc_pd(pd),
+        }
+    }
+
+    /// Registers `len` new zeroed bytes: the process's own heap for an
+    /// engine in the process, a memfd both sides map for the daemon.
+    pub fn register(&self, pd: PdId, len: usize, access: Access) -> Result<(Arc<DmaBuffer>, MrKeys, u64)> {
+        match self {
+            Backend::Engine(_) => {
+                let buffer = Arc::new(DmaBuffer::new(len));
+                let iova = iova_of(buffer.as_ptr());
+                let keys = self.register_buffer(pd, buffer.clone(), iova, access)?;
+                Ok((buffer, keys, iova))
+            }
+            Backend::Daemon(session) => {
+                let memory = SharedMapping::create("softrnic-mr", len.max(1))
+                    .map_err(|e| VerbsError::OutOfResources(format!("shared memory for a region: {e}")))?;
+                let iova = iova_of(memory.as_ptr());
+                let keys = session.register_memory(pd, &memory, 0, len, iova, access)?;
+                Ok((Arc::new(memory.into_buffer(0, len)), keys, iova))
+            }
+        }
+    }
+
+    pub fn register_buffer(&self, pd: PdId, buffer: Arc<DmaBuffer>, iova: u64, access: Access) -> Result<MrKeys> {
+        match self {
+            Backend::Engine(nic) => {
+                let len = buffer.len();
+                nic.register_memory(pd, buffer, 0, len, iova, access)
+            }
+            Backend::Daemon(_) => Err(VerbsError::NotSupported(
+                "softrnicd cannot reach a buffer of this process; allocate it with ProtectionDomain::register".into(),
+            )),
+        }
+    }
+
+    pub fn deregister(&self, lkey: u32) -> Result<()> {
+        match self {
+            Backend::Engine(nic) => nic.deregister_memory(lkey),
+            Backend::Daemon(session) => session.deregister_memory(lkey),
+        }
+    }
+
+    pub fn create_cq(&self, capacity: usize) -> Result<CqBackend> {
+        match self {
+            Backend::Engine(nic) => Ok(CqBackend::Engine(nic.create_cq(capacity))),
+            Backend::Daemon(session) => session.create_cq(capacity, None).map(CqBackend::Daemon),
+        }
+    }
+
+    pub fn destroy_cq(&self, cq: &CqBackend) -> Result<()> {
+        match self {
+            Backend::Engine(nic) => nic.destroy_cq(cq.id()),
+            Backend::Daemon(session) => session.destroy_cq(cq.id()),
+        }
+    }
+
+    pub fn poll_cq(&self, cq: &CqBackend, max: usize, out: &mut Vec<Completion>) -> usize {
+        match (self, cq) {
+            (Backend::Engine(nic), CqBackend::Engine(cq)) => nic.poll_cq(cq, max, out),
+            (Backend::Daemon(_), CqBackend::Daemon(cq)) => cq.poll(max, out),
+            _ => unreachable!("a CQ belongs to the backend that made it"),
+        }
+    }
+
+    pub fn create_qp(&self, init: QpInitAttr) -> Result<QpBackend> {
+        match self {
+            Backend::Engine(nic) => nic.create_qp(init).map(QpBackend::Engine),
+            Backend::Daemon(session) => session.create_qp(init).map(QpBackend::Daemon),
+        }
+    }
+
+    pub fn modify_qp(&self, qp: &QpBackend, attr: &QpAttr) -> Result<QpState> {
+        match (self, qp) {
+            (Backend::Engine(nic), qp) => nic.modify_qp(qp.qpn(), attr),
+            (Backend::Daemon(session), QpBackend::Daemon(qp)) => session.modify_qp(qp, attr),
+            _ => unreachable!("a QP belongs to the backend that made it"),
+        }
+    }
+
+    pub fn query_qp(&self, qpn: u32) -> Option<(QpState, QpAttributes)> {
+        match self {
+            Backend::Engine(nic) => nic.query_qp(qpn),
+            Backend::Daemon(session) => session.query_qp(qpn).ok(),
+        }
+    }
+
+    pub fn post_send(&self, qp: &QpBackend, wr: SendWorkRequest) -> Result<()> {
+        match (self, qp) {
+            (Backend::Engine(nic), QpBackend::Engine(posts)) => nic.post_send(posts, wr),
+            (Backend::Daemon(session), QpBackend::Daemon(qp)) => session.post_send(qp, &wr),
+            _ => unreachable!("a QP belongs to the backend that made it"),
+        }
+    }
+
+    pub fn post_recv(&self, qp: &QpBackend, wr: RecvWorkRequest) -> Result<()> {
+        match (self, qp) {
+            (Backend::Engine(nic), QpBackend::Engine(posts)) => nic.post_recv(posts, wr),
+            (Backend::Daemon(session), QpBackend::Daemon(qp)) => session.post_recv(qp, &wr),
+            _ => unreachable!("a QP belongs to the backend that made it"),
+        }
+    }
+
+    pub fn destroy_qp(&self, qpn: u32) -> Result<()> {
+        match self {
+            Backend::Engine(nic) => nic.destroy_qp(qpn),
+            Backend::Daemon(session) => session.destroy_qp(qpn),
+        }
+    }
+
+    pub fn set_qp_rate_limit(&self, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {
+        match self {
+            Backend::Engine(nic) => nic.set_qp_rate_limit(qpn, bits_per_second),
+            Backend::Daemon(session) => session.set_qp_rate_limit(qpn, bits_per_second),
+        }
+    }
+
+    pub fn set_qp_congestion_control(&self, qpn: u32, algorithm: Option<Choice>) -> Result<()> {
+        match self {
+            Backend::Engine(nic) => nic.set_qp_congestion_control(qpn, algorithm),
+            Backend::Daemon(_) => Err(VerbsError::NotSupported(
+                "a QP's own congestion control through softrnicd; give the daemon SOFTRNIC_CC for its devices".into(),
+            )),
+        }
+    }
+
+    pub fn qp_congestion_rate(&self, qpn: u32) -> Option<u64> {
+        match self {
+            Backend::Engine(nic) => nic.qp_congestion_rate(qpn),
+            Backend::Daemon(_) => None,
+        }
+    }
+
+    /// The device's counters (zero if the daemon is gone).
+    pub fn counters(&self) -> NicCounters {
+        match self {
+            Backend::Engine(nic) => nic.counters(),
+            Backend::Daemon(session) => session.counters().unwrap_or_default(),
+        }
+    }
+
+    pub fn shared_memory(&self) -> bool {
+        match self {
+            Backend::Engine(nic) => nic.shared_memory(),
+            Backend::Daemon(session) => session.shared_memory(),
+        }
+    }
+
+    pub fn engine_threads(&self) -> usize {
+        match self {
+            Backend::Engine(nic) => nic.engine_threads(),
+            Backend::Daemon(session) => session.engine_threads(),
+        }
+    }
+
+    pub fn progress_mode(&self) -> ProgressMode {
+        match self {
+            Backend::Engine(nic) => nic.progress_mode(),
+            // The daemon's engine threads poll: nobody else drives them.
+            Backend::Daemon(_) => ProgressMode::Dedicated,
+        }
+    }
+
+    /// Drives the engine once, if it runs in this process.
+    pub fn progress(&self) -> bool {
+        match self {
+            Backend::Engine(nic) => nic.progress(),
+            Backend::Daemon(_) => false,
+        }
+    }
+}
