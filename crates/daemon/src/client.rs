@@ -85,6 +85,11 @@ impl Session {
         self.opened.shared_memory
     }
 
+    /// Whether the daemon's engine runs inline progress.
+    pub fn inline_progress(&self) -> bool {
+        self.opened.inline_progress
+    }
+
     pub fn set_qp_rate_limit(&self, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {
         self.call_done(Request::SetRateLimit { qpn, bits_per_second })
     }
@@ -161,7 +166,8 @@ impl Session {
             (Response::Cq(layout), fds) => {
                 let fd = fds.into_iter().next().ok_or_else(|| VerbsError::Device("CQ without ring".into()))?;
                 let ring = SharedQueue::attach(fd, layout.slots, CQE_LEN as u32).map_err(lost)?;
-                Ok(Cq { id: layout.cq, ring, consumer: Mutex::new(Consumer::default()) })
+                let yield_when_empty = self.opened.inline_progress;
+                Ok(Cq { id: layout.cq, ring, consumer: Mutex::new(Consumer::default()), yield_when_empty })
             }
             (other, _) => Err(unexpected(other)),
         }
@@ -285,6 +291,8 @@ pub struct Cq {
     pub id: CqId,
     ring: SharedQueue,
     consumer: Mutex<Consumer>,
+    /// See [`Opened::inline_progress`].
+    yield_when_empty: bool,
 }
 
 impl Cq {
@@ -301,6 +309,10 @@ impl Cq {
             consumer.release(&self.ring);
             out.push(wqe::parse_completion(&entry));
             taken += 1;
+        }
+        drop(consumer);
+        if taken == 0 && self.yield_when_empty {
+            std::thread::yield_now();
         }
         taken
     }

@@ -128,6 +128,10 @@ pub struct Opened {
     pub engine_threads: u32,
     /// Whether peers on this host reach the device through shared memory.
     pub shared_memory: bool,
+    /// The device runs inline progress (a machine with few cores): the
+    /// command processor shares the cores with the programs, so a program
+    /// that finds its CQ empty yields its core instead of spinning on.
+    pub inline_progress: bool,
 }
 
 /// A CQ's ring, as created.

@@ -122,8 +122,15 @@ fn fuzzed_ring_entries_and_indices_never_stop_the_daemon() {
                 }
             }
         }
-        std::thread::sleep(Duration::from_millis(2));
         if round % 8 == 0 {
+            // One entry certainly malformed (unless the ring is broken
+            // already), so that the QP must end in error.
+            if let Ok(Some(slot)) = sp.slot(&send) {
+                let mut entry = vec![0u8; layout.send_slot_size as usize];
+                entry[8] = 99;
+                send.write_slot(slot, &entry);
+                sp.publish(&send);
+            }
             // The hostile tenant's QP ends in error, never anywhere worse.
             let deadline = Instant::now() + Duration::from_secs(5);
             loop {
@@ -137,9 +144,11 @@ fn fuzzed_ring_entries_and_indices_never_stop_the_daemon() {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
+        std::thread::sleep(Duration::from_millis(2));
         drop(fd);
     }
     still_serves(socket);
+    assert_eq!(daemon.processor_restarts(), 0, "the command processor panicked");
 }
 
 #[test]
@@ -207,6 +216,7 @@ fn garbage_and_lies_on_the_socket_are_refused() {
     assert!(refused(Request::ModifyQp { qpn: 1, attr: QpAttr::default() }, &[]).contains("QP"));
     drop(fd);
     still_serves(socket);
+    assert_eq!(daemon.processor_restarts(), 0);
 }
 
 /// The child's part of the next test: a tenant that writes to its peer

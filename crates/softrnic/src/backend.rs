@@ -19,12 +19,12 @@ pub(crate) enum Backend {
 
 pub(crate) enum CqBackend {
     Engine(Arc<CompletionQueue>),
-    Daemon(client::Cq),
+    Daemon(Box<client::Cq>),
 }
 
 pub(crate) enum QpBackend {
     Engine(Arc<PostQueues>),
-    Daemon(client::Qp),
+    Daemon(Box<client::Qp>),
 }
 
 /// Where softrnic places a region it allocates in the address space that
@@ -119,7 +119,7 @@ impl Backend {
     pub fn create_cq(&self, capacity: usize) -> Result<CqBackend> {
         match self {
             Backend::Engine(nic) => Ok(CqBackend::Engine(nic.create_cq(capacity))),
-            Backend::Daemon(session) => session.create_cq(capacity, None).map(CqBackend::Daemon),
+            Backend::Daemon(session) => session.create_cq(capacity, None).map(|cq| CqBackend::Daemon(Box::new(cq))),
         }
     }
 
@@ -141,7 +141,7 @@ impl Backend {
     pub fn create_qp(&self, init: QpInitAttr) -> Result<QpBackend> {
         match self {
             Backend::Engine(nic) => nic.create_qp(init).map(QpBackend::Engine),
-            Backend::Daemon(session) => session.create_qp(init).map(QpBackend::Daemon),
+            Backend::Daemon(session) => session.create_qp(init).map(|qp| QpBackend::Daemon(Box::new(qp))),
         }
     }
 

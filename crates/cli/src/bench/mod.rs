@@ -87,8 +87,15 @@ fn neighbour(addr: IpAddr) -> IpAddr {
     }
 }
 
+/// Opens the device: softrnicd's when it serves this user
+/// (`SOFTRNIC_DAEMON`, or its default socket), with the daemon's engine
+/// settings; else an engine in this process as `config` says.
 fn open(config: EngineConfig) -> Result<Context, String> {
-    Context::with_config(config).map_err(|e| e.to_string())
+    match softrnic::daemon_socket() {
+        Some(socket) => Context::through_daemon(&socket, config.addr),
+        None => Context::with_config(config),
+    }
+    .map_err(|e| e.to_string())
 }
 
 fn engine_config(args: &BenchArgs, addr: IpAddr) -> Result<EngineConfig, String> {

@@ -96,7 +96,12 @@ pub fn banner(params: &Params, format: Format, local: &str, remote: &str, engine
     }
     println!("{RULE}");
     println!("                    {}", params.test.title());
-    let wire = if engine.shared_memory() { "UDP, shared memory on this host" } else { "UDP" };
+    let wire = match (engine.shared_memory(), engine.through_daemon_now()) {
+        (false, false) => "UDP",
+        (true, false) => "UDP, shared memory on this host",
+        (false, true) => "UDP, through softrnicd",
+        (true, true) => "UDP, shared memory on this host, through softrnicd",
+    };
     println!(" Number of qps   : {:<8} Transport type : softrnic (RoCEv2 over {wire})", params.qps);
     println!(" Connection type : RC       Using SRQ      : OFF");
     println!(

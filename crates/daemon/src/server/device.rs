@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, Weak};
 
-use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, ProgressMode, interface};
+use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, interface};
 
 /// One device.
 pub struct Device {
@@ -28,15 +28,18 @@ impl Devices {
 
     /// The device on `addr`, opened if nobody holds it. The daemon's own
     /// environment configures it as it would an in-process engine
-    /// (`SOFTRNIC_*`), with dedicated progress: no program drives it.
+    /// (`SOFTRNIC_*`). Progress is the engine's policy: on a machine with
+    /// cores to spare its threads poll (dedicated); on a small one the
+    /// command processor, which polls the CQs anyway, drives the shards as
+    /// an application's polling thread would (inline), and the engine
+    /// threads stand by.
     pub fn open(&self, addr: IpAddr) -> Result<Arc<Device>, String> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(device) = open.get(&addr).and_then(Weak::upgrade) {
             return Ok(device);
         }
         let faults = FaultConfig::from_env()?;
-        let config = EngineConfig { faults, progress: ProgressMode::Dedicated, ..EngineConfig::from_env(addr)? }
-            .with_threads(self.engine_threads, false);
+        let config = EngineConfig { faults, ..EngineConfig::from_env(addr)? }.with_threads(self.engine_threads, false);
         let nic = Nic::open(config).map_err(|e| format!("cannot open the device on {addr}: {e}"))?;
         let active_mtu = interface::active_mtu(addr).bytes();
         let device = Arc::new(Device { nic, active_mtu });

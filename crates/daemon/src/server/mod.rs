@@ -137,6 +137,12 @@ impl Running {
         self.registry.served()
     }
 
+    /// How often the command processor panicked and started again: zero,
+    /// unless softrnicd has a bug.
+    pub fn processor_restarts(&self) -> u64 {
+        self.registry.restarts.load(Ordering::Relaxed)
+    }
+
     /// The counters of the device on `addr`, while a tenant holds it.
     pub fn counters(&self, addr: std::net::IpAddr) -> Option<softrnic_engine::NicCounters> {
         self.devices.counters(addr)

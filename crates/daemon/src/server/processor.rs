@@ -282,7 +282,17 @@ impl ServedCq {
         let mut entry = [0u8; CQE_LEN];
         let mut solicited = false;
         for c in scratch.iter() {
-            let Ok(Some(index)) = producer.slot(&self.ring) else { unreachable!("free slots were counted") };
+            // The program may scribble its index between the count and
+            // now; then the rest of its completions are lost to it.
+            let Ok(Some(index)) = producer.slot(&self.ring) else {
+                eprintln!(
+                    "softrnicd: tenant {}: CQ {:?}: its consumer index moved back; the CQ is no longer served",
+                    self.tenant,
+                    self.queue.id()
+                );
+                self.broken.store(true, Ordering::Relaxed);
+                return true;
+            };
             wqe::emit_completion(c, &mut entry);
             self.ring.write_slot(index, &entry);
             producer.publish(&self.ring);
@@ -338,6 +348,8 @@ pub struct Registry {
     /// armed before sleeping: one channel for all of them.
     pub completions: Arc<EventQueue<CqId>>,
     stop: AtomicBool,
+    /// Times the processor panicked and started again (a bug each time).
+    pub restarts: AtomicU64,
 }
 
 impl Registry {
@@ -348,6 +360,7 @@ impl Registry {
             wake: doorbell::wake_eventfd()?,
             completions: Arc::new(EventQueue::new()?),
             stop: AtomicBool::new(false),
+            restarts: AtomicU64::new(0),
         })
     }
 
@@ -379,8 +392,16 @@ impl Registry {
     }
 }
 
-/// Runs the processor until [`Registry::stop`].
+/// Runs the processor until [`Registry::stop`]. A bug that panics it
+/// must not leave every tenant without service: it says so and goes on.
 pub fn run(registry: &Registry) {
+    while std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve(registry))).is_err() {
+        registry.restarts.fetch_add(1, Ordering::Relaxed);
+        eprintln!("softrnicd: the command processor panicked (a bug); it starts again");
+    }
+}
+
+fn serve(registry: &Registry) {
     let mut generation = registry.generation.load(Ordering::Acquire);
     let mut served = registry.snapshot();
     let mut scratch = Vec::with_capacity(CQ_BATCH);
@@ -396,7 +417,10 @@ pub fn run(registry: &Registry) {
             continue;
         }
         if idle_since.elapsed() < IDLE_BEFORE_SLEEP {
-            std::hint::spin_loop();
+            // The programs it serves spin too: on a machine with fewer
+            // cores than spinners, a pass that found nothing hands the core
+            // to one of them rather than burn its time slice.
+            std::thread::yield_now();
             continue;
         }
         sleep(registry, &served, &mut scratch);

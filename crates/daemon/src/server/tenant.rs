@@ -19,6 +19,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use softrnic_engine::ProgressMode;
 use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
 use softrnic_transport::{CqId, PdId, QpAttr, QpInitAttr, QpState};
 
@@ -105,6 +106,7 @@ fn open(
         active_mtu: device.active_mtu,
         engine_threads: device.nic.engine_threads() as u32,
         shared_memory: device.nic.shared_memory(),
+        inline_progress: device.nic.progress_mode() == ProgressMode::Inline,
     };
     let wake = registry.wake.try_clone().map_err(|e| RemoteError::exhausted(e.to_string()))?;
     protocol::send(socket.as_fd(), &Response::Opened(opened), &[doorbell.fd(), wake.as_fd()])
