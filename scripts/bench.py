@@ -37,8 +37,10 @@ softrnic runs over its UDP datapath there. Other modes:
               the load, and bmv2's published ~80 kpps / 1 Gb/s; the rate
               accuracy of a 1 and a 10 Gb/s port under TCP; and the
               simulator's speed on the fat tree (softrnic exp fct).
+  --daemon    softrnic bench through softrnicd (queues shared with the
+              daemon's engine) beside the engine in the process.
 
-    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --mpi | --switch]
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --mpi | --switch | --daemon]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -89,8 +91,8 @@ class Server:
         self.proc.wait()
 
 
-def softrnic(test, size, extra):
-    out = sh([SOFTRNIC, "bench", test, "-s", str(size), "--json", *extra])
+def softrnic(test, size, extra, env=None):
+    out = sh([SOFTRNIC, "bench", test, "-s", str(size), "--json", *extra], env=env)
     if out.returncode != 0:
         raise RuntimeError(f"softrnic bench {test}: {out.stderr.strip()}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -186,6 +188,32 @@ def shm_main(a, extra):
     print(f"| 64 B send_bw message rate | {m['rate'] / 1e6:.3f} M/s | UCX posix ucp_am_bw | {m['ucx_rate'] / 1e6:.3f} M/s | {ratio('rate', 'ucx_rate'):.2f}× | ≥ 0.5× |")
     print(f"| 64 KiB write_bw | {m['bw']:.2f} Gb/s | UCX posix ucp_put_bw | {m['ucx_put']:.2f} Gb/s | {ratio('bw', 'ucx_put'):.2f}× | ≥ 0.5× |")
     print(f"| 1 KiB send_lat mean (E1) | {m['lat_1k_mean']:.2f} µs | Soft-RoCE, published | 24.07 µs | {m['lat_1k_mean'] / 24.07:.2f}× | |")
+    print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
+
+
+def daemon_main(a):
+    """softrnic bench through softrnicd (shared queues) beside the engine in
+    the process, same run, same tests."""
+    socket = f"/tmp/softrnicd-bench-{os.getpid()}.sock"
+    softrnicd = os.path.join(os.path.dirname(SOFTRNIC), "softrnicd")
+    here = {**os.environ, "SOFTRNIC_DAEMON": "off"}
+    there = {**os.environ, "SOFTRNIC_DAEMON": socket}
+    r = {k: [] for k in ["lat", "d_lat", "rate", "d_rate", "bw", "d_bw"]}
+    with Server([softrnicd, "--socket", socket]):
+        for run in range(a.runs):
+            print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+            for key, env in [("", here), ("d_", there)]:
+                r[key + "lat"].append(softrnic("send_lat", 64, ["-n", "20000"], env)["p50_ns"] / 1000)
+                r[key + "rate"].append(softrnic("send_bw", 64, ["-n", "200000"], env)["msg_rate_mpps"] * 1e6)
+                r[key + "bw"].append(softrnic("write_bw", 65536, ["-n", "20000"], env)["bw_avg_gbps"])
+    m = {k: median(v) for k, v in r.items()}
+    ratio = lambda a, b: per_run_ratio(r[a], r[b])
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores:\n")
+    print("| measure | through softrnicd | engine in the process | ratio (median of per-run ratios) |")
+    print("| --- | --- | --- | --- |")
+    print(f"| 64 B send_lat p50 | {m['d_lat']:.2f} µs | {m['lat']:.2f} µs | {ratio('d_lat', 'lat'):.2f}× |")
+    print(f"| 64 B send_bw message rate | {m['d_rate'] / 1e6:.3f} M/s | {m['rate'] / 1e6:.3f} M/s | {ratio('d_rate', 'rate'):.2f}× |")
+    print(f"| 64 KiB write_bw | {m['d_bw']:.2f} Gb/s | {m['bw']:.2f} Gb/s | {ratio('d_bw', 'bw'):.2f}× |")
     print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
 
 
@@ -605,13 +633,16 @@ def main():
     parser.add_argument("--cm", action="store_true", help="connection set-up through rdma_cm beside TCP's")
     parser.add_argument("--mpi", action="store_true", help="Open MPI over softrnic beside Open MPI over TCP")
     parser.add_argument("--switch", action="store_true", help="the lab's switch beside the Linux bridge; port rate accuracy; simulator speed")
+    parser.add_argument("--daemon", action="store_true", help="softrnic bench through softrnicd beside the engine in the process")
     parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
     a = parser.parse_args()
     if "SOFTRNIC_BIN" not in os.environ:
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "softrnic-cli"], cwd=ROOT, check=True)
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "softrnic-cli", "-p", "softrnic-daemon"], cwd=ROOT, check=True)
     extra = ["--engine-threads", str(a.engine_threads)]
     if a.switch:
         return switch_main(a)
+    if a.daemon:
+        return daemon_main(a)
     if a.cm:
         return cm_main(a)
     if a.mpi:

@@ -26,6 +26,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "tests (simulation seeds: ${SOFTRNIC_SIM_SEEDS:=2000})"
 export SOFTRNIC_SIM_SEEDS
+# Engines in the test processes, whatever softrnicd runs on this machine
+# (the daemon's own tests start daemons of their own).
+export SOFTRNIC_DAEMON=off
 # The experiment runner's tests (softrnic exp e1, e2 --quick) run
 # rdma_bench over the drop-in library, which must exist first (the
 # stack matrix runs the release softrnic command built with it).

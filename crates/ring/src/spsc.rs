@@ -191,6 +191,21 @@ mod tests {
     /// A peer that writes its index anywhere it likes breaks the queue
     /// for this side, which never touches a slot out of range.
     #[test]
+    fn free_counts_what_the_producer_may_still_write() {
+        let q = memory();
+        let (mut p, mut c) = (Producer::default(), Consumer::default());
+        assert_eq!(p.free(&q), Ok(4));
+        for value in 0..3 {
+            push(&mut p, &q, value).unwrap();
+        }
+        assert_eq!(p.free(&q), Ok(1));
+        pop(&mut c, &q).unwrap();
+        assert_eq!(p.free(&q), Ok(2));
+        q.consumed.store(9, Relaxed);
+        assert!(p.free(&q).is_err(), "a consumer ahead of the producer is broken");
+    }
+
+    #[test]
     fn a_scribbled_index_breaks_the_queue_and_nothing_else() {
         let q = memory();
         let (mut p, c) = (Producer::default(), Consumer::default());

@@ -4,8 +4,12 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
-use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, interface};
+use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, OpenError, interface};
+
+/// How long a device that is closing may keep its port from a new one.
+const CLOSING_WAIT: Duration = Duration::from_secs(2);
 
 /// One device.
 pub struct Device {
@@ -40,7 +44,20 @@ impl Devices {
         }
         let faults = FaultConfig::from_env()?;
         let config = EngineConfig { faults, ..EngineConfig::from_env(addr)? }.with_threads(self.engine_threads, false);
-        let nic = Nic::open(config).map_err(|e| format!("cannot open the device on {addr}: {e}"))?;
+        // The last tenant of a device may have just left: the device closes
+        // in whichever thread lets go of it last, and holds its port until
+        // then. A new tenant waits for that, briefly.
+        let closing = open.get(&addr).is_some_and(|d| d.strong_count() == 0);
+        let deadline = Instant::now() + CLOSING_WAIT;
+        let nic = loop {
+            match Nic::open(config.clone()) {
+                Ok(nic) => break nic,
+                Err(OpenError::Bind(_)) if closing && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => return Err(format!("cannot open the device on {addr}: {e}")),
+            }
+        };
         let active_mtu = interface::active_mtu(addr).bytes();
         let device = Arc::new(Device { nic, active_mtu });
         open.retain(|_, d| d.strong_count() > 0);
