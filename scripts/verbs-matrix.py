@@ -10,7 +10,11 @@ root; skipped with the reason otherwise). Prints a table of what passed
 with each program's bandwidth or latency, and exits non-zero when any
 entry fails.
 
-    scripts/verbs-matrix.py [--quick] [--only REGEX] [--markdown] [--no-netns]
+    scripts/verbs-matrix.py [--quick] [--only REGEX] [--markdown] [--no-netns] [--daemon]
+
+With --daemon, the loopback pairs run again with both ends' devices served
+by one softrnicd (SOFTRNIC_DAEMON), as unmodified programs do when a
+daemon runs.
 
 Also checks the library's ABI first: every symbol the system's
 libibverbs.so.1 exports, with the same version node.
@@ -71,9 +75,11 @@ def check_abi(libdir):
 class Site:
     """Where the two ends of a pair run: loopback addresses, or namespaces."""
 
-    def __init__(self, name, server_addr, client_addr, server_ns=None, client_ns=None):
+    def __init__(self, name, server_addr, client_addr, server_ns=None, client_ns=None, env=None):
         self.name, self.server_addr, self.client_addr = name, server_addr, client_addr
         self.server_ns, self.client_ns = server_ns, client_ns
+        # What both ends' environment adds (the daemon's socket).
+        self.env = env or {}
 
     def command(self, ns, args):
         return (["ip", "netns", "exec", ns] if ns else []) + args
@@ -90,7 +96,7 @@ def environment(libdir, addr, extra=None):
 
 
 def run_single(libdir, site, args, expect):
-    env = environment(libdir, site.server_addr)
+    env = environment(libdir, site.server_addr, site.env)
     out = subprocess.run(site.command(site.server_ns, args), capture_output=True, text=True, env=env, timeout=TIMEOUT)
     text = out.stdout + out.stderr
     if out.returncode != 0 or not re.search(expect, text):
@@ -139,7 +145,7 @@ def run_pair(libdir, site, program, args, port, parse, env=None):
     server_argv, client_argv = command_lines(program, args, port, site.server_addr)
     server = subprocess.Popen(
         site.command(site.server_ns, server_argv),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment(libdir, site.server_addr, env),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment(libdir, site.server_addr, {**site.env, **(env or {})}),
     )
     deadline = time.time() + 10
     while not site.listening(port) and time.time() < deadline and server.poll() is None:
@@ -147,7 +153,7 @@ def run_pair(libdir, site, program, args, port, parse, env=None):
     try:
         client = subprocess.run(
             site.command(site.client_ns, client_argv),
-            capture_output=True, text=True, env=environment(libdir, site.client_addr, env), timeout=TIMEOUT,
+            capture_output=True, text=True, env=environment(libdir, site.client_addr, {**site.env, **(env or {})}), timeout=TIMEOUT,
         )
         server_out, _ = server.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -299,6 +305,33 @@ def entries(quick):
     return out
 
 
+class Daemon:
+    """A softrnicd on a socket of its own, stopped on exit."""
+
+    def __enter__(self):
+        out = subprocess.run(["cargo", "build", "--release", "--locked", "-p", "softrnic-daemon"], cwd=ROOT, capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"building softrnicd failed:\n{out.stderr}")
+        self.socket = os.path.join(tempfile.gettempdir(), f"softrnicd-matrix-{os.getpid()}.sock")
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([os.path.join(ROOT, "target", "release", "softrnicd"), "--socket", self.socket],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 10
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.log.seek(0)
+                sys.exit(f"softrnicd did not start: {self.log.read()}")
+            time.sleep(0.05)
+        return self.socket
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+        if self.proc.returncode not in (0, -9):
+            self.log.seek(0)
+            print(f"softrnicd exited with {self.proc.returncode}:\n{self.log.read()[-2000:]}", file=sys.stderr)
+
+
 class Namespaces:
     """Two network namespaces joined by a veth pair, removed on exit."""
 
@@ -346,6 +379,7 @@ def main():
     parser.add_argument("--only", help="run only the entries whose name matches this regular expression")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--no-netns", action="store_true", help="skip the network-namespace half")
+    parser.add_argument("--daemon", action="store_true", help="the loopback pairs again, through one softrnicd")
     args = parser.parse_args()
 
     missing = [p for p in ["ibv_devinfo", "ibv_rc_pingpong", "ib_write_bw"] if shutil.which(p) is None]
@@ -369,6 +403,9 @@ def main():
             print(f"  {site.name:9} {name:32} {verdict[0]}", file=sys.stderr, flush=True)
 
     run_site(Site("loopback", "127.0.77.1", "127.0.77.2"))
+    if args.daemon:
+        with Daemon() as socket:
+            run_site(Site("softrnicd", "127.0.77.3", "127.0.77.4", env={"SOFTRNIC_DAEMON": socket}))
     reason = "--no-netns given" if args.no_netns else namespaces_unavailable()
     if reason:
         results.append(("netns", "all pairs", "skip", reason))

@@ -25,7 +25,7 @@ use softrnic_transport::{
 use crate::doorbell::DoorbellPage;
 use crate::protocol::{self, Opened, PROTOCOL_VERSION, Request, Response};
 use crate::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
-use crate::shared_memory::SharedMapping;
+use crate::shared_memory::{Segment, SharedMapping};
 use crate::wqe::{self, CQE_LEN};
 
 /// An open device served by softrnicd.
@@ -85,6 +85,12 @@ impl Session {
         self.opened.shared_memory
     }
 
+    /// The device's clock, which stamps completions: nanoseconds since it
+    /// opened.
+    pub fn now(&self) -> softrnic_transport::Instant {
+        softrnic_transport::Instant::from_nanos(unix_ns().saturating_sub(self.opened.epoch_unix_ns))
+    }
+
     /// Whether the daemon's engine runs inline progress.
     pub fn inline_progress(&self) -> bool {
         self.opened.inline_progress
@@ -135,8 +141,25 @@ impl Session {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys> {
-        let request = Request::RegisterMemory { pd, iova, offset: offset as u64, len: len as u64, access };
-        match self.call(request, &[memory.fd()])?.0 {
+        let whole = Segment { offset: 0, len: memory.len() as u64 };
+        self.register_segments(pd, &[(memory.fd(), whole)], offset, len, iova, access)
+    }
+
+    /// Registers a region over memfd segments (see
+    /// [`Request::RegisterMemory`]).
+    pub fn register_segments(
+        &self,
+        pd: PdId,
+        parts: &[(BorrowedFd<'_>, Segment)],
+        lead: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys> {
+        let segments = parts.iter().map(|(_, s)| *s).collect();
+        let fds: Vec<BorrowedFd<'_>> = parts.iter().map(|(fd, _)| *fd).collect();
+        let request = Request::RegisterMemory { pd, iova, lead: lead as u64, len: len as u64, access, segments };
+        match self.call(request, &fds)?.0 {
             Response::Mr(keys) => Ok(keys),
             other => Err(unexpected(other)),
         }
@@ -268,6 +291,11 @@ impl Session {
     }
 }
 
+/// Nanoseconds since the Unix epoch, the clock both sides share.
+pub fn unix_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// A QP whose queues live in shared memory.
 pub struct Qp {
     pub qpn: u32,
@@ -347,6 +375,22 @@ impl Channel {
                     softrnic_engine::eventfd::wait_readable(&[self.fd.as_raw_fd()], timeout)?;
                     waited = true;
                 }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl Channel {
+    /// Takes one notification as a read of the kernel's event file does:
+    /// blocking unless the program made the descriptor non-blocking
+    /// (`EAGAIN`), and `EINTR` when a signal comes first.
+    pub fn take(&self) -> io::Result<CqId> {
+        let mut cq = [0u8; 4];
+        loop {
+            match rustix::net::recv(&self.fd, &mut cq, rustix::net::RecvFlags::empty()) {
+                Ok((4, _)) => return Ok(CqId(u32::from_le_bytes(cq))),
+                Ok(_) => continue,
                 Err(e) => return Err(e.into()),
             }
         }

@@ -13,11 +13,13 @@
 //! maybe an eventfd, `poll_cq` reads CQEs. Memory is shared as sealed
 //! memfds (`shared_memory.rs`).
 
+pub mod backend;
 pub mod client;
 pub mod doorbell;
 pub mod limits;
 pub mod protocol;
 pub mod queue;
+pub mod remap;
 pub mod server;
 pub mod shared_memory;
 pub mod socket_path;

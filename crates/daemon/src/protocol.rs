@@ -20,6 +20,8 @@ use rustix::net::{
 };
 use serde::{Deserialize, Serialize};
 use softrnic_engine::NicCounters;
+
+pub use crate::shared_memory::Segment;
 use softrnic_transport::{Access, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, VerbsError};
 
 /// Bumped whenever a message or a shared layout changes.
@@ -28,8 +30,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The largest message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 4096;
 
-/// The most descriptors one message carries.
-pub const MAX_FDS: usize = 4;
+/// The most descriptors one message carries (and segments one region has).
+pub const MAX_FDS: usize = 16;
 
 /// What a program asks of the daemon.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -45,15 +47,18 @@ pub enum Request {
     DeallocPd {
         pd: PdId,
     },
-    /// Registers `len` bytes of the memfd that comes with the request,
-    /// from `offset` on, addressed as `iova`. The memfd must be sealed
-    /// against shrinking: the engine maps it and must never fault on it.
+    /// Registers a region over the memfds that come with the request, one
+    /// per segment: the segments, mapped one after the other, hold the
+    /// region's `len` bytes from `lead` on, addressed as `iova`. Every
+    /// memfd must be sealed against shrinking: the engine maps them and
+    /// must never fault on them.
     RegisterMemory {
         pd: PdId,
         iova: u64,
-        offset: u64,
+        lead: u64,
         len: u64,
         access: Access,
+        segments: Vec<Segment>,
     },
     DeregisterMemory {
         lkey: u32,
@@ -132,6 +137,9 @@ pub struct Opened {
     /// command processor shares the cores with the programs, so a program
     /// that finds its CQ empty yields its core instead of spinning on.
     pub inline_progress: bool,
+    /// The device's time zero (completion timestamps count from it), in
+    /// nanoseconds since the Unix epoch.
+    pub epoch_unix_ns: u64,
 }
 
 /// A CQ's ring, as created.
@@ -299,8 +307,15 @@ mod tests {
         let (a, b) = pair();
         let mut file = std::fs::File::from(rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::CLOEXEC).unwrap());
         file.write_all(b"registered").unwrap();
-        let request =
-            Request::RegisterMemory { pd: PdId(3), iova: 0x1000, offset: 0, len: 10, access: Access::REMOTE_WRITE };
+        let segments = vec![Segment { offset: 0, len: 10 }];
+        let request = Request::RegisterMemory {
+            pd: PdId(3),
+            iova: 0x1000,
+            lead: 0,
+            len: 10,
+            access: Access::REMOTE_WRITE,
+            segments,
+        };
         send(a.as_fd(), &request, &[file.as_fd()]).unwrap();
         let (got, fds): (Request, _) = receive(b.as_fd()).unwrap().unwrap();
         assert!(matches!(got, Request::RegisterMemory { pd: PdId(3), iova: 0x1000, len: 10, .. }));

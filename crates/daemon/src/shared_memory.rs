@@ -10,17 +10,37 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use memmap2::MmapRaw;
 use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+use serde::{Deserialize, Serialize};
 use softrnic_transport::DmaBuffer;
 
-/// A mapped memfd.
-pub struct SharedMapping {
-    map: MmapRaw,
-    fd: OwnedFd,
+/// One memfd's part of a mapping: `len` bytes from `offset` (a multiple
+/// of the page size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    pub offset: u64,
+    pub len: u64,
 }
+
+/// Contiguous memory mapped from one or more memfds.
+pub struct SharedMapping {
+    ptr: NonNull<u8>,
+    /// Bytes the segments hold.
+    len: usize,
+    /// Bytes mapped: each segment rounded up to whole pages.
+    mapped: usize,
+    fds: Vec<OwnedFd>,
+}
+
+// SAFETY: a mapping of shared memory; every access goes through atomics or
+// the atomic copies of `DmaBuffer`.
+unsafe impl Send for SharedMapping {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMapping {}
 
 impl SharedMapping {
     /// A new zero-filled memfd of `len` bytes, mapped and sealed at that
@@ -29,46 +49,90 @@ impl SharedMapping {
         let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         rustix::fs::ftruncate(&fd, len as u64)?;
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
-        SharedMapping::map(fd, len)
+        SharedMapping::map(vec![(fd, Segment { offset: 0, len: len as u64 })])
     }
 
     /// Maps `len` bytes of a memfd that another process sent. Refused
     /// unless the file is sealed against shrinking and holds `len` bytes.
     pub fn attach(fd: OwnedFd, len: usize) -> io::Result<SharedMapping> {
-        let seals = rustix::fs::fcntl_get_seals(&fd)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("not a sealable memfd ({e})")))?;
-        if !seals.contains(SealFlags::SHRINK) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "the memfd is not sealed against shrinking"));
-        }
-        let size = rustix::fs::fstat(&fd)?.st_size as u64;
-        if size < len as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("the memfd holds {size} bytes, {len} were announced"),
-            ));
-        }
-        SharedMapping::map(fd, len)
+        SharedMapping::attach_segments(vec![(fd, Segment { offset: 0, len: len as u64 })])
     }
 
-    fn map(fd: OwnedFd, len: usize) -> io::Result<SharedMapping> {
-        let map = memmap2::MmapOptions::new().len(len).map_raw(&fd)?;
-        Ok(SharedMapping { map, fd })
+    /// Maps the segments of memfds another process sent, one after the
+    /// other: every segment but the last must be whole pages, and every
+    /// memfd sealed against shrinking and as long as its segment says.
+    pub fn attach_segments(parts: Vec<(OwnedFd, Segment)>) -> io::Result<SharedMapping> {
+        let page = rustix::param::page_size() as u64;
+        let bad = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+        if parts.is_empty() {
+            return Err(bad("a mapping needs at least one segment".into()));
+        }
+        for (i, (fd, segment)) in parts.iter().enumerate() {
+            let seals = rustix::fs::fcntl_get_seals(fd).map_err(|e| bad(format!("not a sealable memfd ({e})")))?;
+            if !seals.contains(SealFlags::SHRINK) {
+                return Err(bad("the memfd is not sealed against shrinking".into()));
+            }
+            let end = segment.offset.checked_add(segment.len).ok_or_else(|| bad("a segment overflows".into()))?;
+            let size = rustix::fs::fstat(fd)?.st_size as u64;
+            if size < end {
+                return Err(bad(format!("the memfd holds {size} bytes, {end} were announced")));
+            }
+            if segment.offset % page != 0 || (i + 1 < parts.len() && segment.len % page != 0) {
+                return Err(bad("segments must start on a page, and all but the last be whole pages".into()));
+            }
+        }
+        SharedMapping::map(parts)
+    }
+
+    fn map(parts: Vec<(OwnedFd, Segment)>) -> io::Result<SharedMapping> {
+        let page = rustix::param::page_size();
+        let len: usize = parts.iter().map(|(_, s)| s.len as usize).sum();
+        let mapped: usize = parts.iter().map(|(_, s)| (s.len as usize).next_multiple_of(page)).sum::<usize>().max(page);
+        // SAFETY: a fresh anonymous reservation, placed by the kernel.
+        let base =
+            unsafe { rustix::mm::mmap_anonymous(std::ptr::null_mut(), mapped, ProtFlags::empty(), MapFlags::PRIVATE)? };
+        let ptr = NonNull::new(base.cast()).expect("mmap returns no NULL");
+        let mut mapping = SharedMapping { ptr, len, mapped, fds: Vec::new() };
+        let mut at = 0;
+        let mut fds = Vec::with_capacity(parts.len());
+        for (fd, segment) in parts {
+            let span = (segment.len as usize).next_multiple_of(page);
+            if span > 0 {
+                // SAFETY: replaces pages of our own reservation (the drop
+                // of `mapping` unmaps it all if this fails).
+                unsafe {
+                    rustix::mm::mmap(
+                        mapping.ptr.as_ptr().add(at).cast(),
+                        span,
+                        ProtFlags::READ | ProtFlags::WRITE,
+                        MapFlags::SHARED | MapFlags::FIXED,
+                        &fd,
+                        segment.offset,
+                    )?;
+                }
+            }
+            at += span;
+            fds.push(fd);
+        }
+        mapping.fds = fds;
+        Ok(mapping)
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.len() == 0
+        self.len == 0
     }
 
     pub fn as_ptr(&self) -> *mut u8 {
-        self.map.as_mut_ptr()
+        self.ptr.as_ptr()
     }
 
+    /// The (first) memfd.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.fds[0].as_fd()
     }
 
     /// The 8-byte word at `offset`, shared with the other process.
@@ -109,6 +173,16 @@ impl SharedMapping {
     }
 }
 
+impl Drop for SharedMapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping; whoever could reach it (a buffer, a
+        // queue) holds `self`, so nobody does any more.
+        unsafe {
+            let _ = rustix::mm::munmap(self.ptr.as_ptr().cast(), self.mapped);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +198,27 @@ mod tests {
         assert!(err.to_string().contains("4096 bytes"), "{err}");
         let mapping = SharedMapping::attach(fd, 4096).unwrap();
         assert_eq!(mapping.len(), 4096);
+    }
+
+    #[test]
+    fn segments_of_two_memfds_map_as_one_range() {
+        let page = rustix::param::page_size();
+        let (a, b) = (SharedMapping::create("a", 3 * page).unwrap(), SharedMapping::create("b", 2 * page).unwrap());
+        a.bytes(2 * page, 4).write(0, b"tail");
+        b.bytes(0, 4).write(0, b"head");
+        let parts = vec![
+            (a.fd().try_clone_to_owned().unwrap(), Segment { offset: 2 * page as u64, len: page as u64 }),
+            (b.fd().try_clone_to_owned().unwrap(), Segment { offset: 0, len: 100 }),
+        ];
+        let joined = SharedMapping::attach_segments(parts).unwrap();
+        assert_eq!(joined.len(), page + 100);
+        assert_eq!(joined.bytes(0, 4).to_vec(), b"tail");
+        assert_eq!(joined.bytes(page, 4).to_vec(), b"head");
+        let ragged = vec![
+            (a.fd().try_clone_to_owned().unwrap(), Segment { offset: 0, len: 100 }),
+            (b.fd().try_clone_to_owned().unwrap(), Segment { offset: 0, len: 100 }),
+        ];
+        assert!(SharedMapping::attach_segments(ragged).is_err(), "a ragged middle cannot be contiguous");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{Tenant, address, daemon, pair, pattern};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
-use softrnic_daemon::protocol::{self, PROTOCOL_VERSION, Request, Response};
+use softrnic_daemon::protocol::{self, PROTOCOL_VERSION, Request, Response, Segment};
 use softrnic_daemon::queue::SharedQueue;
 use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_ring::spsc::{self, Producer};
@@ -175,8 +175,10 @@ fn garbage_and_lies_on_the_socket_are_refused() {
         let Response::Error(e) = response else { panic!("{request:?} was accepted: {response:?}") };
         e.message
     };
-    let register = |len| Request::RegisterMemory { pd, iova: 0, offset: 0, len, access: Access::LOCAL_WRITE };
-    assert!(refused(register(4096), &[]).contains("one memfd"));
+    let one = |len| vec![Segment { offset: 0, len }];
+    let register =
+        |len| Request::RegisterMemory { pd, iova: 0, lead: 0, len, access: Access::LOCAL_WRITE, segments: one(len) };
+    assert!(refused(register(4096), &[]).contains("1 segments came with 0 memfds"));
     let unsealed = rustix::fs::memfd_create("x", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
     rustix::fs::ftruncate(&unsealed, 4096).unwrap();
     assert!(refused(register(4096), &[unsealed.as_fd()]).contains("not sealed"));
@@ -184,14 +186,21 @@ fn garbage_and_lies_on_the_socket_are_refused() {
     assert!(refused(register(1 << 20), &[small.fd()]).contains("4096 bytes"));
     assert!(
         refused(
-            Request::RegisterMemory { pd, iova: 0, offset: u64::MAX, len: 2, access: Access::empty() },
+            Request::RegisterMemory { pd, iova: 0, lead: u64::MAX, len: 2, access: Access::empty(), segments: one(8) },
             &[small.fd()]
         )
         .contains("overflow")
     );
     assert!(
         refused(
-            Request::RegisterMemory { pd: PdId(pd.0 + 1000), iova: 0, offset: 0, len: 8, access: Access::empty() },
+            Request::RegisterMemory {
+                pd: PdId(pd.0 + 1000),
+                iova: 0,
+                lead: 0,
+                len: 8,
+                access: Access::empty(),
+                segments: one(8)
+            },
             &[small.fd()]
         )
         .contains("PD")

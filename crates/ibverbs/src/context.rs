@@ -6,6 +6,8 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::mem::offset_of;
 use std::sync::Arc;
 
+use softrnic_daemon::backend::Backend;
+use softrnic_daemon::client::Session;
 use softrnic_engine::eventfd::EventFd;
 use softrnic_engine::{BindError, EngineConfig, FaultConfig, Nic, OpenError};
 use softrnic_transport::{AsyncEvent, CqId, PdId, SrqId};
@@ -46,8 +48,8 @@ pub struct Objects {
 pub struct Context {
     pub vctx: CView<verbs_context>,
     /// The engine, shared with the process's other contexts on the device
-    /// (`engines.rs`); it derefs to the `Nic`.
-    pub nic: Arc<Engine>,
+    /// (`engines.rs`), or a session with softrnicd.
+    pub backend: Backend<Arc<Engine>>,
     pub device: &'static SoftDevice,
     /// This context's objects and asynchronous events.
     pub events: Arc<ContextEvents>,
@@ -80,19 +82,30 @@ impl Context {
     fn release_objects(&self) {
         let objects = std::mem::take(&mut *self.objects());
         for &qpn in objects.qps.keys() {
-            let _ = self.nic.destroy_qp(qpn);
+            let _ = self.backend.destroy_qp(qpn);
         }
-        for &srq in objects.srqs.keys() {
-            let _ = self.nic.destroy_srq(srq);
+        if let Some(nic) = self.nic() {
+            for &srq in objects.srqs.keys() {
+                let _ = nic.destroy_srq(srq);
+            }
         }
         for &cq in objects.cqs.keys() {
-            let _ = self.nic.destroy_cq(cq);
+            let _ = self.backend.destroy_cq_id(cq);
         }
         for &lkey in &objects.mrs {
-            let _ = self.nic.deregister_memory(lkey);
+            let _ = self.backend.deregister(lkey);
         }
         for &pd in &objects.pds {
-            let _ = self.nic.dealloc_pd(pd);
+            let _ = self.backend.dealloc_pd(pd);
+        }
+    }
+
+    /// The engine, when it runs in this process: what only it offers
+    /// (SRQs, the GSI QP, re-registration, progress hints).
+    pub fn nic(&self) -> Option<&Nic> {
+        match &self.backend {
+            Backend::Engine(engine) => Some(engine),
+            Backend::Daemon(_) => None,
         }
     }
 
@@ -143,6 +156,16 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
             Ok(events) => events,
             Err(e) => return refuse_null("ibv_open_device", e.raw_os_error().unwrap_or(libc::EMFILE), e),
         };
+        if let Some(socket) = softrnic_daemon::socket_path::from_env() {
+            let session = match Session::connect(&socket, device.addr) {
+                Ok(session) => session,
+                Err(why) => {
+                    eprintln!("softrnic: cannot open {} on {}: {why}", crate::device::DEVICE_NAME, device.addr);
+                    return refuse_null("ibv_open_device", why.errno(), why);
+                }
+            };
+            return finish_open(ibv_device, device, events, Backend::Daemon(session));
+        }
         let nic = match engines::attach(device.addr, &events, || Nic::open(config)) {
             Ok(nic) => nic,
             Err(why) => {
@@ -157,20 +180,29 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
                 return refuse_null("ibv_open_device", errno, why);
             }
         };
-        let command_fd = match EventFd::new() {
-            Ok(fd) => fd,
-            Err(e) => return refuse_null("ibv_open_device", e.raw_os_error().unwrap_or(libc::EMFILE), e),
-        };
-        let ctx = Box::new(Context { vctx: CView::new(extended_ops()), nic, device, events, command_fd });
-        let ctx = Box::leak(ctx);
-        // SAFETY: the context is ours alone until returned.
-        unsafe {
-            (*ctx.ibv()).device = ibv_device;
-            (*ctx.ibv()).async_fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.events.queue);
-            (*ctx.ibv()).cmd_fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.command_fd);
-        }
-        ctx.ibv()
+        finish_open(ibv_device, device, events, Backend::Engine(nic))
     })
+}
+
+fn finish_open(
+    ibv_device: *mut ibv_device,
+    device: &'static SoftDevice,
+    events: Arc<ContextEvents>,
+    backend: Backend<Arc<Engine>>,
+) -> *mut ibv_context {
+    let command_fd = match EventFd::new() {
+        Ok(fd) => fd,
+        Err(e) => return refuse_null("ibv_open_device", e.raw_os_error().unwrap_or(libc::EMFILE), e),
+    };
+    let ctx = Box::new(Context { vctx: CView::new(extended_ops()), backend, device, events, command_fd });
+    let ctx = Box::leak(ctx);
+    // SAFETY: the context is ours alone until returned.
+    unsafe {
+        (*ctx.ibv()).device = ibv_device;
+        (*ctx.ibv()).async_fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.events.queue);
+        (*ctx.ibv()).cmd_fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.command_fd);
+    }
+    ctx.ibv()
 }
 
 #[unsafe(no_mangle)]
@@ -180,8 +212,10 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         // box was leaked there and is reclaimed exactly once, here.
         let ctx = unsafe { Box::from_raw(Context::from_ibv(context) as *const Context as *mut Context) };
         ctx.release_objects();
-        let Context { nic, events, .. } = *ctx;
-        engines::detach(nic, &events);
+        let Context { backend, events, .. } = *ctx;
+        if let Backend::Engine(nic) = backend {
+            engines::detach(nic, &events);
+        }
         0
     })
 }

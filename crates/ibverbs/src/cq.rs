@@ -2,17 +2,21 @@
 //! `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_get_cq_event`).
 //!
 //! A channel is an [`EventQueue`] of CQ handles whose descriptor is the
-//! channel's `fd`: readable while events wait, blocking or not as the
+//! channel's `fd` (through softrnicd, a datagram socket the daemon writes
+//! CQ handles to): readable while events wait, blocking or not as the
 //! program sets it, exactly as the kernel's completion event file.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
+use softrnic_daemon::backend::{Backend, CqBackend};
+use softrnic_daemon::client::Channel;
 use softrnic_engine::EventQueue;
-use softrnic_transport::{Completion, CompletionQueue, CqId};
+use softrnic_engine::Nic;
+use softrnic_transport::{Completion, CqId};
 
 use crate::abi::*;
 use crate::acks::{AckFields, Reported};
@@ -23,9 +27,25 @@ use crate::ffi::{refuse, refuse_null, set_errno};
 #[repr(C)]
 pub struct CompChannel {
     pub ibv: CView<ibv_comp_channel>,
-    pub events: Arc<EventQueue<CqId>>,
+    pub events: ChannelEvents,
     /// The program's pointer for each CQ attached to the channel.
     pub cqs: Mutex<HashMap<CqId, usize>>,
+}
+
+/// Where a channel's notifications arrive: from the engine in the process,
+/// or from softrnicd over a socket.
+pub enum ChannelEvents {
+    Engine(Arc<EventQueue<CqId>>),
+    Daemon(Channel),
+}
+
+impl ChannelEvents {
+    fn fd(&self) -> c_int {
+        match self {
+            ChannelEvents::Engine(queue) => queue.as_raw_fd(),
+            ChannelEvents::Daemon(channel) => channel.as_fd().as_raw_fd(),
+        }
+    }
 }
 
 /// A CQ. Every one is an `ibv_cq_ex`, whose first fields are `ibv_cq`'s:
@@ -39,7 +59,7 @@ pub struct Cq {
     pub comp_events: Reported,
     /// Asynchronous events (`IBV_EVENT_CQ_ERR`) handed out.
     pub async_events: Reported,
-    pub(crate) queue: Arc<CompletionQueue>,
+    pub(crate) queue: CqBackend,
     /// Completions taken from the device but not yet handed out: polling
     /// reuses its allocation.
     scratch: Mutex<Vec<Completion>>,
@@ -74,8 +94,8 @@ impl Cq {
         let mut out = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         out.clear();
         match drive {
-            true => self.context().nic.poll_cq(&self.queue, 1, &mut out),
-            false => self.queue.poll(1, &mut out),
+            true => self.context().backend.poll_cq(&self.queue, 1, &mut out),
+            false => self.queue.poll_held(1, &mut out),
         };
         out.pop()
     }
@@ -103,14 +123,21 @@ impl Cq {
 impl CompChannel {
     /// Tells the device that this thread is about to block on the channel
     /// (see `Nic::application_waits`), for the shards its CQs draw on.
-    fn application_waits(&self) -> softrnic_engine::progress::ApplicationWait<'_> {
+    fn application_waits<'a>(&self, nic: &'a Nic) -> softrnic_engine::progress::ApplicationWait<'a> {
         let cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: attached CQs are live (destroying one detaches it under
         // this lock).
-        let mask = cqs.values().fold(0, |mask, &cq| mask | unsafe { Cq::from_ibv(cq as *mut ibv_cq) }.queue.shards());
+        let mask = cqs.values().fold(0, |mask, &cq| match &unsafe { Cq::from_ibv(cq as *mut ibv_cq) }.queue {
+            CqBackend::Engine(queue) => mask | queue.shards(),
+            CqBackend::Daemon(_) => mask,
+        });
         drop(cqs);
+        nic.application_waits(mask)
+    }
+
+    fn context(&self) -> &Context {
         // SAFETY: the channel's context outlives it.
-        unsafe { Context::from_ibv((*self.ibv.get()).context) }.nic.application_waits(mask)
+        unsafe { Context::from_ibv((*self.ibv.get()).context) }
     }
 
     /// The CQs attached, as C's `refcnt`; only create and destroy of CQs
@@ -125,11 +152,21 @@ impl CompChannel {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
     crate::ffi::guard("ibv_create_comp_channel", || {
-        let events = match EventQueue::new() {
-            Ok(q) => Arc::new(q),
-            Err(e) => return refuse_null("ibv_create_comp_channel", e.raw_os_error().unwrap_or(libc::EMFILE), e),
+        if context.is_null() {
+            return refuse_null("ibv_create_comp_channel", libc::EINVAL, "NULL context");
+        }
+        // SAFETY: a live context (caller).
+        let events = match &unsafe { Context::from_ibv(context) }.backend {
+            Backend::Engine(_) => match EventQueue::new() {
+                Ok(q) => ChannelEvents::Engine(Arc::new(q)),
+                Err(e) => return refuse_null("ibv_create_comp_channel", e.raw_os_error().unwrap_or(libc::EMFILE), e),
+            },
+            Backend::Daemon(session) => match session.create_channel() {
+                Ok(channel) => ChannelEvents::Daemon(channel),
+                Err(e) => return refuse_null("ibv_create_comp_channel", e.errno(), e),
+            },
         };
-        let ibv = CView::new(ibv_comp_channel { context, fd: events.as_raw_fd(), refcnt: 0 });
+        let ibv = CView::new(ibv_comp_channel { context, fd: events.fd(), refcnt: 0 });
         Box::into_raw(Box::new(CompChannel { ibv, events, cqs: Mutex::default() })) as *mut ibv_comp_channel
     })
 }
@@ -141,6 +178,9 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         let ch = unsafe { &*(channel as *const CompChannel) };
         if ch.refcnt().load(Ordering::Acquire) > 0 {
             return refuse("ibv_destroy_comp_channel", libc::EBUSY, "CQs still use the channel");
+        }
+        if let (ChannelEvents::Daemon(channel), Backend::Daemon(session)) = (&ch.events, &ch.context().backend) {
+            let _ = session.destroy_channel(channel);
         }
         // SAFETY: boxed in `ibv_create_comp_channel`, freed once here.
         drop(unsafe { Box::from_raw(channel as *mut CompChannel) });
@@ -197,7 +237,7 @@ pub(crate) unsafe fn create(context: *mut ibv_context, attr: NewCq) -> Result<*m
     }
     // SAFETY: a live context (caller).
     let ctx = unsafe { Context::from_ibv(context) };
-    let queue = ctx.nic.create_cq(attr.cqe as usize);
+    let queue = ctx.backend.create_cq(attr.cqe as usize).map_err(|e| (e.errno(), e.to_string()))?;
     let id = queue.id();
     // SAFETY: all-zero pthread objects are their static initialisers, and
     // the rest is pointers, integers and empty function pointers.
@@ -222,7 +262,15 @@ pub(crate) unsafe fn create(context: *mut ibv_context, attr: NewCq) -> Result<*m
         let ch = unsafe { &*(attr.channel as *const CompChannel) };
         ch.refcnt().fetch_add(1, Ordering::AcqRel);
         ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, cq as usize);
-        ctx.nic.set_channel(id, Some(ch.events.clone()));
+        match (&ctx.backend, &ch.events) {
+            (Backend::Engine(nic), ChannelEvents::Engine(events)) => nic.set_channel(id, Some(events.clone())),
+            (Backend::Daemon(session), ChannelEvents::Daemon(channel)) => {
+                if let Err(e) = session.set_cq_channel(id, Some(channel)) {
+                    eprintln!("softrnic: CQ {}: its completion channel: {e}", id.0);
+                }
+            }
+            _ => unreachable!("a channel belongs to the context that made it"),
+        }
     }
     ctx.objects().cqs.insert(id, cq as usize);
     Ok(cq)
@@ -235,15 +283,18 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         let c = unsafe { Cq::from_ibv(cq) };
         let ctx = c.context();
         let id = c.id;
-        if let Err(e) = ctx.nic.destroy_cq(id) {
+        if let Err(e) = ctx.backend.destroy_cq(&c.queue) {
             return refuse("ibv_destroy_cq", e.errno(), e);
         }
         ctx.objects().cqs.remove(&id);
         if let Some(ch) = c.channel() {
-            ctx.nic.set_channel(id, None);
             ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-            // Events the program never collected die with the CQ.
-            ch.events.retain(|&fired| fired != id);
+            // Events the program never collected die with the CQ (through
+            // the daemon, `ibv_get_cq_event` skips them).
+            if let (Some(nic), ChannelEvents::Engine(events)) = (ctx.nic(), &ch.events) {
+                nic.set_channel(id, None);
+                events.retain(|&fired| fired != id);
+            }
             ch.refcnt().fetch_sub(1, Ordering::AcqRel);
         }
         // No event can name the CQ any more; wait for the program to
@@ -267,7 +318,10 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
         if cqe < 1 || cqe as u32 > limits::MAX_CQE {
             return refuse("ibv_resize_cq", libc::EINVAL, format!("cqe {cqe} is outside 1..={}", limits::MAX_CQE));
         }
-        match c.queue.resize(cqe as usize) {
+        let CqBackend::Engine(queue) = &c.queue else {
+            return refuse("ibv_resize_cq", libc::EOPNOTSUPP, "resizing a CQ through softrnicd");
+        };
+        match queue.resize(cqe as usize) {
             Ok(()) => {
                 // SAFETY: the program owns the CQ and is not polling it now
                 // (verbs forbids resizing concurrently with polling).
@@ -331,7 +385,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
         let c = unsafe { Cq::from_ibv(cq) };
         let mut out = c.scratch.lock().unwrap_or_else(|e| e.into_inner());
         out.clear();
-        let n = c.context().nic.poll_cq(&c.queue, num_entries as usize, &mut out);
+        let n = c.context().backend.poll_cq(&c.queue, num_entries as usize, &mut out);
         for (i, completion) in out.iter().enumerate() {
             // SAFETY: `wc` has room for `num_entries` entries (caller) and
             // `i < n <= num_entries`.
@@ -361,19 +415,23 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // SAFETY: a live channel (caller).
         let ch = unsafe { &*(channel as *const CompChannel) };
         loop {
-            let fired = match ch.events.try_pop() {
-                Some(id) => id,
-                None => {
-                    // Blocks unless the program made the channel's fd
-                    // non-blocking; the engine threads drive meanwhile.
-                    let _waiting = ch.application_waits();
-                    match ch.events.pop() {
-                        Ok(id) => id,
-                        Err(e) => {
-                            set_errno(e.raw_os_error().unwrap_or(libc::EIO));
-                            return -1;
-                        }
+            let fired = match &ch.events {
+                ChannelEvents::Engine(events) => match events.try_pop() {
+                    Some(id) => Ok(id),
+                    None => {
+                        // Blocks unless the program made the channel's fd
+                        // non-blocking; the engine threads drive meanwhile.
+                        let _waiting = ch.context().nic().map(|nic| ch.application_waits(nic));
+                        events.pop()
                     }
+                },
+                ChannelEvents::Daemon(channel) => channel.take(),
+            };
+            let fired = match fired {
+                Ok(id) => id,
+                Err(e) => {
+                    set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                    return -1;
                 }
             };
             let cqs = ch.cqs.lock().unwrap_or_else(|e| e.into_inner());

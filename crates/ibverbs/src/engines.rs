@@ -13,6 +13,7 @@ use std::net::IpAddr;
 use std::ops::Deref;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
+use softrnic_daemon::backend::EngineHolder;
 use softrnic_engine::engine::MAX_QUEUED_ASYNC_EVENTS;
 use softrnic_engine::{EventQueue, Nic};
 use softrnic_transport::AsyncEvent;
@@ -28,6 +29,12 @@ pub struct Engine {
 impl Deref for Engine {
     type Target = Nic;
     fn deref(&self) -> &Nic {
+        &self.nic
+    }
+}
+
+impl EngineHolder for Engine {
+    fn nic(&self) -> &Nic {
         &self.nic
     }
 }

@@ -41,7 +41,10 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
         }
         // SAFETY: a live context (caller).
         let ctx = unsafe { Context::from_ibv(context) };
-        let id = ctx.nic.alloc_pd();
+        let id = match ctx.backend.alloc_pd() {
+            Ok(id) => id,
+            Err(e) => return refuse_null("ibv_alloc_pd", e.errno(), e),
+        };
         ctx.objects().pds.insert(id);
         let pd = Box::new(Pd { ibv: CView::new(ibv_pd { context, handle: id.0 }), id });
         Box::into_raw(pd) as *mut ibv_pd
@@ -54,7 +57,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         // SAFETY: a live PD (caller).
         let p = unsafe { Pd::from_ibv(pd) };
         let id = p.id;
-        if let Err(e) = p.context().nic.dealloc_pd(id) {
+        if let Err(e) = p.context().backend.dealloc_pd(id) {
             return refuse("ibv_dealloc_pd", e.errno(), e);
         }
         p.context().objects().pds.remove(&id);
@@ -102,11 +105,10 @@ unsafe fn register(
     // SAFETY: a live PD (caller).
     let p = unsafe { Pd::from_ibv(pd) };
     // SAFETY: verbs' contract: the program keeps the registered memory
-    // mapped until `ibv_dereg_mr`, which removes the region (and with it
-    // this buffer) from the device before returning.
-    let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr as *mut u8, length) });
-    let id = p.id;
-    let keys = match p.context().nic.register_memory(id, buffer, 0, length, iova, access) {
+    // mapped until `ibv_dereg_mr`, which removes the region from the
+    // device before returning.
+    let keys = match unsafe { p.context().backend.register_program_memory(p.id, addr as *mut u8, length, iova, access) }
+    {
         Ok(k) => k,
         Err(e) => return refuse_null(verb, e.errno(), e),
     };
@@ -164,7 +166,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // SAFETY: an MR's PD outlives it.
         let ctx = unsafe { Context::from_ibv(m.context) };
         let lkey = m.lkey;
-        if let Err(e) = ctx.nic.deregister_memory(lkey) {
+        if let Err(e) = ctx.backend.deregister(lkey) {
             return refuse("ibv_dereg_mr", e.errno(), e);
         }
         ctx.objects().mrs.remove(&lkey);
@@ -198,7 +200,11 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         let old = unsafe { &mut *mr };
         // SAFETY: the MR's context is live.
         let ctx = unsafe { Context::from_ibv(old.context) };
-        let Some(region) = ctx.nic.memory_region(old.lkey) else {
+        let Some(nic) = ctx.nic() else {
+            refuse(VERB, libc::EOPNOTSUPP, "re-registering a region through softrnicd; deregister and register it");
+            return IBV_REREG_MR_ERR_INPUT;
+        };
+        let Some(region) = nic.memory_region(old.lkey) else {
             refuse(VERB, libc::EINVAL, "not a registered MR");
             return IBV_REREG_MR_ERR_INPUT;
         };
@@ -227,7 +233,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         // returns.
         let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr as *mut u8, length) });
         let iova = if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { addr as u64 } else { region.iova };
-        match ctx.nic.reregister_memory(old.lkey, pd_id, buffer, 0, length, iova, access) {
+        match nic.reregister_memory(old.lkey, pd_id, buffer, 0, length, iova, access) {
             Ok(_) => {
                 (old.pd, old.addr, old.length) = (pd, addr, length);
                 0

@@ -3,11 +3,12 @@
 //! the transport's work requests and attributes.
 
 use std::ffi::c_int;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
+use softrnic_daemon::backend::QpBackend;
 use softrnic_transport::{
-    Access, InlineData, Mtu, Payload, PostQueues, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest,
-    RemoteAddr, SendOp, SendWorkRequest, Sge, SgeList, UdDestination,
+    Access, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest, RemoteAddr,
+    SendOp, SendWorkRequest, Sge, SgeList, UdDestination,
 };
 
 use crate::abi::*;
@@ -31,7 +32,7 @@ pub struct Qp {
     pub caps: ibv_qp_cap,
     pub sq_sig_all: bool,
     /// The program's end of the QP's queues, which posts go through.
-    pub posts: Arc<PostQueues>,
+    pub posts: QpBackend,
     /// Work requests between `ibv_wr_start` and `ibv_wr_complete`.
     pub builder: Mutex<Builder>,
     /// Asynchronous events naming this QP handed out.
@@ -149,8 +150,8 @@ unsafe fn create_numbered(verb: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_at
     let init = QpInitAttr { qp_type, pd: p.id, send_cq, recv_cq, caps, sq_sig_all: a.sq_sig_all != 0, srq };
     let ctx = p.context();
     let created = match number {
-        Numbered::Next => ctx.nic.create_qp(init),
-        Numbered::Gsi => ctx.nic.create_gsi_qp(init),
+        Numbered::Next => ctx.backend.create_qp(init),
+        Numbered::Gsi => ctx.backend.create_gsi_qp(init),
     };
     let posts = match created {
         Ok(posts) => posts,
@@ -267,7 +268,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let q = unsafe { Qp::from_ibv(qp) };
         let ctx = q.context();
         let qpn = q.qpn();
-        if let Err(e) = ctx.nic.destroy_qp(qpn) {
+        if let Err(e) = ctx.backend.destroy_qp(qpn) {
             return refuse("ibv_destroy_qp", e.errno(), e);
         }
         ctx.objects().qps.remove(&qpn);
@@ -424,11 +425,11 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             converted.selective_repeat = Some(q.ece.lock().unwrap_or_else(|e| e.into_inner()).selective_repeat());
         }
         let qpn = q.qpn();
-        let nic = &q.context().nic;
-        let result = nic.modify_qp(qpn, &converted).and_then(|state| {
+        let backend = &q.context().backend;
+        let result = backend.modify_qp(&q.posts, &converted).and_then(|state| {
             if mask & IBV_QP_RATE_LIMIT != 0 {
                 let bps = (a.rate_limit != 0).then(|| u64::from(a.rate_limit) * 1000);
-                nic.set_qp_rate_limit(qpn, bps)?;
+                backend.set_qp_rate_limit(qpn, bps)?;
             }
             Ok(state)
         });
@@ -455,7 +456,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         // SAFETY: a live QP (caller).
         let q = unsafe { Qp::from_ibv(qp) };
         let qpn = q.qpn();
-        let Some((state, now)) = q.context().nic.query_qp(qpn) else {
+        let Some((state, now)) = q.context().backend.query_qp(qpn) else {
             return refuse("ibv_query_qp", libc::EINVAL, "no such QP");
         };
         // SAFETY: all-zero is a valid `ibv_qp_attr`.
@@ -607,7 +608,7 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr
     crate::ffi::guard("post_send", || {
         // SAFETY: a live QP (caller).
         let q = unsafe { Qp::from_ibv(qp) };
-        let mut send_queue = q.context().nic.send_queue(&q.posts);
+        let mut send_queue = q.context().backend.send_chain(&q.posts);
         let mut next = wr;
         while !next.is_null() {
             // SAFETY: the chain is the caller's valid list.
@@ -664,8 +665,8 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr
     crate::ffi::guard("post_recv", || {
         // SAFETY: a live QP (caller).
         let q = unsafe { Qp::from_ibv(qp) };
-        let nic = &q.context().nic;
+        let backend = &q.context().backend;
         // SAFETY: forwarded contract.
-        unsafe { post_recv_chain("ibv_post_recv", wr, bad_wr, |r| nic.post_recv(&q.posts, r)) }
+        unsafe { post_recv_chain("ibv_post_recv", wr, bad_wr, |r| backend.post_recv(&q.posts, r)) }
     })
 }

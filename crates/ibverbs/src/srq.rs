@@ -68,7 +68,10 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init
         let attr = SrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge.max(1), limit: a.attr.srq_limit };
         let ctx = p.context();
         let pd_id = p.id;
-        let queue = match ctx.nic.create_srq(pd_id, attr) {
+        let Some(nic) = ctx.nic() else {
+            return refuse_null(VERB, libc::EOPNOTSUPP, "shared receive queues through softrnicd");
+        };
+        let queue = match nic.create_srq(pd_id, attr) {
             Ok(queue) => queue,
             Err(e) => return refuse_null(VERB, e.errno(), e),
         };
@@ -122,7 +125,8 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         let s = unsafe { Srq::from_ibv(srq) };
         let ctx = s.context();
         let id = s.id;
-        if let Err(e) = ctx.nic.destroy_srq(id) {
+        // An SRQ exists only with the engine in the process.
+        if let Some(Err(e)) = ctx.nic().map(|nic| nic.destroy_srq(id)) {
             return refuse("ibv_destroy_srq", e.errno(), e);
         }
         ctx.objects().srqs.remove(&id);

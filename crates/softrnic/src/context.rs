@@ -7,8 +7,8 @@ use softrnic_daemon::client::Session;
 use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, ProgressMode, interface};
 use softrnic_transport::Mtu;
 
-use crate::backend::Backend;
 use crate::{CompletionQueue, Error, ProtectionDomain};
+use softrnic_daemon::backend::Backend;
 
 /// An open software RNIC: an engine in this process, or a device that
 /// softrnicd serves.

@@ -7,8 +7,8 @@ use softrnic_engine::EventQueue;
 use softrnic_engine::eventfd::wait_readable;
 use softrnic_transport::{Completion, CqId};
 
-use crate::backend::{Backend, CqBackend};
 use crate::{Context, Error};
+use softrnic_daemon::backend::{Backend, CqBackend};
 
 pub(crate) struct CqHandle {
     ctx: Context,

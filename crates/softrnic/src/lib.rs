@@ -33,7 +33,6 @@
 //! # }
 //! ```
 
-mod backend;
 mod context;
 mod cq;
 mod error;

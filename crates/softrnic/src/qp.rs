@@ -4,9 +4,9 @@ use softrnic_transport::{
     Access, Choice, Mtu, Psn, QpAttr, QpState, QpType, RcConnection, RecvWorkRequest, SendWorkRequest, ud_steps,
 };
 
-use crate::backend::QpBackend;
 use crate::cq::CqHandle;
 use crate::{Endpoint, Error, MemoryRegion, ProtectionDomain};
+use softrnic_daemon::backend::QpBackend;
 
 /// Connection settings, with perftest's defaults where it has them.
 #[derive(Debug, Clone)]

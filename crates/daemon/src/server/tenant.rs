@@ -29,7 +29,7 @@ use crate::doorbell::DoorbellPage;
 use crate::limits::TenantLimits;
 use crate::protocol::{self, CqLayout, Opened, PROTOCOL_VERSION, QpLayout, RemoteError, Request, Response};
 use crate::queue::SharedQueue;
-use crate::shared_memory::SharedMapping;
+use crate::shared_memory::{Segment, SharedMapping};
 use crate::wqe::{self, CQE_LEN};
 
 pub struct Tenant {
@@ -107,6 +107,7 @@ fn open(
         engine_threads: device.nic.engine_threads() as u32,
         shared_memory: device.nic.shared_memory(),
         inline_progress: device.nic.progress_mode() == ProgressMode::Inline,
+        epoch_unix_ns: crate::client::unix_ns().saturating_sub(device.nic.now().as_nanos()),
     };
     let wake = registry.wake.try_clone().map_err(|e| RemoteError::exhausted(e.to_string()))?;
     protocol::send(socket.as_fd(), &Response::Opened(opened), &[doorbell.fd(), wake.as_fd()])
@@ -158,8 +159,8 @@ impl Tenant {
                 self.pds.remove(&pd);
                 Ok((Response::Done, Vec::new()))
             }
-            Request::RegisterMemory { pd, iova, offset, len, access } => {
-                self.register(pd, iova, offset, len, access, fds)
+            Request::RegisterMemory { pd, iova, lead, len, access, segments } => {
+                self.register(pd, iova, lead, len, access, segments, fds)
             }
             Request::DeregisterMemory { lkey } => {
                 let len = *self.regions.get(&lkey).ok_or(RemoteError::not_found("MR"))?;
@@ -169,13 +170,13 @@ impl Tenant {
                 Ok((Response::Done, Vec::new()))
             }
             Request::CreateChannel => {
-                let (ours, theirs) = rustix::net::socketpair(
-                    AddressFamily::UNIX,
-                    SocketType::DGRAM,
-                    SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-                    None,
-                )
-                .map_err(|e| io(e.into()))?;
+                // The program's end blocks, as the kernel's event file does;
+                // ours never (a program that stops reading drops
+                // notifications, it does not stall the processor).
+                let (ours, theirs) =
+                    rustix::net::socketpair(AddressFamily::UNIX, SocketType::DGRAM, SocketFlags::CLOEXEC, None)
+                        .map_err(|e| io(e.into()))?;
+                rustix::io::ioctl_fionbio(&ours, true).map_err(|e| io(e.into()))?;
                 let id = self.next_channel;
                 self.next_channel += 1;
                 self.channels.insert(id, Arc::new(ours));
@@ -249,13 +250,15 @@ impl Tenant {
         self.qps.contains_key(&qpn).then_some(()).ok_or(RemoteError::not_found("QP"))
     }
 
+    #[allow(clippy::too_many_arguments)] // the verb's own arguments
     fn register(
         &mut self,
         pd: PdId,
         iova: u64,
-        offset: u64,
+        lead: u64,
         len: u64,
         access: softrnic_transport::Access,
+        segments: Vec<Segment>,
         fds: Vec<OwnedFd>,
     ) -> Answer {
         self.own_pd(pd)?;
@@ -265,12 +268,19 @@ impl Tenant {
         if self.registered_bytes.saturating_add(len) > self.limits.max_memory_bytes() {
             return Err(at_limit("MiB registered", self.limits.max_memory_mib));
         }
-        let [fd]: [OwnedFd; 1] = fds.try_into().map_err(|_| RemoteError::invalid("a region comes with one memfd"))?;
-        let end = offset.checked_add(len).filter(|&end| end <= isize::MAX as u64);
-        let end = end.ok_or_else(|| RemoteError::invalid("the region's offset and length overflow"))?;
-        let mapping = SharedMapping::attach(fd, end as usize).map_err(|e| RemoteError::invalid(e.to_string()))?;
+        if fds.len() != segments.len() {
+            return Err(RemoteError::invalid(format!("{} segments came with {} memfds", segments.len(), fds.len())));
+        }
+        let mapping = SharedMapping::attach_segments(fds.into_iter().zip(segments).collect())
+            .map_err(|e| RemoteError::invalid(e.to_string()))?;
+        if lead.checked_add(len).is_none_or(|end| end > mapping.len() as u64) {
+            return Err(RemoteError::invalid(format!(
+                "the region ({len} bytes from {lead}) overflows its segments ({} bytes)",
+                mapping.len()
+            )));
+        }
         // The engine's table holds the buffer, the buffer the mapping.
-        let buffer = mapping.into_buffer(offset as usize, len as usize);
+        let buffer = mapping.into_buffer(lead as usize, len as usize);
         let keys = self
             .device
             .nic

@@ -1,28 +1,48 @@
-//! Where a context's verbs run: an engine inside this process, or
-//! softrnicd, which serves many processes from one engine. The objects of
-//! the API hold one of these and never ask which.
+//! Where a program's verbs run: an engine inside the process, or
+//! softrnicd, which serves many processes from one engine. The Rust API and
+//! `libibverbs.so.1` hold one of these under their objects and ask which
+//! only for what one side alone offers.
 
 use std::sync::Arc;
 
-use softrnic_daemon::client::{self, Session};
-use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_engine::{Nic, NicCounters, ProgressMode};
+
+use crate::client::{self, Session};
+use crate::shared_memory::SharedMapping;
 use softrnic_transport::{
     Access, Choice, Completion, CompletionQueue, CqId, DmaBuffer, MrKeys, PdId, PostQueues, QpAttr, QpAttributes,
     QpInitAttr, QpState, RecvWorkRequest, Result, SendWorkRequest, VerbsError,
 };
 
-pub(crate) enum Backend {
-    Engine(Nic),
+/// What holds an engine in the process: a `Nic`, or something that shares
+/// one (the C library shares one engine among a process's contexts).
+pub trait EngineHolder {
+    fn nic(&self) -> &Nic;
+}
+
+impl EngineHolder for Nic {
+    fn nic(&self) -> &Nic {
+        self
+    }
+}
+
+impl<T: EngineHolder> EngineHolder for Arc<T> {
+    fn nic(&self) -> &Nic {
+        (**self).nic()
+    }
+}
+
+pub enum Backend<E: EngineHolder = Nic> {
+    Engine(E),
     Daemon(Session),
 }
 
-pub(crate) enum CqBackend {
+pub enum CqBackend {
     Engine(Arc<CompletionQueue>),
     Daemon(Box<client::Cq>),
 }
 
-pub(crate) enum QpBackend {
+pub enum QpBackend {
     Engine(Arc<PostQueues>),
     Daemon(Box<client::Qp>),
 }
@@ -37,11 +57,42 @@ fn iova_of(ptr: *const u8) -> u64 {
     IOVA_BASE + (ptr as u64 & 0xffff_ffff_f000)
 }
 
+/// See [`Backend::send_chain`].
+pub enum SendChain<'a> {
+    Engine(softrnic_engine::engine::SendQueue<'a>),
+    Daemon(&'a Session, &'a client::Qp),
+}
+
+impl SendChain<'_> {
+    pub fn post(&mut self, wr: SendWorkRequest) -> Result<()> {
+        match self {
+            SendChain::Engine(queue) => queue.post(wr),
+            SendChain::Daemon(session, qp) => session.post_send(qp, &wr),
+        }
+    }
+}
+
 impl CqBackend {
     pub fn id(&self) -> CqId {
         match self {
             CqBackend::Engine(cq) => cq.id(),
             CqBackend::Daemon(cq) => cq.id,
+        }
+    }
+
+    /// Takes what the CQ holds, without driving the engine.
+    pub fn poll_held(&self, max: usize, out: &mut Vec<Completion>) -> usize {
+        match self {
+            CqBackend::Engine(cq) => cq.poll(max, out),
+            CqBackend::Daemon(cq) => cq.poll(max, out),
+        }
+    }
+
+    /// `ibv_req_notify_cq`.
+    pub fn request_notify(&self, solicited_only: bool) {
+        match self {
+            CqBackend::Engine(cq) => cq.request_notify(solicited_only),
+            CqBackend::Daemon(cq) => cq.request_notify(solicited_only),
         }
     }
 }
@@ -55,24 +106,24 @@ impl QpBackend {
     }
 }
 
-impl Backend {
+impl<E: EngineHolder> Backend<E> {
     pub fn addr(&self) -> std::net::IpAddr {
         match self {
-            Backend::Engine(nic) => nic.addr(),
+            Backend::Engine(e) => e.nic().addr(),
             Backend::Daemon(session) => session.addr(),
         }
     }
 
     pub fn alloc_pd(&self) -> Result<PdId> {
         match self {
-            Backend::Engine(nic) => Ok(nic.alloc_pd()),
+            Backend::Engine(e) => Ok(e.nic().alloc_pd()),
             Backend::Daemon(session) => session.alloc_pd(),
         }
     }
 
     pub fn dealloc_pd(&self, pd: PdId) -> Result<()> {
         match self {
-            Backend::Engine(nic) => nic.dealloc_pd(pd),
+            Backend::Engine(e) => e.nic().dealloc_pd(pd),
             Backend::Daemon(session) => session.dealloc_pd(pd),
         }
     }
@@ -99,9 +150,9 @@ impl Backend {
 
     pub fn register_buffer(&self, pd: PdId, buffer: Arc<DmaBuffer>, iova: u64, access: Access) -> Result<MrKeys> {
         match self {
-            Backend::Engine(nic) => {
+            Backend::Engine(e) => {
                 let len = buffer.len();
-                nic.register_memory(pd, buffer, 0, len, iova, access)
+                e.nic().register_memory(pd, buffer, 0, len, iova, access)
             }
             Backend::Daemon(_) => Err(VerbsError::NotSupported(
                 "softrnicd cannot reach a buffer of this process; allocate it with ProtectionDomain::register".into(),
@@ -109,30 +160,77 @@ impl Backend {
         }
     }
 
+    /// Registers memory the program allocated itself (`ibv_reg_mr`): in
+    /// place for an engine in the process, remapped onto a memfd the
+    /// daemon maps too ([`crate::remap`]) for softrnicd.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` is the program's memory, readable and
+    /// writable, and stays mapped until the region is deregistered; nothing
+    /// writes it while this runs.
+    pub unsafe fn register_program_memory(
+        &self,
+        pd: PdId,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys> {
+        match self {
+            Backend::Engine(e) => {
+                // SAFETY: the caller's promise; the engine stops reaching
+                // the region when it is deregistered.
+                let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr, len) });
+                e.nic().register_memory(pd, buffer, 0, len, iova, access)
+            }
+            Backend::Daemon(session) => {
+                // SAFETY: forwarded.
+                let shared = unsafe { crate::remap::share(addr, len) }.map_err(|e| match e.kind() {
+                    std::io::ErrorKind::Unsupported => VerbsError::NotSupported(e.to_string()),
+                    _ => VerbsError::OutOfResources(format!("sharing the region's pages with softrnicd: {e}")),
+                })?;
+                let parts: Vec<_> = shared.parts.iter().map(|(remap, segment)| (remap.fd(), *segment)).collect();
+                session.register_segments(pd, &parts, shared.lead, len, iova, access)
+            }
+        }
+    }
+
+    /// The device's clock, which stamps completions.
+    pub fn now(&self) -> softrnic_transport::Instant {
+        match self {
+            Backend::Engine(e) => e.nic().now(),
+            Backend::Daemon(session) => session.now(),
+        }
+    }
+
     pub fn deregister(&self, lkey: u32) -> Result<()> {
         match self {
-            Backend::Engine(nic) => nic.deregister_memory(lkey),
+            Backend::Engine(e) => e.nic().deregister_memory(lkey),
             Backend::Daemon(session) => session.deregister_memory(lkey),
         }
     }
 
     pub fn create_cq(&self, capacity: usize) -> Result<CqBackend> {
         match self {
-            Backend::Engine(nic) => Ok(CqBackend::Engine(nic.create_cq(capacity))),
+            Backend::Engine(e) => Ok(CqBackend::Engine(e.nic().create_cq(capacity))),
             Backend::Daemon(session) => session.create_cq(capacity, None).map(|cq| CqBackend::Daemon(Box::new(cq))),
         }
     }
 
     pub fn destroy_cq(&self, cq: &CqBackend) -> Result<()> {
+        self.destroy_cq_id(cq.id())
+    }
+
+    pub fn destroy_cq_id(&self, cq: CqId) -> Result<()> {
         match self {
-            Backend::Engine(nic) => nic.destroy_cq(cq.id()),
-            Backend::Daemon(session) => session.destroy_cq(cq.id()),
+            Backend::Engine(e) => e.nic().destroy_cq(cq),
+            Backend::Daemon(session) => session.destroy_cq(cq),
         }
     }
 
     pub fn poll_cq(&self, cq: &CqBackend, max: usize, out: &mut Vec<Completion>) -> usize {
         match (self, cq) {
-            (Backend::Engine(nic), CqBackend::Engine(cq)) => nic.poll_cq(cq, max, out),
+            (Backend::Engine(e), CqBackend::Engine(cq)) => e.nic().poll_cq(cq, max, out),
             (Backend::Daemon(_), CqBackend::Daemon(cq)) => cq.poll(max, out),
             _ => unreachable!("a CQ belongs to the backend that made it"),
         }
@@ -140,14 +238,32 @@ impl Backend {
 
     pub fn create_qp(&self, init: QpInitAttr) -> Result<QpBackend> {
         match self {
-            Backend::Engine(nic) => nic.create_qp(init).map(QpBackend::Engine),
+            Backend::Engine(e) => e.nic().create_qp(init).map(QpBackend::Engine),
             Backend::Daemon(session) => session.create_qp(init).map(|qp| QpBackend::Daemon(Box::new(qp))),
+        }
+    }
+
+    /// The device's GSI QP (QP1), for rdma_cm.
+    pub fn create_gsi_qp(&self, init: QpInitAttr) -> Result<QpBackend> {
+        match self {
+            Backend::Engine(e) => e.nic().create_gsi_qp(init).map(QpBackend::Engine),
+            Backend::Daemon(_) => Err(VerbsError::NotSupported("the GSI QP (rdma_cm) through softrnicd".into())),
+        }
+    }
+
+    /// A QP's send queue, for posting a chain of requests: one lock and
+    /// one doorbell for an engine in the process.
+    pub fn send_chain<'a>(&'a self, qp: &'a QpBackend) -> SendChain<'a> {
+        match (self, qp) {
+            (Backend::Engine(e), QpBackend::Engine(posts)) => SendChain::Engine(e.nic().send_queue(posts)),
+            (Backend::Daemon(session), QpBackend::Daemon(qp)) => SendChain::Daemon(session, qp),
+            _ => unreachable!("a QP belongs to the backend that made it"),
         }
     }
 
     pub fn modify_qp(&self, qp: &QpBackend, attr: &QpAttr) -> Result<QpState> {
         match (self, qp) {
-            (Backend::Engine(nic), qp) => nic.modify_qp(qp.qpn(), attr),
+            (Backend::Engine(e), qp) => e.nic().modify_qp(qp.qpn(), attr),
             (Backend::Daemon(session), QpBackend::Daemon(qp)) => session.modify_qp(qp, attr),
             _ => unreachable!("a QP belongs to the backend that made it"),
         }
@@ -155,14 +271,14 @@ impl Backend {
 
     pub fn query_qp(&self, qpn: u32) -> Option<(QpState, QpAttributes)> {
         match self {
-            Backend::Engine(nic) => nic.query_qp(qpn),
+            Backend::Engine(e) => e.nic().query_qp(qpn),
             Backend::Daemon(session) => session.query_qp(qpn).ok(),
         }
     }
 
     pub fn post_send(&self, qp: &QpBackend, wr: SendWorkRequest) -> Result<()> {
         match (self, qp) {
-            (Backend::Engine(nic), QpBackend::Engine(posts)) => nic.post_send(posts, wr),
+            (Backend::Engine(e), QpBackend::Engine(posts)) => e.nic().post_send(posts, wr),
             (Backend::Daemon(session), QpBackend::Daemon(qp)) => session.post_send(qp, &wr),
             _ => unreachable!("a QP belongs to the backend that made it"),
         }
@@ -170,7 +286,7 @@ impl Backend {
 
     pub fn post_recv(&self, qp: &QpBackend, wr: RecvWorkRequest) -> Result<()> {
         match (self, qp) {
-            (Backend::Engine(nic), QpBackend::Engine(posts)) => nic.post_recv(posts, wr),
+            (Backend::Engine(e), QpBackend::Engine(posts)) => e.nic().post_recv(posts, wr),
             (Backend::Daemon(session), QpBackend::Daemon(qp)) => session.post_recv(qp, &wr),
             _ => unreachable!("a QP belongs to the backend that made it"),
         }
@@ -178,21 +294,21 @@ impl Backend {
 
     pub fn destroy_qp(&self, qpn: u32) -> Result<()> {
         match self {
-            Backend::Engine(nic) => nic.destroy_qp(qpn),
+            Backend::Engine(e) => e.nic().destroy_qp(qpn),
             Backend::Daemon(session) => session.destroy_qp(qpn),
         }
     }
 
     pub fn set_qp_rate_limit(&self, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {
         match self {
-            Backend::Engine(nic) => nic.set_qp_rate_limit(qpn, bits_per_second),
+            Backend::Engine(e) => e.nic().set_qp_rate_limit(qpn, bits_per_second),
             Backend::Daemon(session) => session.set_qp_rate_limit(qpn, bits_per_second),
         }
     }
 
     pub fn set_qp_congestion_control(&self, qpn: u32, algorithm: Option<Choice>) -> Result<()> {
         match self {
-            Backend::Engine(nic) => nic.set_qp_congestion_control(qpn, algorithm),
+            Backend::Engine(e) => e.nic().set_qp_congestion_control(qpn, algorithm),
             Backend::Daemon(_) => Err(VerbsError::NotSupported(
                 "a QP's own congestion control through softrnicd; give the daemon SOFTRNIC_CC for its devices".into(),
             )),
@@ -201,7 +317,7 @@ impl Backend {
 
     pub fn qp_congestion_rate(&self, qpn: u32) -> Option<u64> {
         match self {
-            Backend::Engine(nic) => nic.qp_congestion_rate(qpn),
+            Backend::Engine(e) => e.nic().qp_congestion_rate(qpn),
             Backend::Daemon(_) => None,
         }
     }
@@ -209,28 +325,28 @@ impl Backend {
     /// The device's counters (zero if the daemon is gone).
     pub fn counters(&self) -> NicCounters {
         match self {
-            Backend::Engine(nic) => nic.counters(),
+            Backend::Engine(e) => e.nic().counters(),
             Backend::Daemon(session) => session.counters().unwrap_or_default(),
         }
     }
 
     pub fn shared_memory(&self) -> bool {
         match self {
-            Backend::Engine(nic) => nic.shared_memory(),
+            Backend::Engine(e) => e.nic().shared_memory(),
             Backend::Daemon(session) => session.shared_memory(),
         }
     }
 
     pub fn engine_threads(&self) -> usize {
         match self {
-            Backend::Engine(nic) => nic.engine_threads(),
+            Backend::Engine(e) => e.nic().engine_threads(),
             Backend::Daemon(session) => session.engine_threads(),
         }
     }
 
     pub fn progress_mode(&self) -> ProgressMode {
         match self {
-            Backend::Engine(nic) => nic.progress_mode(),
+            Backend::Engine(e) => e.nic().progress_mode(),
             // The daemon's engine threads poll: nobody else drives them.
             Backend::Daemon(_) => ProgressMode::Dedicated,
         }
@@ -239,7 +355,7 @@ impl Backend {
     /// Drives the engine once, if it runs in this process.
     pub fn progress(&self) -> bool {
         match self {
-            Backend::Engine(nic) => nic.progress(),
+            Backend::Engine(e) => e.nic().progress(),
             Backend::Daemon(_) => false,
         }
     }

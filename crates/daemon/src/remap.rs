@@ -1,0 +1,226 @@
+//! Memory a program allocated itself (perftest `malloc`s its buffers),
+//! made reachable by softrnicd: FreeFlow's remap. The pages under the
+//! buffer are copied into a memfd, and the memfd is mapped over them at the
+//! same addresses (`MAP_FIXED | MAP_SHARED`). The program sees the same
+//! bytes at the same addresses; the daemon maps the same memfd, so a peer's
+//! WRITE lands where the program reads, with no system call per access.
+//!
+//! What it costs, and where it stops:
+//! - Whole pages move. A buffer's neighbours on its first and last page
+//!   are shared too (harmless: the process sees the same bytes).
+//! - A thread that writes the pages between the copy and the mapping
+//!   loses that write, as with FreeFlow. Programs register before they
+//!   communicate; the current thread's own stack is refused outright.
+//! - A later registration over pages an earlier one remapped reuses them
+//!   (the daemon joins the segments of several memfds into one region), as
+//!   long as the mapping is still there: `/proc/self/maps` says so, and a
+//!   range the program freed and got back from a fresh mapping has lost
+//!   it. Two buffers that share a page are common (two threads' `malloc`s).
+//! - The pages stay shared after the region is deregistered, and a child
+//!   the program forks shares them too instead of copying them (what
+//!   `ibv_fork_init` exists for on hardware).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+use crate::protocol::MAX_FDS;
+use crate::shared_memory::Segment;
+
+/// Pages of the program remapped onto a memfd.
+pub struct Remap {
+    fd: OwnedFd,
+    /// The first page's address, and the bytes of whole pages.
+    start: usize,
+    len: usize,
+    inode: u64,
+}
+
+impl Remap {
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn overlaps(&self, start: usize, end: usize) -> bool {
+        start < self.start + self.len && self.start < end
+    }
+
+    /// Whether the pages are still our memfd's, at the offsets we mapped
+    /// them: a program that freed the range and got it back from a fresh
+    /// mapping has lost the sharing.
+    fn intact(&self) -> bool {
+        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return false };
+        let mut covered = self.start;
+        for line in maps.lines() {
+            // start-end perms offset dev inode path
+            let mut fields = line.split_whitespace();
+            let (Some(range), Some(_), Some(offset), Some(_), Some(inode)) =
+                (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            let Some((lo, hi)) = range.split_once('-') else { continue };
+            let (Ok(lo), Ok(hi), Ok(offset), Ok(inode)) = (
+                usize::from_str_radix(lo, 16),
+                usize::from_str_radix(hi, 16),
+                usize::from_str_radix(offset, 16),
+                inode.parse::<u64>(),
+            ) else {
+                continue;
+            };
+            if lo <= covered && covered < hi {
+                // `covered` sits at file offset `offset + covered - lo`;
+                // ours put it at `covered - start`.
+                if inode != self.inode || offset + (covered - lo) != covered - self.start {
+                    return false;
+                }
+                covered = hi;
+                if covered >= self.start + self.len {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+}
+
+/// The process's remaps, so that overlapping registrations share pages.
+static REMAPS: Mutex<Vec<Arc<Remap>>> = Mutex::new(Vec::new());
+
+/// What a region lies on: segments of remaps, in address order.
+pub struct Shared {
+    pub parts: Vec<(Arc<Remap>, Segment)>,
+    /// Where the region starts in the first segment.
+    pub lead: usize,
+}
+
+/// Makes `[addr, addr + len)` shared memory: its pages that earlier
+/// registrations remapped stay as they are, the others are remapped now.
+///
+/// # Safety
+/// The range must be memory of this process that it may read and write
+/// (what `ibv_reg_mr` requires of it), and no other thread may write it
+/// while this runs.
+pub unsafe fn share(addr: *mut u8, len: usize) -> io::Result<Shared> {
+    let page = rustix::param::page_size();
+    let first = addr as usize & !(page - 1);
+    let end = (addr as usize).checked_add(len.max(1)).ok_or_else(|| refused("the range wraps around"))?;
+    let end = end.next_multiple_of(page);
+    let mut remaps = REMAPS.lock().unwrap_or_else(|e| e.into_inner());
+    // A remap whose pages the program unmapped (freed) shares nothing now.
+    remaps.retain(|r| !r.overlaps(first, end) || r.intact());
+    let mut existing: Vec<Arc<Remap>> = remaps.iter().filter(|r| r.overlaps(first, end)).cloned().collect();
+    existing.sort_by_key(|r| r.start);
+    let mut parts = Vec::new();
+    let mut at = first;
+    for r in existing {
+        if at < r.start {
+            // SAFETY: forwarded.
+            let gap = unsafe { remap(at, r.start, page)? };
+            remaps.push(gap.clone());
+            parts.push((gap.clone(), Segment { offset: 0, len: gap.len as u64 }));
+        }
+        let from = at.max(r.start);
+        let to = end.min(r.start + r.len);
+        parts.push((r.clone(), Segment { offset: (from - r.start) as u64, len: (to - from) as u64 }));
+        at = to;
+    }
+    if at < end {
+        // SAFETY: forwarded.
+        let tail = unsafe { remap(at, end, page)? };
+        remaps.push(tail.clone());
+        parts.push((tail.clone(), Segment { offset: 0, len: tail.len as u64 }));
+    }
+    if parts.len() > MAX_FDS {
+        return Err(refused("the buffer spans more earlier registrations than one region can join"));
+    }
+    Ok(Shared { parts, lead: addr as usize - first })
+}
+
+/// Remaps the whole pages `[start, end)` onto a new memfd.
+///
+/// # Safety
+/// As for [`share`].
+unsafe fn remap(start: usize, end: usize, page: usize) -> io::Result<Arc<Remap>> {
+    let here = &page as *const usize as usize;
+    if (start.saturating_sub(page)..end + page).contains(&here) {
+        return Err(refused("the buffer is on this thread's stack, which cannot be remapped while it runs"));
+    }
+    let fd = rustix::fs::memfd_create("softrnic-mr", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    rustix::fs::ftruncate(&fd, (end - start) as u64)?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW)?;
+    let mut done = 0;
+    while done < end - start {
+        // SAFETY: the kernel reads the program's pages (the caller's
+        // promise that they are its memory); a page it cannot read is an
+        // EFAULT, not a fault here.
+        let wrote = unsafe {
+            libc::pwrite(fd.as_raw_fd(), (start + done) as *const libc::c_void, end - start - done, done as i64)
+        };
+        if wrote <= 0 {
+            return Err(io::Error::last_os_error());
+        }
+        done += wrote as usize;
+    }
+    // SAFETY: replaces the program's pages at the same addresses with the
+    // memfd that now holds the same bytes (the caller's promise: nobody
+    // writes them meanwhile).
+    unsafe {
+        rustix::mm::mmap(
+            start as *mut libc::c_void,
+            end - start,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::SHARED | MapFlags::FIXED,
+            &fd,
+            0,
+        )?;
+    }
+    let inode = rustix::fs::fstat(&fd)?.st_ino;
+    Ok(Arc::new(Remap { fd, start, len: end - start, inode }))
+}
+
+fn refused(why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, why.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn joined(shared: &Shared) -> crate::shared_memory::SharedMapping {
+        let parts = shared.parts.iter().map(|(r, s)| (r.fd().try_clone_to_owned().unwrap(), *s)).collect();
+        crate::shared_memory::SharedMapping::attach_segments(parts).unwrap()
+    }
+
+    #[test]
+    fn heap_buffers_keep_their_bytes_and_share_pages_they_have_in_common() {
+        let page = rustix::param::page_size();
+        let mut buffer = vec![0u8; 4 * page];
+        for (i, b) in buffer.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let base = buffer.as_mut_ptr();
+        // Two regions that share a page, as two threads' buffers may.
+        // SAFETY: our own buffer, nobody else writes it.
+        let a = unsafe { share(base.add(50), 2 * page) }.unwrap();
+        assert!(buffer.iter().enumerate().all(|(i, b)| *b == i as u8), "the same bytes at the same place");
+        // SAFETY: as above.
+        let b = unsafe { share(base.add(2 * page + 10), page) }.unwrap();
+        assert!(b.parts.len() >= 2, "the shared page and a new one");
+        assert!(Arc::ptr_eq(&b.parts[0].0, a.parts.last().map(|(r, _)| r).unwrap()), "the common page is reused");
+        // Writes through the daemon's view of either land in the buffer.
+        let (va, vb) = (joined(&a), joined(&b));
+        va.bytes(a.lead, 8).write(0, b"from far");
+        assert_eq!(&buffer[50..58], b"from far");
+        vb.bytes(b.lead, 4).write(0, b"near");
+        assert_eq!(&buffer[2 * page + 10..2 * page + 14], b"near");
+        assert_eq!(va.bytes(a.lead + 2 * page - 40, 4).to_vec(), b"near", "one memory, seen from both regions");
+        let local = [0u8; 64];
+        // SAFETY: refused before anything is remapped.
+        let stack = unsafe { share(local.as_ptr() as *mut u8, 64) };
+        assert!(stack.err().unwrap().to_string().contains("stack"));
+    }
+}
