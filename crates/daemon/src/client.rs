@@ -10,8 +10,8 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
@@ -28,13 +28,24 @@ use crate::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
 use crate::shared_memory::{Segment, SharedMapping};
 use crate::wqe::{self, CQE_LEN};
 
+/// `SOFTRNIC_FORWARD=1`: every data command travels over the socket (the
+/// forwarding design, FreeFlow's), the baseline for the shared queues.
+pub const FORWARD_ENV: &str = "SOFTRNIC_FORWARD";
+
 /// An open device served by softrnicd.
 pub struct Session {
-    socket: Mutex<OwnedFd>,
+    socket: Arc<Mutex<OwnedFd>>,
+    /// Data commands go over the socket ([`FORWARD_ENV`]).
+    forward: bool,
     doorbell: DoorbellPage,
     wake: OwnedFd,
     addr: IpAddr,
     opened: Opened,
+}
+
+fn call(socket: &Mutex<OwnedFd>, request: Request, fds: &[BorrowedFd<'_>]) -> Result<(Response, Vec<OwnedFd>)> {
+    let socket = socket.lock().unwrap_or_else(|e| e.into_inner());
+    protocol::call(&*socket, &request, fds).map_err(lost)
 }
 
 fn lost(e: io::Error) -> VerbsError {
@@ -49,8 +60,15 @@ fn unexpected(response: Response) -> VerbsError {
 }
 
 impl Session {
-    /// Connects to the daemon at `socket` and opens its device on `addr`.
+    /// Connects to the daemon at `socket` and opens its device on `addr`,
+    /// forwarding data commands if [`FORWARD_ENV`] says so.
     pub fn connect(socket: &Path, addr: IpAddr) -> Result<Session> {
+        Session::connect_with(socket, addr, std::env::var(FORWARD_ENV).is_ok_and(|v| v == "1"))
+    }
+
+    /// [`Session::connect`], forwarding data commands over the socket or
+    /// not as `forward` says.
+    pub fn connect_with(socket: &Path, addr: IpAddr, forward: bool) -> Result<Session> {
         let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
             .map_err(|e| lost(e.into()))?;
         let unix = SocketAddrUnix::new(socket).map_err(|e| lost(e.into()))?;
@@ -60,13 +78,13 @@ impl Session {
                 socket.display()
             ))
         })?;
-        let (response, fds) =
-            protocol::call(&fd, &Request::Open { version: PROTOCOL_VERSION, addr }, &[]).map_err(lost)?;
+        let open = Request::Open { version: PROTOCOL_VERSION, addr, forward };
+        let (response, fds) = protocol::call(&fd, &open, &[]).map_err(lost)?;
         let Response::Opened(opened) = response else { return Err(unexpected(response)) };
         let [page, wake]: [OwnedFd; 2] =
             fds.try_into().map_err(|_| VerbsError::Device("softrnicd's answer lacks its descriptors".into()))?;
         let doorbell = DoorbellPage::attach(page).map_err(lost)?;
-        Ok(Session { socket: Mutex::new(fd), doorbell, wake, addr, opened })
+        Ok(Session { socket: Arc::new(Mutex::new(fd)), forward, doorbell, wake, addr, opened })
     }
 
     pub fn addr(&self) -> IpAddr {
@@ -108,8 +126,12 @@ impl Session {
     }
 
     fn call(&self, request: Request, fds: &[BorrowedFd<'_>]) -> Result<(Response, Vec<OwnedFd>)> {
-        let socket = self.socket.lock().unwrap_or_else(|e| e.into_inner());
-        protocol::call(&*socket, &request, fds).map_err(lost)
+        call(&self.socket, request, fds)
+    }
+
+    /// Whether data commands travel over the socket ([`FORWARD_ENV`]).
+    pub fn forwarding(&self) -> bool {
+        self.forward
     }
 
     fn call_done(&self, request: Request) -> Result<()> {
@@ -190,7 +212,8 @@ impl Session {
                 let fd = fds.into_iter().next().ok_or_else(|| VerbsError::Device("CQ without ring".into()))?;
                 let ring = SharedQueue::attach(fd, layout.slots, CQE_LEN as u32).map_err(lost)?;
                 let yield_when_empty = self.opened.inline_progress;
-                Ok(Cq { id: layout.cq, ring, consumer: Mutex::new(Consumer::default()), yield_when_empty })
+                let forward = self.forward.then(|| self.socket.clone());
+                Ok(Cq { id: layout.cq, ring, consumer: Mutex::new(Consumer::default()), yield_when_empty, forward })
             }
             (other, _) => Err(unexpected(other)),
         }
@@ -249,6 +272,12 @@ impl Session {
     /// `ibv_post_send`.
     pub fn post_send(&self, qp: &Qp, wr: &SendWorkRequest) -> Result<()> {
         check_send(qp.qpn, qp.qp_type, &qp.caps, qp.state(), wr)?;
+        if self.forward {
+            let mut entry = vec![0u8; wqe::send_slot_size(qp.caps.max_send_sge, qp.caps.max_inline_data) as usize];
+            let len = wqe::emit_send(wr, &mut entry);
+            entry.truncate(len.max(wqe::SEND_HEADER));
+            return self.call_done(Request::PostSend { qpn: qp.qpn, wqe: entry });
+        }
         let mut guard = qp.send.lock().unwrap_or_else(|e| e.into_inner());
         let (ring, producer) = &mut *guard;
         let slot = producer.slot(ring).map_err(|e| VerbsError::Device(e.to_string()))?;
@@ -271,6 +300,12 @@ impl Session {
     /// `ibv_post_recv`.
     pub fn post_recv(&self, qp: &Qp, wr: &RecvWorkRequest) -> Result<()> {
         check_recv(qp.qpn, &qp.caps, false, qp.state(), wr)?;
+        if self.forward {
+            let mut entry = vec![0u8; wqe::recv_slot_size(qp.caps.max_recv_sge) as usize];
+            let len = wqe::emit_recv(wr, &mut entry);
+            entry.truncate(len);
+            return self.call_done(Request::PostRecv { qpn: qp.qpn, wqe: entry });
+        }
         let mut guard = qp.recv.lock().unwrap_or_else(|e| e.into_inner());
         let (ring, producer) = &mut *guard;
         let slot = producer.slot(ring).map_err(|e| VerbsError::Device(e.to_string()))?;
@@ -321,11 +356,17 @@ pub struct Cq {
     consumer: Mutex<Consumer>,
     /// See [`Opened::inline_progress`].
     yield_when_empty: bool,
+    /// The session's socket, when polls travel over it.
+    forward: Option<Arc<Mutex<OwnedFd>>>,
 }
 
 impl Cq {
-    /// `ibv_poll_cq`: a read of the ring.
+    /// `ibv_poll_cq`: a read of the ring (a request to the daemon, when
+    /// forwarding).
     pub fn poll(&self, max: usize, out: &mut Vec<Completion>) -> usize {
+        if let Some(socket) = &self.forward {
+            return self.poll_forwarded(socket, max, out);
+        }
         let mut consumer = self.consumer.lock().unwrap_or_else(|e| e.into_inner());
         let mut entry = [0u8; CQE_LEN];
         let mut taken = 0;
@@ -343,6 +384,16 @@ impl Cq {
             std::thread::yield_now();
         }
         taken
+    }
+
+    fn poll_forwarded(&self, socket: &Mutex<OwnedFd>, max: usize, out: &mut Vec<Completion>) -> usize {
+        let request = Request::PollCq { cq: self.id, max: u32::try_from(max).unwrap_or(u32::MAX) };
+        let Ok((Response::Completions(bytes), _)) = call(socket, request, &[]) else { return 0 };
+        let before = out.len();
+        for entry in bytes.chunks_exact(CQE_LEN) {
+            out.push(wqe::parse_completion(entry.try_into().expect("CQE_LEN bytes")));
+        }
+        out.len() - before
     }
 
     /// `ibv_req_notify_cq`: the next completion (or the next solicited

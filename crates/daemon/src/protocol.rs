@@ -38,10 +38,14 @@ pub const MAX_FDS: usize = 16;
 pub enum Request {
     /// Opens the device on `addr` (starting it if nobody serves it yet).
     /// The answer is [`Response::Opened`] with two descriptors: the
-    /// tenant's doorbell page and the daemon's wake-up eventfd.
+    /// tenant's doorbell page and the daemon's wake-up eventfd. With
+    /// `forward`, the tenant's data commands come over this socket
+    /// instead of its queues ([`Request::PostSend`]): FreeFlow's design,
+    /// kept as the baseline the shared queues are measured against.
     Open {
         version: u32,
         addr: IpAddr,
+        forward: bool,
     },
     AllocPd,
     DeallocPd {
@@ -105,6 +109,22 @@ pub enum Request {
     },
     /// The device's counters.
     Counters,
+    /// A forwarding tenant's `ibv_post_send`: one WQE in the layout of
+    /// [`crate::wqe`].
+    PostSend {
+        qpn: u32,
+        wqe: Vec<u8>,
+    },
+    /// A forwarding tenant's `ibv_post_recv`.
+    PostRecv {
+        qpn: u32,
+        wqe: Vec<u8>,
+    },
+    /// A forwarding tenant's `ibv_poll_cq`: up to `max` CQEs.
+    PollCq {
+        cq: CqId,
+        max: u32,
+    },
 }
 
 /// The daemon's answer to one [`Request`].
@@ -118,8 +138,13 @@ pub enum Response {
     Cq(CqLayout),
     Qp(QpLayout),
     State(QpState),
-    Query { state: QpState, attributes: QpAttributes },
+    Query {
+        state: QpState,
+        attributes: QpAttributes,
+    },
     Counters(Box<NicCounters>),
+    /// CQEs in the layout of [`crate::wqe`], one after the other.
+    Completions(Vec<u8>),
     Error(RemoteError),
 }
 

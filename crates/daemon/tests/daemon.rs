@@ -289,3 +289,40 @@ fn an_armed_cq_announces_its_next_completion_on_its_channel() {
     assert_eq!(cq.poll(4, &mut out), 2);
     assert!(b.session.destroy_channel(&channel).is_err(), "a CQ still uses it");
 }
+
+/// The forwarding design (every post and poll a request to the daemon),
+/// the baseline of E11 and E12, moves the same operations, and a tenant
+/// that forwards meets one that shares its queues.
+#[test]
+fn a_forwarding_tenant_posts_and_polls_over_the_socket() {
+    let daemon = daemon("forward");
+    let socket = daemon.socket();
+    let a = Tenant::open_with(socket, address(), true);
+    let b = Tenant::open(socket, address());
+    assert!(a.session.forwarding() && !b.session.forwarding());
+    a.connect(&b);
+    b.connect(&a);
+    assert_eq!(daemon.served().0, 1, "only the sharing tenant's QP is the processor's");
+    let data = pattern(3000, 4);
+    a.write(0, &data);
+    b.session
+        .post_recv(
+            &b.qp,
+            &RecvWorkRequest { wr_id: 5, sges: smallvec![Sge { addr: b.iova(100), length: 4096, lkey: b.keys.lkey }] },
+        )
+        .unwrap();
+    a.session.post_send(&a.qp, &SendWorkRequest::new(6, SendOp::Send { imm: None }, a.sge(0, 3000))).unwrap();
+    assert_eq!((a.wait(1)[0].wr_id, b.wait(1)[0].byte_len), (6, 3000));
+    assert_eq!(b.read(100, 3000), data);
+    a.session
+        .post_recv(
+            &a.qp,
+            &RecvWorkRequest { wr_id: 7, sges: smallvec![Sge { addr: a.iova(8192), length: 64, lkey: a.keys.lkey }] },
+        )
+        .unwrap();
+    let inline = Payload::Inline(softrnic_transport::InlineData::from_slice(b"back"));
+    b.session.post_send(&b.qp, &SendWorkRequest::new(8, SendOp::Send { imm: None }, inline)).unwrap();
+    assert_eq!(a.wait(1)[0].wr_id, 7);
+    assert_eq!(a.read(8192, 4), b"back");
+    assert!(a.session.create_channel().is_err(), "no completion channels when forwarding");
+}

@@ -58,7 +58,7 @@ fn fuzzed_ring_entries_and_indices_never_stop_the_daemon() {
     for round in 0..40 {
         // A hostile tenant with a QP connected to the good tenant `a`.
         let fd = raw_connect(socket);
-        let (opened, _fds) = call(&fd, Request::Open { version: PROTOCOL_VERSION, addr: address() });
+        let (opened, _fds) = call(&fd, Request::Open { version: PROTOCOL_VERSION, addr: address(), forward: false });
         assert!(matches!(opened, Response::Opened(_)));
         let (Response::Pd(pd), _) = call(&fd, Request::AllocPd) else { panic!() };
         let (Response::Cq(cq), cq_fds) = call(&fd, Request::CreateCq { capacity: 16, channel: None }) else { panic!() };
@@ -161,14 +161,14 @@ fn garbage_and_lies_on_the_socket_are_refused() {
     assert!(protocol::receive::<Response>(fd.as_fd()).unwrap().is_none_or(|(r, _)| matches!(r, Response::Error(_))));
     // A protocol of another build.
     let fd = raw_connect(socket);
-    let (response, _) = call(&fd, Request::Open { version: PROTOCOL_VERSION + 1, addr: address() });
+    let (response, _) = call(&fd, Request::Open { version: PROTOCOL_VERSION + 1, addr: address(), forward: false });
     let Response::Error(e) = response else { panic!("{response:?}") };
     assert!(e.message.contains("protocol"), "{e:?}");
     // Verbs before opening, objects that are not ours, memory that lies.
     let fd = raw_connect(socket);
     assert!(matches!(call(&fd, Request::AllocPd).0, Response::Error(_)));
     let fd = raw_connect(socket);
-    call(&fd, Request::Open { version: PROTOCOL_VERSION, addr: address() });
+    call(&fd, Request::Open { version: PROTOCOL_VERSION, addr: address(), forward: false });
     let (Response::Pd(pd), _) = call(&fd, Request::AllocPd) else { panic!() };
     let refused = |request: Request, fds: &[std::os::fd::BorrowedFd<'_>]| {
         let (response, _) = protocol::call(&fd, &request, fds).unwrap();

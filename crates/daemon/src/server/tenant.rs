@@ -34,6 +34,9 @@ use crate::wqe::{self, CQE_LEN};
 
 pub struct Tenant {
     id: u64,
+    /// The tenant forwards its data commands over the socket: its queues
+    /// are not the processor's.
+    forward: bool,
     device: Arc<Device>,
     limits: TenantLimits,
     registry: Arc<Registry>,
@@ -91,7 +94,7 @@ fn open(
     limits: TenantLimits,
 ) -> Result<Tenant, RemoteError> {
     let first = protocol::receive::<Request>(socket.as_fd()).map_err(|e| RemoteError::invalid(e.to_string()))?;
-    let Some((Request::Open { version, addr }, _)) = first else {
+    let Some((Request::Open { version, addr, forward }, _)) = first else {
         return Err(RemoteError::invalid("the first request must open a device"));
     };
     if version != PROTOCOL_VERSION {
@@ -115,6 +118,7 @@ fn open(
     registry.update(|s| s.doorbells.push(doorbell.clone()));
     Ok(Tenant {
         id,
+        forward,
         device,
         limits,
         registry,
@@ -168,6 +172,11 @@ impl Tenant {
                 self.regions.remove(&lkey);
                 self.registered_bytes -= len;
                 Ok((Response::Done, Vec::new()))
+            }
+            Request::CreateChannel if self.forward => {
+                Err(RemoteError::from(softrnic_transport::VerbsError::NotSupported(
+                    "completion channels of a forwarding tenant (the forwarding design is a baseline)".into(),
+                )))
             }
             Request::CreateChannel => {
                 // The program's end blocks, as the kernel's event file does;
@@ -232,6 +241,34 @@ impl Tenant {
                 };
                 *served.channel.lock().unwrap_or_else(|e| e.into_inner()) = channel;
                 Ok((Response::Done, Vec::new()))
+            }
+            Request::PostSend { .. } | Request::PostRecv { .. } | Request::PollCq { .. } if !self.forward => {
+                Err(RemoteError::invalid("this tenant posts and polls through its queues, not the socket"))
+            }
+            Request::PostSend { qpn, wqe } => {
+                let qp = self.qps.get(&qpn).ok_or(RemoteError::not_found("QP"))?;
+                let caps = qp.caps;
+                let wr = wqe::parse_send(&wqe, caps.max_send_sge as usize, caps.max_inline_data as usize)
+                    .map_err(|e| RemoteError::invalid(e.to_string()))?;
+                done(nic.post_send(&qp.posts, wr))
+            }
+            Request::PostRecv { qpn, wqe } => {
+                let qp = self.qps.get(&qpn).ok_or(RemoteError::not_found("QP"))?;
+                let wr = wqe::parse_recv(&wqe, qp.caps.max_recv_sge as usize)
+                    .map_err(|e| RemoteError::invalid(e.to_string()))?;
+                done(nic.post_recv(&qp.posts, wr))
+            }
+            Request::PollCq { cq, max } => {
+                let served = self.cqs.get(&cq).ok_or(RemoteError::not_found("CQ"))?;
+                // As many as one answer holds.
+                let max = (max as usize).min((protocol::MAX_MESSAGE - 16) / CQE_LEN);
+                let mut out = Vec::with_capacity(max);
+                nic.poll_cq(&served.queue, max, &mut out);
+                let mut bytes = vec![0u8; out.len() * CQE_LEN];
+                for (c, slot) in out.iter().zip(bytes.chunks_exact_mut(CQE_LEN)) {
+                    wqe::emit_completion(c, slot.try_into().expect("CQE_LEN bytes"));
+                }
+                Ok((Response::Completions(bytes), Vec::new()))
             }
             Request::Counters => Ok((Response::Counters(Box::new(nic.counters())), Vec::new())),
             Request::DestroyQp { qpn } => {
@@ -310,7 +347,9 @@ impl Tenant {
         let fd = ring.fd().try_clone_to_owned().map_err(io)?;
         let served = Arc::new(ServedCq::new(self.id, self.device.clone(), queue, ring, channel));
         self.cqs.insert(layout.cq, served.clone());
-        self.registry.update(|s| s.cqs.push(served));
+        if !self.forward {
+            self.registry.update(|s| s.cqs.push(served));
+        }
         Ok((Response::Cq(layout), vec![fd]))
     }
 
@@ -366,7 +405,9 @@ impl Tenant {
         let fds = vec![send.fd().try_clone_to_owned().map_err(io)?, recv.fd().try_clone_to_owned().map_err(io)?];
         let served = Arc::new(ServedQp::new(self.id, self.device.clone(), posts, caps, send, Some(recv)));
         self.qps.insert(qpn, served.clone());
-        self.registry.update(|s| s.qps.push(served));
+        if !self.forward {
+            self.registry.update(|s| s.qps.push(served));
+        }
         Ok((Response::Qp(layout), fds))
     }
 

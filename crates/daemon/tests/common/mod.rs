@@ -48,7 +48,12 @@ pub struct Tenant {
 
 impl Tenant {
     pub fn open(socket: &Path, addr: IpAddr) -> Tenant {
-        let session = Arc::new(Session::connect(socket, addr).unwrap());
+        Tenant::open_with(socket, addr, false)
+    }
+
+    /// A tenant that forwards its data commands over the socket, or not.
+    pub fn open_with(socket: &Path, addr: IpAddr, forward: bool) -> Tenant {
+        let session = Arc::new(Session::connect_with(socket, addr, forward).unwrap());
         let pd = session.alloc_pd().unwrap();
         let memory = SharedMapping::create("test-region", REGION).unwrap();
         let iova = memory.as_ptr() as u64;
