@@ -255,3 +255,60 @@ fn fct_quick_writes_flows_buckets_and_the_figure() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--load 2: give the offered load as a fraction"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// perftest (Debian's package) plays E11's and E12's instances: present
+/// here, or the test says why it does not run; under CI it must run.
+fn perftest_here(test: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("ib_write_bw").exists()));
+    if !found {
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{test}: CI must install perftest (.ci/run does)");
+        eprintln!("{test}: skipped: perftest is not installed (sudo apt-get install perftest)");
+    }
+    found
+}
+
+#[test]
+fn e11_quick_runs_perftest_through_the_daemon_on_the_host_and_forwarded() {
+    if !perftest_here("e11") {
+        return;
+    }
+    let out = out_dir("e11");
+    let o = run(&["exp", "e11", "--quick", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (header, rows) = csv(&out.join("e11_results.csv"));
+    assert_eq!(header, "mode,test,size,value,unit");
+    for mode in ["host", "softrnicd", "forwarding"] {
+        for test in ["ib_send_bw", "ib_send_lat", "ib_write_bw", "ib_write_lat"] {
+            let sizes: Vec<&str> = rows
+                .iter()
+                .filter(|r| r.starts_with(&format!("{mode},{test},")))
+                .map(|r| r.split(',').nth(2).unwrap())
+                .collect();
+            assert_eq!(sizes, ["64", "65536"], "{mode} {test}: {rows:?}");
+        }
+    }
+    assert!(rows.iter().all(|r| r.split(',').nth(3).unwrap().parse::<f64>().unwrap() > 0.0), "{rows:?}");
+    assert_figure_parses(&out.join("e11_figure.svg"), &["host", "softrnicd", "forwarding"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("x forwarding"), "the ratios: {text}");
+}
+
+#[test]
+fn e12_quick_runs_sixteen_pairs_at_once() {
+    if !perftest_here("e12") {
+        return;
+    }
+    let out = out_dir("e12");
+    let o = run(&["exp", "scalability", "--quick", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (header, rows) = csv(&out.join("e12_results.csv"));
+    assert_eq!(header, "mode,pairs,gbps_per_pair,gbps_aggregate,daemon_bytes_per_pair,failed_pairs");
+    let keys: Vec<String> = rows.iter().map(|r| r.split(',').take(2).collect::<Vec<_>>().join(",")).collect();
+    assert_eq!(keys, ["softrnicd,2", "softrnicd,16", "forwarding,2", "forwarding,16"]);
+    for row in &rows {
+        let f: Vec<f64> = row.split(',').skip(2).map(|x| x.parse().unwrap()).collect();
+        assert!(f[0] > 0.0 && f[1] >= f[0] && f[3] == 0.0, "every pair moved data: {row}");
+    }
+    assert_figure_parses(&out.join("e12_figure.svg"), &["softrnicd", "forwarding"]);
+}

@@ -272,58 +272,47 @@ impl Session {
     /// `ibv_post_send`.
     pub fn post_send(&self, qp: &Qp, wr: &SendWorkRequest) -> Result<()> {
         check_send(qp.qpn, qp.qp_type, &qp.caps, qp.state(), wr)?;
+        let size = wqe::send_slot_size(qp.caps.max_send_sge, qp.caps.max_inline_data);
         if self.forward {
-            let mut entry = vec![0u8; wqe::send_slot_size(qp.caps.max_send_sge, qp.caps.max_inline_data) as usize];
-            let len = wqe::emit_send(wr, &mut entry);
-            entry.truncate(len.max(wqe::SEND_HEADER));
-            return self.call_done(Request::PostSend { qpn: qp.qpn, wqe: entry });
+            let wqe = entry(size, |slot| wqe::emit_send(wr, slot).max(wqe::SEND_HEADER));
+            return self.call_done(Request::PostSend { qpn: qp.qpn, wqe });
         }
-        let mut guard = qp.send.lock().unwrap_or_else(|e| e.into_inner());
-        let (ring, producer) = &mut *guard;
-        let slot = producer.slot(ring).map_err(|e| VerbsError::Device(e.to_string()))?;
-        let slot = slot.ok_or_else(|| {
-            VerbsError::OutOfResources(format!(
-                "send queue of QP {:#x} is full ({} requests)",
-                qp.qpn,
-                ring.slot_count()
-            ))
-        })?;
-        let mut entry = [0u8; 4096];
-        let len = wqe::emit_send(wr, &mut entry);
-        ring.write_slot(slot, &entry[..len]);
-        producer.publish(ring);
-        drop(guard);
-        self.doorbell.ring(&self.wake);
-        Ok(())
+        self.publish(&qp.send, "send", qp.qpn, &entry(size, |slot| wqe::emit_send(wr, slot)))
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&self, qp: &Qp, wr: &RecvWorkRequest) -> Result<()> {
         check_recv(qp.qpn, &qp.caps, false, qp.state(), wr)?;
+        let wqe = entry(wqe::recv_slot_size(qp.caps.max_recv_sge), |slot| wqe::emit_recv(wr, slot));
         if self.forward {
-            let mut entry = vec![0u8; wqe::recv_slot_size(qp.caps.max_recv_sge) as usize];
-            let len = wqe::emit_recv(wr, &mut entry);
-            entry.truncate(len);
-            return self.call_done(Request::PostRecv { qpn: qp.qpn, wqe: entry });
+            return self.call_done(Request::PostRecv { qpn: qp.qpn, wqe });
         }
-        let mut guard = qp.recv.lock().unwrap_or_else(|e| e.into_inner());
+        self.publish(&qp.recv, "receive", qp.qpn, &wqe)
+    }
+
+    /// Writes `entry` into the next slot of a QP's ring and rings the
+    /// doorbell if the daemon sleeps.
+    fn publish(&self, queue: &Mutex<(SharedQueue, Producer)>, which: &str, qpn: u32, entry: &[u8]) -> Result<()> {
+        let mut guard = queue.lock().unwrap_or_else(|e| e.into_inner());
         let (ring, producer) = &mut *guard;
         let slot = producer.slot(ring).map_err(|e| VerbsError::Device(e.to_string()))?;
         let slot = slot.ok_or_else(|| {
-            VerbsError::OutOfResources(format!(
-                "receive queue of QP {:#x} is full ({} requests)",
-                qp.qpn,
-                ring.slot_count()
-            ))
+            VerbsError::OutOfResources(format!("{which} queue of QP {qpn:#x} is full ({} requests)", ring.slot_count()))
         })?;
-        let mut entry = [0u8; 1024];
-        let len = wqe::emit_recv(wr, &mut entry);
-        ring.write_slot(slot, &entry[..len]);
+        ring.write_slot(slot, entry);
         producer.publish(ring);
         drop(guard);
         self.doorbell.ring(&self.wake);
         Ok(())
     }
+}
+
+/// A work queue entry of at most `size` bytes, as `emit` writes it.
+fn entry(size: u32, emit: impl FnOnce(&mut [u8]) -> usize) -> Vec<u8> {
+    let mut entry = vec![0u8; size as usize];
+    let len = emit(&mut entry);
+    entry.truncate(len);
+    entry
 }
 
 /// Nanoseconds since the Unix epoch, the clock both sides share.

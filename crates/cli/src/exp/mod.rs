@@ -13,6 +13,7 @@
 
 mod aggregation;
 mod cc;
+mod daemon;
 mod experiments;
 mod fct;
 mod figure;
@@ -217,6 +218,14 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
             "  {:4} {:11} in-network aggregation shared by two jobs, one straggling (the lab's switch, needs root; and the simulator)",
             "e10", "aggregation"
         );
+        println!(
+            "  {:4} {:11} perftest through softrnicd, against the host and the forwarding design",
+            "e11", "containers"
+        );
+        println!(
+            "  {:4} {:11} 2 to 128 pairs of ib_write_bw through one softrnicd, and forwarded",
+            "e12", "scalability"
+        );
         return Ok(());
     };
     if name.eq_ignore_ascii_case("incast") {
@@ -227,6 +236,12 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     }
     if name.eq_ignore_ascii_case("e10") || name.eq_ignore_ascii_case("aggregation") {
         return aggregation::run(args);
+    }
+    if name.eq_ignore_ascii_case("e11") || name.eq_ignore_ascii_case("containers") {
+        return daemon::e11(args);
+    }
+    if name.eq_ignore_ascii_case("e12") || name.eq_ignore_ascii_case("scalability") {
+        return daemon::e12(args);
     }
     if name.eq_ignore_ascii_case("fct") || name.eq_ignore_ascii_case("fattree") {
         return fct::run(args);

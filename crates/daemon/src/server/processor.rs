@@ -101,85 +101,28 @@ impl ServedQp {
     }
 
     fn drain_send(&self, cursors: &mut Cursors) -> bool {
-        let mut slot = vec![0u8; self.send.slot_size() as usize];
+        if cursors.send.slot(&self.send) == Ok(None) {
+            return false; // the common case: no lock taken
+        }
         let (max_sge, max_inline) = (self.caps.max_send_sge as usize, self.caps.max_inline_data as usize);
-        let mut moved = 0;
-        let mut fault = None;
         // One lock and one doorbell for the batch; released before a
         // fault moves the QP to error.
         let mut queue = self.device.nic.send_queue(&self.posts);
-        while moved < WQE_BATCH {
-            let index = match cursors.send.slot(&self.send) {
-                Ok(Some(index)) => index,
-                Ok(None) => break,
-                Err(broken) => {
-                    fault = Some(Fault::Ring(format!("send queue: {broken}")));
-                    break;
-                }
-            };
-            self.send.read_slot(index, &mut slot);
-            let posted = match wqe::parse_send(&slot, max_sge, max_inline) {
-                Ok(wr) => queue.post(wr),
-                Err(e) => Err(VerbsError::invalid(e.to_string())),
-            };
-            match posted {
-                // The engine's queue is full: this WQE waits in the ring.
-                Err(VerbsError::OutOfResources(_)) => break,
-                Err(e) => {
-                    fault = Some(Fault::Entry {
-                        wr_id: wqe::wr_id(&slot),
-                        send: true,
-                        why: format!("send WQE refused: {e}"),
-                    })
-                }
-                Ok(()) => {}
-            }
-            cursors.send.release(&self.send);
-            moved += 1;
-            if fault.is_some() {
-                break;
-            }
-        }
+        let (moved, fault) = drain_ring(&self.send, &mut cursors.send, true, |slot| {
+            let wr = wqe::parse_send(slot, max_sge, max_inline).map_err(|e| VerbsError::invalid(e.to_string()))?;
+            queue.post(wr)
+        });
         drop(queue);
         self.handle_fault(cursors, fault);
         moved > 0
     }
 
     fn drain_recv(&self, cursors: &mut Cursors, recv: &SharedQueue) -> bool {
-        let mut slot = vec![0u8; recv.slot_size() as usize];
-        let mut moved = 0;
-        let mut fault = None;
-        while moved < WQE_BATCH {
-            let index = match cursors.recv.slot(recv) {
-                Ok(Some(index)) => index,
-                Ok(None) => break,
-                Err(broken) => {
-                    fault = Some(Fault::Ring(format!("receive queue: {broken}")));
-                    break;
-                }
-            };
-            recv.read_slot(index, &mut slot);
-            let posted = match wqe::parse_recv(&slot, self.caps.max_recv_sge as usize) {
-                Ok(wr) => self.device.nic.post_recv(&self.posts, wr),
-                Err(e) => Err(VerbsError::invalid(e.to_string())),
-            };
-            match posted {
-                Err(VerbsError::OutOfResources(_)) => break,
-                Err(e) => {
-                    fault = Some(Fault::Entry {
-                        wr_id: wqe::wr_id(&slot),
-                        send: false,
-                        why: format!("receive WQE refused: {e}"),
-                    })
-                }
-                Ok(()) => {}
-            }
-            cursors.recv.release(recv);
-            moved += 1;
-            if fault.is_some() {
-                break;
-            }
-        }
+        let max_sge = self.caps.max_recv_sge as usize;
+        let (moved, fault) = drain_ring(recv, &mut cursors.recv, false, |slot| {
+            let wr = wqe::parse_recv(slot, max_sge).map_err(|e| VerbsError::invalid(e.to_string()))?;
+            self.device.nic.post_recv(&self.posts, wr)
+        });
         self.handle_fault(cursors, fault);
         moved > 0
     }
@@ -213,6 +156,42 @@ impl ServedQp {
             Fault::Ring(_) => cursors.broken = true,
         }
     }
+}
+
+/// Moves up to [`WQE_BATCH`] entries of a ring through `post`, which
+/// parses one slot's bytes and posts the request. Stops early when the
+/// engine's queue is full (the entry waits in the ring) or at a fault.
+/// Returns how many entries it took, and the fault.
+fn drain_ring(
+    ring: &SharedQueue,
+    cursor: &mut Consumer,
+    send: bool,
+    mut post: impl FnMut(&[u8]) -> Result<(), VerbsError>,
+) -> (usize, Option<Fault>) {
+    let queue = if send { "send" } else { "receive" };
+    // Allocated at the first entry: most passes find none.
+    let mut slot = Vec::new();
+    let mut moved = 0;
+    while moved < WQE_BATCH {
+        let index = match cursor.slot(ring) {
+            Ok(Some(index)) => index,
+            Ok(None) => break,
+            Err(broken) => return (moved, Some(Fault::Ring(format!("{queue} queue: {broken}")))),
+        };
+        slot.resize(ring.slot_size() as usize, 0);
+        ring.read_slot(index, &mut slot);
+        let fault = match post(&slot) {
+            Err(VerbsError::OutOfResources(_)) => break,
+            Err(e) => Some(Fault::Entry { wr_id: wqe::wr_id(&slot), send, why: format!("{queue} WQE refused: {e}") }),
+            Ok(()) => None,
+        };
+        cursor.release(ring);
+        moved += 1;
+        if fault.is_some() {
+            return (moved, fault);
+        }
+    }
+    (moved, None)
 }
 
 /// What a tenant got wrong in a QP's rings.

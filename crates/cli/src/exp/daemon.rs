@@ -1,0 +1,433 @@
+//! E11 and E12: unmodified perftest through softrnicd, against the engine
+//! in each program (the host) and against the forwarding design, where
+//! every data command crosses the daemon's socket (FreeFlow's).
+//!
+//! - `softrnic exp e11` (`containers`): `ib_send_bw`, `ib_send_lat`,
+//!   `ib_write_bw`, `ib_write_lat`, 4 B to 1 MiB (`-a`, 1000 iterations),
+//!   each way of running in turn.
+//! - `softrnic exp e12` (`scalability`): 2 to 128 pairs running
+//!   `ib_write_bw` with 128 KiB messages at once, through the daemon and
+//!   forwarding; throughput per pair, the aggregate, and the daemon's
+//!   memory per pair.
+//!
+//! Each instance is a process with a device of its own (its own loopback
+//! address), as a container has; the daemon serves them all. Both write
+//! `results/<exp>_results.csv`, the perftest logs and a figure.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::ExpArgs;
+use super::figure::Series;
+use super::panels::{self, Panel};
+
+/// How a pair reaches its devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// An engine inside each program.
+    Host,
+    /// One softrnicd, queues in shared memory.
+    Daemon,
+    /// One softrnicd, every post and poll over its socket.
+    Forwarding,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Host => "host",
+            Mode::Daemon => "softrnicd",
+            Mode::Forwarding => "forwarding",
+        }
+    }
+
+    fn env(self, socket: &Path) -> Vec<(&'static str, String)> {
+        let socket = socket.display().to_string();
+        match self {
+            Mode::Host => vec![("SOFTRNIC_DAEMON", "off".into())],
+            Mode::Daemon => vec![("SOFTRNIC_DAEMON", socket), ("SOFTRNIC_FORWARD", "0".into())],
+            Mode::Forwarding => vec![("SOFTRNIC_DAEMON", socket), ("SOFTRNIC_FORWARD", "1".into())],
+        }
+    }
+}
+
+/// softrnic's build: where softrnicd and libibverbs.so.1 are.
+struct Build {
+    bin: PathBuf,
+    lib: PathBuf,
+}
+
+impl Build {
+    fn here() -> Result<Build, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let bin = exe.parent().ok_or("softrnic has no directory")?.to_path_buf();
+        let lib = bin.join("../softrnic/lib");
+        let lib = lib.canonicalize().unwrap_or(lib);
+        for (path, how) in [
+            (bin.join("softrnicd"), "cargo build --release -p softrnic-daemon"),
+            (lib.join("libibverbs.so.1"), "scripts/build-libibverbs.sh"),
+        ] {
+            if !path.exists() {
+                return Err(format!("{} is missing: run {how}", path.display()));
+            }
+        }
+        for program in ["ib_send_bw", "ib_write_bw"] {
+            if super::experiments::which(program).is_none() {
+                return Err(format!("{program} is missing: apt-get install perftest"));
+            }
+        }
+        Ok(Build { bin, lib })
+    }
+}
+
+/// A softrnicd for the experiment, stopped when dropped.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(build: &Build, out: &Path) -> Result<Daemon, String> {
+        let socket = std::env::temp_dir().join(format!("softrnicd-exp-{}.sock", std::process::id()));
+        let log = std::fs::File::create(out.join("softrnicd.log")).map_err(|e| e.to_string())?;
+        let child = Command::new(build.bin.join("softrnicd"))
+            .arg("--socket")
+            .arg(&socket)
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start softrnicd: {e}"))?;
+        let mut daemon = Daemon { child, socket };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !daemon.socket.exists() {
+            if Instant::now() > deadline || daemon.child.try_wait().ok().flatten().is_some() {
+                return Err(format!("softrnicd did not start; see {}", out.join("softrnicd.log").display()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(daemon)
+    }
+
+    /// The daemon's resident memory, bytes.
+    fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next());
+        kib.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 1024
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        super::stop_child(&mut self.child);
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// One perftest process.
+struct Perftest {
+    child: Child,
+    log: PathBuf,
+}
+
+fn perftest(
+    build: &Build,
+    env: &[(&str, String)],
+    addr: &str,
+    args: &[String],
+    log: PathBuf,
+) -> Result<Perftest, String> {
+    let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+    let mut command = Command::new(&args[0]);
+    command
+        .args(&args[1..])
+        .env("LD_LIBRARY_PATH", &build.lib)
+        .env("SOFTRNIC_ADDR", addr)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().map_err(|e| e.to_string())?)
+        .stderr(file);
+    let child = command.spawn().map_err(|e| format!("cannot start {}: {e}", args[0]))?;
+    Ok(Perftest { child, log })
+}
+
+impl Perftest {
+    /// Waits for it; its log's result rows.
+    fn finish(mut self, limit: Duration) -> Result<Vec<Vec<f64>>, String> {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+                if !status.success() {
+                    return Err(format!("{} exited with {status}; see {}", self.log.display(), self.log.display()));
+                }
+                return Ok(result_rows(&text));
+            }
+            if start.elapsed() > limit {
+                super::stop_child(&mut self.child);
+                return Err(format!("{} ran past {}s; see it", self.log.display(), limit.as_secs()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// perftest's result rows: lines of numbers that start with the size.
+fn result_rows(text: &str) -> Vec<Vec<f64>> {
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() >= 4 && f[0].parse::<u64>().is_ok())
+        .filter_map(|f| f.iter().map(|x| x.parse::<f64>().ok()).collect())
+        .collect()
+}
+
+/// The two addresses of instance pair `i`.
+fn addresses(i: usize) -> (String, String) {
+    let pid = std::process::id() as usize;
+    let second = 150 + pid % 50;
+    (
+        format!("127.{second}.{}.{}", 1 + i / 100, 1 + 2 * (i % 100)),
+        format!("127.{second}.{}.{}", 1 + i / 100, 2 + 2 * (i % 100)),
+    )
+}
+
+/// Runs one perftest pair and returns the client's rows.
+fn pair(
+    build: &Build,
+    env: &[(&str, String)],
+    i: usize,
+    program: &str,
+    args: &[&str],
+    logs: &Path,
+    tag: &str,
+) -> Result<Vec<Vec<f64>>, String> {
+    let (server_addr, client_addr) = addresses(i);
+    let port = (21_000 + (std::process::id() as usize * 13 + i) % 20_000).to_string();
+    let mut argv: Vec<String> = std::iter::once(program).chain(args.iter().copied()).map(str::to_string).collect();
+    argv.extend(["-p".to_string(), port]);
+    let server = perftest(build, env, &server_addr, &argv, logs.join(format!("{tag}_server.log")))?;
+    std::thread::sleep(Duration::from_millis(300));
+    argv.push(server_addr);
+    let client = perftest(build, env, &client_addr, &argv, logs.join(format!("{tag}_client.log")))?;
+    let limit = Duration::from_secs(300);
+    let rows = client.finish(limit);
+    let served = server.finish(Duration::from_secs(15));
+    let rows = rows?;
+    served?;
+    Ok(rows)
+}
+
+fn output(args: &ExpArgs, exp: &str) -> Result<(PathBuf, PathBuf), String> {
+    let logs = args.out.join(format!("{exp}_logs"));
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+    Ok((args.out.join(format!("{exp}_results.csv")), logs))
+}
+
+fn write_csv(path: &Path, header: &str, rows: &[String]) -> Result<(), String> {
+    let mut file = std::fs::File::create(path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    writeln!(file, "{header}").map_err(|e| e.to_string())?;
+    for row in rows {
+        writeln!(file, "{row}").map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+const MODES: [Mode; 3] = [Mode::Host, Mode::Daemon, Mode::Forwarding];
+const E11_TESTS: [&str; 4] = ["ib_send_bw", "ib_send_lat", "ib_write_bw", "ib_write_lat"];
+
+/// `softrnic exp e11`.
+pub fn e11(args: &ExpArgs) -> Result<(), String> {
+    let build = Build::here()?;
+    let (csv, logs) = output(args, "e11")?;
+    let daemon = Daemon::start(&build, &logs)?;
+    // Quick: two sizes, few iterations; else every size perftest's -a
+    // runs, kept from 4 B to 1 MiB.
+    let sizes: &[&str] = if args.quick { &["-s", "64"] } else { &["-a"] };
+    let iterations = if args.quick { "200" } else { "1000" };
+    let mut rows = Vec::new();
+    let mut series: Vec<(usize, Series)> = Vec::new();
+    for (t, test) in E11_TESTS.iter().enumerate() {
+        let lat = test.ends_with("_lat");
+        for mode in MODES {
+            let mut perftest_args: Vec<&str> = sizes.to_vec();
+            perftest_args.extend(["-n", iterations]);
+            if !lat {
+                perftest_args.push("--report_gbits");
+            }
+            let tag = format!("{test}_{}", mode.name());
+            eprintln!("e11: {test} {} ...", mode.name());
+            let got = pair(&build, &mode.env(&daemon.socket), t, test, &perftest_args, &logs, &tag)?;
+            let mut points = Vec::new();
+            for row in got.iter().filter(|r| (4.0..=1048576.0).contains(&r[0])) {
+                // bw: bytes iters peak avg msg_rate; lat: bytes iters min max typical ...
+                let (value, unit) = if lat { (row[4], "us") } else { (row[3], "gbps") };
+                rows.push(format!("{},{test},{},{value},{unit}", mode.name(), row[0]));
+                points.push((row[0], value));
+            }
+            series.push((t, Series { name: mode.name().to_string(), points }));
+        }
+        if args.quick {
+            // One more size in the quick run: a large message.
+            for mode in MODES {
+                let mut perftest_args = vec!["-s", "65536", "-n", iterations];
+                if !lat {
+                    perftest_args.push("--report_gbits");
+                }
+                let tag = format!("{test}_{}_64k", mode.name());
+                let got = pair(&build, &mode.env(&daemon.socket), t, test, &perftest_args, &logs, &tag)?;
+                for row in &got {
+                    let (value, unit) = if lat { (row[4], "us") } else { (row[3], "gbps") };
+                    rows.push(format!("{},{test},{},{value},{unit}", mode.name(), row[0]));
+                    if let Some((_, s)) = series.iter_mut().find(|(i, s)| *i == t && s.name == mode.name()) {
+                        s.points.push((row[0], value));
+                    }
+                }
+            }
+        }
+    }
+    drop(daemon);
+    write_csv(&csv, "mode,test,size,value,unit", &rows)?;
+    let panels: Vec<Panel> = E11_TESTS
+        .iter()
+        .enumerate()
+        .map(|(t, test)| Panel {
+            x_label: format!("{test}: message size (B)"),
+            y_label: if test.ends_with("_lat") { "typical latency (µs)".into() } else { "Gb/s".into() },
+            x_log: true,
+            series: series.iter().filter(|(i, _)| *i == t).map(|(_, s)| s.clone()).collect(),
+        })
+        .collect();
+    let figure = args.out.join("e11_figure.svg");
+    panels::write(&figure, "E11: perftest through softrnicd, on the host, and forwarded", &panels)?;
+    print_e11_summary(&rows);
+    println!("wrote {}, {} and the logs in {}", csv.display(), figure.display(), logs.display());
+    Ok(())
+}
+
+/// The ratios at 64 B and at 64 KiB and above.
+fn print_e11_summary(rows: &[String]) {
+    let value = |mode: &str, test: &str, size: f64| {
+        rows.iter().map(|r| r.split(',').collect::<Vec<_>>()).find_map(|f| {
+            (f[0] == mode && f[1] == test && f[2].parse::<f64>().ok() == Some(size))
+                .then(|| f[3].parse::<f64>().ok())
+                .flatten()
+        })
+    };
+    println!("\nE11 ratios (softrnicd against forwarding, and against the host):");
+    for test in E11_TESTS {
+        for size in [64.0, 65536.0] {
+            if let (Some(d), Some(f), Some(h)) =
+                (value("softrnicd", test, size), value("forwarding", test, size), value("host", test, size))
+            {
+                println!(
+                    "  {test:13} {size:>6} B: softrnicd {d:.3}, forwarding {f:.3}, host {h:.3}: {:.2}x forwarding, {:.2}x host",
+                    d / f,
+                    d / h
+                );
+            }
+        }
+    }
+}
+
+const E12_HEADER: &str = "mode,pairs,gbps_per_pair,gbps_aggregate,daemon_bytes_per_pair,failed_pairs";
+
+/// `softrnic exp e12`.
+pub fn e12(args: &ExpArgs) -> Result<(), String> {
+    let build = Build::here()?;
+    let (csv, logs) = output(args, "e12")?;
+    let counts: &[usize] = if args.quick { &[2, 16] } else { &[2, 4, 8, 16, 32, 64, 128] };
+    let seconds = if args.quick { "2" } else { "5" };
+    let mut rows = Vec::new();
+    let mut per_pair: Vec<Series> = Vec::new();
+    let mut aggregate: Vec<Series> = Vec::new();
+    for mode in [Mode::Daemon, Mode::Forwarding] {
+        let daemon = Daemon::start(&build, &logs)?;
+        let idle = daemon.rss();
+        let (mut pair_points, mut total_points) = (Vec::new(), Vec::new());
+        for &n in counts {
+            eprintln!("e12: {n} pairs, {} ...", mode.name());
+            let env = mode.env(&daemon.socket);
+            let argv = |port: &str| -> Vec<String> {
+                ["ib_write_bw", "-s", "131072", "-D", seconds, "--report_gbits", "-p", port]
+                    .map(str::to_string)
+                    .to_vec()
+            };
+            let mut servers = Vec::new();
+            for i in 0..n {
+                let (server_addr, _) = addresses(i);
+                let port = (30_000 + i).to_string();
+                let tag = format!("{}_{n}_{i}", mode.name());
+                servers.push(perftest(
+                    &build,
+                    &env,
+                    &server_addr,
+                    &argv(&port),
+                    logs.join(format!("{tag}_server.log")),
+                )?);
+            }
+            std::thread::sleep(Duration::from_millis(300 + 20 * n as u64));
+            let mut clients = Vec::new();
+            for i in 0..n {
+                let (server_addr, client_addr) = addresses(i);
+                let mut a = argv(&(30_000 + i).to_string());
+                a.push(server_addr);
+                let tag = format!("{}_{n}_{i}", mode.name());
+                clients.push(perftest(&build, &env, &client_addr, &a, logs.join(format!("{tag}_client.log")))?);
+            }
+            // Every instance connected: the daemon's memory with them.
+            std::thread::sleep(Duration::from_millis(500));
+            let busy = daemon.rss();
+            let limit = Duration::from_secs(120 + n as u64);
+            // A pair that fails counts as moving nothing, and is counted.
+            let mut rates = Vec::new();
+            let mut failed = 0;
+            for client in clients {
+                match client.finish(limit) {
+                    Ok(rows) => rates.push(rows.first().map_or(0.0, |r| r[3])),
+                    Err(e) => {
+                        eprintln!("e12: {e}");
+                        failed += 1;
+                        rates.push(0.0);
+                    }
+                }
+            }
+            for server in servers {
+                let _ = server.finish(Duration::from_secs(30));
+            }
+            let total: f64 = rates.iter().sum();
+            let mean = total / n as f64;
+            let memory_per_pair = busy.saturating_sub(idle) / n as u64;
+            rows.push(format!("{},{n},{mean:.4},{total:.4},{memory_per_pair},{failed}", mode.name()));
+            pair_points.push((n as f64, mean));
+            total_points.push((n as f64, total));
+        }
+        per_pair.push(Series { name: mode.name().to_string(), points: pair_points });
+        aggregate.push(Series { name: mode.name().to_string(), points: total_points });
+    }
+    write_csv(&csv, E12_HEADER, &rows)?;
+    let figure = args.out.join("e12_figure.svg");
+    let panels = [
+        Panel { x_label: "pairs".into(), y_label: "Gb/s per pair (mean)".into(), x_log: true, series: per_pair },
+        Panel { x_label: "pairs".into(), y_label: "Gb/s, all pairs".into(), x_log: true, series: aggregate },
+    ];
+    panels::write(&figure, "E12: ib_write_bw 128 KiB, N pairs through one softrnicd", &panels)?;
+    println!("{E12_HEADER}");
+    for row in &rows {
+        println!("{row}");
+    }
+    println!("wrote {}, {} and the logs in {}", csv.display(), figure.display(), logs.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perftest_rows_are_the_lines_of_numbers() {
+        let text = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n 65536      2000             20.41              20.40  \t\t   0.038919\n---\n";
+        assert_eq!(result_rows(text), vec![vec![65536.0, 2000.0, 20.41, 20.40, 0.038919]]);
+    }
+}
