@@ -10,11 +10,12 @@ root; skipped with the reason otherwise). Prints a table of what passed
 with each program's bandwidth or latency, and exits non-zero when any
 entry fails.
 
-    scripts/verbs-matrix.py [--quick] [--only REGEX] [--markdown] [--no-netns] [--daemon]
+    scripts/verbs-matrix.py [--quick] [--only REGEX] [--markdown] [--no-netns] [--daemon [quick]]
 
 With --daemon, the loopback pairs run again with both ends' devices served
 by one softrnicd (SOFTRNIC_DAEMON), as unmodified programs do when a
-daemon runs.
+daemon runs; --daemon quick runs each program once that way (what the
+test command does, to keep CI's time).
 
 Also checks the library's ABI first: every symbol the system's
 libibverbs.so.1 exports, with the same version node.
@@ -379,7 +380,8 @@ def main():
     parser.add_argument("--only", help="run only the entries whose name matches this regular expression")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--no-netns", action="store_true", help="skip the network-namespace half")
-    parser.add_argument("--daemon", action="store_true", help="the loopback pairs again, through one softrnicd")
+    parser.add_argument("--daemon", nargs="?", const="full", choices=["full", "quick"],
+                        help="the loopback pairs again, through one softrnicd (quick: each program once)")
     args = parser.parse_args()
 
     missing = [p for p in ["ibv_devinfo", "ibv_rc_pingpong", "ib_write_bw"] if shutil.which(p) is None]
@@ -389,13 +391,13 @@ def main():
     results = [("ABI", "libibverbs.so.1 symbols", *check_abi(libdir))]
     wanted = re.compile(args.only) if args.only else None
 
-    def run_site(site):
+    def run_site(site, quick=args.quick):
         singles = [("ibv_devices", ["ibv_devices"], r"softrnic0\s+[0-9a-f]{16}"),
                    ("ibv_devinfo -v", ["ibv_devinfo", "-v"], r"state:\s+PORT_ACTIVE")]
         for name, argv, expect in singles:
             if not wanted or wanted.search(name):
                 results.append((site.name, name, *run_single(libdir, site, argv, expect)))
-        for i, (name, program, argv, parse, env) in enumerate(entries(args.quick)):
+        for i, (name, program, argv, parse, env) in enumerate(entries(quick)):
             if wanted and not wanted.search(name):
                 continue
             verdict = run_pair(libdir, site, program, argv, 18600 + i, parse, env)
@@ -405,7 +407,8 @@ def main():
     run_site(Site("loopback", "127.0.77.1", "127.0.77.2"))
     if args.daemon:
         with Daemon() as socket:
-            run_site(Site("softrnicd", "127.0.77.3", "127.0.77.4", env={"SOFTRNIC_DAEMON": socket}))
+            run_site(Site("softrnicd", "127.0.77.3", "127.0.77.4", env={"SOFTRNIC_DAEMON": socket}),
+                     quick=args.quick or args.daemon == "quick")
     reason = "--no-netns given" if args.no_netns else namespaces_unavailable()
     if reason:
         results.append(("netns", "all pairs", "skip", reason))

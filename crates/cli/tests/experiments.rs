@@ -268,6 +268,12 @@ fn perftest_here(test: &str) -> bool {
     found
 }
 
+/// Containers (namespaces) take root; without it the instances are
+/// processes of this host, and the CSV says which.
+fn instances() -> &'static str {
+    if rustix::process::geteuid().is_root() { "containers" } else { "processes" }
+}
+
 #[test]
 fn e11_quick_runs_perftest_through_the_daemon_on_the_host_and_forwarded() {
     if !perftest_here("e11") {
@@ -277,21 +283,22 @@ fn e11_quick_runs_perftest_through_the_daemon_on_the_host_and_forwarded() {
     let o = run(&["exp", "e11", "--quick", "--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (header, rows) = csv(&out.join("e11_results.csv"));
-    assert_eq!(header, "mode,test,size,value,unit");
-    for mode in ["host", "softrnicd", "forwarding"] {
+    assert_eq!(header, "mode,instances,test,size,value,unit");
+    for (mode, place) in [("host", "processes"), ("softrnicd", instances()), ("forwarding", instances())] {
         for test in ["ib_send_bw", "ib_send_lat", "ib_write_bw", "ib_write_lat"] {
             let sizes: Vec<&str> = rows
                 .iter()
-                .filter(|r| r.starts_with(&format!("{mode},{test},")))
-                .map(|r| r.split(',').nth(2).unwrap())
+                .filter(|r| r.starts_with(&format!("{mode},{place},{test},")))
+                .map(|r| r.split(',').nth(3).unwrap())
                 .collect();
             assert_eq!(sizes, ["64", "65536"], "{mode} {test}: {rows:?}");
         }
     }
-    assert!(rows.iter().all(|r| r.split(',').nth(3).unwrap().parse::<f64>().unwrap() > 0.0), "{rows:?}");
+    assert!(rows.iter().all(|r| r.split(',').nth(4).unwrap().parse::<f64>().unwrap() > 0.0), "{rows:?}");
     assert_figure_parses(&out.join("e11_figure.svg"), &["host", "softrnicd", "forwarding"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("x forwarding"), "the ratios: {text}");
+    assert_no_namespaces_left();
 }
 
 #[test]
@@ -303,12 +310,34 @@ fn e12_quick_runs_sixteen_pairs_at_once() {
     let o = run(&["exp", "scalability", "--quick", "--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (header, rows) = csv(&out.join("e12_results.csv"));
-    assert_eq!(header, "mode,pairs,gbps_per_pair,gbps_aggregate,daemon_bytes_per_pair,failed_pairs");
-    let keys: Vec<String> = rows.iter().map(|r| r.split(',').take(2).collect::<Vec<_>>().join(",")).collect();
-    assert_eq!(keys, ["softrnicd,2", "softrnicd,16", "forwarding,2", "forwarding,16"]);
+    assert_eq!(header, "mode,instances,pairs,gbps_per_pair,gbps_aggregate,daemon_bytes_per_pair,failed_pairs");
+    let keys: Vec<String> = rows.iter().map(|r| r.split(',').take(3).collect::<Vec<_>>().join(",")).collect();
+    let place = instances();
+    assert_eq!(
+        keys,
+        [
+            format!("softrnicd,{place},2"),
+            format!("softrnicd,{place},16"),
+            format!("forwarding,{place},2"),
+            format!("forwarding,{place},16")
+        ]
+    );
     for row in &rows {
-        let f: Vec<f64> = row.split(',').skip(2).map(|x| x.parse().unwrap()).collect();
+        let f: Vec<f64> = row.split(',').skip(3).map(|x| x.parse().unwrap()).collect();
         assert!(f[0] > 0.0 && f[1] >= f[0] && f[3] == 0.0, "every pair moved data: {row}");
     }
     assert_figure_parses(&out.join("e12_figure.svg"), &["softrnicd", "forwarding"]);
+    assert_no_namespaces_left();
+}
+
+/// The runner removed the containers it made: no namespace of a runner
+/// that has exited is left.
+fn assert_no_namespaces_left() {
+    let out = std::process::Command::new("ip").args(["netns", "list"]).output();
+    let list = out.map(|o| String::from_utf8_lossy(&o.stdout).to_string()).unwrap_or_default();
+    let orphan = |line: &str| {
+        let pid = line.trim_start_matches("srnic-c").split('-').next().unwrap_or("");
+        !Path::new(&format!("/proc/{pid}")).exists()
+    };
+    assert!(!list.lines().any(|l| l.starts_with("srnic-c") && orphan(l)), "namespaces left behind: {list}");
 }

@@ -217,8 +217,8 @@ impl SharedMemory {
     pub fn new(udp: Udp, inbox: InboxRing) -> SharedMemory {
         SharedMemory {
             udp,
+            peers: Peers::new(inbox.netns()),
             inbox,
-            peers: Peers::default(),
             buf: vec![0u8; MAX_DATAGRAM_LEN].into_boxed_slice(),
             malformed: 0,
             held: VecDeque::new(),

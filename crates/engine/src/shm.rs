@@ -79,10 +79,16 @@ const S_PORT: usize = 12;
 const S_ADDR: usize = 16;
 const S_DATA: usize = 64;
 
-/// Where the inbox of `addr` in this network namespace lives.
-fn inbox_path(addr: IpAddr) -> io::Result<PathBuf> {
-    let netns = std::fs::metadata("/proc/self/ns/net")?.ino();
-    Ok(PathBuf::from(format!("/dev/shm/softrnic-{netns}-{addr}")))
+/// The network namespace of the calling thread, by its inode: a device
+/// belongs to the namespace of the thread that opened it (softrnicd opens
+/// a container's devices from a thread moved into the container's).
+pub fn this_netns() -> io::Result<u64> {
+    Ok(std::fs::metadata("/proc/thread-self/ns/net")?.ino())
+}
+
+/// Where the inbox of `addr` in network namespace `netns` lives.
+fn inbox_path(netns: u64, addr: IpAddr) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/softrnic-{netns}-{addr}"))
 }
 
 fn file_len(shards: usize) -> usize {
@@ -165,6 +171,8 @@ impl Ring for RingView<'_> {
 /// A device's inbox: it creates it, consumes its rings, and removes it.
 pub struct Inbox {
     path: PathBuf,
+    /// The network namespace of its device.
+    netns: u64,
     mapping: Mapping,
     /// Held open with a shared lock for the inbox's life: a sender that
     /// can take the lock exclusively knows the device is gone (it may have
@@ -193,7 +201,8 @@ impl Inbox {
     /// Creates the inbox of a device on `addr` with `shards` shards,
     /// replacing one a crashed device left behind.
     pub fn create(addr: IpAddr, shards: usize) -> io::Result<Inbox> {
-        let path = inbox_path(addr)?;
+        let netns = this_netns()?;
+        let path = inbox_path(netns, addr);
         // A fresh file, so senders holding the old one's mapping see it
         // closed rather than a reused ring.
         let _ = std::fs::remove_file(&path);
@@ -217,7 +226,7 @@ impl Inbox {
         mapping.word32(H_SLOT_SIZE).store(SLOT_SIZE as u32, Ordering::Relaxed);
         // Published last: a sender that sees the magic sees a whole inbox.
         mapping.word64(H_MAGIC).store(MAGIC, Ordering::Release);
-        Ok(Inbox { path, mapping, _alive: file })
+        Ok(Inbox { path, netns, mapping, _alive: file })
     }
 
     /// The consumer's side of shard `shard`'s ring.
@@ -245,6 +254,11 @@ pub struct InboxRing {
 }
 
 impl InboxRing {
+    /// The network namespace of the ring's device.
+    pub fn netns(&self) -> u64 {
+        self.inbox.netns
+    }
+
     /// Takes up to `max` datagrams in order, copying each into `buf` and
     /// handing it to `deliver`; returns how many were taken. Entries that
     /// are malformed are skipped and counted in `malformed`.
@@ -382,8 +396,8 @@ pub enum Sent {
 }
 
 impl PeerInbox {
-    fn open(addr: IpAddr) -> Option<PeerInbox> {
-        let path = inbox_path(addr).ok()?;
+    fn open(netns: u64, addr: IpAddr) -> Option<PeerInbox> {
+        let path = inbox_path(netns, addr);
         let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
         let len = file.metadata().ok()?.len() as usize;
         if len < FILE_HEADER {
@@ -446,8 +460,10 @@ impl PeerInbox {
 
 /// A shard's view of the peers' inboxes: which addresses are local, and
 /// their mapped rings.
-#[derive(Default)]
 pub struct Peers {
+    /// The namespace whose devices are this shard's local peers: its own
+    /// device's, whichever thread drives the shard.
+    netns: u64,
     known: FxHashMap<IpAddr, Peer>,
 }
 
@@ -459,6 +475,10 @@ enum Peer {
 }
 
 impl Peers {
+    pub fn new(netns: u64) -> Peers {
+        Peers { netns, known: FxHashMap::default() }
+    }
+
     /// Sends `datagram` from `source` to `dst` through shared memory if
     /// `dst` is a device on this host; `None` if it is not.
     pub fn send(&mut self, source: SocketAddr, dst: IpAddr, datagram: &[u8]) -> Option<Sent> {
@@ -469,7 +489,7 @@ impl Peers {
         };
         let peer = match live {
             Some(inbox) => inbox,
-            None => match PeerInbox::open(dst) {
+            None => match PeerInbox::open(self.netns, dst) {
                 Some(inbox) => {
                     let inbox = Arc::new(inbox);
                     self.known.insert(dst, Peer::Local(inbox.clone(), Instant::now()));
@@ -504,7 +524,7 @@ mod tests {
     fn datagrams_reach_the_ring_of_their_qps_shard_in_order() {
         let addr: IpAddr = "127.0.9.1".parse().unwrap();
         let inbox = Arc::new(Inbox::create(addr, 2).unwrap());
-        let mut peers = Peers::default();
+        let mut peers = Peers::new(this_netns().unwrap());
         let source: SocketAddr = "127.0.9.2:4791".parse().unwrap();
         for i in 0..10u8 {
             let sent = peers.send(source, addr, &datagram(0x11 + u32::from(i % 2), i, 100 + usize::from(i)));
@@ -539,7 +559,7 @@ mod tests {
             m.word64(m.slot(0, pos) + S_SEQ).store(pos + 7, Ordering::Relaxed);
         }
         let source: SocketAddr = "127.0.9.11:4791".parse().unwrap();
-        assert_eq!(Peers::default().send(source, addr, &datagram(0x11, 0, 20)), Some(Sent::Full));
+        assert_eq!(Peers::new(this_netns().unwrap()).send(source, addr, &datagram(0x11, 0, 20)), Some(Sent::Full));
     }
 
     #[test]
@@ -554,7 +574,7 @@ mod tests {
         std::mem::forget(inbox);
         assert!(path.exists());
         let source: SocketAddr = "127.0.9.9:4791".parse().unwrap();
-        assert_eq!(Peers::default().send(source, addr, &datagram(0x11, 0, 20)), None);
+        assert_eq!(Peers::new(this_netns().unwrap()).send(source, addr, &datagram(0x11, 0, 20)), None);
         std::fs::remove_file(path).unwrap();
     }
 
@@ -562,7 +582,7 @@ mod tests {
     fn a_full_ring_refuses_and_a_sleeping_consumer_is_woken() {
         let addr: IpAddr = "127.0.9.4".parse().unwrap();
         let inbox = Arc::new(Inbox::create(addr, 1).unwrap());
-        let mut peers = Peers::default();
+        let mut peers = Peers::new(this_netns().unwrap());
         let source: SocketAddr = "127.0.9.5:4791".parse().unwrap();
         let mut ring = inbox.ring(0);
         assert!(ring.prepare_to_sleep());
@@ -591,7 +611,7 @@ mod tests {
         m.word64(m.slot(0, 0) + S_SEQ).store(1, Ordering::Release);
         // Slot 1: claimed by a producer that never publishes.
         m.tail(0).store(2, Ordering::Release);
-        let mut peers = Peers::default();
+        let mut peers = Peers::new(this_netns().unwrap());
         assert_eq!(peers.send(source, addr, &datagram(0x11, 9, 64)), Some(Sent::Delivered));
         let mut ring = inbox.ring(0);
         let mut buf = vec![0u8; MAX_DATAGRAM_LEN];

@@ -131,17 +131,22 @@ struct Perftest {
     log: PathBuf,
 }
 
+/// Starts `args` as instance `place` of pair `i` (`0` the server, `1` the
+/// client) on device `addr`.
 fn perftest(
     build: &Build,
     env: &[(&str, String)],
-    addr: &str,
+    place: &Instances,
+    (i, side): (usize, usize),
     args: &[String],
     log: PathBuf,
 ) -> Result<Perftest, String> {
     let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-    let mut command = Command::new(&args[0]);
+    let argv: Vec<String> = place.entry(i, side).into_iter().chain(args.iter().cloned()).collect();
+    let addr = place.addresses(i)[side].clone();
+    let mut command = Command::new(&argv[0]);
     command
-        .args(&args[1..])
+        .args(&argv[1..])
         .env("LD_LIBRARY_PATH", &build.lib)
         .env("SOFTRNIC_ADDR", addr)
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -182,34 +187,161 @@ fn result_rows(text: &str) -> Vec<Vec<f64>> {
         .collect()
 }
 
-/// The two addresses of instance pair `i`.
-fn addresses(i: usize) -> (String, String) {
-    let pid = std::process::id() as usize;
-    let second = 150 + pid % 50;
-    (
-        format!("127.{second}.{}.{}", 1 + i / 100, 1 + 2 * (i % 100)),
-        format!("127.{second}.{}.{}", 1 + i / 100, 2 + 2 * (i % 100)),
-    )
+/// Where the instances of the pairs run: containers (network, mount,
+/// PID, IPC and UTS namespaces, a pair's two joined by a veth, made as
+/// root and removed however the run ends), or, without root, processes of
+/// this host on loopback addresses of their own.
+enum Instances {
+    Containers(Containers),
+    Processes,
+}
+
+impl Instances {
+    fn new(pairs: usize) -> Result<Instances, String> {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("not root: the instances run as processes of this host, not in containers");
+            return Ok(Instances::Processes);
+        }
+        Containers::create(pairs).map(Instances::Containers)
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Instances::Containers(_) => "containers",
+            Instances::Processes => "processes",
+        }
+    }
+
+    /// The server's and the client's device addresses of pair `i`.
+    fn addresses(&self, i: usize) -> [String; 2] {
+        match self {
+            Instances::Containers(_) => [1, 2].map(|host| format!("10.{}.{}.{host}", 80 + i / 250, i % 250)),
+            Instances::Processes => {
+                let second = 150 + std::process::id() as usize % 50;
+                [1, 2].map(|host| format!("127.{second}.{}.{}", 1 + i / 100, host + 2 * (i % 100)))
+            }
+        }
+    }
+
+    /// The command that enters side `side` of pair `i`.
+    fn entry(&self, i: usize, side: usize) -> Vec<String> {
+        match self {
+            Instances::Containers(c) => {
+                let ns = c.namespace(i, side);
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    &ns,
+                    "unshare",
+                    "--mount",
+                    "--pid",
+                    "--ipc",
+                    "--uts",
+                    "--fork",
+                    "--kill-child",
+                    "--",
+                ]
+                .map(str::to_string)
+                .to_vec()
+            }
+            Instances::Processes => Vec::new(),
+        }
+    }
+}
+
+/// The namespaces of N pairs, removed when dropped.
+struct Containers {
+    prefix: String,
+    pairs: usize,
+}
+
+impl Containers {
+    /// Names start with `srnic-c<pid>-`, so a run removes what a killed one
+    /// left (its pid is gone) and never another's.
+    fn create(pairs: usize) -> Result<Containers, String> {
+        remove_leftovers();
+        let containers = Containers { prefix: format!("srnic-c{}-", std::process::id()), pairs: 0 };
+        let mut containers = containers;
+        for i in 0..pairs {
+            let [a, b] = [containers.namespace(i, 0), containers.namespace(i, 1)];
+            let [va, vb] =
+                [format!("sc{}a{i}", std::process::id() % 1000), format!("sc{}b{i}", std::process::id() % 1000)];
+            let [addr_a, addr_b] = [1, 2].map(|host| format!("10.{}.{}.{host}/24", 80 + i / 250, i % 250));
+            containers.pairs = i + 1;
+            for step in [
+                vec!["netns", "add", &a],
+                vec!["netns", "add", &b],
+                vec!["link", "add", &va, "mtu", "9000", "type", "veth", "peer", "name", &vb, "mtu", "9000"],
+                vec!["link", "set", &va, "netns", &a],
+                vec!["link", "set", &vb, "netns", &b],
+                vec!["-n", &a, "addr", "add", &addr_a, "dev", &va],
+                vec!["-n", &b, "addr", "add", &addr_b, "dev", &vb],
+                vec!["-n", &a, "link", "set", &va, "up"],
+                vec!["-n", &b, "link", "set", &vb, "up"],
+                vec!["-n", &a, "link", "set", "lo", "up"],
+                vec!["-n", &b, "link", "set", "lo", "up"],
+            ] {
+                ip(&step)?;
+            }
+        }
+        Ok(containers)
+    }
+
+    fn namespace(&self, i: usize, side: usize) -> String {
+        format!("{}{i}{}", self.prefix, ["a", "b"][side])
+    }
+}
+
+impl Drop for Containers {
+    fn drop(&mut self) {
+        for i in 0..self.pairs {
+            for side in 0..2 {
+                let _ = ip(&["netns", "del", &self.namespace(i, side)]);
+            }
+        }
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim())),
+    }
+}
+
+/// Removes the namespaces of runs whose process is gone.
+fn remove_leftovers() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let Some(pid) = name.strip_prefix("srnic-c").and_then(|rest| rest.split('-').next()) else { continue };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = ip(&["netns", "del", name]);
+        }
+    }
 }
 
 /// Runs one perftest pair and returns the client's rows.
+#[allow(clippy::too_many_arguments)] // a pair's whole description
 fn pair(
     build: &Build,
     env: &[(&str, String)],
+    place: &Instances,
     i: usize,
     program: &str,
     args: &[&str],
     logs: &Path,
     tag: &str,
 ) -> Result<Vec<Vec<f64>>, String> {
-    let (server_addr, client_addr) = addresses(i);
     let port = (21_000 + (std::process::id() as usize * 13 + i) % 20_000).to_string();
     let mut argv: Vec<String> = std::iter::once(program).chain(args.iter().copied()).map(str::to_string).collect();
     argv.extend(["-p".to_string(), port]);
-    let server = perftest(build, env, &server_addr, &argv, logs.join(format!("{tag}_server.log")))?;
+    let server = perftest(build, env, place, (i, 0), &argv, logs.join(format!("{tag}_server.log")))?;
     std::thread::sleep(Duration::from_millis(300));
-    argv.push(server_addr);
-    let client = perftest(build, env, &client_addr, &argv, logs.join(format!("{tag}_client.log")))?;
+    argv.push(place.addresses(i)[0].clone());
+    let client = perftest(build, env, place, (i, 1), &argv, logs.join(format!("{tag}_client.log")))?;
     let limit = Duration::from_secs(300);
     let rows = client.finish(limit);
     let served = server.finish(Duration::from_secs(15));
@@ -241,54 +373,44 @@ const E11_TESTS: [&str; 4] = ["ib_send_bw", "ib_send_lat", "ib_write_bw", "ib_wr
 pub fn e11(args: &ExpArgs) -> Result<(), String> {
     let build = Build::here()?;
     let (csv, logs) = output(args, "e11")?;
+    // The host's programs each run their own engine; the daemon's tenants
+    // run in containers (one pair per test).
+    let host = Instances::Processes;
+    let containers = Instances::new(E11_TESTS.len())?;
     let daemon = Daemon::start(&build, &logs)?;
-    // Quick: two sizes, few iterations; else every size perftest's -a
-    // runs, kept from 4 B to 1 MiB.
-    let sizes: &[&str] = if args.quick { &["-s", "64"] } else { &["-a"] };
+    // Every size perftest's -a runs, kept from 4 B to 1 MiB; quick: two
+    // sizes, few iterations.
+    let runs: &[&[&str]] = if args.quick { &[&["-s", "64"], &["-s", "65536"]] } else { &[&["-a"]] };
     let iterations = if args.quick { "200" } else { "1000" };
     let mut rows = Vec::new();
     let mut series: Vec<(usize, Series)> = Vec::new();
     for (t, test) in E11_TESTS.iter().enumerate() {
         let lat = test.ends_with("_lat");
         for mode in MODES {
-            let mut perftest_args: Vec<&str> = sizes.to_vec();
-            perftest_args.extend(["-n", iterations]);
-            if !lat {
-                perftest_args.push("--report_gbits");
-            }
-            let tag = format!("{test}_{}", mode.name());
-            eprintln!("e11: {test} {} ...", mode.name());
-            let got = pair(&build, &mode.env(&daemon.socket), t, test, &perftest_args, &logs, &tag)?;
+            let place = if mode == Mode::Host { &host } else { &containers };
             let mut points = Vec::new();
-            for row in got.iter().filter(|r| (4.0..=1048576.0).contains(&r[0])) {
-                // bw: bytes iters peak avg msg_rate; lat: bytes iters min max typical ...
-                let (value, unit) = if lat { (row[4], "us") } else { (row[3], "gbps") };
-                rows.push(format!("{},{test},{},{value},{unit}", mode.name(), row[0]));
-                points.push((row[0], value));
-            }
-            series.push((t, Series { name: mode.name().to_string(), points }));
-        }
-        if args.quick {
-            // One more size in the quick run: a large message.
-            for mode in MODES {
-                let mut perftest_args = vec!["-s", "65536", "-n", iterations];
+            for (r, sizes) in runs.iter().enumerate() {
+                let mut perftest_args: Vec<&str> = sizes.to_vec();
+                perftest_args.extend(["-n", iterations]);
                 if !lat {
                     perftest_args.push("--report_gbits");
                 }
-                let tag = format!("{test}_{}_64k", mode.name());
-                let got = pair(&build, &mode.env(&daemon.socket), t, test, &perftest_args, &logs, &tag)?;
-                for row in &got {
+                let tag = format!("{test}_{}_{r}", mode.name());
+                eprintln!("e11: {test} {} {} ...", mode.name(), sizes.join(" "));
+                let got = pair(&build, &mode.env(&daemon.socket), place, t, test, &perftest_args, &logs, &tag)?;
+                for row in got.iter().filter(|r| (4.0..=1048576.0).contains(&r[0])) {
+                    // bw: bytes iters peak avg msg_rate; lat: bytes iters min max typical ...
                     let (value, unit) = if lat { (row[4], "us") } else { (row[3], "gbps") };
-                    rows.push(format!("{},{test},{},{value},{unit}", mode.name(), row[0]));
-                    if let Some((_, s)) = series.iter_mut().find(|(i, s)| *i == t && s.name == mode.name()) {
-                        s.points.push((row[0], value));
-                    }
+                    rows.push(format!("{},{},{test},{},{value},{unit}", mode.name(), place.name(), row[0]));
+                    points.push((row[0], value));
                 }
             }
+            series.push((t, Series { name: mode.name().to_string(), points }));
         }
     }
     drop(daemon);
-    write_csv(&csv, "mode,test,size,value,unit", &rows)?;
+    drop(containers);
+    write_csv(&csv, "mode,instances,test,size,value,unit", &rows)?;
     let panels: Vec<Panel> = E11_TESTS
         .iter()
         .enumerate()
@@ -310,8 +432,8 @@ pub fn e11(args: &ExpArgs) -> Result<(), String> {
 fn print_e11_summary(rows: &[String]) {
     let value = |mode: &str, test: &str, size: f64| {
         rows.iter().map(|r| r.split(',').collect::<Vec<_>>()).find_map(|f| {
-            (f[0] == mode && f[1] == test && f[2].parse::<f64>().ok() == Some(size))
-                .then(|| f[3].parse::<f64>().ok())
+            (f[0] == mode && f[2] == test && f[3].parse::<f64>().ok() == Some(size))
+                .then(|| f[4].parse::<f64>().ok())
                 .flatten()
         })
     };
@@ -331,7 +453,7 @@ fn print_e11_summary(rows: &[String]) {
     }
 }
 
-const E12_HEADER: &str = "mode,pairs,gbps_per_pair,gbps_aggregate,daemon_bytes_per_pair,failed_pairs";
+const E12_HEADER: &str = "mode,instances,pairs,gbps_per_pair,gbps_aggregate,daemon_bytes_per_pair,failed_pairs";
 
 /// `softrnic exp e12`.
 pub fn e12(args: &ExpArgs) -> Result<(), String> {
@@ -339,6 +461,7 @@ pub fn e12(args: &ExpArgs) -> Result<(), String> {
     let (csv, logs) = output(args, "e12")?;
     let counts: &[usize] = if args.quick { &[2, 16] } else { &[2, 4, 8, 16, 32, 64, 128] };
     let seconds = if args.quick { "2" } else { "5" };
+    let place = Instances::new(counts.iter().copied().max().unwrap_or(2))?;
     let mut rows = Vec::new();
     let mut per_pair: Vec<Series> = Vec::new();
     let mut aggregate: Vec<Series> = Vec::new();
@@ -347,34 +470,28 @@ pub fn e12(args: &ExpArgs) -> Result<(), String> {
         let idle = daemon.rss();
         let (mut pair_points, mut total_points) = (Vec::new(), Vec::new());
         for &n in counts {
-            eprintln!("e12: {n} pairs, {} ...", mode.name());
+            eprintln!("e12: {n} pairs in {}, {} ...", place.name(), mode.name());
             let env = mode.env(&daemon.socket);
-            let argv = |port: &str| -> Vec<String> {
-                ["ib_write_bw", "-s", "131072", "-D", seconds, "--report_gbits", "-p", port]
+            // A retransmission timeout of 1 s (-u 18): hundreds of
+            // processes on two cores keep a responder off a core for longer
+            // than perftest's 67 ms times seven retries.
+            let argv = |port: usize| -> Vec<String> {
+                let port = port.to_string();
+                ["ib_write_bw", "-s", "131072", "-D", seconds, "--report_gbits", "-u", "18", "-p", &port]
                     .map(str::to_string)
                     .to_vec()
             };
+            let tag = |i: usize, side: &str| logs.join(format!("{}_{n}_{i}_{side}.log", mode.name()));
             let mut servers = Vec::new();
             for i in 0..n {
-                let (server_addr, _) = addresses(i);
-                let port = (30_000 + i).to_string();
-                let tag = format!("{}_{n}_{i}", mode.name());
-                servers.push(perftest(
-                    &build,
-                    &env,
-                    &server_addr,
-                    &argv(&port),
-                    logs.join(format!("{tag}_server.log")),
-                )?);
+                servers.push(perftest(&build, &env, &place, (i, 0), &argv(30_000 + i), tag(i, "server"))?);
             }
             std::thread::sleep(Duration::from_millis(300 + 20 * n as u64));
             let mut clients = Vec::new();
             for i in 0..n {
-                let (server_addr, client_addr) = addresses(i);
-                let mut a = argv(&(30_000 + i).to_string());
-                a.push(server_addr);
-                let tag = format!("{}_{n}_{i}", mode.name());
-                clients.push(perftest(&build, &env, &client_addr, &a, logs.join(format!("{tag}_client.log")))?);
+                let mut client = argv(30_000 + i);
+                client.push(place.addresses(i)[0].clone());
+                clients.push(perftest(&build, &env, &place, (i, 1), &client, tag(i, "client"))?);
             }
             // Every instance connected: the daemon's memory with them.
             std::thread::sleep(Duration::from_millis(500));
@@ -399,13 +516,14 @@ pub fn e12(args: &ExpArgs) -> Result<(), String> {
             let total: f64 = rates.iter().sum();
             let mean = total / n as f64;
             let memory_per_pair = busy.saturating_sub(idle) / n as u64;
-            rows.push(format!("{},{n},{mean:.4},{total:.4},{memory_per_pair},{failed}", mode.name()));
+            rows.push(format!("{},{},{n},{mean:.4},{total:.4},{memory_per_pair},{failed}", mode.name(), place.name()));
             pair_points.push((n as f64, mean));
             total_points.push((n as f64, total));
         }
         per_pair.push(Series { name: mode.name().to_string(), points: pair_points });
         aggregate.push(Series { name: mode.name().to_string(), points: total_points });
     }
+    drop(place);
     write_csv(&csv, E12_HEADER, &rows)?;
     let figure = args.out.join("e12_figure.svg");
     let panels = [

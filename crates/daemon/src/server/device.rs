@@ -1,11 +1,23 @@
-//! The devices the daemon runs: one engine (`Nic`) per address, opened
-//! when the first tenant asks for it and closed when the last one leaves.
+//! The devices the daemon runs: one engine (`Nic`) per address and
+//! network namespace, opened when the first tenant asks for it and closed
+//! when the last one leaves.
+//!
+//! A tenant in a container asks for an address of its own network
+//! namespace. The daemon opens that device from a thread it moves into the
+//! namespace (`setns`, which takes `CAP_SYS_ADMIN`): the device's sockets
+//! are made there, and its engine threads, started by that thread, live
+//! there too. The container needs no privilege and no device node, only
+//! the daemon's socket.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use rustix::thread::LinkNameSpaceType;
+use softrnic_engine::shm::this_netns;
 use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, OpenError, interface};
 
 /// How long a device that is closing may keep its port from a new one.
@@ -18,9 +30,26 @@ pub struct Device {
     pub active_mtu: u32,
 }
 
-/// Open devices by address.
+/// A network namespace, held open by a descriptor, named by its inode.
+pub struct NetNs {
+    fd: OwnedFd,
+    pub inode: u64,
+}
+
+impl NetNs {
+    /// The network namespace of process `pid`, if it is not the daemon's.
+    pub fn of_process(pid: i32) -> Result<Option<NetNs>, String> {
+        let path = format!("/proc/{pid}/ns/net");
+        let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+        let inode = file.metadata().map_err(|e| format!("{path}: {e}"))?.ino();
+        let ours = this_netns().map_err(|e| e.to_string())?;
+        Ok((inode != ours).then(|| NetNs { fd: file.into(), inode }))
+    }
+}
+
+/// Open devices by network namespace (its inode) and address.
 pub struct Devices {
-    open: Mutex<HashMap<IpAddr, Weak<Device>>>,
+    open: Mutex<HashMap<(u64, IpAddr), Weak<Device>>>,
     engine_threads: usize,
 }
 
@@ -30,16 +59,17 @@ impl Devices {
         Devices { open: Mutex::new(HashMap::new()), engine_threads }
     }
 
-    /// The device on `addr`, opened if nobody holds it. The daemon's own
-    /// environment configures it as it would an in-process engine
-    /// (`SOFTRNIC_*`). Progress is the engine's policy: on a machine with
-    /// cores to spare its threads poll (dedicated); on a small one the
-    /// command processor, which polls the CQs anyway, drives the shards as
-    /// an application's polling thread would (inline), and the engine
-    /// threads stand by.
-    pub fn open(&self, addr: IpAddr) -> Result<Arc<Device>, String> {
+    /// The device on `addr` in `netns` (the daemon's own when `None`),
+    /// opened if nobody holds it. The daemon's own environment configures
+    /// it as it would an in-process engine (`SOFTRNIC_*`). Progress is the
+    /// engine's policy: on a machine with cores to spare its threads poll
+    /// (dedicated); on a small one the command processor, which polls the
+    /// CQs anyway, drives the shards as an application's polling thread
+    /// would (inline), and the engine threads stand by.
+    pub fn open(&self, addr: IpAddr, netns: Option<&NetNs>) -> Result<Arc<Device>, String> {
+        let key = (netns.map_or(this_netns().map_err(|e| e.to_string())?, |ns| ns.inode), addr);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(device) = open.get(&addr).and_then(Weak::upgrade) {
+        if let Some(device) = open.get(&key).and_then(Weak::upgrade) {
             return Ok(device);
         }
         let faults = FaultConfig::from_env()?;
@@ -47,27 +77,52 @@ impl Devices {
         // The last tenant of a device may have just left: the device closes
         // in whichever thread lets go of it last, and holds its port until
         // then. A new tenant waits for that, briefly.
-        let closing = open.get(&addr).is_some_and(|d| d.strong_count() == 0);
-        let deadline = Instant::now() + CLOSING_WAIT;
-        let nic = loop {
-            match Nic::open(config.clone()) {
-                Ok(nic) => break nic,
-                Err(OpenError::Bind(_)) if closing && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                Err(e) => return Err(format!("cannot open the device on {addr}: {e}")),
-            }
+        let closing = open.get(&key).is_some_and(|d| d.strong_count() == 0);
+        let device = match netns {
+            None => open_device(config, closing)?,
+            Some(ns) => std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        rustix::thread::move_into_link_name_space(ns.fd.as_fd(), Some(LinkNameSpaceType::Network))
+                            .map_err(|e| {
+                                format!(
+                                    "cannot enter the program's network namespace ({e}): softrnicd serves containers \
+                                     only with CAP_SYS_ADMIN (run it as root)"
+                                )
+                            })?;
+                        open_device(config, closing)
+                    })
+                    .join()
+                    .unwrap_or_else(|_| Err("opening the device panicked".into()))
+            })?,
         };
-        let active_mtu = interface::active_mtu(addr).bytes();
-        let device = Arc::new(Device { nic, active_mtu });
+        let device = Arc::new(device);
         open.retain(|_, d| d.strong_count() > 0);
-        open.insert(addr, Arc::downgrade(&device));
+        open.insert(key, Arc::downgrade(&device));
         Ok(device)
     }
 
-    /// The counters of the device on `addr`, while it is open.
+    /// The counters of the device on `addr` in the daemon's namespace,
+    /// while it is open.
     pub fn counters(&self, addr: IpAddr) -> Option<NicCounters> {
+        let key = (this_netns().ok()?, addr);
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        open.get(&addr).and_then(Weak::upgrade).map(|d| d.nic.counters())
+        open.get(&key).and_then(Weak::upgrade).map(|d| d.nic.counters())
     }
+}
+
+/// Opens a device in the calling thread's network namespace.
+fn open_device(config: EngineConfig, closing: bool) -> Result<Device, String> {
+    let addr = config.addr;
+    let deadline = Instant::now() + CLOSING_WAIT;
+    let nic = loop {
+        match Nic::open(config.clone()) {
+            Ok(nic) => break nic,
+            Err(OpenError::Bind(_)) if closing && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => return Err(format!("cannot open the device on {addr}: {e}")),
+        }
+    };
+    Ok(Device { nic, active_mtu: interface::active_mtu(addr).bytes() })
 }

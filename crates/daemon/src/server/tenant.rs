@@ -23,7 +23,7 @@ use softrnic_engine::ProgressMode;
 use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
 use softrnic_transport::{CqId, PdId, QpAttr, QpInitAttr, QpState};
 
-use super::device::{Device, Devices};
+use super::device::{Device, Devices, NetNs};
 use super::processor::{Registry, ServedCq, ServedQp};
 use crate::doorbell::DoorbellPage;
 use crate::limits::TenantLimits;
@@ -57,7 +57,7 @@ type Answer = Result<(Response, Vec<OwnedFd>), RemoteError>;
 /// Serves one connection until it closes.
 pub fn serve(id: u64, socket: OwnedFd, devices: &Devices, registry: Arc<Registry>, limits: TenantLimits) {
     let peer = rustix::net::sockopt::socket_peercred(&socket).map(|c| c.pid.as_raw_nonzero().get()).unwrap_or(0);
-    let mut tenant = match open(id, &socket, devices, registry, limits) {
+    let mut tenant = match open(id, peer, &socket, devices, registry, limits) {
         Ok(tenant) => tenant,
         Err(e) => {
             let _ = protocol::send(socket.as_fd(), &Response::Error(e), &[]);
@@ -88,6 +88,7 @@ pub fn serve(id: u64, socket: OwnedFd, devices: &Devices, registry: Arc<Registry
 
 fn open(
     id: u64,
+    peer: i32,
     socket: &OwnedFd,
     devices: &Devices,
     registry: Arc<Registry>,
@@ -102,7 +103,10 @@ fn open(
             "this softrnicd speaks protocol {PROTOCOL_VERSION}, the program {version}: use a library and daemon of one build"
         )));
     }
-    let device = devices.open(addr).map_err(RemoteError::invalid)?;
+    // A program in a container opens a device of its own network
+    // namespace; the daemon learns which from the socket's peer.
+    let netns = if peer > 0 { NetNs::of_process(peer).map_err(RemoteError::invalid)? } else { None };
+    let device = devices.open(addr, netns.as_ref()).map_err(RemoteError::invalid)?;
     let doorbell = Arc::new(DoorbellPage::create().map_err(|e| RemoteError::exhausted(e.to_string()))?);
     let opened = Opened {
         tenant: id,
