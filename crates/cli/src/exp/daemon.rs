@@ -10,8 +10,10 @@
 //!   forwarding; throughput per pair, the aggregate, and the daemon's
 //!   memory per pair.
 //!
-//! Each instance is a process with a device of its own (its own loopback
-//! address), as a container has; the daemon serves them all. Both write
+//! The daemon's and forwarding's instances run in containers (namespaces
+//! of their own, a veth between a pair's two, [`Instances`]) when the run
+//! is root, else as processes on loopback addresses of their own; the
+//! host's are processes with the engine inside. Both write
 //! `results/<exp>_results.csv`, the perftest logs and a figure.
 
 use std::io::Write as _;
@@ -189,8 +191,9 @@ fn result_rows(text: &str) -> Vec<Vec<f64>> {
 
 /// Where the instances of the pairs run: containers (network, mount,
 /// PID, IPC and UTS namespaces, a pair's two joined by a veth, made as
-/// root and removed however the run ends), or, without root, processes of
-/// this host on loopback addresses of their own.
+/// root, removed when the run ends or, if it was killed, by the next run),
+/// or, without root, processes of this host on loopback addresses of their
+/// own.
 enum Instances {
     Containers(Containers),
     Processes,
@@ -215,7 +218,7 @@ impl Instances {
     /// The server's and the client's device addresses of pair `i`.
     fn addresses(&self, i: usize) -> [String; 2] {
         match self {
-            Instances::Containers(_) => [1, 2].map(|host| format!("10.{}.{}.{host}", 80 + i / 250, i % 250)),
+            Instances::Containers(_) => Containers::addresses(i),
             Instances::Processes => {
                 let second = 150 + std::process::id() as usize % 50;
                 [1, 2].map(|host| format!("127.{second}.{}.{}", 1 + i / 100, host + 2 * (i % 100)))
@@ -261,13 +264,12 @@ impl Containers {
     /// left (its pid is gone) and never another's.
     fn create(pairs: usize) -> Result<Containers, String> {
         remove_leftovers();
-        let containers = Containers { prefix: format!("srnic-c{}-", std::process::id()), pairs: 0 };
-        let mut containers = containers;
+        let mut containers = Containers { prefix: format!("srnic-c{}-", std::process::id()), pairs: 0 };
         for i in 0..pairs {
             let [a, b] = [containers.namespace(i, 0), containers.namespace(i, 1)];
             let [va, vb] =
                 [format!("sc{}a{i}", std::process::id() % 1000), format!("sc{}b{i}", std::process::id() % 1000)];
-            let [addr_a, addr_b] = [1, 2].map(|host| format!("10.{}.{}.{host}/24", 80 + i / 250, i % 250));
+            let [addr_a, addr_b] = Containers::addresses(i).map(|addr| format!("{addr}/24"));
             containers.pairs = i + 1;
             for step in [
                 vec!["netns", "add", &a],
@@ -286,6 +288,11 @@ impl Containers {
             }
         }
         Ok(containers)
+    }
+
+    /// Pair `i`'s two addresses, on the veth between its containers.
+    fn addresses(i: usize) -> [String; 2] {
+        [1, 2].map(|host| format!("10.{}.{}.{host}", 80 + i / 250, i % 250))
     }
 
     fn namespace(&self, i: usize, side: usize) -> String {
