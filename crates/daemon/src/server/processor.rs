@@ -245,12 +245,7 @@ impl ServedCq {
             Err(broken) => {
                 // The program scribbled its consumer index. Its completions
                 // stay in the engine's CQ; nothing else is affected.
-                eprintln!(
-                    "softrnicd: tenant {}: CQ {:?}: {broken}; the CQ is no longer served",
-                    self.tenant,
-                    self.queue.id()
-                );
-                self.broken.store(true, Ordering::Relaxed);
+                self.give_up(&broken.to_string());
                 return false;
             }
         };
@@ -264,12 +259,7 @@ impl ServedCq {
             // The program may scribble its index between the count and
             // now; then the rest of its completions are lost to it.
             let Ok(Some(index)) = producer.slot(&self.ring) else {
-                eprintln!(
-                    "softrnicd: tenant {}: CQ {:?}: its consumer index moved back; the CQ is no longer served",
-                    self.tenant,
-                    self.queue.id()
-                );
-                self.broken.store(true, Ordering::Relaxed);
+                self.give_up("its consumer index moved back");
                 return true;
             };
             wqe::emit_completion(c, &mut entry);
@@ -280,6 +270,12 @@ impl ServedCq {
         drop(producer);
         self.notify(solicited);
         true
+    }
+
+    /// Stops serving a CQ whose program broke its ring.
+    fn give_up(&self, why: &str) {
+        eprintln!("softrnicd: tenant {}: CQ {:?}: {why}; the CQ is no longer served", self.tenant, self.queue.id());
+        self.broken.store(true, Ordering::Relaxed);
     }
 
     /// Announces new completions on the channel if the program armed the
