@@ -13,10 +13,13 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{Tenant, address, daemon, pair, pattern};
+use common::{Tenant, address, daemon, daemon_designed, pair, pattern};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::protocol::{self, PROTOCOL_VERSION, Request, Response, Segment};
 use softrnic_daemon::queue::SharedQueue;
+use softrnic_daemon::server::Running;
+use softrnic_daemon::server::offload::{Designs, RxDesign, TxDesign};
 use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_ring::spsc::{self, Producer};
 use softrnic_transport::{
@@ -49,7 +52,18 @@ fn still_serves(socket: &Path) {
 
 #[test]
 fn fuzzed_ring_entries_and_indices_never_stop_the_daemon() {
-    let daemon = daemon("fuzz");
+    fuzz(&daemon("fuzz"));
+}
+
+#[test]
+fn fuzzed_ring_entries_never_stop_the_copying_designs() {
+    // The stages read what the rings say before the engine does.
+    for (tx, rx) in [(TxDesign::EngineCopy, RxDesign::InCache), (TxDesign::BulkCopy, RxDesign::PerConnection)] {
+        fuzz(&daemon_designed(&format!("fuzz-{tx}-{rx}"), DaemonConfig::default(), Designs { tx, rx }));
+    }
+}
+
+fn fuzz(daemon: &Running) {
     let socket = daemon.socket();
     let (a, _b) = pair(socket);
     let seed = std::env::var("SOFTRNIC_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use softrnic_transport::memory::MemoryRegion;
+use softrnic_transport::memory::{MemoryRegion, MemoryTable};
 use softrnic_transport::qp::QpAttributes;
 use softrnic_transport::{
     Access, AsyncEvent, Choice, Completion, CompletionQueue, Control, CqId, DmaBuffer, Instant, MrKeys, PdId,
@@ -414,6 +414,13 @@ impl Nic {
     /// The region `key` names, if any.
     pub fn memory_region(&self, key: u32) -> Option<MemoryRegion> {
         self.core.control(|c| c.memory().lookup(key).cloned())
+    }
+
+    /// The memory table as it is now: a snapshot that later registrations
+    /// do not change. softrnicd's offload designs copy payloads through it,
+    /// with the same checks a work request gets.
+    pub fn memory(&self) -> Arc<MemoryTable> {
+        self.core.control(|c| c.memory().clone())
     }
 
     // ----- completion queues and SRQs -----

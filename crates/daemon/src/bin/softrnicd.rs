@@ -3,9 +3,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use clap::Parser;
 use softrnic_daemon::limits::DaemonConfig;
+use softrnic_daemon::server::offload::{Designs, RxDesign, TxDesign};
 use softrnic_daemon::server::{Daemon, DaemonOptions};
 use softrnic_daemon::socket_path;
 
@@ -23,6 +27,17 @@ struct Args {
     /// max_cqs, max_mrs, max_pds, max_memory_mib, max_rate_gbps).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// How a send's payload reaches the wire (E4): the engine gathers it
+    /// from the program's memory (header-only), or it is first copied into
+    /// the daemon's memory whole (bulk-copy) or a packet at a time
+    /// (engine-copy).
+    #[arg(long, value_enum, default_value_t = TxDesign::HeaderOnly)]
+    tx: TxDesign,
+    /// Where a receive's payload lands first (E5): in the program's buffer
+    /// (direct), in a ring of the QP's own (per-connection), or in a small
+    /// pool every QP shares, copied on while hot (in-cache).
+    #[arg(long, value_enum, default_value_t = RxDesign::Direct)]
+    rx: RxDesign,
 }
 
 fn main() -> ExitCode {
@@ -38,6 +53,7 @@ fn main() -> ExitCode {
         socket: args.socket.unwrap_or_else(socket_path::default_path),
         engine_threads: usize::from(args.cores),
         config,
+        designs: Designs { tx: args.tx, rx: args.rx },
     };
     let running = match Daemon::bind(options).and_then(Daemon::start) {
         Ok(running) => running,
@@ -46,7 +62,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    eprintln!("softrnicd: listening on {}", running.socket().display());
-    running.wait();
+    // SIGINT and SIGTERM stop it cleanly: the socket file goes, and what
+    // the offload designs copied is said (`softrnic exp e4` reads it).
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(signal, stop.clone()) {
+            eprintln!("softrnicd: cannot handle signals: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    eprintln!("softrnicd: listening on {} (--tx {}, --rx {})", running.socket().display(), args.tx, args.rx);
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("softrnicd: {}", running.offload_stats());
+    drop(running);
+    eprintln!("softrnicd: stopped");
     ExitCode::SUCCESS
 }

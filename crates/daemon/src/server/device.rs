@@ -16,6 +16,7 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use super::offload::Offload;
 use rustix::thread::LinkNameSpaceType;
 use softrnic_engine::shm::this_netns;
 use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, OpenError, interface};
@@ -28,6 +29,8 @@ pub struct Device {
     pub nic: Nic,
     /// Bytes of payload per packet on the device's port.
     pub active_mtu: u32,
+    /// The daemon's offload designs, which the device's QPs use.
+    pub offload: Arc<Offload>,
 }
 
 /// A network namespace, held open by a descriptor, named by its inode.
@@ -51,12 +54,14 @@ impl NetNs {
 pub struct Devices {
     open: Mutex<HashMap<(u64, IpAddr), Weak<Device>>>,
     engine_threads: usize,
+    pub offload: Arc<Offload>,
 }
 
 impl Devices {
-    /// Devices whose engines get `engine_threads` threads each (`--cores`).
-    pub fn new(engine_threads: usize) -> Devices {
-        Devices { open: Mutex::new(HashMap::new()), engine_threads }
+    /// Devices whose engines get `engine_threads` threads each (`--cores`),
+    /// and whose QPs use `offload`'s designs.
+    pub fn new(engine_threads: usize, offload: Arc<Offload>) -> Devices {
+        Devices { open: Mutex::new(HashMap::new()), engine_threads, offload }
     }
 
     /// The device on `addr` in `netns` (the daemon's own when `None`),
@@ -79,7 +84,7 @@ impl Devices {
         // then. A new tenant waits for that, briefly.
         let closing = open.get(&key).is_some_and(|d| d.strong_count() == 0);
         let device = match netns {
-            None => open_device(config, closing)?,
+            None => open_device(config, closing, &self.offload)?,
             Some(ns) => std::thread::scope(|scope| {
                 scope
                     .spawn(|| {
@@ -90,7 +95,7 @@ impl Devices {
                                      only with CAP_SYS_ADMIN (run it as root)"
                                 )
                             })?;
-                        open_device(config, closing)
+                        open_device(config, closing, &self.offload)
                     })
                     .join()
                     .unwrap_or_else(|_| Err("opening the device panicked".into()))
@@ -112,7 +117,7 @@ impl Devices {
 }
 
 /// Opens a device in the calling thread's network namespace.
-fn open_device(config: EngineConfig, closing: bool) -> Result<Device, String> {
+fn open_device(config: EngineConfig, closing: bool, offload: &Arc<Offload>) -> Result<Device, String> {
     let addr = config.addr;
     let deadline = Instant::now() + CLOSING_WAIT;
     let nic = loop {
@@ -124,5 +129,5 @@ fn open_device(config: EngineConfig, closing: bool) -> Result<Device, String> {
             Err(e) => return Err(format!("cannot open the device on {addr}: {e}")),
         }
     };
-    Ok(Device { nic, active_mtu: interface::active_mtu(addr).bytes() })
+    Ok(Device { nic, active_mtu: interface::active_mtu(addr).bytes(), offload: offload.clone() })
 }

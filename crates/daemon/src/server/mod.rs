@@ -3,6 +3,7 @@
 //! queues.
 
 pub mod device;
+pub mod offload;
 pub mod processor;
 pub mod tenant;
 
@@ -28,6 +29,8 @@ pub struct DaemonOptions {
     /// Engine threads per device (`--cores`).
     pub engine_threads: usize,
     pub config: DaemonConfig,
+    /// The offloaded stack's transmit and receive designs (`--tx`, `--rx`).
+    pub designs: offload::Designs,
 }
 
 /// A bound daemon, not yet serving.
@@ -74,7 +77,7 @@ impl Daemon {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         rustix::net::listen(&listener, 128)?;
         let registry = Arc::new(Registry::new()?);
-        let devices = Arc::new(Devices::new(options.engine_threads));
+        let devices = Arc::new(Devices::new(options.engine_threads, Arc::new(offload::Offload::new(options.designs))));
         Ok(Daemon { listener, options, registry, devices })
     }
 
@@ -146,6 +149,11 @@ impl Running {
     /// The counters of the device on `addr`, while a tenant holds it.
     pub fn counters(&self, addr: std::net::IpAddr) -> Option<softrnic_engine::NicCounters> {
         self.devices.counters(addr)
+    }
+
+    /// What the offload designs copied so far.
+    pub fn offload_stats(&self) -> offload::OffloadStats {
+        self.devices.offload.counters.snapshot()
     }
 
     /// Runs until the process ends.

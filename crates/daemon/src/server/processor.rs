@@ -14,6 +14,7 @@
 //! ring index moves that QP to the error state (its requests flush) and the
 //! processor goes on with everyone else.
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,7 @@ use softrnic_transport::{
 };
 
 use super::device::Device;
+use super::offload::{self, RxStage, TxStage};
 use crate::doorbell::{self, DoorbellPage};
 use crate::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
 use crate::wqe::{self, CQE_LEN};
@@ -49,6 +51,9 @@ pub struct ServedQp {
     pub device: Arc<Device>,
     pub posts: Arc<PostQueues>,
     pub caps: QpCaps,
+    /// The offload designs' stages, where they copy ([`super::offload`]).
+    tx: Option<TxStage>,
+    rx: Option<Mutex<RxStage>>,
     pub send: SharedQueue,
     pub recv: Option<SharedQueue>,
     cursors: Mutex<Cursors>,
@@ -60,16 +65,20 @@ pub struct ServedQp {
 struct Cursors {
     send: Consumer,
     recv: Consumer,
+    /// Sends the transmit stage copied and posted (its next slot).
+    staged: u64,
     /// A ring's index was scribbled: nothing more is read from it.
     broken: bool,
 }
 
 impl ServedQp {
+    #[allow(clippy::too_many_arguments)] // a QP's parts, each of its own kind
     pub fn new(
         tenant: u64,
         device: Arc<Device>,
         posts: Arc<PostQueues>,
         caps: QpCaps,
+        (tx, rx): (Option<TxStage>, Option<RxStage>),
         send: SharedQueue,
         recv: Option<SharedQueue>,
     ) -> ServedQp {
@@ -79,6 +88,8 @@ impl ServedQp {
             device,
             posts,
             caps,
+            tx,
+            rx: rx.map(Mutex::new),
             send,
             recv,
             cursors: Mutex::new(Cursors::default()),
@@ -105,12 +116,22 @@ impl ServedQp {
             return false; // the common case: no lock taken
         }
         let (max_sge, max_inline) = (self.caps.max_send_sge as usize, self.caps.max_inline_data as usize);
+        let counters = &self.device.offload.counters;
+        // A copying design reads the program's memory with the checks a
+        // request gets, in the regions registered now.
+        let memory = self.tx.as_ref().map(|_| self.device.nic.memory());
         // One lock and one doorbell for the batch; released before a
         // fault moves the QP to error.
         let mut queue = self.device.nic.send_queue(&self.posts);
-        let (moved, fault) = drain_ring(&self.send, &mut cursors.send, true, |slot| {
+        let Cursors { send, staged, .. } = &mut *cursors;
+        let (moved, fault) = drain_ring(&self.send, send, true, |slot| {
             let wr = wqe::parse_send(slot, max_sge, max_inline).map_err(|e| VerbsError::invalid(e.to_string()))?;
-            queue.post(wr)
+            let (Some(stage), Some(memory)) = (&self.tx, &memory) else { return queue.post(wr) };
+            let (wr, copied) = stage.stage(wr, memory, *staged);
+            queue.post(wr)?;
+            *staged += u64::from(copied.is_some());
+            stage.posted(copied, counters);
+            Ok(())
         });
         drop(queue);
         self.handle_fault(cursors, fault);
@@ -119,12 +140,37 @@ impl ServedQp {
 
     fn drain_recv(&self, cursors: &mut Cursors, recv: &SharedQueue) -> bool {
         let max_sge = self.caps.max_recv_sge as usize;
+        let (nic, counters) = (&self.device.nic, &self.device.offload.counters);
+        let mut stage = self.rx.as_ref().map(|rx| rx.lock().unwrap_or_else(|e| e.into_inner()));
+        // Receives that waited for a staging buffer go first, in order.
+        let resumed = stage.as_mut().is_some_and(|s| s.post_waiting(nic, &self.posts, counters));
         let (moved, fault) = drain_ring(recv, &mut cursors.recv, false, |slot| {
             let wr = wqe::parse_recv(slot, max_sge).map_err(|e| VerbsError::invalid(e.to_string()))?;
-            self.device.nic.post_recv(&self.posts, wr)
+            match stage.as_mut() {
+                Some(stage) => stage.post(nic, &self.posts, wr, counters),
+                None => nic.post_recv(&self.posts, wr),
+            }
         });
+        drop(stage);
         self.handle_fault(cursors, fault);
-        moved > 0
+        resumed || moved > 0
+    }
+
+    /// Frees what the offload stages hold (the QP is destroyed).
+    pub fn release(&self) {
+        let nic = &self.device.nic;
+        if let Some(tx) = &self.tx {
+            tx.release(nic);
+        }
+        if let Some(rx) = &self.rx {
+            rx.lock().unwrap_or_else(|e| e.into_inner()).release(nic);
+        }
+    }
+
+    /// Where the served QPs with a receive stage are found by their
+    /// completions: the device, and the QP number.
+    fn staged_key(&self) -> (usize, u32) {
+        (Arc::as_ptr(&self.device) as usize, self.qpn)
     }
 
     /// A bad entry moves the QP to error, so it and everything after it
@@ -235,7 +281,7 @@ impl ServedCq {
 
     /// Moves completions from the engine's CQ into the ring, as many as
     /// fit. Returns whether it moved any.
-    fn fill(&self, scratch: &mut Vec<Completion>) -> bool {
+    fn fill(&self, scratch: &mut Vec<Completion>, staged: &StagedReceivers) -> bool {
         if self.broken.load(Ordering::Relaxed) {
             return false;
         }
@@ -253,6 +299,7 @@ impl ServedCq {
         if free == 0 || self.device.nic.poll_cq(&self.queue, free.min(CQ_BATCH), scratch) == 0 {
             return false;
         }
+        self.unstage(scratch, staged);
         let mut entry = [0u8; CQE_LEN];
         let mut solicited = false;
         for c in scratch.iter() {
@@ -270,6 +317,25 @@ impl ServedCq {
         drop(producer);
         self.notify(solicited);
         true
+    }
+
+    /// Turns the engine's completions of staged receives into the
+    /// program's: payload copied into its buffers, its own `wr_id`.
+    fn unstage(&self, completions: &mut [Completion], staged: &StagedReceivers) {
+        if staged.is_empty() {
+            return;
+        }
+        let device = Arc::as_ptr(&self.device) as usize;
+        let mut memory = None;
+        for c in completions.iter_mut().filter(|c| offload::is_receive(c)) {
+            let Some(rx) = staged.get(&(device, c.qp_num)).and_then(|qp| qp.rx.as_ref()) else { continue };
+            let memory = memory.get_or_insert_with(|| self.device.nic.memory());
+            let counters = &self.device.offload.counters;
+            if !rx.lock().unwrap_or_else(|e| e.into_inner()).complete(c, memory, counters) {
+                let error = QpAttr { state: Some(QpState::Error), ..QpAttr::default() };
+                let _ = self.device.nic.modify_qp(c.qp_num, &error);
+            }
+        }
     }
 
     /// Stops serving a CQ whose program broke its ring.
@@ -311,7 +377,12 @@ pub struct Served {
     pub qps: Vec<Arc<ServedQp>>,
     pub cqs: Vec<Arc<ServedCq>>,
     pub doorbells: Vec<Arc<DoorbellPage>>,
+    /// The QPs with a receive stage, for their completions to find.
+    staged: StagedReceivers,
 }
+
+/// QPs with a receive stage, by [`ServedQp::staged_key`].
+type StagedReceivers = HashMap<(usize, u32), Arc<ServedQp>>;
 
 /// The processor's inputs, shared with the tenants' threads.
 pub struct Registry {
@@ -346,6 +417,7 @@ impl Registry {
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
         let mut next = Served::clone(&served);
         change(&mut next);
+        next.staged = next.qps.iter().filter(|q| q.rx.is_some()).map(|q| (q.staged_key(), q.clone())).collect();
         *served = Arc::new(next);
         self.generation.fetch_add(1, Ordering::Release);
         doorbell::signal(&self.wake);
@@ -410,7 +482,7 @@ fn pass(served: &Served, scratch: &mut Vec<Completion>) -> bool {
         worked |= qp.drain();
     }
     for cq in &served.cqs {
-        worked |= cq.fill(scratch);
+        worked |= cq.fill(scratch, &served.staged);
     }
     worked
 }

@@ -373,7 +373,7 @@ impl Tenant {
                     .into(),
             )));
         }
-        let caps = init.caps;
+        let (caps, pd) = (init.caps, init.pd);
         if caps.max_send_wr > MAX_QP_WR
             || caps.max_recv_wr > MAX_QP_WR
             || caps.max_send_sge > MAX_SGE
@@ -407,7 +407,23 @@ impl Tenant {
             recv_slot_size: recv.slot_size(),
         };
         let fds = vec![send.fd().try_clone_to_owned().map_err(io)?, recv.fd().try_clone_to_owned().map_err(io)?];
-        let served = Arc::new(ServedQp::new(self.id, self.device.clone(), posts, caps, send, Some(recv)));
+        // The offload designs stage what the processor moves; a forwarding
+        // tenant's requests go to the engine as they come.
+        let stages = match self.forward {
+            true => Ok((None, None)),
+            false => {
+                let depths = (caps.max_send_wr, caps.max_recv_wr);
+                self.device.offload.stages(nic, pd, depths, self.device.active_mtu)
+            }
+        };
+        let stages = match stages {
+            Ok(stages) => stages,
+            Err(e) => {
+                let _ = nic.destroy_qp(qpn);
+                return Err(RemoteError::from(e));
+            }
+        };
+        let served = Arc::new(ServedQp::new(self.id, self.device.clone(), posts, caps, stages, send, Some(recv)));
         self.qps.insert(qpn, served.clone());
         if !self.forward {
             self.registry.update(|s| s.qps.push(served));
@@ -419,6 +435,7 @@ impl Tenant {
         self.device.nic.destroy_qp(qpn)?;
         if let Some(served) = self.qps.remove(&qpn) {
             self.registry.update(|s| s.qps.retain(|q| !Arc::ptr_eq(q, &served)));
+            served.release();
         }
         Ok(())
     }

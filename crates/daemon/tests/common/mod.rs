@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use softrnic_daemon::client::{Cq, Qp, Session};
 use softrnic_daemon::limits::DaemonConfig;
+use softrnic_daemon::server::offload::Designs;
 use softrnic_daemon::server::{Daemon, DaemonOptions, Running};
 use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_transport::{
-    Access, Completion, MrKeys, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Sge,
-    smallvec,
+    Access, Completion, MrKeys, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
+    RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, WcOpcode, WcStatus, smallvec,
 };
 
 pub static NEXT: AtomicU8 = AtomicU8::new(10);
@@ -29,8 +30,13 @@ pub fn daemon(name: &str) -> Running {
 }
 
 pub fn daemon_with(name: &str, config: DaemonConfig) -> Running {
+    daemon_designed(name, config, Designs::default())
+}
+
+/// A daemon with the offloaded stack's `designs`.
+pub fn daemon_designed(name: &str, config: DaemonConfig, designs: Designs) -> Running {
     let socket = std::env::temp_dir().join(format!("softrnicd-test-{}-{name}.sock", std::process::id()));
-    Daemon::bind(DaemonOptions { socket, engine_threads: 1, config }).unwrap().start().unwrap()
+    Daemon::bind(DaemonOptions { socket, engine_threads: 1, config, designs }).unwrap().start().unwrap()
 }
 
 pub const REGION: usize = 1 << 16;
@@ -144,4 +150,66 @@ pub fn pair(socket: &Path) -> (Tenant, Tenant) {
 
 pub fn pattern(len: usize, salt: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31) ^ salt).collect()
+}
+
+/// Every operation between two tenants of the daemon on `socket`, each
+/// result checked.
+pub fn every_operation(socket: &Path) {
+    let (a, b) = pair(socket);
+
+    // WRITE with immediate: lands in place and consumes a receive.
+    let data = pattern(5000, 1);
+    a.write(0, &data);
+    b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id: 70, sges: smallvec![] }).unwrap();
+    let write = SendOp::Write { remote: RemoteAddr { addr: b.iova(8192), rkey: b.keys.rkey }, imm: Some(0x1234) };
+    let mut wr = SendWorkRequest::new(1, write, a.sge(0, 5000));
+    wr.signaled = true;
+    a.session.post_send(&a.qp, &wr).unwrap();
+    let done = a.wait(1);
+    assert_eq!((done[0].wr_id, done[0].status, done[0].opcode), (1, WcStatus::Success, WcOpcode::RdmaWrite));
+    let got = b.wait(1);
+    assert_eq!((got[0].wr_id, got[0].opcode, got[0].imm_data), (70, WcOpcode::RecvRdmaWithImm, Some(0x1234)));
+    assert_eq!(b.read(8192, 5000), data);
+
+    // SEND into a posted receive, two SGEs.
+    let message = pattern(3000, 2);
+    a.write(100, &message);
+    let sges = smallvec![
+        Sge { addr: b.iova(20000), length: 1000, lkey: b.keys.lkey },
+        Sge { addr: b.iova(30000), length: 4000, lkey: b.keys.lkey }
+    ];
+    b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id: 71, sges }).unwrap();
+    a.session.post_send(&a.qp, &SendWorkRequest::new(2, SendOp::Send { imm: None }, a.sge(100, 3000))).unwrap();
+    let got = b.wait(1);
+    assert_eq!((got[0].wr_id, got[0].byte_len, got[0].status), (71, 3000, WcStatus::Success));
+    assert_eq!(b.read(20000, 1000), message[..1000]);
+    assert_eq!(b.read(30000, 2000), message[1000..]);
+    a.wait(1);
+
+    // Inline SEND, READ, and both atomics.
+    b.session
+        .post_recv(
+            &b.qp,
+            &RecvWorkRequest { wr_id: 72, sges: smallvec![Sge { addr: b.iova(0), length: 64, lkey: b.keys.lkey }] },
+        )
+        .unwrap();
+    let inline = Payload::Inline(softrnic_transport::InlineData::from_slice(b"inline bytes"));
+    a.session.post_send(&a.qp, &SendWorkRequest::new(3, SendOp::Send { imm: None }, inline)).unwrap();
+    assert_eq!(b.wait(1)[0].byte_len, 12);
+    assert_eq!(b.read(0, 12), b"inline bytes");
+    let remote = RemoteAddr { addr: b.iova(30000), rkey: b.keys.rkey };
+    a.session.post_send(&a.qp, &SendWorkRequest::new(4, SendOp::Read { remote }, a.sge(40000, 2000))).unwrap();
+    b.write(40000, &7u64.to_le_bytes());
+    let counter = RemoteAddr { addr: b.iova(40000), rkey: b.keys.rkey };
+    let add = SendOp::FetchAdd { remote: counter, add: 5 };
+    a.session.post_send(&a.qp, &SendWorkRequest::new(5, add, a.sge(50000, 8))).unwrap();
+    let swap = SendOp::CompareSwap { remote: counter, compare: 12, swap: 99 };
+    a.session.post_send(&a.qp, &SendWorkRequest::new(6, swap, a.sge(50008, 8))).unwrap();
+    let done = a.wait(4);
+    assert!(done.iter().all(|c| c.status == WcStatus::Success), "{done:?}");
+    assert_eq!(done.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [3, 4, 5, 6], "in order");
+    assert_eq!(a.read(40000, 2000), message[1000..]);
+    assert_eq!(a.read(50000, 8), 7u64.to_le_bytes(), "fetch-add returns the old value");
+    assert_eq!(a.read(50008, 8), 12u64.to_le_bytes());
+    assert_eq!(b.read(40000, 8), 99u64.to_le_bytes());
 }

@@ -119,6 +119,22 @@ impl DmaBuffer {
         unsafe { atomic_copy::store(src, self.ptr.as_ptr().add(offset)) }
     }
 
+    /// Copies `len` bytes of `src` from `src_offset` into this buffer at
+    /// `offset`, through a bounce small enough to stay in the L1 cache, so
+    /// that each side keeps its atomic access.
+    pub fn copy_from(&self, offset: usize, src: &DmaBuffer, src_offset: usize, len: usize) {
+        self.check(offset, len);
+        src.check(src_offset, len);
+        let mut bounce = [0u8; 4096];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(bounce.len());
+            src.read(src_offset + done, &mut bounce[..n]);
+            self.write(offset + done, &bounce[..n]);
+            done += n;
+        }
+    }
+
     /// Sets every byte to `byte`.
     pub fn fill(&self, byte: u8) {
         let chunk = [byte; 256];
@@ -245,6 +261,17 @@ impl std::fmt::Debug for DmaBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_between_buffers_at_any_alignment() {
+        let src = DmaBuffer::from_bytes(&(0..10_000u32).map(|i| i as u8).collect::<Vec<_>>());
+        let dst = DmaBuffer::new(10_000);
+        dst.copy_from(3, &src, 5, 9_000);
+        let out = dst.to_vec();
+        assert_eq!(&out[..3], &[0, 0, 0]);
+        assert!(out[3..9_003].iter().enumerate().all(|(i, &b)| b == (i + 5) as u8));
+        assert!(out[9_003..].iter().all(|&b| b == 0));
+    }
 
     #[test]
     fn reads_what_was_written() {

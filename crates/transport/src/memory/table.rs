@@ -55,6 +55,20 @@ impl<'a> MemoryView<'a> {
         }
     }
 
+    /// Copies the whole view into `dst` from `at` on.
+    pub fn copy_to(&self, dst: &DmaBuffer, at: usize) {
+        if let Some(buffer) = self.buffer {
+            dst.copy_from(at, buffer, self.offset, self.len);
+        }
+    }
+
+    /// Fills the whole view from `src`, starting at `at`.
+    pub fn copy_from(&self, src: &DmaBuffer, at: usize) {
+        if let Some(buffer) = self.buffer {
+            buffer.copy_from(self.offset, src, at, self.len);
+        }
+    }
+
     /// Applies `op` atomically to the 8 bytes of the view, returning the
     /// value they held.
     pub fn atomic_update(&self, op: impl Fn(u64) -> u64) -> u64 {

@@ -1,0 +1,134 @@
+//! The offloaded stack's designs (`softrnicd --tx`, `--rx`): each moves
+//! every operation's data exactly as the engine alone does, copies what it
+//! says it copies, and the in-cache design's buffers stay its pool's
+//! however many receives the connections post.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Tenant, address, daemon_designed, every_operation, pattern};
+use softrnic_daemon::limits::DaemonConfig;
+use softrnic_daemon::server::offload::{Designs, IN_CACHE_BUFFERS, OffloadStats, RxDesign, SLOT, TxDesign};
+use softrnic_transport::{Completion, RecvWorkRequest, SendOp, SendWorkRequest, Sge, WcStatus, smallvec};
+
+fn designed(name: &str, tx: TxDesign, rx: RxDesign) -> softrnic_daemon::server::Running {
+    daemon_designed(name, DaemonConfig::default(), Designs { tx, rx })
+}
+
+#[test]
+fn every_design_moves_every_operation_and_counts_its_copies() {
+    for (tx, rx) in [
+        (TxDesign::BulkCopy, RxDesign::PerConnection),
+        (TxDesign::EngineCopy, RxDesign::InCache),
+        (TxDesign::HeaderOnly, RxDesign::Direct),
+    ] {
+        let daemon = designed(&format!("ops-{tx}-{rx}"), tx, rx);
+        every_operation(daemon.socket());
+        let stats = daemon.offload_stats();
+        let copied_tx = if tx == TxDesign::HeaderOnly {
+            OffloadStats::default()
+        } else {
+            // The WRITE (5000 B) and the SEND (3000 B) are copied; the
+            // inline SEND, the READ and the two atomics pass.
+            OffloadStats { tx_copied_bytes: 8000, tx_staged: 2, tx_passed: 4, ..OffloadStats::default() }
+        };
+        let copied_rx = if rx == RxDesign::Direct {
+            OffloadStats::default()
+        } else {
+            // The SEND (3000 B) and the inline SEND (12 B) land in a
+            // staging buffer first; the WRITE's immediate has no payload.
+            OffloadStats { rx_copied_bytes: 3012, rx_staged: 2, ..OffloadStats::default() }
+        };
+        let counted = OffloadStats { staging_bytes: 0, staging_peak: 0, ..stats };
+        let expected =
+            OffloadStats { rx_copied_bytes: copied_rx.rx_copied_bytes, rx_staged: copied_rx.rx_staged, ..copied_tx };
+        assert_eq!(counted, expected, "--tx {tx} --rx {rx}");
+        assert_eq!(daemon.processor_restarts(), 0);
+    }
+}
+
+/// Pairs of tenants each stream `messages` SENDs of `len` bytes, every
+/// receive posted before the first send; returns the daemon's stats.
+fn stream(daemon: &softrnic_daemon::server::Running, pairs: usize, messages: usize, len: usize) -> OffloadStats {
+    let pairs: Vec<(Tenant, Tenant)> = (0..pairs)
+        .map(|_| {
+            let (a, b) = (Tenant::open(daemon.socket(), address()), Tenant::open(daemon.socket(), address()));
+            a.connect(&b);
+            b.connect(&a);
+            (a, b)
+        })
+        .collect();
+    // Each message in a slot of its own at both ends.
+    let slot = common::REGION / messages;
+    assert!(slot >= len);
+    for (p, (a, b)) in pairs.iter().enumerate() {
+        for m in 0..messages {
+            a.write(m * slot, &pattern(len, (p * messages + m) as u8));
+            let sges = smallvec![Sge { addr: b.iova(m * slot), length: slot as u32, lkey: b.keys.lkey }];
+            b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id: m as u64, sges }).unwrap();
+        }
+    }
+    for (a, _) in &pairs {
+        for m in 0..messages {
+            let mut wr = SendWorkRequest::new(m as u64, SendOp::Send { imm: None }, a.sge(m * slot, len as u32));
+            wr.signaled = m + 1 == messages;
+            a.session.post_send(&a.qp, &wr).unwrap();
+        }
+    }
+    for (p, (a, b)) in pairs.iter().enumerate() {
+        let got = wait_long(b, messages);
+        assert!(got.iter().all(|c| c.status == WcStatus::Success && c.byte_len == len as u32), "pair {p}: {got:?}");
+        let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, (0..messages as u64).collect::<Vec<_>>(), "pair {p}: the program's own wr_ids, in order");
+        for m in 0..messages {
+            assert_eq!(b.read(m * slot, len), pattern(len, (p * messages + m) as u8), "pair {p} message {m}");
+        }
+        assert_eq!(wait_long(a, 1)[0].status, WcStatus::Success);
+    }
+    daemon.offload_stats()
+}
+
+/// Like `Tenant::wait`, with time for RNR retries while receives wait for
+/// pool buffers.
+fn wait_long(t: &Tenant, n: usize) -> Vec<Completion> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut out = Vec::new();
+    while out.len() < n {
+        assert!(Instant::now() < deadline, "{} of {n} completions after 60 s", out.len());
+        if t.cq.poll(n - out.len(), &mut out) == 0 {
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+#[test]
+fn the_in_cache_pool_bounds_the_buffers_however_many_receives_wait() {
+    // Five pairs post 256 receives each: 1280, more than the pool's 1024,
+    // so the last pair's receives wait for buffers the others free (its
+    // sender meets RNR NAKs meanwhile) and everything still arrives.
+    let daemon = designed("in-cache", TxDesign::HeaderOnly, RxDesign::InCache);
+    let stats = stream(&daemon, 5, 256, 200);
+    assert_eq!((stats.rx_staged, stats.rx_copied_bytes), (5 * 256, 5 * 256 * 200));
+    assert_eq!(stats.staging_peak, (IN_CACHE_BUFFERS * SLOT) as u64, "the pool, and nothing per connection");
+
+    // Per connection, every QP (10 of them, default depth 256) holds a ring.
+    let daemon = designed("per-connection", TxDesign::HeaderOnly, RxDesign::PerConnection);
+    let stats = stream(&daemon, 5, 256, 200);
+    assert_eq!(stats.rx_staged, 5 * 256);
+    assert_eq!(stats.staging_peak, (10 * 256 * SLOT) as u64);
+    drop(daemon);
+}
+
+#[test]
+fn copying_transmit_designs_keep_a_window_of_sends_intact() {
+    // 256 sends in flight on one QP reuse every staging slot: none may be
+    // overwritten before the engine is done with it (retransmissions too).
+    for tx in [TxDesign::BulkCopy, TxDesign::EngineCopy] {
+        let daemon = designed(&format!("window-{tx}"), tx, RxDesign::Direct);
+        let stats = stream(&daemon, 2, 256, 250);
+        assert_eq!((stats.tx_staged, stats.tx_copied_bytes, stats.tx_passed), (512, 512 * 250, 0));
+        assert_eq!(stats.staging_peak, (4 * 257 * SLOT) as u64, "depth + 1 slots per QP");
+    }
+}
