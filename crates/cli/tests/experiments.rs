@@ -341,3 +341,72 @@ fn assert_no_namespaces_left() {
     };
     assert!(!list.lines().any(|l| l.starts_with("srnic-c") && orphan(l)), "namespaces left behind: {list}");
 }
+
+/// Runs an offloaded-stack experiment's quick sweep; its CSV's rows as
+/// fields, and what it printed.
+fn offload_quick(exp: &str, header: &str) -> Option<(Vec<Vec<String>>, String)> {
+    if !library_built(exp) {
+        return None;
+    }
+    let out = out_dir(exp);
+    let o = run(&["exp", exp, "--quick", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let csv_path = out.join(format!("{exp}_results.csv"));
+    assert_eq!(csv(&csv_path).0, header);
+    let rows = records(&csv_path);
+    let figure = out.join(format!("{exp}_figure.svg"));
+    let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_figure_parses(&figure, &names);
+    assert!(rows.iter().all(|r| r[3].parse::<f64>().unwrap() > 0.0), "every point moved data: {rows:?}");
+    std::fs::remove_dir_all(&out).unwrap();
+    Some((rows, String::from_utf8_lossy(&o.stdout).into_owned()))
+}
+
+#[test]
+fn e4_quick_runs_each_transmit_design_and_counts_its_copies() {
+    let header = "design,payload,threads,gbps,copied_bytes_per_byte,staging_peak_bytes";
+    let Some((rows, printed)) = offload_quick("e4", header) else { return };
+    let keys: Vec<(&str, &str)> = rows.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    let designs = ["engine-copy", "bulk-copy", "header-only"];
+    let expected: Vec<(&str, &str)> = designs.iter().flat_map(|d| [(*d, "64"), (*d, "8192")]).collect();
+    assert_eq!(keys, expected);
+    for r in &rows {
+        // The copying designs copy every payload byte once, from staging
+        // slots of their own; header-only copies nothing.
+        let copies = r[0] != "header-only";
+        assert_eq!(r[4], if copies { "1.000" } else { "0.000" }, "{r:?}");
+        assert_eq!(r[5] != "0", copies, "{r:?}");
+    }
+    assert!(printed.contains("  thread [1], duration ["), "the seed's lines: {printed}");
+    assert!(printed.contains("] Gbps\n  Total: "), "{printed}");
+}
+
+#[test]
+fn e5_quick_runs_each_receive_design_with_eight_threads() {
+    let header = "design,payload,connections,gbps,copied_bytes_per_byte,staging_peak_mib";
+    let Some((rows, printed)) = offload_quick("e5", header) else { return };
+    let keys: Vec<(&str, &str, &str)> = rows.iter().map(|r| (r[0].as_str(), r[1].as_str(), r[2].as_str())).collect();
+    let designs = ["per-connection", "in-cache", "direct"];
+    let expected: Vec<_> = designs.iter().flat_map(|d| [(*d, "512", "8"), (*d, "8192", "8")]).collect();
+    assert_eq!(keys, expected);
+    for r in &rows {
+        let copies = r[0] != "direct";
+        assert_eq!(r[4], if copies { "1.000" } else { "0.000" }, "{r:?}");
+    }
+    // The in-cache pool is 1024 buffers of 8448 B, whatever the traffic.
+    assert!(rows.iter().filter(|r| r[0] == "in-cache").all(|r| r[5] == "8.3" || r[5] == "8.2"), "{rows:?}");
+    assert!(printed.contains("]s, recv speed ["), "the seed's lines: {printed}");
+}
+
+#[test]
+fn e6_quick_puts_the_offloaded_stack_beside_rdma_snap_and_tcp() {
+    let Some((rows, printed)) = offload_quick("e6", "stack,connections,payload,gbps,copied_bytes_per_byte") else {
+        return;
+    };
+    let keys: Vec<(&str, &str)> = rows.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    let stacks = ["offloaded", "rdma", "snap", "tcp"];
+    let expected: Vec<(&str, &str)> = stacks.iter().flat_map(|s| [(*s, "1"), (*s, "2")]).collect();
+    assert_eq!(keys, expected);
+    assert!(rows.iter().all(|r| (r[0] == "offloaded") != r[4].is_empty()), "copies counted by softrnicd: {rows:?}");
+    assert_eq!(printed.matches("Total bandwidth: ").count(), 8, "{printed}");
+}

@@ -46,6 +46,16 @@ pub struct Args {
     /// has not finished), so that a runner never waits on a stuck role.
     #[arg(long = "auto_exit_sec")]
     pub auto_exit_sec: Option<u64>,
+    /// Client: send the buffer as it is and have the server check
+    /// nothing, so that only the transport is measured (the offloaded
+    /// stack's experiments); the server prints `recv speed` lines.
+    #[arg(long = "noVerify")]
+    pub no_verify: bool,
+    /// Server: do E6's Snap-like baseline's work per message as well (copy
+    /// the payload and the completion, walk 8 nodes of a linked list of
+    /// 4 KiB nodes; the list's size in MiB, 0 for none).
+    #[arg(long = "snapListMiB", default_value_t = 0)]
+    pub snap_list_mib: usize,
     /// The TCP port the two ends exchange QP numbers on.
     #[arg(long = "port", default_value_t = 18515)]
     pub port: u16,

@@ -22,6 +22,9 @@ pub struct Workload {
     pub pack_size: u32,
     pub outstanding: u32,
     pub messages: u64,
+    /// Whether messages carry the pattern and the server checks it (the
+    /// client's `-noVerify` turns both off).
+    pub verify: bool,
 }
 
 /// One end of the conversation.
@@ -81,8 +84,12 @@ impl Channel {
 
     pub fn send_workload(&mut self, w: &Workload) -> Result<(), String> {
         self.send(&format!(
-            "rdma_bench threads={} pack={} outstanding={} messages={}",
-            w.threads, w.pack_size, w.outstanding, w.messages
+            "rdma_bench threads={} pack={} outstanding={} messages={} verify={}",
+            w.threads,
+            w.pack_size,
+            w.outstanding,
+            w.messages,
+            u8::from(w.verify)
         ))
     }
 
@@ -131,6 +138,8 @@ fn parse_workload(line: &str) -> Option<Workload> {
         pack_size: field("pack")?.try_into().ok()?,
         outstanding: field("outstanding")?.try_into().ok()?,
         messages: field("messages")?,
+        // Clients before -noVerify did not say: they verified.
+        verify: field("verify").is_none_or(|v| v != 0),
     })
 }
 
@@ -157,9 +166,11 @@ mod tests {
 
     #[test]
     fn lines_round_trip() {
-        let w = Workload { threads: 8, pack_size: 64, outstanding: 48, messages: 512_000 };
+        let w = Workload { threads: 8, pack_size: 64, outstanding: 48, messages: 512_000, verify: true };
         let line = "rdma_bench threads=8 pack=64 outstanding=48 messages=512000";
         assert_eq!(parse_workload(line), Some(w));
+        let quiet = Workload { verify: false, ..w };
+        assert_eq!(parse_workload(&format!("{line} verify=0")), Some(quiet));
         let mut gid = [0u8; 16];
         gid[10..].copy_from_slice(&[0xff, 0xff, 127, 0, 0, 2]);
         let qp = parse_qp("qp 17 1234 5 00000000000000000000ffff7f000002").unwrap();

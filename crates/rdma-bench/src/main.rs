@@ -23,6 +23,7 @@
 mod args;
 mod exchange;
 mod run;
+mod snap;
 mod verbs;
 
 use softrnic_rdma_bench::report;
@@ -68,6 +69,8 @@ struct Endpoint<'v> {
     qp: Qp<'v>,
     buf: Buffer<'v>,
     info: QpInfo,
+    /// The server's Snap-like baseline work (`-snapListMiB`).
+    snap: Option<snap::SnapWork>,
 }
 
 /// Creates `w.threads` endpoints with buffers of `buf_size` (or what the
@@ -92,7 +95,9 @@ fn endpoints<'v>(verbs: &'v Verbs, args: &Args, w: &Workload, server: bool) -> R
             let buf = Buffer::new(verbs, len)?;
             let psn = (qp.qpn().wrapping_mul(2_654_435_761) ^ std::process::id() ^ thread) & 0xff_ffff;
             let info = QpInfo { qpn: qp.qpn(), psn, gid, mtu };
-            Ok(Endpoint { qp, buf, info })
+            let snap = (server && args.snap_list_mib > 0)
+                .then(|| snap::SnapWork::new(args.snap_list_mib, u64::from(thread) + 1));
+            Ok(Endpoint { qp, buf, info, snap })
         })
         .collect()
 }
@@ -118,12 +123,19 @@ fn server(args: &Args) -> Result<bool, String> {
 
     let results = each_thread(&mut ends, |thread, end| match w.outstanding {
         1 => run::echo(&end.qp, &end.buf, thread, &w),
-        _ => run::receive_stream(&end.qp, &end.buf, thread, &w),
+        _ => run::receive_stream(&end.qp, &end.buf, thread, &w, end.snap.as_mut()),
     });
     let mut ok = true;
     for (thread, result) in (0..).zip(results) {
         match result {
-            Ok(duration) => println!("{}", report::verified(thread, duration, w.messages * u64::from(w.pack_size))),
+            Ok(duration) => {
+                let bytes = w.messages * u64::from(w.pack_size);
+                let line = match w.verify {
+                    true => report::verified(thread, duration, bytes),
+                    false => report::received(thread, duration, bytes),
+                };
+                println!("{line}");
+            }
             Err(message) => {
                 println!("{message}");
                 ok = false;
@@ -142,6 +154,7 @@ fn client(args: &Args) -> Result<bool, String> {
         pack_size: args.pack_size,
         outstanding: args.outstanding,
         messages: args.messages(),
+        verify: !args.no_verify,
     };
     let verbs = Verbs::open(args.device_name.as_deref())?;
     let mut ends = endpoints(&verbs, args, &w, false)?;

@@ -15,6 +15,17 @@ pub fn verified(thread: u32, duration: Duration, bytes: u64) -> String {
     )
 }
 
+/// The receiver's line for a thread when the client asked for no
+/// verification (`-noVerify`), as the offloaded stack's receive
+/// experiment (E5) prints it.
+pub fn received(thread: u32, duration: Duration, bytes: u64) -> String {
+    format!(
+        "Receive done, thread [{thread}], duration [{:.6}]s, recv speed [{:.6}] Gbps",
+        duration.as_secs_f64(),
+        gbps(bytes, duration)
+    )
+}
+
 /// The sender's line for a thread.
 pub fn sent(thread: u32, duration: Duration, bytes: u64) -> String {
     format!(
@@ -22,6 +33,54 @@ pub fn sent(thread: u32, duration: Duration, bytes: u64) -> String {
         duration.as_secs_f64(),
         gbps(bytes, duration)
     )
+}
+
+/// Which end printed a per-thread line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// `Send done`: the client.
+    Sent,
+    /// `Data verification success`: the server, data checked.
+    Verified,
+    /// `Receive done`: the server, data not checked (`-noVerify`).
+    Received,
+}
+
+/// A per-thread line, read back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ThreadLine {
+    pub end: End,
+    pub thread: u32,
+    pub seconds: f64,
+    pub gbps: f64,
+}
+
+impl ThreadLine {
+    /// Reads one of the lines above; `None` for any other line. The
+    /// seeds' `Gpbs` misspelling reads too.
+    pub fn parse(line: &str) -> Option<ThreadLine> {
+        let end = [
+            ("Send done, ", End::Sent),
+            ("Data verification success, ", End::Verified),
+            ("Receive done, ", End::Received),
+        ]
+        .into_iter()
+        .find_map(|(prefix, end)| line.starts_with(prefix).then_some(end))?;
+        let between = |open: &str| line.split(open).nth(1)?.split(']').next();
+        Some(ThreadLine {
+            end,
+            thread: between("thread [")?.parse().ok()?,
+            seconds: between("duration [")?.parse().ok()?,
+            gbps: between("throughput [").or_else(|| between("recv speed ["))?.parse().ok()?,
+        })
+    }
+
+    /// The seed's own spelling of the line, without the end's prefix
+    /// (`thread [1], duration [2.842365]s, throughput [18.025908] Gbps`).
+    pub fn seed_line(&self) -> String {
+        let rate = if self.end == End::Received { "recv speed" } else { "throughput" };
+        format!("thread [{}], duration [{:.6}]s, {rate} [{:.6}] Gbps", self.thread, self.seconds, self.gbps)
+    }
 }
 
 pub fn gbps(bytes: u64, duration: Duration) -> f64 {
@@ -81,6 +140,22 @@ mod tests {
         let block =
             percentiles([3096, 3168, 3168, 3168, 3168]) + &summary(3231.062, 548.675, 241_663.955, 512_000, 7, 2048);
         assert_eq!(block, SEED_BLOCK);
+    }
+
+    #[test]
+    fn thread_lines_read_back() {
+        // The seeds' E4 and E5 lines, with the ends' prefixes.
+        let line = "Send done, thread [1], duration [2.842365]s, throughput [18.025908] Gbps";
+        let sent = ThreadLine::parse(line).unwrap();
+        assert_eq!((sent.end, sent.thread, sent.seconds, sent.gbps), (End::Sent, 1, 2.842365, 18.025908));
+        assert_eq!(sent.seed_line(), line.strip_prefix("Send done, ").unwrap());
+        let line = "Receive done, thread [2], duration [2.632949]s, recv speed [50.976189] Gbps";
+        assert_eq!(ThreadLine::parse(line).unwrap().seed_line(), line.strip_prefix("Receive done, ").unwrap());
+        let printed = ThreadLine::parse(&received(3, Duration::from_secs(2), 1_000_000_000)).unwrap();
+        assert_eq!((printed.end, printed.thread, printed.gbps), (End::Received, 3, 4.0));
+        let seed = "Data verification success, thread [0], duration [0.1]s, throughput [0.5] Gpbs";
+        assert_eq!(ThreadLine::parse(seed).map(|l| (l.end, l.gbps)), Some((End::Verified, 0.5)));
+        assert_eq!(ThreadLine::parse("rdma_bench server on softrnic0: ..."), None);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use hdrhistogram::Histogram;
 use softrnic_rdma_bench::report;
 
 use crate::exchange::Workload;
+use crate::snap::SnapWork;
 use crate::verbs::{Buffer, Completion, Qp};
 
 /// Fills `out` with message `n` of thread `thread`.
@@ -73,12 +74,21 @@ pub fn send_stream(qp: &Qp, buf: &Buffer, thread: u32, w: &Workload) -> Result<D
     let mut message = vec![0u8; pack];
     let mut completions = Vec::with_capacity(16);
     let (mut posted, mut done) = (0u64, 0u64);
+    if !w.verify {
+        // Each slot filled once: the messages are what the slots hold.
+        for slot in 0..depth.min(w.messages) {
+            pattern(thread, slot, &mut message);
+            buf.write(slot as usize * pack, &message);
+        }
+    }
     let start = Instant::now();
     while done < w.messages {
         while posted < w.messages && posted - done < depth {
             let offset = (posted % depth) as usize * pack;
-            pattern(thread, posted, &mut message);
-            buf.write(offset, &message);
+            if w.verify {
+                pattern(thread, posted, &mut message);
+                buf.write(offset, &message);
+            }
             qp.post_send(posted, buf.addr(offset), w.pack_size, buf.lkey())?;
             posted += 1;
         }
@@ -113,7 +123,14 @@ fn verify(thread: u32, n: u64, got: &[u8], want: &mut [u8]) -> Result<(), String
 /// The server's throughput loop: every message verified in order, its
 /// receive posted again while more are due. Returns the time from the
 /// first message to the last.
-pub fn receive_stream(qp: &Qp, buf: &Buffer, thread: u32, w: &Workload) -> Result<Duration, String> {
+/// With `snap`, each message also gets the Snap-like baseline's work.
+pub fn receive_stream(
+    qp: &Qp,
+    buf: &Buffer,
+    thread: u32,
+    w: &Workload,
+    mut snap: Option<&mut SnapWork>,
+) -> Result<Duration, String> {
     let pack = w.pack_size as usize;
     let slots = u64::from(w.outstanding * RECEIVES_PER_OUTSTANDING);
     let (mut got, mut want) = (vec![0u8; pack], vec![0u8; pack]);
@@ -128,8 +145,15 @@ pub fn receive_stream(qp: &Qp, buf: &Buffer, thread: u32, w: &Workload) -> Resul
             // Receives complete in the order they were posted, one message
             // each: the n-th completion holds message n.
             let offset = c.wr_id as usize * pack;
-            buf.read(offset, &mut got);
-            verify(thread, n, &got, &mut want)?;
+            if w.verify || snap.is_some() {
+                buf.read(offset, &mut got);
+            }
+            if let Some(snap) = snap.as_deref_mut() {
+                snap.per_message(&got, c);
+            }
+            if w.verify {
+                verify(thread, n, &got, &mut want)?;
+            }
             n += 1;
             if posted < w.messages {
                 qp.post_recv(c.wr_id, buf.addr(offset), w.pack_size, buf.lkey())?;

@@ -56,13 +56,25 @@ impl Mode {
 }
 
 /// softrnic's build: where softrnicd and libibverbs.so.1 are.
-struct Build {
-    bin: PathBuf,
-    lib: PathBuf,
+pub(super) struct Build {
+    pub bin: PathBuf,
+    pub lib: PathBuf,
 }
 
 impl Build {
+    /// The build beside this `softrnic`, with perftest installed.
     fn here() -> Result<Build, String> {
+        let build = Build::daemon_and_library()?;
+        for program in ["ib_send_bw", "ib_write_bw"] {
+            if super::experiments::which(program).is_none() {
+                return Err(format!("{program} is missing: apt-get install perftest"));
+            }
+        }
+        Ok(build)
+    }
+
+    /// softrnicd and the library beside this `softrnic`.
+    pub(super) fn daemon_and_library() -> Result<Build, String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let bin = exe.parent().ok_or("softrnic has no directory")?.to_path_buf();
         let lib = bin.join("../softrnic/lib");
@@ -75,28 +87,29 @@ impl Build {
                 return Err(format!("{} is missing: run {how}", path.display()));
             }
         }
-        for program in ["ib_send_bw", "ib_write_bw"] {
-            if super::experiments::which(program).is_none() {
-                return Err(format!("{program} is missing: apt-get install perftest"));
-            }
-        }
         Ok(Build { bin, lib })
     }
 }
 
-/// A softrnicd for the experiment, stopped when dropped.
-struct Daemon {
+/// A softrnicd for the experiment, stopped (SIGINT) when dropped.
+pub(super) struct Daemon {
     child: Child,
-    socket: PathBuf,
+    pub socket: PathBuf,
 }
 
 impl Daemon {
     fn start(build: &Build, out: &Path) -> Result<Daemon, String> {
+        Daemon::start_with(build, &out.join("softrnicd.log"), &[])
+    }
+
+    /// A softrnicd with `args` (designs, cores), logging to `log`.
+    pub(super) fn start_with(build: &Build, log_path: &Path, args: &[&str]) -> Result<Daemon, String> {
         let socket = std::env::temp_dir().join(format!("softrnicd-exp-{}.sock", std::process::id()));
-        let log = std::fs::File::create(out.join("softrnicd.log")).map_err(|e| e.to_string())?;
+        let log = std::fs::File::create(log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
         let child = Command::new(build.bin.join("softrnicd"))
             .arg("--socket")
             .arg(&socket)
+            .args(args)
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
             .spawn()
@@ -105,7 +118,7 @@ impl Daemon {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !daemon.socket.exists() {
             if Instant::now() > deadline || daemon.child.try_wait().ok().flatten().is_some() {
-                return Err(format!("softrnicd did not start; see {}", out.join("softrnicd.log").display()));
+                return Err(format!("softrnicd did not start; see {}", log_path.display()));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -162,21 +175,26 @@ fn perftest(
 impl Perftest {
     /// Waits for it; its log's result rows.
     fn finish(mut self, limit: Duration) -> Result<Vec<Vec<f64>>, String> {
-        let start = Instant::now();
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-                if !status.success() {
-                    return Err(format!("{} exited with {status}; see {}", self.log.display(), self.log.display()));
-                }
-                return Ok(result_rows(&text));
+        finish(&mut self.child, &self.log, limit).map(|text| result_rows(&text))
+    }
+}
+
+/// Waits up to `limit` for a program that logs to `log` (and stops it
+/// then); its log, if it exited well.
+pub(super) fn finish(child: &mut Child, log: &Path, limit: Duration) -> Result<String, String> {
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            if !status.success() {
+                return Err(format!("{} exited with {status}; see it", log.display()));
             }
-            if start.elapsed() > limit {
-                super::stop_child(&mut self.child);
-                return Err(format!("{} ran past {}s; see it", self.log.display(), limit.as_secs()));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            return Ok(std::fs::read_to_string(log).unwrap_or_default());
         }
+        if start.elapsed() > limit {
+            super::stop_child(child);
+            return Err(format!("{} ran past {}s; see it", log.display(), limit.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -357,14 +375,14 @@ fn pair(
     Ok(rows)
 }
 
-fn output(args: &ExpArgs, exp: &str) -> Result<(PathBuf, PathBuf), String> {
+pub(super) fn output(args: &ExpArgs, exp: &str) -> Result<(PathBuf, PathBuf), String> {
     let logs = args.out.join(format!("{exp}_logs"));
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
     Ok((args.out.join(format!("{exp}_results.csv")), logs))
 }
 
-fn write_csv(path: &Path, header: &str, rows: &[String]) -> Result<(), String> {
+pub(super) fn write_csv(path: &Path, header: &str, rows: &[String]) -> Result<(), String> {
     let mut file = std::fs::File::create(path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     writeln!(file, "{header}").map_err(|e| e.to_string())?;
     for row in rows {

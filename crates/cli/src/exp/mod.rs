@@ -19,6 +19,7 @@ mod fct;
 mod figure;
 mod hosts;
 mod incast;
+mod offload;
 mod panels;
 mod roles;
 
@@ -176,11 +177,8 @@ impl Setup {
     }
 
     /// The addresses of the server and the client and a TCP port for
-    /// point `i`. With an inventory, its hosts' addresses. Here, a fresh
-    /// loopback pair: the second octet from this runner's pid, the third
-    /// from the point, and a pair no device holds yet (another runner may
-    /// be sweeping beside this one), so that no point meets another's
-    /// leftovers.
+    /// point `i`. With an inventory, its hosts' addresses; here, a fresh
+    /// [`loopback_pair`].
     pub fn endpoints(&self, i: usize) -> (String, String, u16) {
         let pid = std::process::id() as usize;
         let port = 20_000 + ((pid * 7 + i * 2) % 20_000) as u16;
@@ -188,18 +186,28 @@ impl Setup {
             let [server, client] = hosts::ROLES.map(|r| hosts.host(r).address.to_string());
             return (server, client, port);
         }
-        let free = |addr: &str| std::net::UdpSocket::bind((addr, softrnic_wire::ROCEV2_UDP_PORT)).is_ok();
-        let (mut server, mut client) = (String::new(), String::new());
-        for attempt in 0..100 {
-            let second = 100 + (pid + attempt) % 100;
-            let third = 1 + i % 250;
-            (server, client) = (format!("127.{second}.{third}.1"), format!("127.{second}.{third}.2"));
-            if free(&server) && free(&client) {
-                break;
-            }
-        }
+        let (server, client) = loopback_pair(i);
         (server, client, port)
     }
+}
+
+/// A fresh loopback pair for point `i` of this runner: the second octet
+/// from its pid, the third from the point, and a pair no device holds yet
+/// (another runner may be sweeping beside this one), so that no point
+/// meets another's leftovers.
+pub(crate) fn loopback_pair(i: usize) -> (String, String) {
+    let pid = std::process::id() as usize;
+    let free = |addr: &str| std::net::UdpSocket::bind((addr, softrnic_wire::ROCEV2_UDP_PORT)).is_ok();
+    let (mut server, mut client) = (String::new(), String::new());
+    for attempt in 0..100 {
+        let second = 100 + (pid + attempt) % 100;
+        let third = 1 + i % 250;
+        (server, client) = (format!("127.{second}.{third}.1"), format!("127.{second}.{third}.2"));
+        if free(&server) && free(&client) {
+            break;
+        }
+    }
+    (server, client)
 }
 
 pub fn run(args: &ExpArgs) -> Result<(), String> {
@@ -219,6 +227,18 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
             "e10", "aggregation"
         );
         println!(
+            "  {:4} {:11} the offloaded stack's transmit designs: engine copy, bulk copy, header-only (softrnicd --tx)",
+            "e4", "offload-tx"
+        );
+        println!(
+            "  {:4} {:11} its receive designs: direct, per-connection buffers, an in-cache pool (softrnicd --rx)",
+            "e5", "offload-rx"
+        );
+        println!(
+            "  {:4} {:11} 2 KiB over 1..8 connections: the offloaded stack, plain RDMA, a Snap-like stack, TCP",
+            "e6", "stacks"
+        );
+        println!(
             "  {:4} {:11} perftest through softrnicd, against the host and the forwarding design",
             "e11", "containers"
         );
@@ -236,6 +256,15 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     }
     if name.eq_ignore_ascii_case("e10") || name.eq_ignore_ascii_case("aggregation") {
         return aggregation::run(args);
+    }
+    if name.eq_ignore_ascii_case("e4") || name.eq_ignore_ascii_case("offload-tx") {
+        return offload::e4(args);
+    }
+    if name.eq_ignore_ascii_case("e5") || name.eq_ignore_ascii_case("offload-rx") {
+        return offload::e5(args);
+    }
+    if name.eq_ignore_ascii_case("e6") || name.eq_ignore_ascii_case("stacks") {
+        return offload::e6(args);
     }
     if name.eq_ignore_ascii_case("e11") || name.eq_ignore_ascii_case("containers") {
         return daemon::e11(args);
