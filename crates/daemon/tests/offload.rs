@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use common::{Tenant, address, daemon_designed, every_operation, pattern};
 use softrnic_daemon::limits::DaemonConfig;
-use softrnic_daemon::server::offload::{Designs, IN_CACHE_BUFFERS, OffloadStats, RxDesign, SLOT, TxDesign};
-use softrnic_transport::{Completion, RecvWorkRequest, SendOp, SendWorkRequest, Sge, WcStatus, smallvec};
+use softrnic_daemon::server::offload::{
+    Designs, IN_CACHE_BUFFERS, OffloadStats, PULLS_PER_QP, RxDesign, SLOT, TxDesign,
+};
+use softrnic_transport::{Completion, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, WcStatus, smallvec};
 
 fn designed(name: &str, tx: TxDesign, rx: RxDesign) -> softrnic_daemon::server::Running {
     daemon_designed(name, DaemonConfig::default(), Designs { tx, rx })
@@ -129,6 +131,24 @@ fn copying_transmit_designs_keep_a_window_of_sends_intact() {
         let daemon = designed(&format!("window-{tx}"), tx, RxDesign::Direct);
         let stats = stream(&daemon, 2, 256, 250);
         assert_eq!((stats.tx_staged, stats.tx_copied_bytes, stats.tx_passed), (512, 512 * 250, 0));
-        assert_eq!(stats.staging_peak, (4 * 257 * SLOT) as u64, "depth + 1 slots per QP");
+        // A slot for each send the engine holds, each pull under way, and one.
+        let pulls = if tx == TxDesign::EngineCopy { PULLS_PER_QP } else { 0 };
+        assert_eq!(stats.staging_peak, (4 * (256 + pulls + 1) * SLOT) as u64);
     }
+}
+
+#[test]
+fn the_copy_engines_keys_are_no_use_to_a_peer() {
+    // Under engine-copy each region has a twin in the copy engine's own
+    // domain, registered right after it: the key after b's own is most
+    // likely its twin's. A peer that guesses it gets a remote access error.
+    let daemon = designed("twins", TxDesign::EngineCopy, RxDesign::Direct);
+    let (a, b) = common::pair(daemon.socket());
+    b.write(0, &pattern(64, 3));
+    let guess = RemoteAddr { addr: b.iova(0), rkey: b.keys.rkey + 0x100 };
+    let mut wr = SendWorkRequest::new(1, SendOp::Read { remote: guess }, a.sge(0, 64));
+    wr.signaled = true;
+    a.session.post_send(&a.qp, &wr).unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::RemAccessErr);
+    assert_ne!(a.read(0, 64), pattern(64, 3));
 }

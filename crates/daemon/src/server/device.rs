@@ -16,7 +16,8 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::offload::Offload;
+use super::copy_engine::CopyEngine;
+use super::offload::{Offload, TxDesign};
 use rustix::thread::LinkNameSpaceType;
 use softrnic_engine::shm::this_netns;
 use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, OpenError, interface};
@@ -31,6 +32,8 @@ pub struct Device {
     pub active_mtu: u32,
     /// The daemon's offload designs, which the device's QPs use.
     pub offload: Arc<Offload>,
+    /// The `engine-copy` design's copy engine, when that is the design.
+    pub copy: Option<Arc<CopyEngine>>,
 }
 
 /// A network namespace, held open by a descriptor, named by its inode.
@@ -129,5 +132,12 @@ fn open_device(config: EngineConfig, closing: bool, offload: &Arc<Offload>) -> R
             Err(e) => return Err(format!("cannot open the device on {addr}: {e}")),
         }
     };
-    Ok(Device { nic, active_mtu: interface::active_mtu(addr).bytes(), offload: offload.clone() })
+    let mtu = interface::active_mtu(addr);
+    let copy = match offload.designs.tx {
+        TxDesign::EngineCopy => Some(Arc::new(
+            CopyEngine::open(&nic, mtu).map_err(|e| format!("cannot open the copy engine on {addr}: {e}"))?,
+        )),
+        _ => None,
+    };
+    Ok(Device { nic, active_mtu: mtu.bytes(), offload: offload.clone(), copy })
 }

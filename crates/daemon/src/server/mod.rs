@@ -2,6 +2,7 @@
 //! control verbs, and the command processor that serves every tenant's
 //! queues.
 
+pub mod copy_engine;
 pub mod device;
 pub mod offload;
 pub mod processor;

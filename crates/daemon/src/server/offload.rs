@@ -9,10 +9,10 @@
 //! - `bulk-copy`: the command processor first copies each payload whole
 //!   into a staging buffer of the daemon's, one copy per gather entry (a
 //!   DMA engine's bulk copy), and the engine sends from there.
-//! - `engine-copy`: as `bulk-copy`, but a packet (the path MTU) at a time,
-//!   each piece checked against its region on its own: the pieces an RDMA
-//!   READ's responses would bring in. (The original pulls the payload with
-//!   a READ over PCIe; here no loopback READ crosses a wire.)
+//! - `engine-copy`: the engine itself pulls each payload into a staging
+//!   buffer with an RDMA READ through a QP of the daemon's connected to
+//!   itself ([`super::copy_engine`]), as the original's DPU pulls it across
+//!   PCIe, and sends it from there once the READ completes.
 //!
 //! Receive (`softrnicd --rx`):
 //! - `direct`: the engine scatters each payload straight into the buffers
@@ -39,6 +39,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use softrnic_engine::Nic;
+
+use super::copy_engine::CopyEngine;
 use softrnic_transport::memory::{AccessFault, MemoryTable};
 use softrnic_transport::{
     Access, Completion, DmaBuffer, Payload, PdId, PostQueues, RecvWorkRequest, Result, SendOp, SendWorkRequest, Sge,
@@ -59,7 +61,7 @@ pub enum TxDesign {
     HeaderOnly,
     /// Copied whole into the daemon's memory first.
     BulkCopy,
-    /// Copied into the daemon's memory a packet at a time.
+    /// Pulled into the daemon's memory by the engine's own RDMA READ.
     EngineCopy,
 }
 
@@ -111,15 +113,15 @@ impl Offload {
     }
 
     /// The stages of a new QP of `pd` with `depth` send and `recv_depth`
-    /// receive requests, on a port of `mtu` bytes.
+    /// receive requests, on a device with `copy` (for `engine-copy`).
     pub fn stages(
         &self,
         nic: &Nic,
         pd: PdId,
         (depth, recv_depth): (u32, u32),
-        mtu: u32,
+        copy: Option<&Arc<CopyEngine>>,
     ) -> Result<(Option<TxStage>, Option<RxStage>)> {
-        let tx = TxStage::create(self.designs.tx, nic, pd, depth, mtu, &self.counters)?;
+        let tx = TxStage::create(self.designs.tx, nic, pd, depth, copy, &self.counters)?;
         let rx = match (self.designs.rx, &self.pool) {
             (RxDesign::InCache, Some(pool)) => RxStage::shared(nic, pd, recv_depth, pool).map(Some),
             (RxDesign::PerConnection, _) => RxStage::own(nic, pd, recv_depth, &self.counters).map(Some),
@@ -129,7 +131,7 @@ impl Offload {
             Ok(rx) => Ok((tx, rx)),
             Err(e) => {
                 if let Some(tx) = &tx {
-                    tx.release(nic);
+                    tx.release(nic, VecDeque::new());
                 }
                 Err(e)
             }
@@ -274,19 +276,37 @@ impl Drop for Staging {
     }
 }
 
+/// Sends of one QP whose payloads the copy engine may be pulling at once.
+pub const PULLS_PER_QP: usize = 16;
+
 /// A QP's transmit design: a staging slot for each send the engine may
-/// hold, plus one. The engine completes a QP's sends in order and accepts
-/// no more than its depth, so when a post succeeds the send that last used
-/// the slot, a depth and one posts ago, is done with it; and a post that
-/// fails (the queue full) leaves the slot to the same send's retry.
+/// hold, one for each pull under way, plus one. The engine completes a
+/// QP's sends in order and accepts no more than its depth, so when a send
+/// is staged, the one that last used its slot (that many stagings ago) is
+/// done with it; and a post that fails (the queue full) leaves the slot to
+/// the same send's retry.
 pub struct TxStage {
     design: TxDesign,
     staging: Staging,
     lkey: u32,
     pd: PdId,
     slots: usize,
-    /// The copy's piece: the path MTU for `engine-copy`.
-    piece: usize,
+    /// `engine-copy`: the device's copy engine, and the staging area's key
+    /// in its domain.
+    copy: Option<(Arc<CopyEngine>, u32)>,
+}
+
+/// A send of an `engine-copy` QP, in order behind the others.
+pub struct Pull {
+    /// The copy engine's pull, if its payload is being pulled.
+    token: Option<u64>,
+    /// How the pull ended, once known.
+    pulled: Option<bool>,
+    /// The send from the staging slot, and the program's own (posted when
+    /// the pull failed or never began).
+    staged: SendWorkRequest,
+    original: SendWorkRequest,
+    len: usize,
 }
 
 impl TxStage {
@@ -297,46 +317,118 @@ impl TxStage {
         nic: &Nic,
         pd: PdId,
         depth: u32,
-        mtu: u32,
+        copy: Option<&Arc<CopyEngine>>,
         counters: &Arc<OffloadCounters>,
     ) -> Result<Option<TxStage>> {
-        if design == TxDesign::HeaderOnly {
-            return Ok(None);
-        }
-        let slots = depth as usize + 1;
+        let pulls = match design {
+            TxDesign::HeaderOnly => return Ok(None),
+            TxDesign::BulkCopy => 0,
+            TxDesign::EngineCopy => PULLS_PER_QP,
+        };
+        let slots = depth as usize + pulls + 1;
         let staging = Staging::new(slots, counters);
         let lkey = staging.register(nic, pd)?;
-        let piece = if design == TxDesign::EngineCopy { mtu as usize } else { usize::MAX };
-        Ok(Some(TxStage { design, staging, lkey, pd, slots, piece }))
+        let copy = match (design, copy) {
+            (TxDesign::EngineCopy, Some(engine)) => {
+                match engine.register_staging(nic, staging.buffer.clone(), staging.iova()) {
+                    Ok(key) => Some((engine.clone(), key)),
+                    Err(e) => {
+                        let _ = nic.deregister_memory(lkey);
+                        return Err(e);
+                    }
+                }
+            }
+            _ => None,
+        };
+        Ok(Some(TxStage { design, staging, lkey, pd, slots, copy }))
     }
 
-    /// The send to post for `wr`: its payload copied into slot `n` (modulo
-    /// the slots) and sent from there, with the bytes copied; or `wr` as
-    /// it was when the design lets it through.
-    pub fn stage(&self, wr: SendWorkRequest, memory: &MemoryTable, n: u64) -> (SendWorkRequest, Option<usize>) {
-        let Payload::Gather(sges) = &wr.payload else { return (wr, None) };
+    /// Whether sends wait for the copy engine (`engine-copy`).
+    pub fn pulls(&self) -> bool {
+        self.copy.is_some()
+    }
+
+    /// The payload's length if the design stages `wr`: a SEND or WRITE
+    /// gathering 1 to [`SLOT`] bytes from memory that checks out in the
+    /// QP's domain. Anything else is the engine's to gather (and to fail,
+    /// as it fails any request whose memory does not check out).
+    fn stages(&self, wr: &SendWorkRequest, memory: &MemoryTable) -> Option<usize> {
+        let Payload::Gather(sges) = &wr.payload else { return None };
         let len = wr.payload.len() as usize;
-        if !matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. }) || len == 0 || len > SLOT {
-            return (wr, None);
-        }
+        let kind = matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. });
+        let fine =
+            sges.iter().all(|s| memory.check(self.pd, s.lkey, s.addr, s.length as usize, Access::empty()).is_ok());
+        (kind && (1..=SLOT).contains(&len) && fine).then_some(len)
+    }
+
+    /// `wr` sent from slot `n` (modulo the slots) of the staging area.
+    fn sent_from_slot(&self, wr: &SendWorkRequest, n: u64, len: usize) -> SendWorkRequest {
         let slot = (n % self.slots as u64) as usize;
-        let mut at = slot * SLOT;
-        for sge in sges.iter() {
-            let mut done = 0usize;
-            while done < sge.length as usize {
-                let take = (sge.length as usize - done).min(self.piece);
-                let Ok(view) = memory.check(self.pd, sge.lkey, sge.addr + done as u64, take, Access::empty()) else {
-                    // The engine fails it as it fails any request whose
-                    // memory does not check out (a local protection error).
-                    return (wr, None);
-                };
-                view.copy_to(&self.staging.buffer, at);
-                (at, done) = (at + take, done + take);
-            }
-        }
-        let mut staged = wr;
+        let mut staged = wr.clone();
         staged.payload = Payload::Gather(SgeList::from_iter([self.staging.sge(self.lkey, slot, len)]));
-        (staged, Some(len))
+        staged
+    }
+
+    /// `bulk-copy`: the send to post for `wr`, its payload copied whole
+    /// into slot `n`, with the bytes copied; or `wr` as it was.
+    pub fn stage(&self, wr: SendWorkRequest, memory: &MemoryTable, n: u64) -> (SendWorkRequest, Option<usize>) {
+        let (Some(len), Payload::Gather(sges)) = (self.stages(&wr, memory), &wr.payload) else { return (wr, None) };
+        let mut at = (n % self.slots as u64) as usize * SLOT;
+        for sge in sges.iter() {
+            if let Ok(view) = memory.check(self.pd, sge.lkey, sge.addr, sge.length as usize, Access::empty()) {
+                view.copy_to(&self.staging.buffer, at);
+            }
+            at += sge.length as usize;
+        }
+        (self.sent_from_slot(&wr, n, len), Some(len))
+    }
+
+    /// `engine-copy`: starts pulling `wr`'s payload into slot `n`.
+    pub fn pull(&self, nic: &Nic, wr: SendWorkRequest, memory: &MemoryTable, n: u64) -> Pull {
+        let (Some((engine, copy_lkey)), Some(len), Payload::Gather(sges)) =
+            (&self.copy, self.stages(&wr, memory), &wr.payload)
+        else {
+            return Pull { token: None, pulled: None, staged: wr.clone(), original: wr, len: 0 };
+        };
+        let slot = (n % self.slots as u64) as usize;
+        let token = engine.pull(nic, sges, *copy_lkey, self.staging.sge(*copy_lkey, slot, len).addr);
+        Pull { token, pulled: None, staged: self.sent_from_slot(&wr, n, len), original: wr, len }
+    }
+
+    /// Posts the sends at the front of `pulls` whose payloads are in
+    /// place (or whose pulls failed: the program's own request then), in
+    /// order, while the send queue takes them. Returns a send the engine
+    /// refused outright, for the caller to fail the QP with.
+    pub fn finish_pulls(
+        &self,
+        nic: &Nic,
+        pulls: &mut VecDeque<Pull>,
+        queue: &mut softrnic_engine::SendQueue<'_>,
+        counters: &OffloadCounters,
+    ) -> Option<(u64, VerbsError)> {
+        let Some((engine, _)) = &self.copy else { return None };
+        engine.poll(nic);
+        while let Some(front) = pulls.front_mut() {
+            if let (Some(token), None) = (front.token, front.pulled) {
+                front.pulled = engine.take(token);
+            }
+            let (wr, copied) = match (front.token, front.pulled) {
+                (Some(_), None) => break, // still pulling
+                (Some(_), Some(true)) => (front.staged.clone(), Some(front.len)),
+                _ => (front.original.clone(), None),
+            };
+            let wr_id = wr.wr_id;
+            match queue.post(wr) {
+                Ok(()) => self.posted(copied, counters),
+                Err(VerbsError::OutOfResources(_)) => break,
+                Err(e) => {
+                    pulls.pop_front();
+                    return Some((wr_id, e));
+                }
+            }
+            pulls.pop_front();
+        }
+        None
     }
 
     /// Counts a send that was posted.
@@ -356,9 +448,13 @@ impl TxStage {
         self.design
     }
 
-    /// Frees the registration (the QP is gone).
-    pub fn release(&self, nic: &Nic) {
+    /// Frees the registrations, and the pulls under way (the QP is gone).
+    pub fn release(&self, nic: &Nic, pulls: VecDeque<Pull>) {
         let _ = nic.deregister_memory(self.lkey);
+        if let Some((engine, copy_lkey)) = &self.copy {
+            pulls.iter().filter_map(|p| p.token).for_each(|t| engine.abandon(t));
+            let _ = nic.deregister_memory(*copy_lkey);
+        }
     }
 }
 

@@ -14,7 +14,7 @@
 //! ring index moves that QP to the error state (its requests flush) and the
 //! processor goes on with everyone else.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +29,7 @@ use softrnic_transport::{
 };
 
 use super::device::Device;
-use super::offload::{self, RxStage, TxStage};
+use super::offload::{self, Pull, RxStage, TxStage};
 use crate::doorbell::{self, DoorbellPage};
 use crate::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
 use crate::wqe::{self, CQE_LEN};
@@ -65,8 +65,11 @@ pub struct ServedQp {
 struct Cursors {
     send: Consumer,
     recv: Consumer,
-    /// Sends the transmit stage copied and posted (its next slot).
+    /// Sends the transmit stage staged (its next slot).
     staged: u64,
+    /// `engine-copy`: sends whose payloads the copy engine is pulling, in
+    /// order.
+    pulls: VecDeque<Pull>,
     /// A ring's index was scribbled: nothing more is read from it.
     broken: bool,
 }
@@ -112,30 +115,49 @@ impl ServedQp {
     }
 
     fn drain_send(&self, cursors: &mut Cursors) -> bool {
-        if cursors.send.slot(&self.send) == Ok(None) {
+        let pulling = !cursors.pulls.is_empty();
+        if !pulling && cursors.send.slot(&self.send) == Ok(None) {
             return false; // the common case: no lock taken
         }
         let (max_sge, max_inline) = (self.caps.max_send_sge as usize, self.caps.max_inline_data as usize);
-        let counters = &self.device.offload.counters;
+        let (nic, counters) = (&self.device.nic, &self.device.offload.counters);
         // A copying design reads the program's memory with the checks a
         // request gets, in the regions registered now.
-        let memory = self.tx.as_ref().map(|_| self.device.nic.memory());
+        let memory = self.tx.as_ref().map(|_| nic.memory());
         // One lock and one doorbell for the batch; released before a
         // fault moves the QP to error.
-        let mut queue = self.device.nic.send_queue(&self.posts);
-        let Cursors { send, staged, .. } = &mut *cursors;
-        let (moved, fault) = drain_ring(&self.send, send, true, |slot| {
-            let wr = wqe::parse_send(slot, max_sge, max_inline).map_err(|e| VerbsError::invalid(e.to_string()))?;
-            let (Some(stage), Some(memory)) = (&self.tx, &memory) else { return queue.post(wr) };
-            let (wr, copied) = stage.stage(wr, memory, *staged);
-            queue.post(wr)?;
-            *staged += u64::from(copied.is_some());
-            stage.posted(copied, counters);
-            Ok(())
-        });
+        let mut queue = nic.send_queue(&self.posts);
+        let Cursors { send, staged, pulls, .. } = &mut *cursors;
+        // Sends whose payloads the copy engine pulled go first, in order.
+        let refused = match (&self.tx, pulling) {
+            (Some(stage), true) => stage.finish_pulls(nic, pulls, &mut queue, counters),
+            _ => None,
+        };
+        let (moved, fault) = match refused {
+            Some((wr_id, e)) => (0, Some(Fault::Entry { wr_id, send: true, why: format!("send WQE refused: {e}") })),
+            None => drain_ring(&self.send, send, true, |slot| {
+                let wr = wqe::parse_send(slot, max_sge, max_inline).map_err(|e| VerbsError::invalid(e.to_string()))?;
+                let (Some(stage), Some(memory)) = (&self.tx, &memory) else { return queue.post(wr) };
+                if stage.pulls() {
+                    if pulls.len() >= offload::PULLS_PER_QP {
+                        return Err(VerbsError::OutOfResources("the copy engine is pulling enough".into()));
+                    }
+                    pulls.push_back(stage.pull(nic, wr, memory, *staged));
+                    *staged += 1;
+                    return Ok(());
+                }
+                let (wr, copied) = stage.stage(wr, memory, *staged);
+                queue.post(wr)?;
+                *staged += u64::from(copied.is_some());
+                stage.posted(copied, counters);
+                Ok(())
+            }),
+        };
         drop(queue);
         self.handle_fault(cursors, fault);
-        moved > 0
+        // While pulls are under way the processor keeps looking (no
+        // sleep): their READs complete within microseconds.
+        moved > 0 || !cursors.pulls.is_empty()
     }
 
     fn drain_recv(&self, cursors: &mut Cursors, recv: &SharedQueue) -> bool {
@@ -160,7 +182,8 @@ impl ServedQp {
     pub fn release(&self) {
         let nic = &self.device.nic;
         if let Some(tx) = &self.tx {
-            tx.release(nic);
+            let pulls = std::mem::take(&mut self.cursors.lock().unwrap_or_else(|e| e.into_inner()).pulls);
+            tx.release(nic, pulls);
         }
         if let Some(rx) = &self.rx {
             rx.lock().unwrap_or_else(|e| e.into_inner()).release(nic);

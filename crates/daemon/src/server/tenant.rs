@@ -173,6 +173,9 @@ impl Tenant {
             Request::DeregisterMemory { lkey } => {
                 let len = *self.regions.get(&lkey).ok_or(RemoteError::not_found("MR"))?;
                 done(nic.deregister_memory(lkey))?;
+                if let Some(copy) = &self.device.copy {
+                    copy.forget(nic, lkey);
+                }
                 self.regions.remove(&lkey);
                 self.registered_bytes -= len;
                 Ok((Response::Done, Vec::new()))
@@ -321,12 +324,15 @@ impl Tenant {
             )));
         }
         // The engine's table holds the buffer, the buffer the mapping.
-        let buffer = mapping.into_buffer(lead as usize, len as usize);
-        let keys = self
-            .device
-            .nic
-            .register_memory(pd, Arc::new(buffer), 0, len as usize, iova, access)
-            .map_err(RemoteError::from)?;
+        let buffer = Arc::new(mapping.into_buffer(lead as usize, len as usize));
+        let nic = &self.device.nic;
+        let keys = nic.register_memory(pd, buffer.clone(), 0, len as usize, iova, access).map_err(RemoteError::from)?;
+        if let Some(copy) = &self.device.copy
+            && let Err(e) = copy.twin(nic, keys.lkey, buffer, len as usize, iova)
+        {
+            let _ = nic.deregister_memory(keys.lkey);
+            return Err(RemoteError::from(e));
+        }
         self.regions.insert(keys.lkey, len);
         self.registered_bytes += len;
         Ok((Response::Mr(keys), Vec::new()))
@@ -413,7 +419,7 @@ impl Tenant {
             true => Ok((None, None)),
             false => {
                 let depths = (caps.max_send_wr, caps.max_recv_wr);
-                self.device.offload.stages(nic, pd, depths, self.device.active_mtu)
+                self.device.offload.stages(nic, pd, depths, self.device.copy.as_ref())
             }
         };
         let stages = match stages {
@@ -469,6 +475,9 @@ impl Drop for Tenant {
         }
         for (lkey, _) in self.regions.drain() {
             let _ = nic.deregister_memory(lkey);
+            if let Some(copy) = &device.copy {
+                copy.forget(nic, lkey);
+            }
         }
         for pd in self.pds.drain() {
             let _ = nic.dealloc_pd(pd);
