@@ -152,3 +152,60 @@ fn the_copy_engines_keys_are_no_use_to_a_peer() {
     assert_eq!(a.wait(1)[0].status, WcStatus::RemAccessErr);
     assert_ne!(a.read(0, 64), pattern(64, 3));
 }
+
+#[test]
+fn engine_copy_under_load_from_several_threads_never_stalls() {
+    // Pulls, posts and the copy engine's polls interleave with the shards'
+    // own work (inline progress drives the shards from inside those
+    // calls): four pairs stream at once, each from its own thread, with a
+    // window of sends and receives reposted as they complete.
+    let daemon = designed("pull-stress", TxDesign::EngineCopy, RxDesign::InCache);
+    let pairs: Vec<(Tenant, Tenant)> = (0..4).map(|_| common::pair(daemon.socket())).collect();
+    let (messages, window, len) = (4000u64, 64u64, 64usize);
+    std::thread::scope(|s| {
+        for (p, (a, b)) in pairs.iter().enumerate() {
+            s.spawn(move || {
+                let slot = |m: u64| (m % window) as usize * 256;
+                for m in 0..window {
+                    let sges = smallvec![Sge { addr: b.iova(slot(m)), length: 256, lkey: b.keys.lkey }];
+                    b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id: m, sges }).unwrap();
+                }
+                let (mut sent, mut acked, mut received) = (0u64, 0u64, 0u64);
+                let deadline = Instant::now() + Duration::from_secs(120);
+                let mut got = Vec::new();
+                while received < messages {
+                    assert!(Instant::now() < deadline, "pair {p}: {received} of {messages} after 120 s");
+                    while sent < messages && sent - acked < window {
+                        a.write(slot(sent), &pattern(len, (sent + p as u64) as u8));
+                        let mut wr =
+                            SendWorkRequest::new(sent, SendOp::Send { imm: None }, a.sge(slot(sent), len as u32));
+                        wr.signaled = true;
+                        a.session.post_send(&a.qp, &wr).unwrap();
+                        sent += 1;
+                    }
+                    got.clear();
+                    a.cq.poll(16, &mut got);
+                    assert!(got.iter().all(|c| c.status == WcStatus::Success), "pair {p}: {got:?}");
+                    acked += got.len() as u64;
+                    got.clear();
+                    b.cq.poll(16, &mut got);
+                    for c in &got {
+                        assert_eq!((c.status, c.wr_id % window), (WcStatus::Success, received % window), "pair {p}");
+                        assert_eq!(b.read(slot(c.wr_id), len), pattern(len, (received + p as u64) as u8), "pair {p}");
+                        received += 1;
+                        let next = c.wr_id + window;
+                        let sges = smallvec![Sge { addr: b.iova(slot(next)), length: 256, lkey: b.keys.lkey }];
+                        b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id: next, sges }).unwrap();
+                    }
+                    if got.is_empty() {
+                        std::thread::yield_now();
+                    }
+                }
+            });
+        }
+    });
+    let stats = daemon.offload_stats();
+    assert_eq!(stats.tx_staged + stats.tx_passed, 4 * messages);
+    assert_eq!(stats.rx_staged, 4 * messages);
+    assert_eq!(daemon.processor_restarts(), 0);
+}

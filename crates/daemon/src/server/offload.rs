@@ -395,19 +395,25 @@ impl TxStage {
         Pull { token, pulled: None, staged: self.sent_from_slot(&wr, n, len), original: wr, len }
     }
 
+    /// Collects the copy engine's finished pulls. Call it with no lock of
+    /// a QP of the device held: with inline progress it drives the shards.
+    pub fn collect_pulls(&self, nic: &Nic) {
+        if let Some((engine, _)) = &self.copy {
+            engine.poll(nic);
+        }
+    }
+
     /// Posts the sends at the front of `pulls` whose payloads are in
     /// place (or whose pulls failed: the program's own request then), in
     /// order, while the send queue takes them. Returns a send the engine
     /// refused outright, for the caller to fail the QP with.
     pub fn finish_pulls(
         &self,
-        nic: &Nic,
         pulls: &mut VecDeque<Pull>,
         queue: &mut softrnic_engine::SendQueue<'_>,
         counters: &OffloadCounters,
     ) -> Option<(u64, VerbsError)> {
         let Some((engine, _)) = &self.copy else { return None };
-        engine.poll(nic);
         while let Some(front) = pulls.front_mut() {
             if let (Some(token), None) = (front.token, front.pulled) {
                 front.pulled = engine.take(token);

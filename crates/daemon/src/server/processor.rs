@@ -115,8 +115,10 @@ impl ServedQp {
     }
 
     fn drain_send(&self, cursors: &mut Cursors) -> bool {
-        let pulling = !cursors.pulls.is_empty();
-        if !pulling && cursors.send.slot(&self.send) == Ok(None) {
+        if let Some(stage) = self.tx.as_ref().filter(|s| s.pulls()) {
+            return self.drain_pulled(cursors, stage);
+        }
+        if cursors.send.slot(&self.send) == Ok(None) {
             return false; // the common case: no lock taken
         }
         let (max_sge, max_inline) = (self.caps.max_send_sge as usize, self.caps.max_inline_data as usize);
@@ -127,33 +129,52 @@ impl ServedQp {
         // One lock and one doorbell for the batch; released before a
         // fault moves the QP to error.
         let mut queue = nic.send_queue(&self.posts);
-        let Cursors { send, staged, pulls, .. } = &mut *cursors;
-        // Sends whose payloads the copy engine pulled go first, in order.
-        let refused = match (&self.tx, pulling) {
-            (Some(stage), true) => stage.finish_pulls(nic, pulls, &mut queue, counters),
-            _ => None,
-        };
-        let (moved, fault) = match refused {
-            Some((wr_id, e)) => (0, Some(Fault::Entry { wr_id, send: true, why: format!("send WQE refused: {e}") })),
-            None => drain_ring(&self.send, send, true, |slot| {
-                let wr = wqe::parse_send(slot, max_sge, max_inline).map_err(|e| VerbsError::invalid(e.to_string()))?;
-                let (Some(stage), Some(memory)) = (&self.tx, &memory) else { return queue.post(wr) };
-                if stage.pulls() {
-                    if pulls.len() >= offload::PULLS_PER_QP {
-                        return Err(VerbsError::OutOfResources("the copy engine is pulling enough".into()));
-                    }
-                    pulls.push_back(stage.pull(nic, wr, memory, *staged));
-                    *staged += 1;
-                    return Ok(());
-                }
-                let (wr, copied) = stage.stage(wr, memory, *staged);
-                queue.post(wr)?;
-                *staged += u64::from(copied.is_some());
-                stage.posted(copied, counters);
-                Ok(())
-            }),
-        };
+        let Cursors { send, staged, .. } = &mut *cursors;
+        let (moved, fault) = drain_ring(&self.send, send, true, |slot| {
+            let wr = wqe::parse_send(slot, max_sge, max_inline).map_err(|e| VerbsError::invalid(e.to_string()))?;
+            let (Some(stage), Some(memory)) = (&self.tx, &memory) else { return queue.post(wr) };
+            let (wr, copied) = stage.stage(wr, memory, *staged);
+            queue.post(wr)?;
+            *staged += u64::from(copied.is_some());
+            stage.posted(copied, counters);
+            Ok(())
+        });
         drop(queue);
+        self.handle_fault(cursors, fault);
+        moved > 0
+    }
+
+    /// `engine-copy`: new sends start their pulls, and those whose
+    /// payloads are in place go to the engine, in order. The copy engine
+    /// is driven (polled, posted to) with no lock of the QP's held: with
+    /// inline progress its calls drive the shard, which takes them.
+    fn drain_pulled(&self, cursors: &mut Cursors, stage: &TxStage) -> bool {
+        let (nic, counters) = (&self.device.nic, &self.device.offload.counters);
+        let pulling = !cursors.pulls.is_empty();
+        if !pulling && cursors.send.slot(&self.send) == Ok(None) {
+            return false;
+        }
+        let (max_sge, max_inline) = (self.caps.max_send_sge as usize, self.caps.max_inline_data as usize);
+        stage.collect_pulls(nic);
+        let memory = nic.memory();
+        let Cursors { send, staged, pulls, .. } = &mut *cursors;
+        let (moved, fault) = drain_ring(&self.send, send, true, |slot| {
+            let wr = wqe::parse_send(slot, max_sge, max_inline).map_err(|e| VerbsError::invalid(e.to_string()))?;
+            if pulls.len() >= offload::PULLS_PER_QP {
+                return Err(VerbsError::OutOfResources("the copy engine is pulling enough for this QP".into()));
+            }
+            pulls.push_back(stage.pull(nic, wr, &memory, *staged));
+            *staged += 1;
+            Ok(())
+        });
+        let mut queue = nic.send_queue(&self.posts);
+        let refused = stage.finish_pulls(pulls, &mut queue, counters);
+        drop(queue);
+        let fault = fault.or(refused.map(|(wr_id, e)| Fault::Entry {
+            wr_id,
+            send: true,
+            why: format!("send WQE refused: {e}"),
+        }));
         self.handle_fault(cursors, fault);
         // While pulls are under way the processor keeps looking (no
         // sleep): their READs complete within microseconds.
