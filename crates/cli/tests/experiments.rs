@@ -176,9 +176,12 @@ fn bad_experiment_input_gets_one_clear_line() {
     let o = run(&["exp", "e2", "--plot", "--out", empty.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("e2_results.csv") && err.contains("run `softrnic exp e2` first"), "{err}");
+    let o = run(&["exp", "e4", "--plot"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("e4: --plot, --compare and --hosts apply to e1, e2 and e9"), "{err}");
     let listing = run(&["exp"]);
     let text = String::from_utf8_lossy(&listing.stdout);
-    for id in ["e1", "e2", "e9"] {
+    for id in ["e1", "e2", "e4", "e5", "e6", "e9"] {
         assert!(text.contains(id), "{text}");
     }
 }

@@ -248,6 +248,13 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         );
         return Ok(());
     };
+    let swept = EXPERIMENTS.iter().any(|e| e.id.eq_ignore_ascii_case(name) || e.name.eq_ignore_ascii_case(name));
+    if !swept && (args.plot || !args.compare.is_empty() || args.hosts.is_some()) {
+        return Err(format!(
+            "{name}: --plot, --compare and --hosts apply to e1, e2 and e9; the other experiments run their own roles \
+             on this host and draw their figures as they measure (run it again without them)"
+        ));
+    }
     if name.eq_ignore_ascii_case("incast") {
         return incast::run(args);
     }

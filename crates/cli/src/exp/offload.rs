@@ -214,13 +214,9 @@ fn ratio(value: Option<f64>, base: Option<f64>) -> String {
     }
 }
 
-/// The figure's two panels over one x: Gb/s, and what the designs held
-/// or copied.
-fn two_panels(x_label: &str, gbps: Vec<Series>, second: (&str, Vec<Series>)) -> Vec<Panel> {
-    vec![
-        Panel { x_label: x_label.to_string(), y_label: "Gb/s (sum of the threads)".into(), x_log: true, series: gbps },
-        Panel { x_label: x_label.to_string(), y_label: second.0.to_string(), x_log: true, series: second.1 },
-    ]
+/// A figure's panel of the threads' summed throughput.
+fn gbps_panel(x_label: &str, series: Vec<Series>) -> Panel {
+    Panel { x_label: x_label.into(), y_label: "Gb/s (sum of the threads)".into(), x_log: true, series }
 }
 
 /// Adds `(x, y)` to the series named `name`.
@@ -250,13 +246,20 @@ pub fn e4(args: &ExpArgs) -> Result<(), String> {
                 measured.stats.map_or(0, |s| s.staging_peak)
             ));
             plot(&mut gbps, &design.to_string(), f64::from(pack), total);
-            plot(&mut copied, &design.to_string(), f64::from(pack), per_byte);
+            // The engine's memory traffic beside it: what it copied, per second.
+            plot(&mut copied, &design.to_string(), f64::from(pack), total * per_byte);
             totals.push((design, pack, total));
         }
     }
     daemon::write_csv(&csv, "design,payload,threads,gbps,copied_bytes_per_byte,staging_peak_bytes", &rows)?;
     let figure = args.out.join("e4_figure.svg");
-    let panels = two_panels("payload (B)", gbps, ("bytes the daemon copied per payload byte", copied));
+    let copied = Panel {
+        x_label: "payload (B)".into(),
+        y_label: "payload the daemon copied (Gb/s)".into(),
+        x_log: true,
+        series: copied,
+    };
+    let panels = [gbps_panel("payload (B)", gbps), copied];
     panels::write(&figure, "E4: the offloaded stack's transmit designs (2 threads)", &panels)?;
     let at = |design, pack| totals.iter().find(|(d, p, _)| *d == design && *p == pack).map(|t| t.2);
     for pack in [4096, 8192].into_iter().filter(|p| payloads.contains(p)) {
@@ -306,13 +309,13 @@ pub fn e5(args: &ExpArgs) -> Result<(), String> {
     }
     daemon::write_csv(&csv, "design,payload,connections,gbps,copied_bytes_per_byte,staging_peak_mib", &rows)?;
     let figure = args.out.join("e5_figure.svg");
-    let mut panels = two_panels("payload (B), 8 threads", gbps, ("", Vec::new()));
-    panels[1] = Panel {
+    let staging = Panel {
         x_label: "connections, 8 KiB".into(),
         y_label: "staging buffers held (MiB)".into(),
         x_log: true,
         series: staging,
     };
+    let panels = [gbps_panel("payload (B), 8 threads", gbps), staging];
     panels::write(&figure, "E5: the offloaded stack's receive designs", &panels)?;
     let at = |design, connections, pack| {
         totals.iter().find(|t| t.0 == design && t.1 == connections && t.2 == pack).map(|t| t.3)

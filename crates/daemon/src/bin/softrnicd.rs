@@ -76,7 +76,16 @@ fn main() -> ExitCode {
         std::thread::sleep(Duration::from_millis(50));
     }
     eprintln!("softrnicd: {}", running.offload_stats());
-    drop(running);
-    eprintln!("softrnicd: stopped");
+    // Stopping joins the acceptor and the command processor; a thread that
+    // does not stop (a bug) must not keep the daemon from exiting.
+    let (stopped, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(running);
+        let _ = stopped.send(());
+    });
+    match wait.recv_timeout(Duration::from_secs(5)) {
+        Ok(()) => eprintln!("softrnicd: stopped"),
+        Err(_) => eprintln!("softrnicd: its threads did not stop within 5 s; exiting anyway"),
+    }
     ExitCode::SUCCESS
 }
