@@ -16,6 +16,7 @@
 pub mod backend;
 pub mod client;
 pub mod doorbell;
+pub mod launch;
 pub mod limits;
 pub mod protocol;
 pub mod queue;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use softrnic_daemon::limits::DaemonConfig;
@@ -38,6 +38,10 @@ struct Args {
     /// pool every QP shares, copied on while hot (in-cache).
     #[arg(long, value_enum, default_value_t = RxDesign::Direct)]
     rx: RxDesign,
+    /// Exit after this many seconds with no program connected (a daemon
+    /// started on demand, SOFTRNIC_DAEMON=start, is given 60).
+    #[arg(long, value_name = "SECONDS")]
+    idle_exit: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -72,8 +76,15 @@ fn main() -> ExitCode {
         }
     }
     eprintln!("softrnicd: listening on {} (--tx {}, --rx {})", running.socket().display(), args.tx, args.rx);
+    let mut idle_since = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
+        if running.tenants() > 0 {
+            idle_since = Instant::now();
+        } else if args.idle_exit.is_some_and(|s| idle_since.elapsed() >= Duration::from_secs(s)) {
+            eprintln!("softrnicd: no program for {}s (--idle-exit); leaving", args.idle_exit.unwrap_or(0));
+            break;
+        }
     }
     eprintln!("softrnicd: {}", running.offload_stats());
     // Stopping joins the acceptor and the command processor; a thread that

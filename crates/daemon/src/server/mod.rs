@@ -13,7 +13,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
@@ -46,6 +46,8 @@ pub struct Daemon {
 pub struct Running {
     socket: PathBuf,
     registry: Arc<Registry>,
+    /// Tenants connected now.
+    tenants: Arc<AtomicUsize>,
     devices: Arc<Devices>,
     stopping: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
@@ -91,8 +93,9 @@ impl Daemon {
             let registry = registry.clone();
             std::thread::Builder::new().name("softrnicd-processor".into()).spawn(move || processor::run(&registry))?
         };
+        let tenants = Arc::new(AtomicUsize::new(0));
         let acceptor = {
-            let (registry, stopping) = (registry.clone(), stopping.clone());
+            let (registry, stopping, tenants) = (registry.clone(), stopping.clone(), tenants.clone());
             let limits = options.config.tenant;
             std::thread::Builder::new().name("softrnicd-accept".into()).spawn(move || {
                 let next_tenant = AtomicU64::new(1);
@@ -110,11 +113,14 @@ impl Daemon {
                         return;
                     }
                     let id = next_tenant.fetch_add(1, Ordering::Relaxed);
-                    let (devices, registry) = (devices.clone(), registry.clone());
-                    let spawned = std::thread::Builder::new()
-                        .name(format!("softrnicd-tenant-{id}"))
-                        .spawn(move || tenant::serve(id, socket, &devices, registry, limits));
+                    let (devices, registry, count) = (devices.clone(), registry.clone(), tenants.clone());
+                    count.fetch_add(1, Ordering::AcqRel);
+                    let spawned = std::thread::Builder::new().name(format!("softrnicd-tenant-{id}")).spawn(move || {
+                        tenant::serve(id, socket, &devices, registry, limits);
+                        count.fetch_sub(1, Ordering::AcqRel);
+                    });
                     if let Err(e) = spawned {
+                        tenants.fetch_sub(1, Ordering::AcqRel);
                         eprintln!("softrnicd: cannot serve tenant {id}: {e}");
                     }
                 }
@@ -123,6 +129,7 @@ impl Daemon {
         Ok(Running {
             socket: options.socket,
             registry,
+            tenants,
             devices: devices_for_running,
             stopping,
             acceptor: Some(acceptor),
@@ -150,6 +157,11 @@ impl Running {
     /// The counters of the device on `addr`, while a tenant holds it.
     pub fn counters(&self, addr: std::net::IpAddr) -> Option<softrnic_engine::NicCounters> {
         self.devices.counters(addr)
+    }
+
+    /// How many programs are connected now.
+    pub fn tenants(&self) -> usize {
+        self.tenants.load(Ordering::Acquire)
     }
 
     /// What the offload designs copied so far.

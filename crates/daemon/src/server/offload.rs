@@ -39,13 +39,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use softrnic_engine::Nic;
-
-use super::copy_engine::CopyEngine;
 use softrnic_transport::memory::{AccessFault, MemoryTable};
 use softrnic_transport::{
     Access, Completion, DmaBuffer, Payload, PdId, PostQueues, RecvWorkRequest, Result, SendOp, SendWorkRequest, Sge,
     SgeList, VerbsError, WcOpcode, WcStatus,
 };
+
+use super::copy_engine::CopyEngine;
 
 /// Bytes of one staging buffer: an 8 KiB payload and its headers, the size
 /// of the original's receive buffers.
@@ -286,7 +286,6 @@ pub const PULLS_PER_QP: usize = 16;
 /// done with it; and a post that fails (the queue full) leaves the slot to
 /// the same send's retry.
 pub struct TxStage {
-    design: TxDesign,
     staging: Staging,
     lkey: u32,
     pd: PdId,
@@ -340,7 +339,7 @@ impl TxStage {
             }
             _ => None,
         };
-        Ok(Some(TxStage { design, staging, lkey, pd, slots, copy }))
+        Ok(Some(TxStage { staging, lkey, pd, slots, copy }))
     }
 
     /// Whether sends wait for the copy engine (`engine-copy`).
@@ -448,10 +447,6 @@ impl TxStage {
                 counters.tx_passed.fetch_add(1, Ordering::Relaxed);
             }
         }
-    }
-
-    pub fn design(&self) -> TxDesign {
-        self.design
     }
 
     /// Frees the registrations, and the pulls under way (the QP is gone).

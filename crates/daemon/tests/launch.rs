@@ -1,0 +1,56 @@
+//! `SOFTRNIC_DAEMON=start`: the first program starts softrnicd on demand,
+//! programs that race it share the one that listens, and the daemon
+//! leaves once no program is connected (`--idle-exit`).
+
+mod common;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use softrnic_daemon::client::Session;
+use softrnic_daemon::launch::{self, BIN_ENV, IDLE_ENV};
+
+fn on_demand(key: &str) -> Option<OsString> {
+    match key {
+        BIN_ENV => Some(env!("CARGO_BIN_EXE_softrnicd").into()),
+        IDLE_ENV => Some("1".into()),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_daemon_started_on_demand_serves_racing_programs_and_leaves_when_idle() {
+    let dir = std::env::temp_dir().join(format!("softrnic-launch-{}", std::process::id()));
+    let socket: PathBuf = dir.join("softrnicd.sock");
+    assert!(!launch::listening(&socket));
+    // Three programs open at once: each may start a daemon; one listens.
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| launch::ensure(&socket, on_demand).unwrap());
+        }
+    });
+    assert!(launch::listening(&socket));
+    let session = Session::connect(&socket, common::address()).unwrap();
+    session.alloc_pd().unwrap();
+    // Connected, it stays past its idle time.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(launch::listening(&socket), "it left while a program was connected");
+    drop(session);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while launch::listening(&socket) || socket.exists() {
+        assert!(Instant::now() < deadline, "the idle daemon is still there after 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = std::fs::read_to_string(socket.with_extension("log")).unwrap();
+    assert!(log.contains("no program for 1s (--idle-exit); leaving"), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_missing_daemon_program_is_named_in_the_error() {
+    let socket = std::env::temp_dir().join(format!("softrnic-launch-missing-{}.sock", std::process::id()));
+    let env = |key: &str| (key == BIN_ENV).then(|| OsString::from("/nonexistent/softrnicd"));
+    let err = launch::ensure(&socket, env).unwrap_err();
+    assert!(err.contains("cannot start /nonexistent/softrnicd") && err.contains(BIN_ENV), "{err}");
+}
