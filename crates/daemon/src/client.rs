@@ -18,8 +18,8 @@ use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use softrnic_engine::NicCounters;
 use softrnic_ring::spsc::{Consumer, Producer};
 use softrnic_transport::{
-    Access, Completion, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest,
-    Result, SendWorkRequest, VerbsError, check_recv, check_send,
+    Access, AsyncEvent, Completion, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType,
+    RecvWorkRequest, Result, SendWorkRequest, VerbsError, check_recv, check_send,
 };
 
 use crate::doorbell::DoorbellPage;
@@ -39,6 +39,8 @@ pub struct Session {
     forward: bool,
     doorbell: DoorbellPage,
     wake: OwnedFd,
+    /// Where the daemon writes this program's asynchronous events.
+    events: OwnedFd,
     addr: IpAddr,
     opened: Opened,
 }
@@ -81,10 +83,10 @@ impl Session {
         let open = Request::Open { version: PROTOCOL_VERSION, addr, forward };
         let (response, fds) = protocol::call(&fd, &open, &[]).map_err(lost)?;
         let Response::Opened(opened) = response else { return Err(unexpected(response)) };
-        let [page, wake]: [OwnedFd; 2] =
+        let [page, wake, events]: [OwnedFd; 3] =
             fds.try_into().map_err(|_| VerbsError::Device("softrnicd's answer lacks its descriptors".into()))?;
         let doorbell = DoorbellPage::attach(page).map_err(lost)?;
-        Ok(Session { socket: Arc::new(Mutex::new(fd)), forward, doorbell, wake, addr, opened })
+        Ok(Session { socket: Arc::new(Mutex::new(fd)), forward, doorbell, wake, events, addr, opened })
     }
 
     pub fn addr(&self) -> IpAddr {
@@ -112,6 +114,24 @@ impl Session {
     /// Whether the daemon's engine runs inline progress.
     pub fn inline_progress(&self) -> bool {
         self.opened.inline_progress
+    }
+
+    /// The descriptor the daemon writes this program's asynchronous events
+    /// to (the verbs' `async_fd`): readable when one waits.
+    pub fn async_fd(&self) -> BorrowedFd<'_> {
+        self.events.as_fd()
+    }
+
+    /// The next asynchronous event about one of this program's objects,
+    /// waiting for one unless the descriptor was made non-blocking (then
+    /// `EAGAIN` when none waits).
+    pub fn next_async_event(&self) -> io::Result<AsyncEvent> {
+        let mut buffer = [0u8; 64];
+        let (n, _) = rustix::net::recv(&self.events, &mut buffer, rustix::net::RecvFlags::empty())?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "softrnicd closed the event socket"));
+        }
+        postcard::from_bytes(&buffer[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 
     pub fn set_qp_rate_limit(&self, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {

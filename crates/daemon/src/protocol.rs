@@ -25,7 +25,7 @@ pub use crate::shared_memory::Segment;
 use softrnic_transport::{Access, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, VerbsError};
 
 /// Bumped whenever a message or a shared layout changes.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The largest message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 4096;
@@ -37,8 +37,10 @@ pub const MAX_FDS: usize = 16;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Request {
     /// Opens the device on `addr` (starting it if nobody serves it yet).
-    /// The answer is [`Response::Opened`] with two descriptors: the
-    /// tenant's doorbell page and the daemon's wake-up eventfd. With
+    /// The answer is [`Response::Opened`] with three descriptors: the
+    /// tenant's doorbell page, the daemon's wake-up eventfd, and the
+    /// socket its asynchronous events arrive on (one postcard-encoded
+    /// `AsyncEvent` a message: the program's `async_fd`). With
     /// `forward`, the tenant's data commands come over this socket
     /// instead of its queues ([`Request::PostSend`]): FreeFlow's design,
     /// kept as the baseline the shared queues are measured against.

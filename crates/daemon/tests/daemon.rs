@@ -9,7 +9,7 @@ use common::{REGION, Tenant, address, daemon, daemon_with, every_operation, pair
 use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_transport::{
-    Access, Completion, Payload, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest, RemoteAddr, SendOp,
+    Access, AsyncEvent, Completion, Payload, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest, RemoteAddr, SendOp,
     SendWorkRequest, Sge, WcStatus, smallvec,
 };
 
@@ -69,6 +69,12 @@ fn a_guessed_rkey_of_another_tenant_is_a_remote_access_error() {
     let done = a.wait(1);
     assert_eq!(done[0].status, WcStatus::RemAccessErr, "{done:?}");
     assert_eq!(victim.read(0, 64), [0x5a; 64], "untouched");
+    // b's responder refused it: b's program is told on its async_fd, and
+    // the victim, on the same device, hears nothing.
+    assert_eq!(b.session.next_async_event().unwrap(), AsyncEvent::QpAccessError { qpn: b.qp.qpn });
+    rustix::io::ioctl_fionbio(victim.session.async_fd(), true).unwrap();
+    let nothing = victim.session.next_async_event().unwrap_err();
+    assert_eq!(nothing.kind(), std::io::ErrorKind::WouldBlock, "{nothing}");
     // Nor may a tenant use another's keys or objects locally.
     let stolen = Payload::Gather(smallvec![Sge { addr: victim.iova(0), length: 8, lkey: victim.keys.lkey }]);
     let other = Tenant::open(socket, address());

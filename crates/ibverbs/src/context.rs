@@ -199,7 +199,12 @@ fn finish_open(
     // SAFETY: the context is ours alone until returned.
     unsafe {
         (*ctx.ibv()).device = ibv_device;
-        (*ctx.ibv()).async_fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.events.queue);
+        // Through softrnicd the daemon writes the context's events to a
+        // socket of its own; in the process, the engine queues them.
+        (*ctx.ibv()).async_fd = match &ctx.backend {
+            Backend::Daemon(session) => std::os::fd::AsRawFd::as_raw_fd(&session.async_fd()),
+            Backend::Engine(_) => std::os::fd::AsRawFd::as_raw_fd(&ctx.events.queue),
+        };
         (*ctx.ibv()).cmd_fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.command_fd);
     }
     ctx.ibv()
@@ -507,7 +512,11 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
         let ctx = unsafe { Context::from_ibv(context) };
         loop {
             // Blocks unless the program made `async_fd` non-blocking.
-            let next = match ctx.events.queue.pop() {
+            let next = match &ctx.backend {
+                Backend::Daemon(session) => session.next_async_event(),
+                Backend::Engine(_) => ctx.events.queue.pop(),
+            };
+            let next = match next {
                 Ok(e) => e,
                 Err(e) => {
                     set_errno(e.raw_os_error().unwrap_or(libc::EIO));

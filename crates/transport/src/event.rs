@@ -6,6 +6,7 @@ use crate::srq::SrqId;
 
 /// An asynchronous event, named as `enum ibv_event_type` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum AsyncEvent {
     /// A QP's responder failed a request for a reason other than the two
     /// below, and moved the QP to the error state (`IBV_EVENT_QP_FATAL`).

@@ -16,11 +16,14 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use super::copy_engine::CopyEngine;
-use super::offload::{Offload, TxDesign};
+use rustix::net::SendFlags;
 use rustix::thread::LinkNameSpaceType;
 use softrnic_engine::shm::this_netns;
 use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, OpenError, interface};
+use softrnic_transport::{AsyncEvent, CqId};
+
+use super::copy_engine::CopyEngine;
+use super::offload::{Offload, TxDesign};
 
 /// How long a device that is closing may keep its port from a new one.
 const CLOSING_WAIT: Duration = Duration::from_secs(2);
@@ -28,6 +31,8 @@ const CLOSING_WAIT: Duration = Duration::from_secs(2);
 /// One device.
 pub struct Device {
     pub nic: Nic,
+    /// Which tenant each of the device's asynchronous events goes to.
+    pub events: Arc<EventRoutes>,
     /// Bytes of payload per packet on the device's port.
     pub active_mtu: u32,
     /// The daemon's offload designs, which the device's QPs use.
@@ -119,6 +124,54 @@ impl Devices {
     }
 }
 
+/// The objects a device's asynchronous events name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Element {
+    Qp(u32),
+    Cq(CqId),
+}
+
+/// Where a device's asynchronous events go: to the socket of the tenant
+/// that owns the object each names, as a postcard-encoded [`AsyncEvent`]
+/// (the program's `async_fd`). An event for an object nobody owns (the
+/// copy engine's QP, one just destroyed) is dropped, as the verbs drop an
+/// event for a destroyed object.
+#[derive(Default)]
+pub struct EventRoutes {
+    owners: Mutex<HashMap<Element, Arc<OwnedFd>>>,
+}
+
+impl EventRoutes {
+    /// Events about `element` go to `socket` from now on.
+    pub fn own(&self, element: Element, socket: &Arc<OwnedFd>) {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner()).insert(element, socket.clone());
+    }
+
+    pub fn disown(&self, element: Element) {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner()).remove(&element);
+    }
+
+    /// Runs on the thread that raised the event, with no lock of the
+    /// device held: a tenant that does not read its events loses them
+    /// rather than stall the engine.
+    fn deliver(&self, event: AsyncEvent) {
+        let element = match event {
+            AsyncEvent::QpFatal { qpn }
+            | AsyncEvent::QpRequestError { qpn }
+            | AsyncEvent::QpAccessError { qpn }
+            | AsyncEvent::QpLastWqeReached { qpn } => Element::Qp(qpn),
+            AsyncEvent::CqError { cq } => Element::Cq(cq),
+            AsyncEvent::SrqLimitReached { .. } => return, // no SRQ is served
+        };
+        let Some(socket) = self.owners.lock().unwrap_or_else(|e| e.into_inner()).get(&element).cloned() else {
+            return;
+        };
+        if let Ok(bytes) = postcard::to_allocvec(&event) {
+            let _ = rustix::net::send(&socket, &bytes, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+        }
+    }
+}
+
 /// Opens a device in the calling thread's network namespace.
 fn open_device(config: EngineConfig, closing: bool, offload: &Arc<Offload>) -> Result<Device, String> {
     let addr = config.addr;
@@ -139,5 +192,8 @@ fn open_device(config: EngineConfig, closing: bool, offload: &Arc<Offload>) -> R
         )),
         _ => None,
     };
-    Ok(Device { nic, active_mtu: mtu.bytes(), offload: offload.clone(), copy })
+    let events = Arc::new(EventRoutes::default());
+    let routes = events.clone();
+    nic.route_async_events(Box::new(move |event| routes.deliver(event)));
+    Ok(Device { nic, events, active_mtu: mtu.bytes(), offload: offload.clone(), copy })
 }

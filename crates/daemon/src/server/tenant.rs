@@ -23,7 +23,7 @@ use softrnic_engine::ProgressMode;
 use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
 use softrnic_transport::{CqId, PdId, QpAttr, QpInitAttr, QpState};
 
-use super::device::{Device, Devices, NetNs};
+use super::device::{Device, Devices, Element, NetNs};
 use super::processor::{Registry, ServedCq, ServedQp};
 use crate::doorbell::DoorbellPage;
 use crate::limits::TenantLimits;
@@ -41,6 +41,9 @@ pub struct Tenant {
     limits: TenantLimits,
     registry: Arc<Registry>,
     doorbell: Arc<DoorbellPage>,
+    /// The daemon's end of the program's `async_fd`: the device's
+    /// asynchronous events about this tenant's objects.
+    events: Arc<OwnedFd>,
     pds: HashSet<PdId>,
     /// Registered regions' lengths, by lkey.
     regions: HashMap<u32, u64>,
@@ -117,7 +120,10 @@ fn open(
         epoch_unix_ns: crate::client::unix_ns().saturating_sub(device.nic.now().as_nanos()),
     };
     let wake = registry.wake.try_clone().map_err(|e| RemoteError::exhausted(e.to_string()))?;
-    protocol::send(socket.as_fd(), &Response::Opened(opened), &[doorbell.fd(), wake.as_fd()])
+    let (events, program_events) =
+        rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+            .map_err(|e| RemoteError::exhausted(e.to_string()))?;
+    protocol::send(socket.as_fd(), &Response::Opened(opened), &[doorbell.fd(), wake.as_fd(), program_events.as_fd()])
         .map_err(|e| RemoteError::invalid(e.to_string()))?;
     registry.update(|s| s.doorbells.push(doorbell.clone()));
     Ok(Tenant {
@@ -127,6 +133,7 @@ fn open(
         limits,
         registry,
         doorbell,
+        events: Arc::new(events),
         pds: HashSet::new(),
         regions: HashMap::new(),
         registered_bytes: 0,
@@ -214,6 +221,7 @@ impl Tenant {
                 let served = self.cqs.get(&cq).ok_or(RemoteError::not_found("CQ"))?.clone();
                 done(nic.destroy_cq(cq))?;
                 nic.set_channel(cq, None);
+                self.device.events.disown(Element::Cq(cq));
                 self.cqs.remove(&cq);
                 self.registry.update(|s| s.cqs.retain(|c| !Arc::ptr_eq(c, &served)));
                 Ok((Response::Done, Vec::new()))
@@ -356,6 +364,7 @@ impl Tenant {
         let layout = CqLayout { cq: queue.id(), slots: ring.slot_count() };
         let fd = ring.fd().try_clone_to_owned().map_err(io)?;
         let served = Arc::new(ServedCq::new(self.id, self.device.clone(), queue, ring, channel));
+        self.device.events.own(Element::Cq(layout.cq), &self.events);
         self.cqs.insert(layout.cq, served.clone());
         if !self.forward {
             self.registry.update(|s| s.cqs.push(served));
@@ -430,6 +439,7 @@ impl Tenant {
             }
         };
         let served = Arc::new(ServedQp::new(self.id, self.device.clone(), posts, caps, stages, send, Some(recv)));
+        self.device.events.own(Element::Qp(qpn), &self.events);
         self.qps.insert(qpn, served.clone());
         if !self.forward {
             self.registry.update(|s| s.qps.push(served));
@@ -439,6 +449,7 @@ impl Tenant {
 
     fn destroy_qp(&mut self, qpn: u32) -> softrnic_transport::Result<()> {
         self.device.nic.destroy_qp(qpn)?;
+        self.device.events.disown(Element::Qp(qpn));
         if let Some(served) = self.qps.remove(&qpn) {
             self.registry.update(|s| s.qps.retain(|q| !Arc::ptr_eq(q, &served)));
             served.release();
@@ -471,6 +482,7 @@ impl Drop for Tenant {
         for cq in cqs {
             let id = cq.queue.id();
             nic.set_channel(id, None);
+            device.events.disown(Element::Cq(id));
             let _ = nic.destroy_cq(id);
         }
         for (lkey, _) in self.regions.drain() {
