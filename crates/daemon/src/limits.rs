@@ -13,10 +13,19 @@
 //!
 //! A tenant at a limit has its verb refused with `ENOMEM`, as a device out
 //! of resources refuses it.
+//!
+//! A tenant is a process, or every process of a container together: the
+//! connections of programs in one network namespace other than the
+//! daemon's share one [`Usage`] ([`Accounts`]), so a container cannot
+//! pass its limits by opening more connections.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
 
 use serde::Deserialize;
+
+use crate::protocol::RemoteError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -50,6 +59,128 @@ impl TenantLimits {
     /// A QP's rate limit in bits per second, if any.
     pub fn rate_bits_per_second(&self) -> Option<u64> {
         self.max_rate_gbps.map(|g| (g * 1e9) as u64)
+    }
+}
+
+/// What a tenant holds, counted against its limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resource {
+    Qps,
+    Cqs,
+    Mrs,
+    Pds,
+    /// Bytes registered.
+    Memory,
+}
+
+/// One tenant's holdings (a process's, or a container's processes'
+/// together).
+#[derive(Debug)]
+pub struct Usage {
+    limits: TenantLimits,
+    /// Whose: "this program", "this container".
+    whose: &'static str,
+    held: Mutex<[u64; 5]>,
+}
+
+impl Usage {
+    pub fn new(limits: TenantLimits, whose: &'static str) -> Usage {
+        Usage { limits, whose, held: Mutex::new([0; 5]) }
+    }
+
+    fn limit(&self, what: Resource) -> (u64, String) {
+        let l = &self.limits;
+        match what {
+            Resource::Qps => (u64::from(l.max_qps), format!("{} QPs", l.max_qps)),
+            Resource::Cqs => (u64::from(l.max_cqs), format!("{} CQs", l.max_cqs)),
+            Resource::Mrs => (u64::from(l.max_mrs), format!("{} memory regions", l.max_mrs)),
+            Resource::Pds => (u64::from(l.max_pds), format!("{} PDs", l.max_pds)),
+            Resource::Memory => (l.max_memory_bytes(), format!("{} MiB registered", l.max_memory_mib)),
+        }
+    }
+
+    /// Takes `amount` of `what`, or refuses with `ENOMEM` and a message
+    /// naming the limit. Given back when the [`Reservation`] drops, unless
+    /// kept.
+    pub fn reserve(self: &Arc<Self>, what: Resource, amount: u64) -> Result<Reservation, RemoteError> {
+        let (limit, named) = self.limit(what);
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = &mut held[what as usize];
+        if slot.saturating_add(amount) > limit {
+            return Err(RemoteError::exhausted(format!(
+                "{} may hold at most {named} (softrnicd's [tenant] limits)",
+                self.whose
+            )));
+        }
+        *slot += amount;
+        Ok(Reservation { usage: self.clone(), what, amount, kept: false })
+    }
+
+    /// Gives back `amount` of `what`, kept earlier.
+    pub fn release(&self, what: Resource, amount: u64) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held[what as usize] = held[what as usize].saturating_sub(amount);
+    }
+
+    pub fn held(&self, what: Resource) -> u64 {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())[what as usize]
+    }
+}
+
+/// Resources taken for a verb under way: given back if it fails.
+#[derive(Debug)]
+#[must_use = "keep() it once the verb succeeded"]
+pub struct Reservation {
+    usage: Arc<Usage>,
+    what: Resource,
+    amount: u64,
+    kept: bool,
+}
+
+impl Reservation {
+    /// The verb succeeded: the tenant holds it until it frees it.
+    pub fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.usage.release(self.what, self.amount);
+        }
+    }
+}
+
+/// Every tenant's [`Usage`]: a program of the daemon's own network
+/// namespace has one of its own; the programs of a container share one.
+#[derive(Debug)]
+pub struct Accounts {
+    limits: TenantLimits,
+    containers: Mutex<HashMap<u64, Weak<Usage>>>,
+}
+
+impl Accounts {
+    pub fn new(limits: TenantLimits) -> Accounts {
+        Accounts { limits, containers: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn limits(&self) -> &TenantLimits {
+        &self.limits
+    }
+
+    /// The usage of a program in the container whose network namespace is
+    /// `container` (by inode), or of a program on its own.
+    pub fn usage(&self, container: Option<u64>) -> Arc<Usage> {
+        let Some(inode) = container else { return Arc::new(Usage::new(self.limits, "this program")) };
+        let mut containers = self.containers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(usage) = containers.get(&inode).and_then(Weak::upgrade) {
+            return usage;
+        }
+        containers.retain(|_, u| u.strong_count() > 0);
+        let usage = Arc::new(Usage::new(self.limits, "this container (all its programs together)"));
+        containers.insert(inode, Arc::downgrade(&usage));
+        usage
     }
 }
 
@@ -96,5 +227,26 @@ mod tests {
         assert!(DaemonConfig::parse("[tenant]\nmax_rate_gbps = -1\n").unwrap_err().contains("positive"));
         assert!(DaemonConfig::parse("[tenant]\nmax_pds = 0\n").is_err());
         assert_eq!(DaemonConfig::parse("").unwrap(), DaemonConfig::default());
+    }
+
+    #[test]
+    fn a_containers_programs_share_its_limits_and_a_failed_verb_gives_back() {
+        let limits = TenantLimits { max_qps: 2, ..TenantLimits::default() };
+        let accounts = Accounts::new(limits);
+        let (first, second) = (accounts.usage(Some(7)), accounts.usage(Some(7)));
+        assert!(Arc::ptr_eq(&first, &second), "one container, one usage");
+        first.reserve(Resource::Qps, 1).unwrap().keep();
+        second.reserve(Resource::Qps, 1).unwrap().keep();
+        let refused = first.reserve(Resource::Qps, 1).unwrap_err();
+        assert!(refused.message.contains("this container (all its programs together) may hold at most 2 QPs"));
+        // Programs on their own, and another container, are apart.
+        accounts.usage(None).reserve(Resource::Qps, 2).unwrap().keep();
+        accounts.usage(Some(8)).reserve(Resource::Qps, 2).unwrap().keep();
+        // A reservation not kept (the verb failed) is given back.
+        second.release(Resource::Qps, 1);
+        drop(second.reserve(Resource::Qps, 1).unwrap());
+        assert_eq!(first.held(Resource::Qps), 1);
+        let memory = first.reserve(Resource::Memory, limits.max_memory_bytes() + 1).unwrap_err();
+        assert!(memory.message.contains("MiB registered"), "{}", memory.message);
     }
 }

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
-use crate::limits::DaemonConfig;
+use crate::limits::{Accounts, DaemonConfig};
 use device::Devices;
 use processor::Registry;
 
@@ -96,7 +96,7 @@ impl Daemon {
         let tenants = Arc::new(AtomicUsize::new(0));
         let acceptor = {
             let (registry, stopping, tenants) = (registry.clone(), stopping.clone(), tenants.clone());
-            let limits = options.config.tenant;
+            let accounts = Arc::new(Accounts::new(options.config.tenant));
             std::thread::Builder::new().name("softrnicd-accept".into()).spawn(move || {
                 let next_tenant = AtomicU64::new(1);
                 loop {
@@ -114,9 +114,10 @@ impl Daemon {
                     }
                     let id = next_tenant.fetch_add(1, Ordering::Relaxed);
                     let (devices, registry, count) = (devices.clone(), registry.clone(), tenants.clone());
+                    let accounts = accounts.clone();
                     count.fetch_add(1, Ordering::AcqRel);
                     let spawned = std::thread::Builder::new().name(format!("softrnicd-tenant-{id}")).spawn(move || {
-                        tenant::serve(id, socket, &devices, registry, limits);
+                        tenant::serve(id, socket, &devices, registry, &accounts);
                         count.fetch_sub(1, Ordering::AcqRel);
                     });
                     if let Err(e) = spawned {

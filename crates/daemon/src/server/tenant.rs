@@ -26,7 +26,7 @@ use softrnic_transport::{CqId, PdId, QpAttr, QpInitAttr, QpState};
 use super::device::{Device, Devices, Element, NetNs};
 use super::processor::{Registry, ServedCq, ServedQp};
 use crate::doorbell::DoorbellPage;
-use crate::limits::TenantLimits;
+use crate::limits::{Accounts, Resource, Usage};
 use crate::protocol::{self, CqLayout, Opened, PROTOCOL_VERSION, QpLayout, RemoteError, Request, Response};
 use crate::queue::SharedQueue;
 use crate::shared_memory::{Segment, SharedMapping};
@@ -38,7 +38,11 @@ pub struct Tenant {
     /// are not the processor's.
     forward: bool,
     device: Arc<Device>,
-    limits: TenantLimits,
+    /// What it holds against its limits, shared with the other programs
+    /// of its container.
+    usage: Arc<Usage>,
+    /// Each of its QPs' rate limit.
+    rate: Option<u64>,
     registry: Arc<Registry>,
     doorbell: Arc<DoorbellPage>,
     /// The daemon's end of the program's `async_fd`: the device's
@@ -47,7 +51,6 @@ pub struct Tenant {
     pds: HashSet<PdId>,
     /// Registered regions' lengths, by lkey.
     regions: HashMap<u32, u64>,
-    registered_bytes: u64,
     channels: HashMap<u32, Arc<OwnedFd>>,
     next_channel: u32,
     cqs: HashMap<CqId, Arc<ServedCq>>,
@@ -58,9 +61,9 @@ pub struct Tenant {
 type Answer = Result<(Response, Vec<OwnedFd>), RemoteError>;
 
 /// Serves one connection until it closes.
-pub fn serve(id: u64, socket: OwnedFd, devices: &Devices, registry: Arc<Registry>, limits: TenantLimits) {
+pub fn serve(id: u64, socket: OwnedFd, devices: &Devices, registry: Arc<Registry>, accounts: &Accounts) {
     let peer = rustix::net::sockopt::socket_peercred(&socket).map(|c| c.pid.as_raw_nonzero().get()).unwrap_or(0);
-    let mut tenant = match open(id, peer, &socket, devices, registry, limits) {
+    let mut tenant = match open(id, peer, &socket, devices, registry, accounts) {
         Ok(tenant) => tenant,
         Err(e) => {
             let _ = protocol::send(socket.as_fd(), &Response::Error(e), &[]);
@@ -95,7 +98,7 @@ fn open(
     socket: &OwnedFd,
     devices: &Devices,
     registry: Arc<Registry>,
-    limits: TenantLimits,
+    accounts: &Accounts,
 ) -> Result<Tenant, RemoteError> {
     let first = protocol::receive::<Request>(socket.as_fd()).map_err(|e| RemoteError::invalid(e.to_string()))?;
     let Some((Request::Open { version, addr, forward }, _)) = first else {
@@ -130,22 +133,18 @@ fn open(
         id,
         forward,
         device,
-        limits,
         registry,
+        usage: accounts.usage(netns.as_ref().map(|ns| ns.inode)),
+        rate: accounts.limits().rate_bits_per_second(),
         doorbell,
         events: Arc::new(events),
         pds: HashSet::new(),
         regions: HashMap::new(),
-        registered_bytes: 0,
         channels: HashMap::new(),
         next_channel: 1,
         cqs: HashMap::new(),
         qps: HashMap::new(),
     })
-}
-
-fn at_limit(what: &str, limit: impl std::fmt::Display) -> RemoteError {
-    RemoteError::exhausted(format!("this tenant may hold at most {limit} {what} (softrnicd's [tenant] limits)"))
 }
 
 fn io(e: std::io::Error) -> RemoteError {
@@ -161,9 +160,7 @@ impl Tenant {
         match request {
             Request::Open { .. } => Err(RemoteError::invalid("the device is open already")),
             Request::AllocPd => {
-                if self.pds.len() >= self.limits.max_pds as usize {
-                    return Err(at_limit("PDs", self.limits.max_pds));
-                }
+                self.usage.reserve(Resource::Pds, 1)?.keep();
                 let pd = nic.alloc_pd();
                 self.pds.insert(pd);
                 Ok((Response::Pd(pd), Vec::new()))
@@ -172,6 +169,7 @@ impl Tenant {
                 self.own_pd(pd)?;
                 done(nic.dealloc_pd(pd))?;
                 self.pds.remove(&pd);
+                self.usage.release(Resource::Pds, 1);
                 Ok((Response::Done, Vec::new()))
             }
             Request::RegisterMemory { pd, iova, lead, len, access, segments } => {
@@ -184,7 +182,8 @@ impl Tenant {
                     copy.forget(nic, lkey);
                 }
                 self.regions.remove(&lkey);
-                self.registered_bytes -= len;
+                self.usage.release(Resource::Mrs, 1);
+                self.usage.release(Resource::Memory, len);
                 Ok((Response::Done, Vec::new()))
             }
             Request::CreateChannel if self.forward => {
@@ -223,6 +222,7 @@ impl Tenant {
                 nic.set_channel(cq, None);
                 self.device.events.disown(Element::Cq(cq));
                 self.cqs.remove(&cq);
+                self.usage.release(Resource::Cqs, 1);
                 self.registry.update(|s| s.cqs.retain(|c| !Arc::ptr_eq(c, &served)));
                 Ok((Response::Done, Vec::new()))
             }
@@ -239,8 +239,7 @@ impl Tenant {
             Request::SetRateLimit { qpn, bits_per_second } => {
                 self.own_qp(qpn)?;
                 // A tenant's limit caps what it asks for.
-                let limit = self.limits.rate_bits_per_second();
-                let rate = match (bits_per_second, limit) {
+                let rate = match (bits_per_second, self.rate) {
                     (Some(asked), Some(limit)) => Some(asked.min(limit)),
                     (asked, limit) => asked.or(limit),
                 };
@@ -314,12 +313,8 @@ impl Tenant {
         fds: Vec<OwnedFd>,
     ) -> Answer {
         self.own_pd(pd)?;
-        if self.regions.len() >= self.limits.max_mrs as usize {
-            return Err(at_limit("memory regions", self.limits.max_mrs));
-        }
-        if self.registered_bytes.saturating_add(len) > self.limits.max_memory_bytes() {
-            return Err(at_limit("MiB registered", self.limits.max_memory_mib));
-        }
+        let region = self.usage.reserve(Resource::Mrs, 1)?;
+        let bytes = self.usage.reserve(Resource::Memory, len)?;
         if fds.len() != segments.len() {
             return Err(RemoteError::invalid(format!("{} segments came with {} memfds", segments.len(), fds.len())));
         }
@@ -342,14 +337,13 @@ impl Tenant {
             return Err(RemoteError::from(e));
         }
         self.regions.insert(keys.lkey, len);
-        self.registered_bytes += len;
+        region.keep();
+        bytes.keep();
         Ok((Response::Mr(keys), Vec::new()))
     }
 
     fn create_cq(&mut self, capacity: u32, channel: Option<u32>) -> Answer {
-        if self.cqs.len() >= self.limits.max_cqs as usize {
-            return Err(at_limit("CQs", self.limits.max_cqs));
-        }
+        let held = self.usage.reserve(Resource::Cqs, 1)?;
         if capacity == 0 || capacity > MAX_CQE {
             return Err(RemoteError::invalid(format!("a CQ holds 1 to {MAX_CQE} completions, not {capacity}")));
         }
@@ -366,6 +360,7 @@ impl Tenant {
         let served = Arc::new(ServedCq::new(self.id, self.device.clone(), queue, ring, channel));
         self.device.events.own(Element::Cq(layout.cq), &self.events);
         self.cqs.insert(layout.cq, served.clone());
+        held.keep();
         if !self.forward {
             self.registry.update(|s| s.cqs.push(served));
         }
@@ -373,9 +368,7 @@ impl Tenant {
     }
 
     fn create_qp(&mut self, init: QpInitAttr) -> Answer {
-        if self.qps.len() >= self.limits.max_qps as usize {
-            return Err(at_limit("QPs", self.limits.max_qps));
-        }
+        let held = self.usage.reserve(Resource::Qps, 1)?;
         self.own_pd(init.pd)?;
         for cq in [init.send_cq, init.recv_cq] {
             if !self.cqs.contains_key(&cq) {
@@ -410,7 +403,7 @@ impl Tenant {
         let nic = &self.device.nic;
         let posts = nic.create_qp(init).map_err(RemoteError::from)?;
         let qpn = posts.qpn();
-        if let Some(rate) = self.limits.rate_bits_per_second() {
+        if let Some(rate) = self.rate {
             let _ = nic.set_qp_rate_limit(qpn, Some(rate));
         }
         let layout = QpLayout {
@@ -440,6 +433,7 @@ impl Tenant {
         };
         let served = Arc::new(ServedQp::new(self.id, self.device.clone(), posts, caps, stages, send, Some(recv)));
         self.device.events.own(Element::Qp(qpn), &self.events);
+        held.keep();
         self.qps.insert(qpn, served.clone());
         if !self.forward {
             self.registry.update(|s| s.qps.push(served));
@@ -453,6 +447,7 @@ impl Tenant {
         if let Some(served) = self.qps.remove(&qpn) {
             self.registry.update(|s| s.qps.retain(|q| !Arc::ptr_eq(q, &served)));
             served.release();
+            self.usage.release(Resource::Qps, 1);
         }
         Ok(())
     }
@@ -473,24 +468,31 @@ impl Drop for Tenant {
                 eprintln!("softrnicd: tenant {}: destroying QP {qpn:#x}: {e}", self.id);
             }
         }
+        // What the engine would not destroy is gone with the tenant all
+        // the same: its container may use the room.
+        self.usage.release(Resource::Qps, self.qps.len() as u64);
         let doorbell = self.doorbell.clone();
         let cqs: Vec<Arc<ServedCq>> = self.cqs.drain().map(|(_, cq)| cq).collect();
         self.registry.update(|s| {
             s.cqs.retain(|c| !cqs.iter().any(|gone| Arc::ptr_eq(c, gone)));
             s.doorbells.retain(|d| !Arc::ptr_eq(d, &doorbell));
         });
+        self.usage.release(Resource::Cqs, cqs.len() as u64);
         for cq in cqs {
             let id = cq.queue.id();
             nic.set_channel(id, None);
             device.events.disown(Element::Cq(id));
             let _ = nic.destroy_cq(id);
         }
-        for (lkey, _) in self.regions.drain() {
+        for (lkey, len) in self.regions.drain() {
             let _ = nic.deregister_memory(lkey);
             if let Some(copy) = &device.copy {
                 copy.forget(nic, lkey);
             }
+            self.usage.release(Resource::Mrs, 1);
+            self.usage.release(Resource::Memory, len);
         }
+        self.usage.release(Resource::Pds, self.pds.len() as u64);
         for pd in self.pds.drain() {
             let _ = nic.dealloc_pd(pd);
         }
