@@ -249,4 +249,40 @@ mod tests {
         let memory = first.reserve(Resource::Memory, limits.max_memory_bytes() + 1).unwrap_err();
         assert!(memory.message.contains("MiB registered"), "{}", memory.message);
     }
+
+    #[test]
+    fn programs_of_a_container_reserving_at_once_never_pass_its_limit() {
+        // Eight threads (a container's programs) create and free QPs as
+        // fast as they can against a limit of 5; a count kept beside the
+        // usage never sees more than 5 held, and everything comes back.
+        let accounts = Accounts::new(TenantLimits { max_qps: 5, ..TenantLimits::default() });
+        let live = std::sync::atomic::AtomicU64::new(0);
+        let (granted, refused) = (std::sync::atomic::AtomicU64::new(0), std::sync::atomic::AtomicU64::new(0));
+        let container = accounts.usage(Some(42));
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    let usage = accounts.usage(Some(42));
+                    assert!(Arc::ptr_eq(&usage, &container));
+                    for _ in 0..2000 {
+                        match usage.reserve(Resource::Qps, 1) {
+                            Ok(r) => {
+                                r.keep();
+                                let now = live.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                                assert!(now <= 5, "{now} QPs held against a limit of 5");
+                                granted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                                usage.release(Resource::Qps, 1);
+                            }
+                            Err(_) => {
+                                refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(granted.into_inner() + refused.into_inner(), 16_000);
+        assert_eq!(container.held(Resource::Qps), 0, "all given back");
+    }
 }
