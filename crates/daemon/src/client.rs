@@ -233,7 +233,8 @@ impl Session {
                 let ring = SharedQueue::attach(fd, layout.slots, CQE_LEN as u32).map_err(lost)?;
                 let yield_when_empty = self.opened.inline_progress;
                 let forward = self.forward.then(|| self.socket.clone());
-                Ok(Cq { id: layout.cq, ring, consumer: Mutex::new(Consumer::default()), yield_when_empty, forward })
+                let ring = Mutex::new(CqRing { ring, consumer: Consumer::default() });
+                Ok(Cq { id: layout.cq, ring, yield_when_empty, forward })
             }
             (other, _) => Err(unexpected(other)),
         }
@@ -246,6 +247,21 @@ impl Session {
 
     pub fn destroy_cq(&self, cq: CqId) -> Result<()> {
         self.call_done(Request::DestroyCq { cq })
+    }
+
+    /// `ibv_resize_cq` (not while the CQ is polled, as verbs say): the
+    /// daemon moves the unpolled completions to a ring of `entries` (a
+    /// power of two at least), which replaces the CQ's. Returns its size.
+    pub fn resize_cq(&self, cq: &Cq, entries: u32) -> Result<u32> {
+        match self.call(Request::ResizeCq { cq: cq.id, entries }, &[])? {
+            (Response::Cq(layout), fds) => {
+                let fd = fds.into_iter().next().ok_or_else(|| VerbsError::Device("CQ without ring".into()))?;
+                let ring = SharedQueue::attach(fd, layout.slots, CQE_LEN as u32).map_err(lost)?;
+                *cq.ring.lock().unwrap_or_else(|e| e.into_inner()) = CqRing { ring, consumer: Consumer::default() };
+                Ok(layout.slots)
+            }
+            (other, _) => Err(unexpected(other)),
+        }
     }
 
     pub fn create_qp(&self, init: QpInitAttr) -> Result<Qp> {
@@ -361,12 +377,17 @@ impl Qp {
 /// A CQ whose completions arrive in shared memory.
 pub struct Cq {
     pub id: CqId,
-    ring: SharedQueue,
-    consumer: Mutex<Consumer>,
+    /// The ring and the program's side of it, replaced by a resize.
+    ring: Mutex<CqRing>,
     /// See [`Opened::inline_progress`].
     yield_when_empty: bool,
     /// The session's socket, when polls travel over it.
     forward: Option<Arc<Mutex<OwnedFd>>>,
+}
+
+struct CqRing {
+    ring: SharedQueue,
+    consumer: Consumer,
 }
 
 impl Cq {
@@ -376,19 +397,20 @@ impl Cq {
         if let Some(socket) = &self.forward {
             return self.poll_forwarded(socket, max, out);
         }
-        let mut consumer = self.consumer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut end = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let CqRing { ring, consumer } = &mut *end;
         let mut entry = [0u8; CQE_LEN];
         let mut taken = 0;
         while taken < max {
             // A scribbled producer index cannot come from the daemon; read
             // it as an empty queue rather than trust it.
-            let Ok(Some(slot)) = consumer.slot(&self.ring) else { break };
-            self.ring.read_slot(slot, &mut entry);
-            consumer.release(&self.ring);
+            let Ok(Some(slot)) = consumer.slot(ring) else { break };
+            ring.read_slot(slot, &mut entry);
+            consumer.release(ring);
             out.push(wqe::parse_completion(&entry));
             taken += 1;
         }
-        drop(consumer);
+        drop(end);
         if taken == 0 && self.yield_when_empty {
             std::thread::yield_now();
         }
@@ -409,7 +431,20 @@ impl Cq {
     /// one) is announced on the CQ's channel.
     pub fn request_notify(&self, solicited_only: bool) {
         let armed = if solicited_only { ARMED_SOLICITED } else { ARMED_NEXT };
-        self.ring.armed().store(armed, Ordering::Release);
+        self.ring.lock().unwrap_or_else(|e| e.into_inner()).ring.armed().store(armed, Ordering::Release);
+    }
+
+    /// How many completions wait in its ring, not polled yet.
+    pub fn ready(&self) -> u64 {
+        let end = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let produced = <SharedQueue as softrnic_ring::spsc::Queue>::produced(&end.ring).load(Ordering::Acquire);
+        let consumed = <SharedQueue as softrnic_ring::spsc::Queue>::consumed(&end.ring).load(Ordering::Acquire);
+        produced.wrapping_sub(consumed).min(u64::from(end.ring.slot_count()))
+    }
+
+    /// How many completions its ring holds.
+    pub fn capacity(&self) -> u32 {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner()).ring.slot_count()
     }
 }
 

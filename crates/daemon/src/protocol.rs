@@ -84,6 +84,12 @@ pub enum Request {
     DestroyCq {
         cq: CqId,
     },
+    /// `ibv_resize_cq`: the answer is [`Response::Cq`] with the new ring,
+    /// which holds the completions not polled yet.
+    ResizeCq {
+        cq: CqId,
+        entries: u32,
+    },
     /// The answer carries the send ring, then (without an SRQ) the
     /// receive ring.
     CreateQp {

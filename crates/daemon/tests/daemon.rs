@@ -276,3 +276,36 @@ fn a_forwarding_tenant_posts_and_polls_over_the_socket() {
     assert_eq!(a.read(8192, 4), b"back");
     assert!(a.session.create_channel().is_err(), "no completion channels when forwarding");
 }
+
+#[test]
+fn a_resized_cq_keeps_the_completions_not_polled_yet() {
+    let daemon = daemon("resize");
+    let (a, b) = pair(daemon.socket());
+    let write = |id: u64| {
+        let remote = RemoteAddr { addr: b.iova(0), rkey: b.keys.rkey };
+        let mut wr = SendWorkRequest::new(id, SendOp::Write { remote, imm: None }, a.sge(0, 64));
+        wr.signaled = true;
+        a.session.post_send(&a.qp, &wr).unwrap();
+    };
+    for id in 0..5 {
+        write(id);
+    }
+    // Wait until the daemon has moved all five into the ring, unpolled.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.cq.ready() < 5 {
+        assert!(Instant::now() < deadline, "{} of 5 completions in the ring after 10 s", a.cq.ready());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let too_small = a.session.resize_cq(&a.cq, 2).unwrap_err();
+    assert!(too_small.to_string().contains("while 5 completions wait"), "{too_small}");
+    assert_eq!(a.session.resize_cq(&a.cq, 1000).unwrap(), 1024, "a power of two, at least what was asked");
+    assert_eq!(a.cq.capacity(), 1024);
+    let moved = a.wait(5);
+    assert_eq!(moved.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [0, 1, 2, 3, 4], "all five, in order");
+    // The new ring serves what comes next.
+    write(5);
+    assert_eq!(a.wait(1)[0].wr_id, 5);
+    assert_eq!(a.session.resize_cq(&a.cq, 8).unwrap(), 8);
+    write(6);
+    assert_eq!(a.wait(1)[0].wr_id, 6);
+}

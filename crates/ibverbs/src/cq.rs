@@ -318,14 +318,21 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
         if cqe < 1 || cqe as u32 > limits::MAX_CQE {
             return refuse("ibv_resize_cq", libc::EINVAL, format!("cqe {cqe} is outside 1..={}", limits::MAX_CQE));
         }
-        let CqBackend::Engine(queue) = &c.queue else {
-            return refuse("ibv_resize_cq", libc::EOPNOTSUPP, "resizing a CQ through softrnicd");
+        let resized = match (&c.queue, &c.context().backend) {
+            (CqBackend::Engine(queue), _) => queue.resize(cqe as usize).map(|()| cqe),
+            // Through softrnicd the ring is a power of two, at least cqe.
+            (CqBackend::Daemon(ring), Backend::Daemon(session)) => {
+                session.resize_cq(ring, cqe as u32).map(|slots| slots as c_int)
+            }
+            (CqBackend::Daemon(_), Backend::Engine(_)) => {
+                Err(softrnic_transport::VerbsError::Device("a CQ of softrnicd's on a context without it".into()))
+            }
         };
-        match queue.resize(cqe as usize) {
-            Ok(()) => {
+        match resized {
+            Ok(size) => {
                 // SAFETY: the program owns the CQ and is not polling it now
                 // (verbs forbids resizing concurrently with polling).
-                unsafe { (*c.ibv.get()).cqe = cqe };
+                unsafe { (*c.ibv.get()).cqe = size };
                 0
             }
             Err(e) => refuse("ibv_resize_cq", e.errno(), e),

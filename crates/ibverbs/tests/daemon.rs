@@ -1,6 +1,7 @@
 //! The C API through softrnicd: a context opened with `SOFTRNIC_DAEMON`
 //! gets its asynchronous events on its `async_fd`, from the daemon, as a
-//! context with the engine inside gets them from the engine.
+//! context with the engine inside gets them from the engine, and resizes
+//! its CQs.
 
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
@@ -50,7 +51,7 @@ fn connect(q: *mut ibv_qp, remote_qpn: u32) {
 }
 
 #[test]
-fn a_bad_rkey_raises_the_responders_async_event_through_the_daemon() {
+fn through_the_daemon_a_bad_rkey_raises_the_responders_async_event_and_a_cq_resizes() {
     let socket = std::env::temp_dir().join(format!("softrnicd-ibverbs-{}.sock", std::process::id()));
     let options = DaemonOptions { socket, engine_threads: 1, config: Default::default(), designs: Default::default() };
     let daemon = Daemon::bind(options).unwrap().start().unwrap();
@@ -101,6 +102,8 @@ fn a_bad_rkey_raises_the_responders_async_event_through_the_daemon() {
         let mut wc: ibv_wc = std::mem::zeroed();
         while ((*ctx).ops.poll_cq.unwrap())(cq, 1, &mut wc) == 0 {}
         assert_eq!((wc.wr_id, wc.status), (9, 10), "IBV_WC_REM_ACCESS_ERR at the requester");
+        assert_eq!(cq::ibv_resize_cq(cq, 100), 0);
+        assert_eq!((*cq).cqe, 128, "through the daemon a CQ holds a power of two");
         for q in [a, b] {
             assert_eq!(qp::ibv_destroy_qp(q), 0, "its event acknowledged, b can go");
         }

@@ -31,6 +31,7 @@ use softrnic_transport::{
 use super::device::Device;
 use super::offload::{self, Pull, RxStage, TxStage};
 use crate::doorbell::{self, DoorbellPage};
+use crate::protocol::RemoteError;
 use crate::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
 use crate::wqe::{self, CQE_LEN};
 
@@ -297,11 +298,17 @@ pub struct ServedCq {
     pub tenant: u64,
     pub device: Arc<Device>,
     pub queue: Arc<CompletionQueue>,
-    pub ring: SharedQueue,
     /// The completion channel's socket, when the CQ has one.
     pub channel: Mutex<Option<Arc<OwnedFd>>>,
-    producer: Mutex<Producer>,
+    /// The ring, replaced whole when the program resizes the CQ.
+    ring: Mutex<RingEnd>,
     broken: AtomicBool,
+}
+
+/// A CQ's ring and the processor's side of it.
+struct RingEnd {
+    ring: SharedQueue,
+    producer: Producer,
 }
 
 impl ServedCq {
@@ -316,11 +323,46 @@ impl ServedCq {
             tenant,
             device,
             queue,
-            ring,
             channel: Mutex::new(channel),
-            producer: Mutex::new(Producer::default()),
+            ring: Mutex::new(RingEnd { ring, producer: Producer::default() }),
             broken: AtomicBool::new(false),
         }
+    }
+
+    /// `ibv_resize_cq`: a ring of `entries` (rounded up to a power of two)
+    /// takes the old one's place, holding the completions the program has
+    /// not polled yet, in order; the engine's CQ takes the new size too.
+    /// Verbs forbid polling the CQ meanwhile, so the program switches to
+    /// the new ring when the answer comes. Returns its slots and memfd.
+    pub fn resize(&self, entries: u32) -> Result<(u32, OwnedFd), RemoteError> {
+        let mut end = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let RingEnd { ring, producer } = &mut *end;
+        let unpolled = producer.free(ring).map(|free| u64::from(ring.slot_count()) - free);
+        let unpolled = unpolled.map_err(|broken| RemoteError::invalid(format!("the CQ's ring is broken: {broken}")))?;
+        let new = SharedQueue::create("softrnic-cq", entries, CQE_LEN as u32)
+            .map_err(|e| RemoteError::exhausted(e.to_string()))?;
+        let waiting = unpolled + self.queue.len() as u64;
+        if waiting > u64::from(new.slot_count()) {
+            return Err(RemoteError::invalid(format!(
+                "cannot resize the CQ to {} entries while {waiting} completions wait to be polled",
+                new.slot_count()
+            )));
+        }
+        self.queue.resize(new.slot_count() as usize).map_err(RemoteError::from)?;
+        let consumed = <SharedQueue as softrnic_ring::spsc::Queue>::consumed(ring).load(Ordering::Acquire);
+        let mut moved = Producer::default();
+        let mut entry = [0u8; CQE_LEN];
+        for i in 0..unpolled {
+            ring.read_slot(consumed.wrapping_add(i) % u64::from(ring.slot_count()), &mut entry);
+            let Ok(Some(slot)) = moved.slot(&new) else { unreachable!("the new ring holds them all") };
+            new.write_slot(slot, &entry);
+            moved.publish(&new);
+        }
+        new.armed().store(ring.armed().load(Ordering::Acquire), Ordering::Release);
+        let fd = new.fd().try_clone_to_owned().map_err(|e| RemoteError::exhausted(e.to_string()))?;
+        let slots = new.slot_count();
+        *end = RingEnd { ring: new, producer: moved };
+        Ok((slots, fd))
     }
 
     /// Moves completions from the engine's CQ into the ring, as many as
@@ -329,8 +371,9 @@ impl ServedCq {
         if self.broken.load(Ordering::Relaxed) {
             return false;
         }
-        let mut producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
-        let free = match producer.free(&self.ring) {
+        let mut end = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let RingEnd { ring, producer } = &mut *end;
+        let free = match producer.free(ring) {
             Ok(free) => free as usize,
             Err(broken) => {
                 // The program scribbled its consumer index. Its completions
@@ -349,17 +392,16 @@ impl ServedCq {
         for c in scratch.iter() {
             // The program may scribble its index between the count and
             // now; then the rest of its completions are lost to it.
-            let Ok(Some(index)) = producer.slot(&self.ring) else {
+            let Ok(Some(index)) = producer.slot(ring) else {
                 self.give_up("its consumer index moved back");
                 return true;
             };
             wqe::emit_completion(c, &mut entry);
-            self.ring.write_slot(index, &entry);
-            producer.publish(&self.ring);
+            ring.write_slot(index, &entry);
+            producer.publish(ring);
             solicited |= c.solicited;
         }
-        drop(producer);
-        self.notify(solicited);
+        self.notify(ring, solicited);
         true
     }
 
@@ -390,8 +432,8 @@ impl ServedCq {
 
     /// Announces new completions on the channel if the program armed the
     /// CQ for them (`ibv_req_notify_cq`): once per arming.
-    fn notify(&self, solicited: bool) {
-        let armed = self.ring.armed();
+    fn notify(&self, ring: &SharedQueue, solicited: bool) {
+        let armed = ring.armed();
         let wanted = match armed.load(Ordering::Acquire) {
             ARMED_NEXT => true,
             ARMED_SOLICITED => solicited,

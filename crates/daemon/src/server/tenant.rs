@@ -226,6 +226,14 @@ impl Tenant {
                 self.registry.update(|s| s.cqs.retain(|c| !Arc::ptr_eq(c, &served)));
                 Ok((Response::Done, Vec::new()))
             }
+            Request::ResizeCq { cq, entries } => {
+                let served = self.cqs.get(&cq).ok_or(RemoteError::not_found("CQ"))?;
+                if entries == 0 || entries > MAX_CQE {
+                    return Err(RemoteError::invalid(format!("a CQ holds 1 to {MAX_CQE} completions, not {entries}")));
+                }
+                let (slots, ring) = served.resize(entries)?;
+                Ok((Response::Cq(CqLayout { cq, slots }), vec![ring]))
+            }
             Request::CreateQp { init } => self.create_qp(init),
             Request::ModifyQp { qpn, attr } => {
                 self.own_qp(qpn)?;

@@ -91,7 +91,18 @@ impl Tenant {
         self.connect_to(peer.session.addr(), peer.qp.qpn, peer.psn);
     }
 
+    /// Connects to `peer` for traffic on a loaded machine: a 67 ms timeout
+    /// and 7 retries, where tests beside it spin on both cores.
+    pub fn connect_patiently(&self, peer: &Tenant) {
+        self.connect_with(peer.session.addr(), peer.qp.qpn, peer.psn, (14, 7));
+    }
+
     pub fn connect_to(&self, addr: IpAddr, qpn: u32, psn: Psn) {
+        self.connect_with(addr, qpn, psn, (10, 3));
+    }
+
+    /// Connects with the RC `(timeout, retry_cnt)` given.
+    fn connect_with(&self, addr: IpAddr, qpn: u32, psn: Psn, (timeout, retry_cnt): (u8, u8)) {
         let steps = RcConnection {
             access: Access::REMOTE,
             remote_addr: addr,
@@ -102,8 +113,8 @@ impl Tenant {
             max_dest_rd_atomic: 16,
             max_rd_atomic: 16,
             min_rnr_timer: 1,
-            timeout: 10,
-            retry_cnt: 3,
+            timeout,
+            retry_cnt,
             rnr_retry: 7,
             selective_repeat: false,
         }
@@ -145,6 +156,14 @@ pub fn pair(socket: &Path) -> (Tenant, Tenant) {
     let (a, b) = (Tenant::open(socket, address()), Tenant::open(socket, address()));
     a.connect(&b);
     b.connect(&a);
+    (a, b)
+}
+
+/// A pair for traffic on a loaded machine ([`Tenant::connect_patiently`]).
+pub fn patient_pair(socket: &Path) -> (Tenant, Tenant) {
+    let (a, b) = (Tenant::open(socket, address()), Tenant::open(socket, address()));
+    a.connect_patiently(&b);
+    b.connect_patiently(&a);
     (a, b)
 }
 
