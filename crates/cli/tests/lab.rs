@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -12,6 +13,15 @@ mod common;
 use common::lab_available;
 
 const SOFTRNIC: &str = env!("CARGO_BIN_EXE_softrnic");
+
+/// The lab's tests take turns. Each runs hosts, a switch and flows whose
+/// rates and retry timers it asserts; run side by side on two cores, they
+/// starved E3's HPCC and Swift senders into retry exhaustion once in a
+/// few CI runs.
+fn lab_turn() -> Option<MutexGuard<'static, ()>> {
+    static TURN: Mutex<()> = Mutex::new(());
+    lab_available().then(|| TURN.lock().unwrap_or_else(|e| e.into_inner()))
+}
 
 fn temp_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("softrnic-lab-{}-{tag}", std::process::id()));
@@ -48,9 +58,7 @@ fn counter(dir: &Path, addr: &str, name: &str) -> u64 {
 /// and every byte of every message arrives intact.
 #[test]
 fn two_senders_into_a_slower_port_are_marked_bounded_and_verified() {
-    if !lab_available() {
-        return;
-    }
+    let Some(_turn) = lab_turn() else { return };
     let dir = temp_dir("incast");
     let topology = dir.join("two-to-one.toml");
     std::fs::write(
@@ -118,9 +126,7 @@ switch = "s0"
 /// them and says so. Ctrl-C takes a lab down cleanly.
 #[test]
 fn a_killed_lab_is_cleaned_up_by_the_next_and_ctrl_c_by_itself() {
-    if !lab_available() {
-        return;
-    }
+    let Some(_turn) = lab_turn() else { return };
     let up = |secs: &str| {
         Command::new(SOFTRNIC)
             .args(["lab", "star:2", "--duration", secs])
@@ -163,9 +169,7 @@ fn a_killed_lab_is_cleaned_up_by_the_next_and_ctrl_c_by_itself() {
 /// congestion it shows with no congestion control: a full queue.
 #[test]
 fn the_incast_experiment_writes_its_results() {
-    if !lab_available() {
-        return;
-    }
+    let Some(_turn) = lab_turn() else { return };
     let dir = temp_dir("exp");
     let out =
         Command::new(SOFTRNIC).args(["exp", "incast", "--quick", "--out", dir.to_str().unwrap()]).output().unwrap();
@@ -215,9 +219,7 @@ fn the_incast_experiment_writes_its_results() {
 /// and through the lab's switch; the table and figures written.
 #[test]
 fn e3_measures_every_algorithm_in_the_simulator_and_the_lab() {
-    if !lab_available() {
-        return;
-    }
+    let Some(_turn) = lab_turn() else { return };
     let dir = temp_dir("e3");
     let out = Command::new(SOFTRNIC).args(["exp", "e3", "--quick", "--out", dir.to_str().unwrap()]).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -257,9 +259,7 @@ fn e3_measures_every_algorithm_in_the_simulator_and_the_lab() {
 /// host port's capture holds the frames.
 #[test]
 fn a_leaf_spine_lab_carries_softrnic_and_captures_it() {
-    if !lab_available() {
-        return;
-    }
+    let Some(_turn) = lab_turn() else { return };
     let dir = temp_dir("leaf-spine");
     let pcap = dir.join("pcap");
     let out = Command::new(SOFTRNIC)
