@@ -73,12 +73,36 @@ impl Daemon {
             }
             std::fs::remove_file(path)?;
         }
+        // Bound under a name of its own and renamed into place once it
+        // listens: a program that finds the socket can connect to it (one
+        // that came between bind and listen was refused).
+        let binding = path.with_extension(format!("binding-{}", std::process::id()));
+        let _ = std::fs::remove_file(&binding);
         let listener =
             rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
-        rustix::net::bind(&listener, &addr)?;
+        rustix::net::bind(&listener, &SocketAddrUnix::new(binding.as_path())?)?;
         // The daemon serves its user (and containers mapped to it).
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(0o600))?;
         rustix::net::listen(&listener, 128)?;
+        // Never over another's: a daemon that raced this one there first
+        // keeps the name (and this one leaves, as with a live one above).
+        let placed = rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &binding,
+            rustix::fs::CWD,
+            path,
+            rustix::fs::RenameFlags::NOREPLACE,
+        );
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&binding);
+            return Err(match e {
+                rustix::io::Errno::EXIST => io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("another softrnicd took {} meanwhile; stop it or pick another --socket", path.display()),
+                ),
+                e => e.into(),
+            });
+        }
         let registry = Arc::new(Registry::new()?);
         let devices = Arc::new(Devices::new(options.engine_threads, Arc::new(offload::Offload::new(options.designs))));
         Ok(Daemon { listener, options, registry, devices })
