@@ -12,7 +12,7 @@ use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::server::offload::{
     Designs, IN_CACHE_BUFFERS, OffloadStats, PULLS_PER_QP, RxDesign, SLOT, TxDesign,
 };
-use softrnic_transport::{Completion, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, WcStatus, smallvec};
+use softrnic_transport::{RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, WcStatus, smallvec};
 
 fn designed(name: &str, tx: TxDesign, rx: RxDesign) -> softrnic_daemon::server::Running {
     daemon_designed(name, DaemonConfig::default(), Designs { tx, rx })
@@ -72,31 +72,20 @@ fn stream(daemon: &softrnic_daemon::server::Running, pairs: usize, messages: usi
         }
     }
     for (p, (a, b)) in pairs.iter().enumerate() {
-        let got = wait_long(b, messages);
+        let got = b.wait_up_to(messages, LONG);
         assert!(got.iter().all(|c| c.status == WcStatus::Success && c.byte_len == len as u32), "pair {p}: {got:?}");
         let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
         assert_eq!(ids, (0..messages as u64).collect::<Vec<_>>(), "pair {p}: the program's own wr_ids, in order");
         for m in 0..messages {
             assert_eq!(b.read(m * slot, len), pattern(len, (p * messages + m) as u8), "pair {p} message {m}");
         }
-        assert_eq!(wait_long(a, 1)[0].status, WcStatus::Success);
+        assert_eq!(a.wait_up_to(1, LONG)[0].status, WcStatus::Success);
     }
     daemon.offload_stats()
 }
 
-/// Like `Tenant::wait`, with time for RNR retries while receives wait for
-/// pool buffers.
-fn wait_long(t: &Tenant, n: usize) -> Vec<Completion> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut out = Vec::new();
-    while out.len() < n {
-        assert!(Instant::now() < deadline, "{} of {n} completions after 60 s", out.len());
-        if t.cq.poll(n - out.len(), &mut out) == 0 {
-            std::thread::yield_now();
-        }
-    }
-    out
-}
+/// Time for RNR retries while receives wait for pool buffers.
+const LONG: Duration = Duration::from_secs(60);
 
 #[test]
 fn the_in_cache_pool_bounds_the_buffers_however_many_receives_wait() {

@@ -295,6 +295,14 @@ pub struct TxStage {
     copy: Option<(Arc<CopyEngine>, u32)>,
 }
 
+/// The payload's length if a design may stage `wr`: a SEND or WRITE
+/// gathering 1 to [`SLOT`] bytes.
+fn stageable_len(wr: &SendWorkRequest) -> Option<usize> {
+    let len = wr.payload.len() as usize;
+    let kind = matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. });
+    (kind && matches!(wr.payload, Payload::Gather(_)) && (1..=SLOT).contains(&len)).then_some(len)
+}
+
 /// A send of an `engine-copy` QP, in order behind the others.
 pub struct Pull {
     /// The copy engine's pull, if its payload is being pulled.
@@ -353,11 +361,9 @@ impl TxStage {
     /// as it fails any request whose memory does not check out).
     fn stages(&self, wr: &SendWorkRequest, memory: &MemoryTable) -> Option<usize> {
         let Payload::Gather(sges) = &wr.payload else { return None };
-        let len = wr.payload.len() as usize;
-        let kind = matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. });
         let fine =
             sges.iter().all(|s| memory.check(self.pd, s.lkey, s.addr, s.length as usize, Access::empty()).is_ok());
-        (kind && (1..=SLOT).contains(&len) && fine).then_some(len)
+        stageable_len(wr).filter(|_| fine)
     }
 
     /// `wr` sent from slot `n` (modulo the slots) of the staging area.
@@ -371,12 +377,16 @@ impl TxStage {
     /// `bulk-copy`: the send to post for `wr`, its payload copied whole
     /// into slot `n`, with the bytes copied; or `wr` as it was.
     pub fn stage(&self, wr: SendWorkRequest, memory: &MemoryTable, n: u64) -> (SendWorkRequest, Option<usize>) {
-        let (Some(len), Payload::Gather(sges)) = (self.stages(&wr, memory), &wr.payload) else { return (wr, None) };
+        let (Some(len), Payload::Gather(sges)) = (stageable_len(&wr), &wr.payload) else { return (wr, None) };
+        // Each entry checked once, as it is copied; one that fails leaves
+        // the request to the engine, which fails it (a slot half written
+        // is no one's).
         let mut at = (n % self.slots as u64) as usize * SLOT;
         for sge in sges.iter() {
-            if let Ok(view) = memory.check(self.pd, sge.lkey, sge.addr, sge.length as usize, Access::empty()) {
-                view.copy_to(&self.staging.buffer, at);
-            }
+            let Ok(view) = memory.check(self.pd, sge.lkey, sge.addr, sge.length as usize, Access::empty()) else {
+                return (wr, None);
+            };
+            view.copy_to(&self.staging.buffer, at);
             at += sge.length as usize;
         }
         (self.sent_from_slot(&wr, n, len), Some(len))

@@ -157,14 +157,16 @@ impl ServedQp {
         }
         let (max_sge, max_inline) = (self.caps.max_send_sge as usize, self.caps.max_inline_data as usize);
         stage.collect_pulls(nic);
-        let memory = nic.memory();
+        // Taken at the first new entry: most passes only finish pulls.
+        let mut memory = None;
         let Cursors { send, staged, pulls, .. } = &mut *cursors;
         let (moved, fault) = drain_ring(&self.send, send, true, |slot| {
             let wr = wqe::parse_send(slot, max_sge, max_inline).map_err(|e| VerbsError::invalid(e.to_string()))?;
             if pulls.len() >= offload::PULLS_PER_QP {
                 return Err(VerbsError::OutOfResources("the copy engine is pulling enough for this QP".into()));
             }
-            pulls.push_back(stage.pull(nic, wr, &memory, *staged));
+            let memory = memory.get_or_insert_with(|| nic.memory());
+            pulls.push_back(stage.pull(nic, wr, memory, *staged));
             *staged += 1;
             Ok(())
         });

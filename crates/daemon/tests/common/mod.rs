@@ -126,10 +126,15 @@ impl Tenant {
     }
 
     pub fn wait(&self, n: usize) -> Vec<Completion> {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.wait_up_to(n, Duration::from_secs(10))
+    }
+
+    /// [`Tenant::wait`] with a deadline of `limit`.
+    pub fn wait_up_to(&self, n: usize, limit: Duration) -> Vec<Completion> {
+        let deadline = Instant::now() + limit;
         let mut out = Vec::new();
         while out.len() < n {
-            assert!(Instant::now() < deadline, "{} of {n} completions after 10 s: {out:?}", out.len());
+            assert!(Instant::now() < deadline, "{} of {n} completions after {limit:?}: {out:?}", out.len());
             if self.cq.poll(n - out.len(), &mut out) == 0 {
                 std::thread::yield_now();
             }
