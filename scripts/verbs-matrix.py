@@ -274,6 +274,8 @@ def entries(quick):
         ("ibv_rc_pingpong -g 0 -e", "ibv_rc_pingpong", ["-g", "0", "-e"], pingpong_figure),
         ("ibv_rc_pingpong -g 0 -s 65536", "ibv_rc_pingpong", ["-g", "0", "-s", "65536"], pingpong_figure),
         ("ibv_rc_pingpong -g 0 -t", "ibv_rc_pingpong", ["-g", "0", "-t"], pingpong_timestamps),
+        # 16 QPs taking their receives from one SRQ.
+        ("ibv_srq_pingpong -g 0", "ibv_srq_pingpong", ["-g", "0"], pingpong_figure),
     ]
     for op in ["send", "write", "read", "atomic"]:
         bw, lat = f"ib_{op}_bw", f"ib_{op}_lat"
@@ -292,6 +294,7 @@ def entries(quick):
         out.append(("ib_send_bw -c UD", "ib_send_bw", ["-c", "UD"], bw_figure))
         out.append(("ib_send_lat -c UD", "ib_send_lat", ["-c", "UD"], lat_figure))
         out.append(("ib_send_lat -e", "ib_send_lat", ["-e"], lat_figure))
+        out.append(("ib_send_bw --use-srq", "ib_send_bw", ["--use-srq"], bw_figure))
     bench = os.path.join(ROOT, "target", "release", "rdma_bench")
     out.append(("rdma_bench -threads 2 -packSize 64", bench,
                 ["-threads", "2", "-packSize", "64", "-iterations", "20", "-numPack", "1000"], rdma_bench_throughput(2)))

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use softrnic_cc::guest::{ABI_VERSION, Io, MESSAGE_MAX, PARAMS_MAX};
 use softrnic_cc::{CongestionControl, Control, Dcqcn, Event, IntHop, MAX_HOPS, Path};
-use softrnic_transport::congestion::Algorithm;
+use softrnic_transport::congestion::{Algorithm, AlgorithmSpec};
 use wasmtime::{Config, Engine, Instance, Memory, Module, Store, StoreLimits, StoreLimitsBuilder, TypedFunc};
 
 /// Fuel one event may burn: a few thousand instructions, fifty times what
@@ -35,6 +35,9 @@ const EXPORTS: &[(&str, &str)] = &[
 pub struct WasmAlgorithm {
     name: String,
     params: String,
+    /// The module as it came, for another process to compile
+    /// ([`Algorithm::spec`]).
+    bytes: Arc<[u8]>,
     engine: Engine,
     module: Module,
 }
@@ -81,7 +84,13 @@ impl WasmAlgorithm {
                 )));
             }
         }
-        let algorithm = WasmAlgorithm { name: name.to_string(), params: params.to_string(), engine, module };
+        let algorithm = WasmAlgorithm {
+            name: name.to_string(),
+            params: params.to_string(),
+            bytes: Arc::from(bytes),
+            engine,
+            module,
+        };
         let nominal = Path { line_rate_bps: 100_000_000_000, base_rtt_ns: 10_000, mtu: 4096 };
         algorithm.instantiate(&nominal).map_err(fail)?;
         Ok(algorithm)
@@ -143,6 +152,10 @@ impl WasmAlgorithm {
 impl Algorithm for WasmAlgorithm {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn spec(&self) -> AlgorithmSpec {
+        AlgorithmSpec::Module { name: self.name.clone(), bytes: self.bytes.clone(), params: self.params.clone() }
     }
 
     fn build(&self, path: &Path) -> Box<dyn CongestionControl + Send> {

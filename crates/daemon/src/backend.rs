@@ -8,10 +8,11 @@ use std::sync::Arc;
 use softrnic_engine::{Nic, NicCounters, ProgressMode};
 
 use crate::client::{self, Session};
+use crate::protocol::Translation;
 use crate::shared_memory::SharedMapping;
 use softrnic_transport::{
     Access, Choice, Completion, CompletionQueue, CqId, DmaBuffer, MrKeys, PdId, PostQueues, QpAttr, QpAttributes,
-    QpInitAttr, QpState, RecvWorkRequest, Result, SendWorkRequest, VerbsError,
+    QpInitAttr, QpState, RecvWorkRequest, Result, SendWorkRequest, SharedReceiveQueue, SrqAttr, SrqId, VerbsError,
 };
 
 /// What holds an engine in the process: a `Nic`, or something that shares
@@ -45,6 +46,20 @@ pub enum CqBackend {
 pub enum QpBackend {
     Engine(Arc<PostQueues>),
     Daemon(Box<client::Qp>),
+}
+
+pub enum SrqBackend {
+    Engine(Arc<SharedReceiveQueue>),
+    Daemon(Box<client::Srq>),
+}
+
+impl SrqBackend {
+    pub fn id(&self) -> SrqId {
+        match self {
+            SrqBackend::Engine(q) => q.id(),
+            SrqBackend::Daemon(q) => q.id,
+        }
+    }
 }
 
 /// Where softrnic places a region it allocates in the address space that
@@ -185,13 +200,46 @@ impl<E: EngineHolder> Backend<E> {
             }
             Backend::Daemon(session) => {
                 // SAFETY: forwarded.
-                let shared = unsafe { crate::remap::share(addr, len) }.map_err(|e| match e.kind() {
-                    std::io::ErrorKind::Unsupported => VerbsError::NotSupported(e.to_string()),
-                    _ => VerbsError::OutOfResources(format!("sharing the region's pages with softrnicd: {e}")),
-                })?;
+                let shared = unsafe { crate::remap::share(addr, len) }.map_err(share_error)?;
                 let parts: Vec<_> = shared.parts.iter().map(|(remap, segment)| (remap.fd(), *segment)).collect();
                 session.register_segments(pd, &parts, shared.lead, len, iova, access)
             }
+        }
+    }
+
+    /// `ibv_rereg_mr`: the region `lkey` moves to `pd`, takes `access`
+    /// (`None`: keeps its own) and covers `len` bytes at `addr`; `moved`
+    /// says whether that range is new (addressed then as `addr`), or the
+    /// region's own. On failure the region is as it was.
+    ///
+    /// # Safety
+    /// As for [`Backend::register_program_memory`], for the range.
+    pub unsafe fn reregister_program_memory(
+        &self,
+        lkey: u32,
+        pd: PdId,
+        (addr, len, moved): (*mut u8, usize, bool),
+        access: Option<Access>,
+    ) -> Result<()> {
+        match self {
+            Backend::Engine(e) => {
+                let nic = e.nic();
+                let region = nic.memory_region(lkey).ok_or(VerbsError::NotFound("memory region"))?;
+                let iova = if moved { addr as u64 } else { region.iova };
+                // SAFETY: the caller's promise, as at registration.
+                let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr, len) });
+                nic.reregister_memory(lkey, pd, buffer, 0, len, iova, access.unwrap_or(region.access)).map(|_| ())
+            }
+            Backend::Daemon(session) if moved => {
+                // SAFETY: forwarded.
+                let shared = unsafe { crate::remap::share(addr, len) }.map_err(share_error)?;
+                let fds: Vec<_> = shared.parts.iter().map(|(remap, _)| remap.fd()).collect();
+                let segments = shared.parts.iter().map(|(_, segment)| *segment).collect();
+                let translation =
+                    Translation { iova: addr as u64, lead: shared.lead as u64, len: len as u64, segments };
+                session.reregister_memory(lkey, Some(pd), access, Some(translation), &fds)
+            }
+            Backend::Daemon(session) => session.reregister_memory(lkey, Some(pd), access, None, &[]),
         }
     }
 
@@ -240,6 +288,47 @@ impl<E: EngineHolder> Backend<E> {
         match self {
             Backend::Engine(e) => e.nic().create_qp(init).map(QpBackend::Engine),
             Backend::Daemon(session) => session.create_qp(init).map(|qp| QpBackend::Daemon(Box::new(qp))),
+        }
+    }
+
+    pub fn create_srq(&self, pd: PdId, attr: SrqAttr) -> Result<SrqBackend> {
+        match self {
+            Backend::Engine(e) => e.nic().create_srq(pd, attr).map(SrqBackend::Engine),
+            Backend::Daemon(session) => session.create_srq(pd, attr).map(|q| SrqBackend::Daemon(Box::new(q))),
+        }
+    }
+
+    /// `ibv_post_srq_recv`, one request.
+    pub fn post_srq_recv(&self, srq: &SrqBackend, wr: RecvWorkRequest) -> Result<()> {
+        match (self, srq) {
+            (_, SrqBackend::Engine(q)) => q.post(wr),
+            (Backend::Daemon(session), SrqBackend::Daemon(q)) => session.post_srq_recv(q, &wr),
+            _ => Err(foreign_srq()),
+        }
+    }
+
+    /// Arms the SRQ's limit event.
+    pub fn set_srq_limit(&self, srq: &SrqBackend, limit: u32) -> Result<()> {
+        match (self, srq) {
+            (_, SrqBackend::Engine(q)) => q.set_limit(limit),
+            (Backend::Daemon(session), SrqBackend::Daemon(q)) => session.set_srq_limit(q, limit),
+            _ => Err(foreign_srq()),
+        }
+    }
+
+    pub fn query_srq(&self, srq: &SrqBackend) -> Result<SrqAttr> {
+        match (self, srq) {
+            (_, SrqBackend::Engine(q)) => Ok(q.query().0),
+            (Backend::Daemon(session), SrqBackend::Daemon(q)) => session.query_srq(q),
+            _ => Err(foreign_srq()),
+        }
+    }
+
+    pub fn destroy_srq(&self, srq: &SrqBackend) -> Result<()> {
+        match (self, srq) {
+            (Backend::Engine(e), SrqBackend::Engine(q)) => e.nic().destroy_srq(q.id()),
+            (Backend::Daemon(session), SrqBackend::Daemon(q)) => session.destroy_srq(q),
+            _ => Err(foreign_srq()),
         }
     }
 
@@ -309,16 +398,14 @@ impl<E: EngineHolder> Backend<E> {
     pub fn set_qp_congestion_control(&self, qpn: u32, algorithm: Option<Choice>) -> Result<()> {
         match self {
             Backend::Engine(e) => e.nic().set_qp_congestion_control(qpn, algorithm),
-            Backend::Daemon(_) => Err(VerbsError::NotSupported(
-                "a QP's own congestion control through softrnicd; give the daemon SOFTRNIC_CC for its devices".into(),
-            )),
+            Backend::Daemon(session) => session.set_qp_congestion_control(qpn, algorithm.map(|a| a.0.spec())),
         }
     }
 
     pub fn qp_congestion_rate(&self, qpn: u32) -> Option<u64> {
         match self {
             Backend::Engine(e) => e.nic().qp_congestion_rate(qpn),
-            Backend::Daemon(_) => None,
+            Backend::Daemon(session) => session.qp_congestion_rate(qpn).ok().flatten(),
         }
     }
 
@@ -359,4 +446,17 @@ impl<E: EngineHolder> Backend<E> {
             Backend::Daemon(_) => false,
         }
     }
+}
+
+/// Why a program's pages could not be shared with softrnicd.
+fn share_error(e: std::io::Error) -> VerbsError {
+    match e.kind() {
+        std::io::ErrorKind::Unsupported => VerbsError::NotSupported(e.to_string()),
+        _ => VerbsError::OutOfResources(format!("sharing the region's pages with softrnicd: {e}")),
+    }
+}
+
+/// An SRQ used with a context whose backend did not make it.
+fn foreign_srq() -> VerbsError {
+    VerbsError::invalid("the SRQ belongs to a context of another backend")
 }

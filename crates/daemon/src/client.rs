@@ -18,12 +18,12 @@ use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use softrnic_engine::NicCounters;
 use softrnic_ring::spsc::{Consumer, Producer};
 use softrnic_transport::{
-    Access, AsyncEvent, Completion, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType,
-    RecvWorkRequest, Result, SendWorkRequest, VerbsError, check_recv, check_send,
+    Access, AlgorithmSpec, AsyncEvent, Completion, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr,
+    QpState, QpType, RecvWorkRequest, Result, SendWorkRequest, SrqAttr, SrqId, VerbsError, check_recv, check_send,
 };
 
 use crate::doorbell::DoorbellPage;
-use crate::protocol::{self, Opened, PROTOCOL_VERSION, Request, Response};
+use crate::protocol::{self, Opened, PROTOCOL_VERSION, RemoteAlgorithm, Request, Response, Translation};
 use crate::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
 use crate::shared_memory::{Segment, SharedMapping};
 use crate::wqe::{self, CQE_LEN};
@@ -138,6 +138,33 @@ impl Session {
         self.call_done(Request::SetRateLimit { qpn, bits_per_second })
     }
 
+    /// Runs `algorithm` on QP `qpn` (`None`: none). A module travels as
+    /// its bytes, in a memfd: the daemon compiles it into its sandbox.
+    pub fn set_qp_congestion_control(&self, qpn: u32, algorithm: Option<AlgorithmSpec>) -> Result<()> {
+        let (algorithm, module) = match algorithm {
+            None => (None, None),
+            Some(AlgorithmSpec::Builtin { name, params }) => (Some(RemoteAlgorithm::Builtin { name, params }), None),
+            Some(AlgorithmSpec::Module { name, bytes, params }) => {
+                let memfd = SharedMapping::create("softrnic-cc-module", bytes.len()).map_err(lost)?;
+                memfd.bytes(0, bytes.len()).write(0, &bytes);
+                (Some(RemoteAlgorithm::Module { name, params, len: bytes.len() as u64 }), Some(memfd))
+            }
+        };
+        let fds: Vec<BorrowedFd<'_>> = module.iter().map(|m| m.fd()).collect();
+        match self.call(Request::SetCongestionControl { qpn, algorithm }, &fds)?.0 {
+            Response::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The rate QP `qpn`'s congestion control sets it, if it runs one.
+    pub fn qp_congestion_rate(&self, qpn: u32) -> Result<Option<u64>> {
+        match self.call(Request::CongestionRate { qpn }, &[])?.0 {
+            Response::Rate(rate) => Ok(rate),
+            other => Err(unexpected(other)),
+        }
+    }
+
     pub fn counters(&self) -> Result<NicCounters> {
         match self.call(Request::Counters, &[])?.0 {
             Response::Counters(counters) => Ok(*counters),
@@ -200,9 +227,27 @@ impl Session {
     ) -> Result<MrKeys> {
         let segments = parts.iter().map(|(_, s)| *s).collect();
         let fds: Vec<BorrowedFd<'_>> = parts.iter().map(|(fd, _)| *fd).collect();
-        let request = Request::RegisterMemory { pd, iova, lead: lead as u64, len: len as u64, access, segments };
+        let translation = Translation { iova, lead: lead as u64, len: len as u64, segments };
+        let request = Request::RegisterMemory { pd, access, translation };
         match self.call(request, &fds)?.0 {
             Response::Mr(keys) => Ok(keys),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// `ibv_rereg_mr`: the region `lkey` moves to `pd`, takes `access`,
+    /// or covers `translation`, whose segments are those of `fds`; what is
+    /// `None` stays.
+    pub fn reregister_memory(
+        &self,
+        lkey: u32,
+        pd: Option<PdId>,
+        access: Option<Access>,
+        translation: Option<Translation>,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<()> {
+        match self.call(Request::ReregisterMemory { lkey, pd, access, translation }, fds)?.0 {
+            Response::Done => Ok(()),
             other => Err(unexpected(other)),
         }
     }
@@ -275,6 +320,7 @@ impl Session {
                     qpn: layout.qpn,
                     qp_type: init.qp_type,
                     caps: layout.caps,
+                    srq: init.srq.is_some(),
                     state: AtomicU8::new(QpState::Reset as u8),
                     send: Mutex::new((send, Producer::default())),
                     recv: Mutex::new((recv, Producer::default())),
@@ -313,27 +359,69 @@ impl Session {
             let wqe = entry(size, |slot| wqe::emit_send(wr, slot).max(wqe::SEND_HEADER));
             return self.call_done(Request::PostSend { qpn: qp.qpn, wqe });
         }
-        self.publish(&qp.send, "send", qp.qpn, &entry(size, |slot| wqe::emit_send(wr, slot)))
+        self.publish(&qp.send, "the send queue of QP", qp.qpn, &entry(size, |slot| wqe::emit_send(wr, slot)))
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&self, qp: &Qp, wr: &RecvWorkRequest) -> Result<()> {
-        check_recv(qp.qpn, &qp.caps, false, qp.state(), wr)?;
+        check_recv(qp.qpn, &qp.caps, qp.srq, qp.state(), wr)?;
         let wqe = entry(wqe::recv_slot_size(qp.caps.max_recv_sge), |slot| wqe::emit_recv(wr, slot));
         if self.forward {
             return self.call_done(Request::PostRecv { qpn: qp.qpn, wqe });
         }
-        self.publish(&qp.recv, "receive", qp.qpn, &wqe)
+        self.publish(&qp.recv, "the receive queue of QP", qp.qpn, &wqe)
+    }
+
+    /// `ibv_create_srq`: its receives go into a ring the daemon moves into
+    /// the engine's SRQ.
+    pub fn create_srq(&self, pd: PdId, attr: SrqAttr) -> Result<Srq> {
+        match self.call(Request::CreateSrq { pd, attr }, &[])? {
+            (Response::Srq(layout), fds) => {
+                let fd = fds.into_iter().next().ok_or_else(|| VerbsError::Device("SRQ without ring".into()))?;
+                let ring = SharedQueue::attach(fd, layout.slots, layout.slot_size).map_err(lost)?;
+                Ok(Srq { id: layout.srq, max_sge: layout.max_sge, ring: Mutex::new((ring, Producer::default())) })
+            }
+            (other, _) => Err(unexpected(other)),
+        }
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_srq_recv(&self, srq: &Srq, wr: &RecvWorkRequest) -> Result<()> {
+        if wr.sges.len() > srq.max_sge as usize {
+            return Err(VerbsError::invalid(format!(
+                "{} SGEs exceed the SRQ's max_sge {}",
+                wr.sges.len(),
+                srq.max_sge
+            )));
+        }
+        let wqe = entry(wqe::recv_slot_size(srq.max_sge), |slot| wqe::emit_recv(wr, slot));
+        self.publish(&srq.ring, "SRQ", srq.id.0, &wqe)
+    }
+
+    /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`.
+    pub fn set_srq_limit(&self, srq: &Srq, limit: u32) -> Result<()> {
+        self.call_done(Request::SetSrqLimit { srq: srq.id, limit })
+    }
+
+    pub fn query_srq(&self, srq: &Srq) -> Result<SrqAttr> {
+        match self.call(Request::QuerySrq { srq: srq.id }, &[])?.0 {
+            Response::SrqAttr(attr) => Ok(attr),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn destroy_srq(&self, srq: &Srq) -> Result<()> {
+        self.call_done(Request::DestroySrq { srq: srq.id })
     }
 
     /// Writes `entry` into the next slot of a QP's ring and rings the
     /// doorbell if the daemon sleeps.
-    fn publish(&self, queue: &Mutex<(SharedQueue, Producer)>, which: &str, qpn: u32, entry: &[u8]) -> Result<()> {
+    fn publish(&self, queue: &Mutex<(SharedQueue, Producer)>, which: &str, owner: u32, entry: &[u8]) -> Result<()> {
         let mut guard = queue.lock().unwrap_or_else(|e| e.into_inner());
         let (ring, producer) = &mut *guard;
         let slot = producer.slot(ring).map_err(|e| VerbsError::Device(e.to_string()))?;
         let slot = slot.ok_or_else(|| {
-            VerbsError::OutOfResources(format!("{which} queue of QP {qpn:#x} is full ({} requests)", ring.slot_count()))
+            VerbsError::OutOfResources(format!("{which} {owner:#x} is full ({} requests)", ring.slot_count()))
         })?;
         ring.write_slot(slot, entry);
         producer.publish(ring);
@@ -361,6 +449,8 @@ pub struct Qp {
     pub qpn: u32,
     pub qp_type: QpType,
     pub caps: QpCaps,
+    /// It takes its receives from an SRQ.
+    srq: bool,
     /// The state as of this program's last `modify_qp` (the engine may
     /// have moved it to error since: posting then flushes, as it should).
     state: AtomicU8,
@@ -372,6 +462,13 @@ impl Qp {
     pub fn state(&self) -> QpState {
         QpState::from_u8(self.state.load(Ordering::Acquire))
     }
+}
+
+/// An SRQ whose receives go through shared memory.
+pub struct Srq {
+    pub id: SrqId,
+    max_sge: u32,
+    ring: Mutex<(SharedQueue, Producer)>,
 }
 
 /// A CQ whose completions arrive in shared memory.

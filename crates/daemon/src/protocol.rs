@@ -22,10 +22,12 @@ use serde::{Deserialize, Serialize};
 use softrnic_engine::NicCounters;
 
 pub use crate::shared_memory::Segment;
-use softrnic_transport::{Access, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, VerbsError};
+use softrnic_transport::{
+    Access, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, SrqAttr, SrqId, VerbsError,
+};
 
 /// Bumped whenever a message or a shared layout changes.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The largest message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 4096;
@@ -54,17 +56,12 @@ pub enum Request {
         pd: PdId,
     },
     /// Registers a region over the memfds that come with the request, one
-    /// per segment: the segments, mapped one after the other, hold the
-    /// region's `len` bytes from `lead` on, addressed as `iova`. Every
-    /// memfd must be sealed against shrinking: the engine maps them and
-    /// must never fault on them.
+    /// per segment of its translation. Every memfd must be sealed against
+    /// shrinking: the engine maps them and must never fault on them.
     RegisterMemory {
         pd: PdId,
-        iova: u64,
-        lead: u64,
-        len: u64,
         access: Access,
-        segments: Vec<Segment>,
+        translation: Translation,
     },
     DeregisterMemory {
         lkey: u32,
@@ -133,6 +130,64 @@ pub enum Request {
         cq: CqId,
         max: u32,
     },
+    /// The answer carries the SRQ's ring of receive WQEs, which the
+    /// command processor moves into the engine's SRQ.
+    CreateSrq {
+        pd: PdId,
+        attr: SrqAttr,
+    },
+    /// `ibv_modify_srq`'s limit: an SRQ-limit event when fewer remain.
+    SetSrqLimit {
+        srq: SrqId,
+        limit: u32,
+    },
+    QuerySrq {
+        srq: SrqId,
+    },
+    DestroySrq {
+        srq: SrqId,
+    },
+    /// Runs `algorithm` on the QP (`None`: none, at line rate under the
+    /// window). A module's bytes come in a memfd with the request.
+    SetCongestionControl {
+        qpn: u32,
+        algorithm: Option<RemoteAlgorithm>,
+    },
+    /// The rate the QP's congestion control sets it, if it runs one.
+    CongestionRate {
+        qpn: u32,
+    },
+    /// `ibv_rereg_mr`: what changes of the region `lkey`, which keeps its
+    /// keys; what is `None` stays. A new translation's memfds come with the
+    /// request, as [`Request::RegisterMemory`]'s do.
+    ReregisterMemory {
+        lkey: u32,
+        pd: Option<PdId>,
+        access: Option<Access>,
+        translation: Option<Translation>,
+    },
+}
+
+/// A program's congestion control, as the daemon makes it again: a
+/// built-in, or a WebAssembly module of `len` bytes (in the memfd that
+/// comes with the request), each with its `key=value,...` parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum RemoteAlgorithm {
+    Builtin { name: String, params: String },
+    Module { name: String, params: String, len: u64 },
+}
+
+/// The largest module a program may hand the daemon to compile.
+pub const MAX_MODULE: u64 = 16 << 20;
+
+/// Where a region's bytes are: its segments, mapped one after the other,
+/// hold `len` bytes from `lead` on, addressed as `iova`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Translation {
+    pub iova: u64,
+    pub lead: u64,
+    pub len: u64,
+    pub segments: Vec<Segment>,
 }
 
 /// The daemon's answer to one [`Request`].
@@ -145,6 +200,10 @@ pub enum Response {
     Channel(u32),
     Cq(CqLayout),
     Qp(QpLayout),
+    Srq(SrqLayout),
+    SrqAttr(SrqAttr),
+    /// Bits per second, if an algorithm sets the QP's rate.
+    Rate(Option<u64>),
     State(QpState),
     Query {
         state: QpState,
@@ -154,6 +213,15 @@ pub enum Response {
     /// CQEs in the layout of [`crate::wqe`], one after the other.
     Completions(Vec<u8>),
     Error(RemoteError),
+}
+
+/// A new SRQ: its handle and its ring of receive WQEs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SrqLayout {
+    pub srq: SrqId,
+    pub max_sge: u32,
+    pub slots: u32,
+    pub slot_size: u32,
 }
 
 /// What a program learns when it opens a device.
@@ -341,17 +409,14 @@ mod tests {
         let mut file = std::fs::File::from(rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::CLOEXEC).unwrap());
         file.write_all(b"registered").unwrap();
         let segments = vec![Segment { offset: 0, len: 10 }];
-        let request = Request::RegisterMemory {
-            pd: PdId(3),
-            iova: 0x1000,
-            lead: 0,
-            len: 10,
-            access: Access::REMOTE_WRITE,
-            segments,
-        };
+        let translation = Translation { iova: 0x1000, lead: 0, len: 10, segments };
+        let request = Request::RegisterMemory { pd: PdId(3), access: Access::REMOTE_WRITE, translation };
         send(a.as_fd(), &request, &[file.as_fd()]).unwrap();
         let (got, fds): (Request, _) = receive(b.as_fd()).unwrap().unwrap();
-        assert!(matches!(got, Request::RegisterMemory { pd: PdId(3), iova: 0x1000, len: 10, .. }));
+        assert!(matches!(
+            got,
+            Request::RegisterMemory { pd: PdId(3), translation: Translation { iova: 0x1000, len: 10, .. }, .. }
+        ));
         let mut same = std::fs::File::from(fds.into_iter().next().unwrap());
         same.rewind().unwrap();
         let mut text = String::new();

@@ -63,7 +63,7 @@ pub fn recv_slot_size(max_sge: u32) -> u32 {
 pub enum WqeError {
     #[error("unknown opcode {0}")]
     Opcode(u8),
-    #[error("{count} scatter/gather entries, the QP allows {max}")]
+    #[error("{count} scatter/gather entries, the queue allows {max}")]
     TooManySges { count: usize, max: usize },
     #[error("{len} inline bytes, the QP allows {max}")]
     InlineTooLong { len: usize, max: usize },

@@ -9,8 +9,8 @@ use common::{REGION, Tenant, address, daemon, daemon_with, every_operation, pair
 use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_transport::{
-    Access, AsyncEvent, Completion, Payload, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest, RemoteAddr, SendOp,
-    SendWorkRequest, Sge, WcStatus, smallvec,
+    Access, AlgorithmSpec, AsyncEvent, Completion, Payload, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest,
+    RemoteAddr, SendOp, SendWorkRequest, Sge, WcStatus, smallvec,
 };
 
 #[test]
@@ -308,4 +308,57 @@ fn a_resized_cq_keeps_the_completions_not_polled_yet() {
     assert_eq!(a.session.resize_cq(&a.cq, 8).unwrap(), 8);
     write(6);
     assert_eq!(a.wait(1)[0].wr_id, 6);
+}
+
+/// A WebAssembly congestion-control module that sets its QP's rate to
+/// `rate` at every event (and no window): the text format, compiled.
+fn module_answering(rate: u64) -> Vec<u8> {
+    use softrnic_cc::guest::Io;
+    let control = 1024 + std::mem::offset_of!(Io, control);
+    let window = control + 8;
+    wat::parse_str(format!(
+        r#"(module
+            (memory (export "memory") 1)
+            (func (export "softrnic_cc_abi") (result i32) i32.const 1)
+            (func (export "softrnic_cc_io") (result i32) i32.const 1024)
+            (func (export "softrnic_cc_init") (result i32) i32.const 0)
+            (func (export "softrnic_cc_on_event")
+                i32.const {control} i64.const {rate} i64.store
+                i32.const {window} i64.const -1 i64.store))"#
+    ))
+    .unwrap()
+}
+
+/// A QP's own congestion control runs in the daemon: a built-in by name,
+/// a module by its bytes, compiled in the daemon's sandbox, whose answer
+/// paces the QP once traffic gives it events; the rate reads back. A
+/// module that is not one, or another tenant's QP, is refused.
+#[test]
+fn a_qps_own_congestion_control_runs_in_the_daemon() {
+    let daemon = daemon("qp-cc");
+    let (a, b) = pair(daemon.socket());
+    let qpn = a.qp.qpn;
+    assert_eq!(a.session.qp_congestion_rate(qpn).unwrap(), None, "no algorithm yet");
+    let dcqcn = AlgorithmSpec::Builtin { name: "dcqcn".into(), params: String::new() };
+    a.session.set_qp_congestion_control(qpn, Some(dcqcn)).unwrap();
+    assert!(a.session.qp_congestion_rate(qpn).unwrap().is_some_and(|rate| rate > 0), "DCQCN starts at line rate");
+    let module =
+        |bytes: Vec<u8>| AlgorithmSpec::Module { name: "pace.wasm".into(), bytes: bytes.into(), params: String::new() };
+    a.session.set_qp_congestion_control(qpn, Some(module(module_answering(3_000_000_000)))).unwrap();
+    let remote = RemoteAddr { addr: b.iova(0), rkey: b.keys.rkey };
+    let mut write = SendWorkRequest::new(1, SendOp::Write { remote, imm: None }, a.sge(0, 4096));
+    write.signaled = true;
+    a.session.post_send(&a.qp, &write).unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(a.session.qp_congestion_rate(qpn).unwrap(), Some(3_000_000_000), "the module's answer");
+    let e = a.session.set_qp_congestion_control(qpn, Some(module(b"\0asm garbage".to_vec()))).unwrap_err();
+    assert!(e.to_string().contains("not a WebAssembly module"), "{e}");
+    // Another tenant of the same device: its QP is not a's to pace.
+    let c = Tenant::open(daemon.socket(), a.session.addr());
+    assert_ne!(c.qp.qpn, qpn);
+    assert!(a.session.set_qp_congestion_control(c.qp.qpn, None).is_err(), "another tenant's QP");
+    assert!(a.session.qp_congestion_rate(c.qp.qpn).is_err(), "another tenant's QP");
+    a.session.set_qp_congestion_control(qpn, None).unwrap();
+    assert_eq!(a.session.qp_congestion_rate(qpn).unwrap(), None);
+    assert_eq!(daemon.processor_restarts(), 0);
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::{Tenant, address, daemon, daemon_designed, pair, pattern};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
 use softrnic_daemon::limits::DaemonConfig;
-use softrnic_daemon::protocol::{self, PROTOCOL_VERSION, Request, Response, Segment};
+use softrnic_daemon::protocol::{self, PROTOCOL_VERSION, Request, Response, Segment, Translation};
 use softrnic_daemon::queue::SharedQueue;
 use softrnic_daemon::server::Running;
 use softrnic_daemon::server::offload::{Designs, RxDesign, TxDesign};
@@ -24,7 +24,7 @@ use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_ring::spsc::{self, Producer};
 use softrnic_transport::{
     Access, Completion, CqId, PdId, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RcConnection, RecvWorkRequest,
-    RemoteAddr, SendOp, SendWorkRequest, WcStatus, smallvec,
+    RemoteAddr, SendOp, SendWorkRequest, SrqAttr, SrqId, WcStatus, smallvec,
 };
 
 fn raw_connect(socket: &Path) -> OwnedFd {
@@ -190,8 +190,9 @@ fn garbage_and_lies_on_the_socket_are_refused() {
         e.message
     };
     let one = |len| vec![Segment { offset: 0, len }];
+    let translation = |lead, len, segments| Translation { iova: 0, lead, len, segments };
     let register =
-        |len| Request::RegisterMemory { pd, iova: 0, lead: 0, len, access: Access::LOCAL_WRITE, segments: one(len) };
+        |len| Request::RegisterMemory { pd, access: Access::LOCAL_WRITE, translation: translation(0, len, one(len)) };
     assert!(refused(register(4096), &[]).contains("1 segments came with 0 memfds"));
     let unsealed = rustix::fs::memfd_create("x", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
     rustix::fs::ftruncate(&unsealed, 4096).unwrap();
@@ -200,7 +201,7 @@ fn garbage_and_lies_on_the_socket_are_refused() {
     assert!(refused(register(1 << 20), &[small.fd()]).contains("4096 bytes"));
     assert!(
         refused(
-            Request::RegisterMemory { pd, iova: 0, lead: u64::MAX, len: 2, access: Access::empty(), segments: one(8) },
+            Request::RegisterMemory { pd, access: Access::empty(), translation: translation(u64::MAX, 2, one(8)) },
             &[small.fd()]
         )
         .contains("overflow")
@@ -209,16 +210,25 @@ fn garbage_and_lies_on_the_socket_are_refused() {
         refused(
             Request::RegisterMemory {
                 pd: PdId(pd.0 + 1000),
-                iova: 0,
-                lead: 0,
-                len: 8,
                 access: Access::empty(),
-                segments: one(8)
+                translation: translation(0, 8, one(8))
             },
             &[small.fd()]
         )
         .contains("PD")
     );
+    // Re-registration: only one's own region, PD and honest segments; the
+    // region, refused all that, still re-registers.
+    let (Response::Mr(keys), _) = protocol::call(&fd, &register(4096), &[small.fd()]).unwrap() else { panic!() };
+    let rereg = |lkey, pd, translation| Request::ReregisterMemory { lkey, pd, access: None, translation };
+    assert!(refused(rereg(keys.lkey ^ 0x100, None, None), &[]).contains("MR"));
+    assert!(refused(rereg(keys.lkey, Some(PdId(pd.0 + 1000)), None), &[]).contains("PD"));
+    let moved = |len| Some(translation(0, len, one(len)));
+    assert!(refused(rereg(keys.lkey, None, moved(4096)), &[]).contains("1 segments came with 0 memfds"));
+    assert!(refused(rereg(keys.lkey, None, moved(1 << 20)), &[small.fd()]).contains("4096 bytes"));
+    let (done, _) = protocol::call(&fd, &rereg(keys.lkey, None, moved(2048)), &[small.fd()]).unwrap();
+    assert!(matches!(done, Response::Done), "{done:?}");
+    assert!(matches!(call(&fd, Request::DeregisterMemory { lkey: keys.lkey }).0, Response::Done));
     assert!(refused(Request::CreateCq { capacity: u32::MAX, channel: None }, &[]).contains("completions"));
     assert!(refused(Request::CreateCq { capacity: 4, channel: Some(77) }, &[]).contains("channel"));
     assert!(refused(Request::DestroyCq { cq: CqId(12345) }, &[]).contains("CQ"));
@@ -237,6 +247,24 @@ fn garbage_and_lies_on_the_socket_are_refused() {
     init.send_cq = CqId(cq.cq.0 + 1000);
     assert!(refused(Request::CreateQp { init }, &[]).contains("CQ"));
     assert!(refused(Request::ModifyQp { qpn: 1, attr: QpAttr::default() }, &[]).contains("QP"));
+    // SRQs: only one's own PD and SRQs, sizes the device has; a ring
+    // entry that is not a receive stops only that SRQ.
+    let attr = SrqAttr { max_wr: 8, max_sge: 1, limit: 0 };
+    assert!(refused(Request::CreateSrq { pd: PdId(pd.0 + 1000), attr }, &[]).contains("PD"));
+    assert!(refused(Request::CreateSrq { pd, attr: SrqAttr { max_wr: 0, ..attr } }, &[]).contains("SRQ holds"));
+    assert!(refused(Request::QuerySrq { srq: SrqId(77) }, &[]).contains("SRQ"));
+    init.send_cq = cq.cq;
+    init.srq = Some(SrqId(77));
+    assert!(refused(Request::CreateQp { init }, &[]).contains("SRQ"));
+    let (Response::Srq(layout), fds) = call(&fd, Request::CreateSrq { pd, attr }) else { panic!() };
+    let ring = SharedQueue::attach(fds.into_iter().next().unwrap(), layout.slots, layout.slot_size).unwrap();
+    let mut producer = Producer::default();
+    let slot = producer.slot(&ring).unwrap().unwrap();
+    ring.write_slot(slot, &vec![0xa5; layout.slot_size as usize]);
+    producer.publish(&ring);
+    still_serves(socket);
+    let (attr_now, _) = call(&fd, Request::QuerySrq { srq: layout.srq });
+    assert!(matches!(attr_now, Response::SrqAttr(SrqAttr { max_wr: 8, .. })), "{attr_now:?}");
     drop(fd);
     still_serves(socket);
     assert_eq!(daemon.processor_restarts(), 0);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use softrnic_cc_wasm::WasmAlgorithm;
-use softrnic_transport::{Choice, CongestionConfig};
+use softrnic_transport::{AlgorithmSpec, Choice, CongestionConfig};
 
 /// The algorithm `name` with `params` (`key=value,...`): `None` for
 /// `none`, a module for a name that is a path (it has a `/` or ends in
@@ -26,6 +26,18 @@ pub fn choose(name: &str, params: &str) -> Result<Option<Choice>, String> {
         _ => Choice::builtin(name, params)?,
     };
     Ok(Some(choice))
+}
+
+/// The algorithm `spec` describes, made in this process (softrnicd makes
+/// a program's choice again): a built-in checked as [`choose`] checks one,
+/// a module compiled into the sandbox from its bytes.
+pub fn from_spec(spec: &AlgorithmSpec) -> Result<Choice, String> {
+    match spec {
+        AlgorithmSpec::Builtin { name, params } => Choice::builtin(name, params),
+        AlgorithmSpec::Module { name, bytes, params } => {
+            Ok(Choice(Arc::new(WasmAlgorithm::from_bytes(name, bytes, params)?)))
+        }
+    }
 }
 
 /// What the environment says of a device's congestion control:

@@ -9,6 +9,12 @@ use std::path::PathBuf;
 
 use crate::NicCounters;
 
+/// How often a running device writes its file (and once more when it
+/// closes). Each write creates and renames a file in one directory: a
+/// daemon with hundreds of devices made the directory's lock its hottest
+/// spot when they wrote every 250 ms.
+pub const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Where softrnic keeps a user's run-time files (device counters, the
 /// daemon's socket): `$XDG_RUNTIME_DIR/softrnic`, or `/tmp/softrnic`.
 pub fn runtime_dir() -> PathBuf {

@@ -764,11 +764,11 @@ impl Core {
     }
 
     /// Writes the counters where `softrnic devinfo` finds them, at most
-    /// every 250 ms unless `force`.
+    /// every [`crate::counters_file::EVERY`] unless `force`.
     pub(crate) fn publish_counters(&self, force: bool) {
         let now = self.now().as_nanos();
         let last = self.published_at.load(Ordering::Relaxed);
-        if !force && now.saturating_sub(last) < 250_000_000 {
+        if !force && now.saturating_sub(last) < crate::counters_file::EVERY.as_nanos() as u64 {
             return;
         }
         self.published_at.store(now, Ordering::Relaxed);

@@ -3,9 +3,8 @@
 //! bytes in place, as a real NIC's DMA would.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::Arc;
 
-use softrnic_transport::{Access, DmaBuffer, PdId};
+use softrnic_transport::{Access, PdId};
 
 use crate::abi::*;
 use crate::c_view::CView;
@@ -200,26 +199,22 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         let old = unsafe { &mut *mr };
         // SAFETY: the MR's context is live.
         let ctx = unsafe { Context::from_ibv(old.context) };
-        let Some(nic) = ctx.nic() else {
-            refuse(VERB, libc::EOPNOTSUPP, "re-registering a region through softrnicd; deregister and register it");
-            return IBV_REREG_MR_ERR_INPUT;
-        };
-        let Some(region) = nic.memory_region(old.lkey) else {
+        if !ctx.objects().mrs.contains(&old.lkey) {
             refuse(VERB, libc::EINVAL, "not a registered MR");
             return IBV_REREG_MR_ERR_INPUT;
-        };
+        }
         let pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 { pd } else { old.pd };
-        let (addr, length) =
-            if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { (addr, length) } else { (old.addr, old.length) };
+        let moved = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+        let (addr, length) = if moved { (addr, length) } else { (old.addr, old.length) };
         let access = match flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
             true => match access_of(VERB, access as c_uint) {
-                Ok(a) => a,
+                Ok(a) => Some(a),
                 Err(e) => {
                     refuse(VERB, e, "bad access flags");
                     return IBV_REREG_MR_ERR_INPUT;
                 }
             },
-            false => region.access,
+            false => None,
         };
         if pd.is_null() || (addr.is_null() && length > 0) {
             refuse(VERB, libc::EINVAL, "NULL PD or address");
@@ -227,14 +222,13 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         }
         // SAFETY: a live PD (caller, or the MR's own).
         let pd_id = unsafe { Pd::from_ibv(pd) }.id;
+        let range = (addr as *mut u8, length, moved);
         // SAFETY: verbs' contract, as for `ibv_reg_mr`: the program keeps
         // the new range mapped until the MR is deregistered or registered
         // anew, and the device stops reaching the old one before this
         // returns.
-        let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr as *mut u8, length) });
-        let iova = if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 { addr as u64 } else { region.iova };
-        match nic.reregister_memory(old.lkey, pd_id, buffer, 0, length, iova, access) {
-            Ok(_) => {
+        match unsafe { ctx.backend.reregister_program_memory(old.lkey, pd_id, range, access) } {
+            Ok(()) => {
                 (old.pd, old.addr, old.length) = (pd, addr, length);
                 0
             }

@@ -1,17 +1,53 @@
 //! The C API through softrnicd: a context opened with `SOFTRNIC_DAEMON`
-//! gets its asynchronous events on its `async_fd`, from the daemon, as a
-//! context with the engine inside gets them from the engine, and resizes
-//! its CQs.
+//! re-registers its regions, gets its asynchronous events on its
+//! `async_fd`, from the daemon, as a context with the engine inside gets
+//! them from the engine, resizes its CQs, and shares receive queues.
 
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use softrnic_daemon::server::{Daemon, DaemonOptions};
+use softrnic_daemon::server::{Daemon, DaemonOptions, Running};
 use softrnic_ibverbs::abi::*;
-use softrnic_ibverbs::{context, cq, device, memory, qp};
+use softrnic_ibverbs::{context, cq, device, memory, qp, srq};
 
 const ADDR: &str = "127.0.5.41";
+/// `ibv_wc_opcode`'s receive (verbs.h).
+const IBV_WC_RECV: c_int = 1 << 7;
+
+/// The daemon every test's contexts reach, started (and the environment
+/// pointed at it) by the first test that asks.
+fn daemon() -> &'static Running {
+    static DAEMON: OnceLock<Running> = OnceLock::new();
+    DAEMON.get_or_init(|| {
+        let socket = std::env::temp_dir().join(format!("softrnicd-ibverbs-{}.sock", std::process::id()));
+        let options =
+            DaemonOptions { socket, engine_threads: 1, config: Default::default(), designs: Default::default() };
+        let daemon = Daemon::bind(options).unwrap().start().unwrap();
+        // SAFETY: before any context is opened (every test opens its own
+        // after this), and nothing else of this binary reads it meanwhile.
+        unsafe {
+            std::env::set_var("SOFTRNIC_ADDR", ADDR);
+            std::env::set_var("SOFTRNIC_DAEMON", daemon.socket());
+        }
+        daemon
+    })
+}
+
+/// A context on the daemon's device.
+fn open() -> *mut ibv_context {
+    daemon();
+    // SAFETY: the verbs' own sequence.
+    unsafe {
+        let mut n = 0;
+        let list = device::ibv_get_device_list(&mut n);
+        let ctx = context::ibv_open_device(*list);
+        assert!(!ctx.is_null());
+        device::ibv_free_device_list(list);
+        ctx
+    }
+}
 
 /// RESET -> INIT -> RTR -> RTS towards QP `remote_qpn` on this device.
 fn connect(q: *mut ibv_qp, remote_qpn: u32) {
@@ -51,24 +87,11 @@ fn connect(q: *mut ibv_qp, remote_qpn: u32) {
 }
 
 #[test]
-fn through_the_daemon_a_bad_rkey_raises_the_responders_async_event_and_a_cq_resizes() {
-    let socket = std::env::temp_dir().join(format!("softrnicd-ibverbs-{}.sock", std::process::id()));
-    let options = DaemonOptions { socket, engine_threads: 1, config: Default::default(), designs: Default::default() };
-    let daemon = Daemon::bind(options).unwrap().start().unwrap();
-    // SAFETY: the only test of this binary, before anything reads the
-    // environment.
-    unsafe {
-        std::env::set_var("SOFTRNIC_ADDR", ADDR);
-        std::env::set_var("SOFTRNIC_DAEMON", daemon.socket());
-    }
+fn through_the_daemon_a_region_reregisters_a_refused_write_raises_an_async_event_and_a_cq_resizes() {
+    let ctx = open();
+    assert!(daemon().tenants() >= 1, "the context is the daemon's tenant");
     // SAFETY: the verbs' own sequence, every object live while used.
     unsafe {
-        let mut n = 0;
-        let list = device::ibv_get_device_list(&mut n);
-        let ctx = context::ibv_open_device(*list);
-        assert!(!ctx.is_null());
-        device::ibv_free_device_list(list);
-        assert_eq!(daemon.tenants(), 1, "the context is the daemon's tenant");
         let pd = memory::ibv_alloc_pd(ctx);
         let cq = cq::ibv_create_cq(ctx, 16, null_mut(), null_mut(), 0);
         let mut init = ibv_qp_init_attr {
@@ -83,13 +106,34 @@ fn through_the_daemon_a_bad_rkey_raises_the_responders_async_event_and_a_cq_resi
         let (a, b) = (qp::ibv_create_qp(pd, &mut init), qp::ibv_create_qp(pd, &mut init));
         connect(a, (*b).qp_num);
         connect(b, (*a).qp_num);
-        let mut bytes = vec![0u8; 64];
-        let mr = memory::ibv_reg_mr(pd, bytes.as_mut_ptr() as *mut c_void, 64, IBV_ACCESS_LOCAL_WRITE as c_int);
-        let mut sge = ibv_sge { addr: bytes.as_ptr() as u64, length: 8, lkey: (*mr).lkey };
+        let mut bytes = b"moved\0\0\0".to_vec();
+        let mr = memory::ibv_reg_mr(pd, bytes.as_mut_ptr() as *mut c_void, 8, IBV_ACCESS_LOCAL_WRITE as c_int);
+        let mut wc: ibv_wc = std::mem::zeroed();
+        let mut sge = ibv_sge { addr: bytes.as_ptr() as u64, length: 5, lkey: (*mr).lkey };
         let mut wr: ibv_send_wr = std::mem::zeroed();
-        (wr.wr_id, wr.sg_list, wr.num_sge, wr.opcode) = (9, &mut sge, 1, IBV_WR_RDMA_WRITE);
-        wr.wr.rdma = ibv_send_wr_rdma { remote_addr: 0x1000, rkey: 0xdead_0000 };
+        (wr.wr_id, wr.sg_list, wr.num_sge, wr.opcode) = (8, &mut sge, 1, IBV_WR_RDMA_WRITE);
         let mut bad = null_mut();
+        // A target region moved (ibv_rereg_mr) keeps its keys: a WRITE
+        // under its rkey lands in the new memory, not the old.
+        let (mut old_home, mut new_home) = (vec![0u8; 64], vec![0u8; 64]);
+        let access = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+        let target = memory::ibv_reg_mr(pd, old_home.as_mut_ptr() as *mut c_void, 64, access);
+        let (lkey, rkey) = ((*target).lkey, (*target).rkey);
+        let moved = new_home.as_mut_ptr() as *mut c_void;
+        assert_eq!(memory::ibv_rereg_mr(target, IBV_REREG_MR_CHANGE_TRANSLATION, null_mut(), moved, 64, 0), 0);
+        assert_eq!(((*target).lkey, (*target).rkey, (*target).addr), (lkey, rkey, moved));
+        wr.wr.rdma = ibv_send_wr_rdma { remote_addr: moved as u64 + 8, rkey };
+        assert_eq!(((*ctx).ops.post_send.unwrap())(a, &mut wr, &mut bad), 0);
+        while ((*ctx).ops.poll_cq.unwrap())(cq, 1, &mut wc) == 0 {}
+        assert_eq!((wc.wr_id, wc.status), (8, 0));
+        let landed: Vec<u8> = (8..13).map(|i| std::ptr::read_volatile(new_home.as_ptr().add(i))).collect();
+        assert_eq!(landed, b"moved");
+        assert_eq!(old_home, [0; 64], "the old memory is no longer the region's");
+        // Its access taken back (remote writes no more): the same WRITE is
+        // refused.
+        let local = IBV_ACCESS_LOCAL_WRITE as c_int;
+        assert_eq!(memory::ibv_rereg_mr(target, IBV_REREG_MR_CHANGE_ACCESS, null_mut(), null_mut(), 0, local), 0);
+        wr.wr_id = 9;
         assert_eq!(((*ctx).ops.post_send.unwrap())(a, &mut wr, &mut bad), 0);
         // The async_fd becomes readable, and names b, whose responder
         // refused the WRITE.
@@ -99,7 +143,6 @@ fn through_the_daemon_a_bad_rkey_raises_the_responders_async_event_and_a_cq_resi
         assert_eq!(context::ibv_get_async_event(ctx, &mut event), 0);
         assert_eq!((event.element, event.event_type), (b as *mut c_void, IBV_EVENT_QP_ACCESS_ERR));
         context::ibv_ack_async_event(&mut event);
-        let mut wc: ibv_wc = std::mem::zeroed();
         while ((*ctx).ops.poll_cq.unwrap())(cq, 1, &mut wc) == 0 {}
         assert_eq!((wc.wr_id, wc.status), (9, 10), "IBV_WC_REM_ACCESS_ERR at the requester");
         assert_eq!(cq::ibv_resize_cq(cq, 100), 0);
@@ -107,6 +150,114 @@ fn through_the_daemon_a_bad_rkey_raises_the_responders_async_event_and_a_cq_resi
         for q in [a, b] {
             assert_eq!(qp::ibv_destroy_qp(q), 0, "its event acknowledged, b can go");
         }
+        assert_eq!(memory::ibv_dereg_mr(mr), 0);
+        assert_eq!(memory::ibv_dereg_mr(target), 0);
+        assert_eq!(cq::ibv_destroy_cq(cq), 0);
+        assert_eq!(memory::ibv_dealloc_pd(pd), 0);
+        assert_eq!(context::ibv_close_device(ctx), 0);
+    }
+}
+
+/// Receives from many QPs, through one ring the daemon fills the engine's
+/// SRQ from: each QP's message lands in the next receive posted, a QP on
+/// the SRQ refuses receives of its own, and taking the SRQ below its limit
+/// raises the event on the owner's `async_fd`.
+#[test]
+fn through_the_daemon_two_qps_share_a_receive_queue_and_its_limit_event_comes() {
+    let ctx = open();
+    // SAFETY: the verbs' own sequence, every object live while used.
+    unsafe {
+        let pd = memory::ibv_alloc_pd(ctx);
+        let cq = cq::ibv_create_cq(ctx, 32, null_mut(), null_mut(), 0);
+        let mut srq_init =
+            ibv_srq_init_attr { srq_context: null_mut(), attr: ibv_srq_attr { max_wr: 16, max_sge: 1, srq_limit: 0 } };
+        let shared = srq::ibv_create_srq(pd, &mut srq_init);
+        assert!(!shared.is_null(), "ibv_create_srq through the daemon");
+        let mut inboxes = vec![0u8; 4 * 16];
+        let mr = memory::ibv_reg_mr(pd, inboxes.as_mut_ptr() as *mut c_void, 64, IBV_ACCESS_LOCAL_WRITE as c_int);
+        for i in 0..4 {
+            let mut sge = ibv_sge { addr: inboxes.as_ptr() as u64 + 16 * i, length: 16, lkey: (*mr).lkey };
+            let mut wr = ibv_recv_wr { wr_id: 100 + i, next: null_mut(), sg_list: &mut sge, num_sge: 1 };
+            let mut bad = null_mut();
+            assert_eq!(((*ctx).ops.post_srq_recv.unwrap())(shared, &mut wr, &mut bad), 0);
+        }
+        let caps = ibv_qp_cap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };
+        let mut init = ibv_qp_init_attr {
+            qp_context: null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: null_mut(),
+            cap: caps,
+            qp_type: IBV_QPT_RC,
+            sq_sig_all: 1,
+        };
+        let senders = [qp::ibv_create_qp(pd, &mut init), qp::ibv_create_qp(pd, &mut init)];
+        init.srq = shared;
+        let receivers = [qp::ibv_create_qp(pd, &mut init), qp::ibv_create_qp(pd, &mut init)];
+        for (s, r) in senders.iter().zip(&receivers) {
+            assert!(!s.is_null() && !r.is_null());
+            connect(*s, (**r).qp_num);
+            connect(*r, (**s).qp_num);
+        }
+        // A QP on an SRQ takes no receives of its own.
+        let mut sge = ibv_sge { addr: inboxes.as_ptr() as u64, length: 16, lkey: (*mr).lkey };
+        let mut own = ibv_recv_wr { wr_id: 1, next: null_mut(), sg_list: &mut sge, num_sge: 1 };
+        let mut bad = null_mut();
+        assert_ne!(((*ctx).ops.post_recv.unwrap())(receivers[0], &mut own, &mut bad), 0);
+        let send = |from: *mut ibv_qp, wr_id: u64, text: &[u8]| {
+            let mut inline = ibv_sge { addr: text.as_ptr() as u64, length: text.len() as u32, lkey: 0 };
+            let mut wr: ibv_send_wr = std::mem::zeroed();
+            (wr.wr_id, wr.sg_list, wr.num_sge, wr.opcode, wr.send_flags) =
+                (wr_id, &mut inline, 1, IBV_WR_SEND, IBV_SEND_INLINE);
+            let mut bad = null_mut();
+            assert_eq!(((*ctx).ops.post_send.unwrap())(from, &mut wr, &mut bad), 0);
+        };
+        // Takes `count` completions; returns the receives among them.
+        let take = |count: usize| {
+            let (mut got, mut receives) = (0, Vec::new());
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while got < count {
+                assert!(std::time::Instant::now() < deadline, "completions missing after 10 s");
+                let mut wc: ibv_wc = std::mem::zeroed();
+                if ((*ctx).ops.poll_cq.unwrap())(cq, 1, &mut wc) == 1 {
+                    assert_eq!(wc.status, 0, "wr {} failed", wc.wr_id);
+                    if wc.opcode == IBV_WC_RECV {
+                        receives.push((wc.wr_id, wc.qp_num, wc.byte_len));
+                    }
+                    got += 1;
+                }
+            }
+            receives
+        };
+        // One message from each sender, one after the other: each takes the
+        // SRQ's next receive, whichever QP it came to.
+        send(senders[0], 1, b"first");
+        let mut received = take(2);
+        send(senders[1], 2, b"second!");
+        received.extend(take(2));
+        let rq = |i: usize| (*receivers[i]).qp_num;
+        assert_eq!(received, [(100, rq(0), 5), (101, rq(1), 7)]);
+        assert_eq!(&inboxes[..5], b"first");
+        assert_eq!(&inboxes[16..23], b"second!");
+        // Armed at 2 with 2 left: the next message leaves 1, and the
+        // owner hears of it.
+        let mut limit = ibv_srq_attr { max_wr: 0, max_sge: 0, srq_limit: 2 };
+        assert_eq!(srq::ibv_modify_srq(shared, &mut limit, IBV_SRQ_LIMIT), 0);
+        send(senders[0], 3, b"third");
+        assert_eq!(take(2), [(102, (*receivers[0]).qp_num, 5)]);
+        let mut pfd = libc::pollfd { fd: (*ctx).async_fd, events: libc::POLLIN, revents: 0 };
+        assert_eq!(libc::poll(&mut pfd, 1, 10_000), 1, "no SRQ limit event in 10 s");
+        let mut event: ibv_async_event = std::mem::zeroed();
+        assert_eq!(context::ibv_get_async_event(ctx, &mut event), 0);
+        assert_eq!((event.element, event.event_type), (shared as *mut c_void, IBV_EVENT_SRQ_LIMIT_REACHED));
+        context::ibv_ack_async_event(&mut event);
+        let mut now = ibv_srq_attr { max_wr: 0, max_sge: 0, srq_limit: 9 };
+        assert_eq!(srq::ibv_query_srq(shared, &mut now), 0);
+        assert_eq!((now.max_wr, now.max_sge, now.srq_limit), (16, 1, 0), "the event disarmed the limit");
+        for q in senders.into_iter().chain(receivers) {
+            assert_eq!(qp::ibv_destroy_qp(q), 0);
+        }
+        assert_eq!(srq::ibv_destroy_srq(shared), 0);
         assert_eq!(memory::ibv_dereg_mr(mr), 0);
         assert_eq!(cq::ibv_destroy_cq(cq), 0);
         assert_eq!(memory::ibv_dealloc_pd(pd), 0);

@@ -19,11 +19,28 @@ pub trait Algorithm: Send + Sync + fmt::Debug {
     fn name(&self) -> &str;
     /// A new QP's state on `path`.
     fn build(&self, path: &Path) -> Box<dyn CongestionControl + Send>;
+    /// What it is made of, for another process to make it again
+    /// (softrnicd runs the algorithm a program chose for its QP).
+    fn spec(&self) -> AlgorithmSpec;
+}
+
+/// An algorithm as it travels between processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AlgorithmSpec {
+    /// A built-in by name, with its `key=value,...` parameters.
+    Builtin { name: String, params: String },
+    /// A WebAssembly module's bytes, the name it was given, its
+    /// parameters.
+    Module { name: String, bytes: Arc<[u8]>, params: String },
 }
 
 impl Algorithm for Builtin {
     fn name(&self) -> &str {
         Builtin::name(self)
+    }
+
+    fn spec(&self) -> AlgorithmSpec {
+        AlgorithmSpec::Builtin { name: Builtin::name(self).to_string(), params: self.params().to_string() }
     }
 
     fn build(&self, path: &Path) -> Box<dyn CongestionControl + Send> {

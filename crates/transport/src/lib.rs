@@ -27,7 +27,7 @@ pub mod work_request;
 
 pub use completion::{Completion, CompletionQueue, CqId, WcOpcode, WcStatus};
 pub use config::TransportConfig;
-pub use congestion::{Choice, CongestionConfig, IntMark, IntRecords, RecvMeta};
+pub use congestion::{AlgorithmSpec, Choice, CongestionConfig, IntMark, IntRecords, RecvMeta};
 pub use control::Control;
 pub use counters::Counters;
 pub use device::Device;

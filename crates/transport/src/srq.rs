@@ -17,6 +17,7 @@ pub struct SrqId(pub u32);
 
 /// Sizes and the limit of an SRQ (`ibv_srq_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SrqAttr {
     pub max_wr: u32,
     pub max_sge: u32,

@@ -484,8 +484,15 @@ const E12_HEADER: &str = "mode,instances,pairs,gbps_per_pair,gbps_aggregate,daem
 pub fn e12(args: &ExpArgs) -> Result<(), String> {
     let build = Build::here()?;
     let (csv, logs) = output(args, "e12")?;
-    let counts: &[usize] = if args.quick { &[2, 16] } else { &[2, 4, 8, 16, 32, 64, 128] };
-    let seconds = if args.quick { "2" } else { "5" };
+    let counts: Vec<usize> = match (&args.pairs[..], args.quick) {
+        ([], true) => vec![2, 16],
+        ([], false) => vec![2, 4, 8, 16, 32, 64, 128],
+        (pairs, _) => pairs.iter().map(|&n| n as usize).collect(),
+    };
+    // perftest measures between its margins: 5 s after its start to 5 s
+    // before its end, when every pair has started (128 take about 3 s)
+    // and none has finished.
+    let (seconds, margin) = if args.quick { ("2", "0") } else { ("15", "5") };
     let place = Instances::new(counts.iter().copied().max().unwrap_or(2))?;
     let mut rows = Vec::new();
     let mut per_pair: Vec<Series> = Vec::new();
@@ -494,7 +501,7 @@ pub fn e12(args: &ExpArgs) -> Result<(), String> {
         let daemon = Daemon::start(&build, &logs)?;
         let idle = daemon.rss();
         let (mut pair_points, mut total_points) = (Vec::new(), Vec::new());
-        for &n in counts {
+        for &n in &counts {
             eprintln!("e12: {n} pairs in {}, {} ...", place.name(), mode.name());
             let env = mode.env(&daemon.socket);
             // A retransmission timeout of 1 s (-u 18): hundreds of
@@ -502,7 +509,7 @@ pub fn e12(args: &ExpArgs) -> Result<(), String> {
             // than perftest's 67 ms times seven retries.
             let argv = |port: usize| -> Vec<String> {
                 let port = port.to_string();
-                ["ib_write_bw", "-s", "131072", "-D", seconds, "--report_gbits", "-u", "18", "-p", &port]
+                ["ib_write_bw", "-s", "131072", "-D", seconds, "-f", margin, "--report_gbits", "-u", "18", "-p", &port]
                     .map(str::to_string)
                     .to_vec()
             };

@@ -105,6 +105,10 @@ pub struct ExpArgs {
     /// 40 Gb/s), so that a window of simulated time runs in minutes.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub scale: u64,
+    /// e12: the numbers of pairs to run (default 2,4,8,16,32,64,128; 2,16
+    /// with --quick).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=512))]
+    pub pairs: Vec<u64>,
 }
 
 /// One point of a sweep: its configuration (a line in the figure), its
@@ -255,6 +259,10 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
              on this host and draw their figures as they measure (run it again without them)"
         ));
     }
+    let e12 = name.eq_ignore_ascii_case("e12") || name.eq_ignore_ascii_case("scalability");
+    if !e12 && !args.pairs.is_empty() {
+        return Err(format!("{name}: --pairs applies to e12 only (run it again without it)"));
+    }
     if name.eq_ignore_ascii_case("incast") {
         return incast::run(args);
     }
@@ -276,7 +284,7 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     if name.eq_ignore_ascii_case("e11") || name.eq_ignore_ascii_case("containers") {
         return daemon::e11(args);
     }
-    if name.eq_ignore_ascii_case("e12") || name.eq_ignore_ascii_case("scalability") {
+    if e12 {
         return daemon::e12(args);
     }
     if name.eq_ignore_ascii_case("fct") || name.eq_ignore_ascii_case("fattree") {

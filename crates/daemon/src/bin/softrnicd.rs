@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::server::offload::{Designs, RxDesign, TxDesign};
+use softrnic_daemon::server::priority::{self, Priority};
 use softrnic_daemon::server::{Daemon, DaemonOptions};
 use softrnic_daemon::socket_path;
 
@@ -42,6 +43,15 @@ struct Args {
     /// started on demand, SOFTRNIC_DAEMON=start, is given 60).
     #[arg(long, value_name = "SECONDS")]
     idle_exit: Option<u64>,
+    /// Its scheduling priority, a nice value from -20 (first) to 19, while
+    /// the programs connected outnumber the cores. The daemon does every
+    /// program's network work: where programs spinning on their CQs
+    /// outnumber the cores, an even share of the CPU starves them all.
+    /// Raising it takes root or CAP_SYS_NICE; without, it keeps the
+    /// priority it was started with, and says so.
+    #[arg(long, default_value_t = -20, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-20..=19))]
+    nice: i32,
 }
 
 fn main() -> ExitCode {
@@ -53,6 +63,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Before the daemon's threads start, so that it knows its own.
+    let mut priority = Priority::new(args.nice);
     let options = DaemonOptions {
         socket: args.socket.unwrap_or_else(socket_path::default_path),
         engine_threads: usize::from(args.cores),
@@ -78,7 +90,8 @@ fn main() -> ExitCode {
     eprintln!("softrnicd: listening on {} (--tx {}, --rx {})", running.socket().display(), args.tx, args.rx);
     let mut idle_since = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(priority::LOOK_EVERY);
+        priority.follow(running.tenants());
         if running.tenants() > 0 {
             idle_since = Instant::now();
         } else if args.idle_exit.is_some_and(|s| idle_since.elapsed() >= Duration::from_secs(s)) {

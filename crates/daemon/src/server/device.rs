@@ -20,7 +20,7 @@ use rustix::net::SendFlags;
 use rustix::thread::LinkNameSpaceType;
 use softrnic_engine::shm::this_netns;
 use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, OpenError, interface};
-use softrnic_transport::{AsyncEvent, CqId};
+use softrnic_transport::{AsyncEvent, CqId, SrqId};
 
 use super::copy_engine::CopyEngine;
 use super::offload::{Offload, TxDesign};
@@ -129,6 +129,7 @@ impl Devices {
 pub enum Element {
     Qp(u32),
     Cq(CqId),
+    Srq(SrqId),
 }
 
 /// Where a device's asynchronous events go: to the socket of the tenant
@@ -161,7 +162,7 @@ impl EventRoutes {
             | AsyncEvent::QpAccessError { qpn }
             | AsyncEvent::QpLastWqeReached { qpn } => Element::Qp(qpn),
             AsyncEvent::CqError { cq } => Element::Cq(cq),
-            AsyncEvent::SrqLimitReached { .. } => return, // no SRQ is served
+            AsyncEvent::SrqLimitReached { srq } => Element::Srq(srq),
         };
         let Some(socket) = self.owners.lock().unwrap_or_else(|e| e.into_inner()).get(&element).cloned() else {
             return;

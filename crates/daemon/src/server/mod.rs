@@ -5,6 +5,7 @@
 pub mod copy_engine;
 pub mod device;
 pub mod offload;
+pub mod priority;
 pub mod processor;
 pub mod tenant;
 

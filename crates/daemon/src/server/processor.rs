@@ -25,7 +25,7 @@ use softrnic_engine::eventfd::wait_readable;
 use softrnic_ring::spsc::{Consumer, Producer};
 use softrnic_transport::{
     Completion, CompletionQueue, CqId, Payload, PostQueues, QpAttr, QpCaps, QpState, RecvWorkRequest, SendOp,
-    SendWorkRequest, SgeList, VerbsError,
+    SendWorkRequest, SgeList, SharedReceiveQueue, VerbsError,
 };
 
 use super::device::Device;
@@ -37,6 +37,11 @@ use crate::wqe::{self, CQE_LEN};
 
 /// How long the processor polls without finding work before it sleeps.
 pub const IDLE_BEFORE_SLEEP: Duration = Duration::from_millis(1);
+/// And this many passes in a row: on a machine with more runnable threads
+/// than cores, one empty pass and a time slice lost to others span the
+/// millisecond, and a processor that slept then had to be woken by the
+/// next program's doorbell, a system call, while it still had work.
+const EMPTY_PASSES_BEFORE_SLEEP: u32 = 64;
 /// The longest it sleeps without looking (a last resort: every event that
 /// matters wakes it).
 const LONGEST_SLEEP: Duration = Duration::from_millis(100);
@@ -287,6 +292,57 @@ fn drain_ring(
     (moved, None)
 }
 
+/// An SRQ whose ring of receive WQEs the processor moves into the
+/// engine's SRQ.
+pub struct ServedSrq {
+    tenant: u64,
+    pub queue: Arc<SharedReceiveQueue>,
+    ring: SharedQueue,
+    max_sge: usize,
+    cursor: Mutex<Consumer>,
+    broken: AtomicBool,
+}
+
+impl ServedSrq {
+    pub fn new(tenant: u64, queue: Arc<SharedReceiveQueue>, ring: SharedQueue, max_sge: u32) -> ServedSrq {
+        ServedSrq {
+            tenant,
+            queue,
+            ring,
+            max_sge: max_sge as usize,
+            cursor: Mutex::new(Consumer::default()),
+            broken: AtomicBool::new(false),
+        }
+    }
+
+    /// Moves new receives into the engine's SRQ; a full SRQ leaves them in
+    /// the ring. A malformed entry or a scribbled index stops the SRQ
+    /// being served (it has no error state to move to): its QPs then find
+    /// no receives, as with an SRQ the program stopped filling.
+    fn drain(&self) -> bool {
+        if self.broken.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut cursor = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        let (moved, fault) = drain_ring(&self.ring, &mut cursor, false, |slot| {
+            let wr = wqe::parse_recv(slot, self.max_sge).map_err(|e| VerbsError::invalid(e.to_string()))?;
+            self.queue.post(wr)
+        });
+        if let Some(fault) = fault {
+            let why = match fault {
+                Fault::Entry { why, .. } | Fault::Ring(why) => why,
+            };
+            eprintln!(
+                "softrnicd: tenant {}: SRQ {}: {why}; the SRQ is no longer served",
+                self.tenant,
+                self.queue.id().0
+            );
+            self.broken.store(true, Ordering::Relaxed);
+        }
+        moved > 0
+    }
+}
+
 /// What a tenant got wrong in a QP's rings.
 enum Fault {
     /// One entry: refused, and flushed like the rest.
@@ -464,6 +520,7 @@ impl ServedCq {
 pub struct Served {
     pub qps: Vec<Arc<ServedQp>>,
     pub cqs: Vec<Arc<ServedCq>>,
+    pub srqs: Vec<Arc<ServedSrq>>,
     pub doorbells: Vec<Arc<DoorbellPage>>,
     /// The QPs with a receive stage, for their completions to find.
     staged: StagedReceivers,
@@ -541,6 +598,7 @@ fn serve(registry: &Registry) {
     let mut served = registry.snapshot();
     let mut scratch = Vec::with_capacity(CQ_BATCH);
     let mut idle_since = Instant::now();
+    let mut empty_passes = 0u32;
     while !registry.stop.load(Ordering::Acquire) {
         let now_generation = registry.generation.load(Ordering::Acquire);
         if now_generation != generation {
@@ -549,9 +607,11 @@ fn serve(registry: &Registry) {
         }
         if pass(&served, &mut scratch) {
             idle_since = Instant::now();
+            empty_passes = 0;
             continue;
         }
-        if idle_since.elapsed() < IDLE_BEFORE_SLEEP {
+        empty_passes += 1;
+        if idle_since.elapsed() < IDLE_BEFORE_SLEEP || empty_passes < EMPTY_PASSES_BEFORE_SLEEP {
             // The programs it serves spin too: on a machine with fewer
             // cores than spinners, a pass that found nothing hands the core
             // to one of them rather than burn its time slice.
@@ -560,12 +620,16 @@ fn serve(registry: &Registry) {
         }
         sleep(registry, &served, &mut scratch);
         idle_since = Instant::now();
+        empty_passes = 0;
     }
 }
 
 /// One look at every queue. Returns whether anything moved.
 fn pass(served: &Served, scratch: &mut Vec<Completion>) -> bool {
     let mut worked = false;
+    for srq in &served.srqs {
+        worked |= srq.drain();
+    }
     for qp in &served.qps {
         worked |= qp.drain();
     }

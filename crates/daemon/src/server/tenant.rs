@@ -21,15 +21,18 @@ use std::sync::Arc;
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use softrnic_engine::ProgressMode;
 use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
-use softrnic_transport::{CqId, PdId, QpAttr, QpInitAttr, QpState};
+use softrnic_transport::{AlgorithmSpec, Choice, CqId, DmaBuffer, PdId, QpAttr, QpInitAttr, QpState, SrqAttr, SrqId};
 
 use super::device::{Device, Devices, Element, NetNs};
-use super::processor::{Registry, ServedCq, ServedQp};
+use super::processor::{Registry, ServedCq, ServedQp, ServedSrq};
 use crate::doorbell::DoorbellPage;
 use crate::limits::{Accounts, Resource, Usage};
-use crate::protocol::{self, CqLayout, Opened, PROTOCOL_VERSION, QpLayout, RemoteError, Request, Response};
+use crate::protocol::{
+    self, CqLayout, MAX_MODULE, Opened, PROTOCOL_VERSION, QpLayout, RemoteAlgorithm, RemoteError, Request, Response,
+    SrqLayout, Translation,
+};
 use crate::queue::SharedQueue;
-use crate::shared_memory::{Segment, SharedMapping};
+use crate::shared_memory::SharedMapping;
 use crate::wqe::{self, CQE_LEN};
 
 pub struct Tenant {
@@ -54,6 +57,7 @@ pub struct Tenant {
     channels: HashMap<u32, Arc<OwnedFd>>,
     next_channel: u32,
     cqs: HashMap<CqId, Arc<ServedCq>>,
+    srqs: HashMap<SrqId, Arc<ServedSrq>>,
     qps: HashMap<u32, Arc<ServedQp>>,
 }
 
@@ -143,6 +147,7 @@ fn open(
         channels: HashMap::new(),
         next_channel: 1,
         cqs: HashMap::new(),
+        srqs: HashMap::new(),
         qps: HashMap::new(),
     })
 }
@@ -172,8 +177,9 @@ impl Tenant {
                 self.usage.release(Resource::Pds, 1);
                 Ok((Response::Done, Vec::new()))
             }
-            Request::RegisterMemory { pd, iova, lead, len, access, segments } => {
-                self.register(pd, iova, lead, len, access, segments, fds)
+            Request::RegisterMemory { pd, access, translation } => self.register(pd, translation, access, fds),
+            Request::ReregisterMemory { lkey, pd, access, translation } => {
+                self.reregister(lkey, pd, access, translation, fds)
             }
             Request::DeregisterMemory { lkey } => {
                 let len = *self.regions.get(&lkey).ok_or(RemoteError::not_found("MR"))?;
@@ -234,6 +240,29 @@ impl Tenant {
                 let (slots, ring) = served.resize(entries)?;
                 Ok((Response::Cq(CqLayout { cq, slots }), vec![ring]))
             }
+            Request::CreateSrq { .. } if self.forward => {
+                Err(RemoteError::from(softrnic_transport::VerbsError::NotSupported(
+                    "SRQs of a forwarding tenant (the forwarding design is a baseline)".into(),
+                )))
+            }
+            Request::CreateSrq { pd, attr } => self.create_srq(pd, attr),
+            Request::SetSrqLimit { srq, limit } => {
+                let served = self.srqs.get(&srq).ok_or(RemoteError::not_found("SRQ"))?;
+                done(served.queue.set_limit(limit))?;
+                Ok((Response::Done, Vec::new()))
+            }
+            Request::QuerySrq { srq } => {
+                let served = self.srqs.get(&srq).ok_or(RemoteError::not_found("SRQ"))?;
+                Ok((Response::SrqAttr(served.queue.query().0), Vec::new()))
+            }
+            Request::DestroySrq { srq } => {
+                let served = self.srqs.get(&srq).ok_or(RemoteError::not_found("SRQ"))?.clone();
+                done(nic.destroy_srq(srq))?;
+                self.device.events.disown(Element::Srq(srq));
+                self.srqs.remove(&srq);
+                self.registry.update(|s| s.srqs.retain(|q| !Arc::ptr_eq(q, &served)));
+                Ok((Response::Done, Vec::new()))
+            }
             Request::CreateQp { init } => self.create_qp(init),
             Request::ModifyQp { qpn, attr } => {
                 self.own_qp(qpn)?;
@@ -252,6 +281,15 @@ impl Tenant {
                     (asked, limit) => asked.or(limit),
                 };
                 done(nic.set_qp_rate_limit(qpn, rate))
+            }
+            Request::SetCongestionControl { qpn, algorithm } => {
+                self.own_qp(qpn)?;
+                let choice = algorithm.map(|a| remote_algorithm(a, fds)).transpose()?;
+                done(nic.set_qp_congestion_control(qpn, choice))
+            }
+            Request::CongestionRate { qpn } => {
+                self.own_qp(qpn)?;
+                Ok((Response::Rate(nic.qp_congestion_rate(qpn)), Vec::new()))
             }
             Request::SetCqChannel { cq, channel } => {
                 let served = self.cqs.get(&cq).ok_or(RemoteError::not_found("CQ"))?;
@@ -313,29 +351,15 @@ impl Tenant {
     fn register(
         &mut self,
         pd: PdId,
-        iova: u64,
-        lead: u64,
-        len: u64,
+        translation: Translation,
         access: softrnic_transport::Access,
-        segments: Vec<Segment>,
         fds: Vec<OwnedFd>,
     ) -> Answer {
         self.own_pd(pd)?;
+        let (iova, len) = (translation.iova, translation.len);
         let region = self.usage.reserve(Resource::Mrs, 1)?;
         let bytes = self.usage.reserve(Resource::Memory, len)?;
-        if fds.len() != segments.len() {
-            return Err(RemoteError::invalid(format!("{} segments came with {} memfds", segments.len(), fds.len())));
-        }
-        let mapping = SharedMapping::attach_segments(fds.into_iter().zip(segments).collect())
-            .map_err(|e| RemoteError::invalid(e.to_string()))?;
-        if lead.checked_add(len).is_none_or(|end| end > mapping.len() as u64) {
-            return Err(RemoteError::invalid(format!(
-                "the region ({len} bytes from {lead}) overflows its segments ({} bytes)",
-                mapping.len()
-            )));
-        }
-        // The engine's table holds the buffer, the buffer the mapping.
-        let buffer = Arc::new(mapping.into_buffer(lead as usize, len as usize));
+        let buffer = map_translation(translation, fds)?;
         let nic = &self.device.nic;
         let keys = nic.register_memory(pd, buffer.clone(), 0, len as usize, iova, access).map_err(RemoteError::from)?;
         if let Some(copy) = &self.device.copy
@@ -348,6 +372,70 @@ impl Tenant {
         region.keep();
         bytes.keep();
         Ok((Response::Mr(keys), Vec::new()))
+    }
+
+    /// `ibv_rereg_mr`. On failure the region is as it was.
+    fn reregister(
+        &mut self,
+        lkey: u32,
+        pd: Option<PdId>,
+        access: Option<softrnic_transport::Access>,
+        translation: Option<Translation>,
+        fds: Vec<OwnedFd>,
+    ) -> Answer {
+        let old_len = *self.regions.get(&lkey).ok_or(RemoteError::not_found("MR"))?;
+        let nic = &self.device.nic;
+        let region = nic.memory_region(lkey).ok_or(RemoteError::not_found("MR"))?;
+        let pd = pd.unwrap_or(region.pd);
+        self.own_pd(pd)?;
+        let access = access.unwrap_or(region.access);
+        // The daemon registers every region from its buffer's start.
+        let (buffer, len, iova) = match translation {
+            None => (region.buffer().clone(), region.len, region.iova),
+            Some(t) => {
+                let (len, iova) = (t.len, t.iova);
+                (map_translation(t, fds)?, len, iova)
+            }
+        };
+        let grown = self.usage.reserve(Resource::Memory, len.saturating_sub(old_len))?;
+        nic.reregister_memory(lkey, pd, buffer.clone(), 0, len as usize, iova, access).map_err(RemoteError::from)?;
+        if let Some(copy) = &self.device.copy {
+            copy.forget(nic, lkey);
+            if let Err(e) = copy.twin(nic, lkey, buffer, len as usize, iova) {
+                // Its sends are gathered instead (a failed pull falls back).
+                eprintln!("softrnicd: tenant {}: MR {lkey:#x} has no copy-engine twin: {e}", self.id);
+            }
+        }
+        grown.keep();
+        self.usage.release(Resource::Memory, old_len.saturating_sub(len));
+        self.regions.insert(lkey, len);
+        Ok((Response::Done, Vec::new()))
+    }
+
+    fn create_srq(&mut self, pd: PdId, attr: SrqAttr) -> Answer {
+        self.own_pd(pd)?;
+        if attr.max_wr == 0 || attr.max_wr > MAX_QP_WR || attr.max_sge > MAX_SGE {
+            return Err(RemoteError::invalid(format!(
+                "an SRQ holds 1 to {MAX_QP_WR} receives of up to {MAX_SGE} SGEs"
+            )));
+        }
+        let max_sge = attr.max_sge.max(1);
+        let ring = SharedQueue::create("softrnic-srq", attr.max_wr, wqe::recv_slot_size(max_sge)).map_err(io)?;
+        let queue = self.device.nic.create_srq(pd, SrqAttr { max_sge, ..attr }).map_err(RemoteError::from)?;
+        let srq = queue.id();
+        let layout = SrqLayout { srq, max_sge, slots: ring.slot_count(), slot_size: ring.slot_size() };
+        let fd = match ring.fd().try_clone_to_owned() {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = self.device.nic.destroy_srq(srq);
+                return Err(io(e));
+            }
+        };
+        let served = Arc::new(ServedSrq::new(self.id, queue, ring, max_sge));
+        self.device.events.own(Element::Srq(srq), &self.events);
+        self.srqs.insert(srq, served.clone());
+        self.registry.update(|s| s.srqs.push(served));
+        Ok((Response::Srq(layout), vec![fd]))
     }
 
     fn create_cq(&mut self, capacity: u32, channel: Option<u32>) -> Answer {
@@ -383,11 +471,10 @@ impl Tenant {
                 return Err(RemoteError::not_found("CQ"));
             }
         }
-        if init.srq.is_some() {
-            return Err(RemoteError::from(softrnic_transport::VerbsError::NotSupported(
-                "shared receive queues are not served by softrnicd yet; run the engine in the program (SOFTRNIC_DAEMON=off)"
-                    .into(),
-            )));
+        if let Some(srq) = init.srq
+            && !self.srqs.contains_key(&srq)
+        {
+            return Err(RemoteError::not_found("SRQ"));
         }
         let (caps, pd) = (init.caps, init.pd);
         if caps.max_send_wr > MAX_QP_WR
@@ -406,8 +493,10 @@ impl Tenant {
             wqe::send_slot_size(caps.max_send_sge, caps.max_inline_data),
         )
         .map_err(io)?;
-        let recv =
-            SharedQueue::create("softrnic-rq", caps.max_recv_wr, wqe::recv_slot_size(caps.max_recv_sge)).map_err(io)?;
+        // A QP on an SRQ takes its receives from there: its own ring is a
+        // slot that is never read.
+        let recv_wr = if init.srq.is_some() { 1 } else { caps.max_recv_wr };
+        let recv = SharedQueue::create("softrnic-rq", recv_wr, wqe::recv_slot_size(caps.max_recv_sge)).map_err(io)?;
         let nic = &self.device.nic;
         let posts = nic.create_qp(init).map_err(RemoteError::from)?;
         let qpn = posts.qpn();
@@ -433,13 +522,17 @@ impl Tenant {
             }
         };
         let stages = match stages {
+            // Receives staged from an SRQ are not built: an SRQ QP's land
+            // directly.
+            Ok((tx, _)) if init.srq.is_some() => (tx, None),
             Ok(stages) => stages,
             Err(e) => {
                 let _ = nic.destroy_qp(qpn);
                 return Err(RemoteError::from(e));
             }
         };
-        let served = Arc::new(ServedQp::new(self.id, self.device.clone(), posts, caps, stages, send, Some(recv)));
+        let recv = init.srq.is_none().then_some(recv);
+        let served = Arc::new(ServedQp::new(self.id, self.device.clone(), posts, caps, stages, send, recv));
         self.device.events.own(Element::Qp(qpn), &self.events);
         held.keep();
         self.qps.insert(qpn, served.clone());
@@ -479,6 +572,14 @@ impl Drop for Tenant {
         // What the engine would not destroy is gone with the tenant all
         // the same: its container may use the room.
         self.usage.release(Resource::Qps, self.qps.len() as u64);
+        // Its QPs gone, its SRQs can go.
+        let srqs: Vec<Arc<ServedSrq>> = self.srqs.drain().map(|(_, srq)| srq).collect();
+        self.registry.update(|s| s.srqs.retain(|q| !srqs.iter().any(|gone| Arc::ptr_eq(q, gone))));
+        for srq in srqs {
+            let id = srq.queue.id();
+            device.events.disown(Element::Srq(id));
+            let _ = nic.destroy_srq(id);
+        }
         let doorbell = self.doorbell.clone();
         let cqs: Vec<Arc<ServedCq>> = self.cqs.drain().map(|(_, cq)| cq).collect();
         self.registry.update(|s| {
@@ -505,4 +606,43 @@ impl Drop for Tenant {
             let _ = nic.dealloc_pd(pd);
         }
     }
+}
+
+/// Maps a region's memfd segments (which came with the request) as one
+/// buffer of its `len` bytes.
+fn map_translation(translation: Translation, fds: Vec<OwnedFd>) -> Result<Arc<DmaBuffer>, RemoteError> {
+    let Translation { lead, len, segments, .. } = translation;
+    if fds.len() != segments.len() {
+        return Err(RemoteError::invalid(format!("{} segments came with {} memfds", segments.len(), fds.len())));
+    }
+    let mapping = SharedMapping::attach_segments(fds.into_iter().zip(segments).collect())
+        .map_err(|e| RemoteError::invalid(e.to_string()))?;
+    if lead.checked_add(len).is_none_or(|end| end > mapping.len() as u64) {
+        return Err(RemoteError::invalid(format!(
+            "the region ({len} bytes from {lead}) overflows its segments ({} bytes)",
+            mapping.len()
+        )));
+    }
+    // The engine's table holds the buffer, the buffer the mapping.
+    Ok(Arc::new(mapping.into_buffer(lead as usize, len as usize)))
+}
+
+/// Makes a program's congestion control in the daemon: a built-in, or a
+/// module compiled into the sandbox from a private copy of the memfd's
+/// bytes (the program can still write its mapping).
+fn remote_algorithm(algorithm: RemoteAlgorithm, fds: Vec<OwnedFd>) -> Result<Choice, RemoteError> {
+    let spec = match algorithm {
+        RemoteAlgorithm::Builtin { name, params } => AlgorithmSpec::Builtin { name, params },
+        RemoteAlgorithm::Module { name, params, len } => {
+            if len == 0 || len > MAX_MODULE {
+                return Err(RemoteError::invalid(format!("a module of 1 to {MAX_MODULE} bytes, not {len}")));
+            }
+            let fd = fds.into_iter().next().ok_or(RemoteError::invalid("the module's memfd did not come"))?;
+            let mapping = SharedMapping::attach(fd, len as usize).map_err(|e| RemoteError::invalid(e.to_string()))?;
+            let mut bytes = vec![0u8; len as usize];
+            mapping.bytes(0, len as usize).read(0, &mut bytes);
+            AlgorithmSpec::Module { name, bytes: bytes.into(), params }
+        }
+    };
+    softrnic_engine::congestion::from_spec(&spec).map_err(RemoteError::invalid)
 }
