@@ -171,6 +171,9 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             id.channel().queue.retain(|p| p.id != me);
         }
         free_event(id);
+        // A thread may still be handling an event for it (rdma-core's
+        // rdma_destroy_id waits too: the program must ack them all).
+        id.unacked.wait_all_acked();
         drop(s);
         // SAFETY: made by Id::new; the program gave it up.
         drop(unsafe { Box::from_raw(id as *mut Id) });

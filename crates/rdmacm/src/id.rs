@@ -11,7 +11,7 @@
 
 use std::ffi::c_int;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use softrnic_engine::EventQueue;
 use softrnic_verbs_abi::ffi::refuse;
@@ -108,6 +108,39 @@ pub struct Id {
     pub state: Mutex<IdState>,
     /// The path `route.path_rec` points to.
     pub path: ibv_sa_path_rec,
+    pub unacked: Unacked,
+}
+
+/// The events of an ID that the program has taken and not yet acked.
+/// `rdma_destroy_id` waits for them, as rdma-core's does: the thread
+/// handling one (rping's CM thread printing a disconnect) still reads the
+/// ID, so the ID must outlive the event.
+#[derive(Default)]
+pub struct Unacked {
+    count: Mutex<u32>,
+    all_acked: Condvar,
+}
+
+impl Unacked {
+    fn hold(&self) {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    }
+
+    fn release(&self) {
+        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        *count -= 1;
+        if *count == 0 {
+            self.all_acked.notify_all();
+        }
+    }
+
+    /// Returns once every event taken has been acked.
+    pub fn wait_all_acked(&self) {
+        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        while *count > 0 {
+            count = self.all_acked.wait(count).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 impl Id {
@@ -120,7 +153,12 @@ impl Id {
         qp_type: c_int,
     ) -> std::io::Result<*mut Id> {
         // SAFETY: all-zero is valid for the C structures.
-        let mut id = Box::new(Id { public: unsafe { zeroed() }, state: Mutex::default(), path: unsafe { zeroed() } });
+        let mut id = Box::new(Id {
+            public: unsafe { zeroed() },
+            state: Mutex::default(),
+            path: unsafe { zeroed() },
+            unacked: Unacked::default(),
+        });
         id.public.verbs = device.context;
         id.public.context = context;
         id.public.ps = ps;
@@ -262,18 +300,42 @@ pub fn deliver(device: &CmDevice, state: &mut CmState) {
     }
 }
 
+/// An event is acked when it is freed: by `rdma_ack_cm_event`, or by the
+/// library once a synchronous call has read it.
+impl Drop for EventBox {
+    fn drop(&mut self) {
+        // SAFETY: the ID is live: its `rdma_destroy_id` waits for this.
+        if let Some(id) = unsafe { self.holds.as_ref() } {
+            id.unacked.release();
+        }
+    }
+}
+
 /// An event as the program gets it, with room for its private data.
 #[repr(C)]
 pub struct EventBox {
     pub public: rdma_cm_event,
     private_data: [u8; softrnic_wire::cm::MAX_PRIVATE_DATA],
+    /// The ID whose destruction waits for this event's ack (null for a
+    /// connection request: rdma-core counts that against the listener and
+    /// completes it as it hands the event out).
+    holds: *const Id,
 }
 
 impl EventBox {
+    /// An event for `id`, which must be live.
     fn new(id: *mut rdma_cm_id, event: c_int, status: c_int) -> Box<EventBox> {
+        let holds = if event == RDMA_CM_EVENT_CONNECT_REQUEST { std::ptr::null() } else { id.cast::<Id>() };
+        // SAFETY: `public` is the first field of a live `Id` (the caller's).
+        if let Some(id) = unsafe { holds.as_ref() } {
+            id.unacked.hold();
+        }
         // SAFETY: all-zero is valid for the C structures.
-        let mut b =
-            Box::new(EventBox { public: unsafe { zeroed() }, private_data: [0; softrnic_wire::cm::MAX_PRIVATE_DATA] });
+        let mut b = Box::new(EventBox {
+            public: unsafe { zeroed() },
+            private_data: [0; softrnic_wire::cm::MAX_PRIVATE_DATA],
+            holds,
+        });
         b.public.id = id;
         b.public.event = event;
         b.public.status = status;
@@ -662,4 +724,36 @@ pub fn answer(id: &Id, rep_private: PrivateData) -> Result<(Option<Rep>, Option<
         private_data: rep_private,
     };
     Ok((Some(rep), None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// rping's teardown: the main thread destroys the ID while its CM
+    /// thread still handles the disconnect; the destroy must wait.
+    #[test]
+    fn destroy_waits_for_the_event_a_thread_still_handles() {
+        let unacked = Arc::new(Unacked::default());
+        unacked.hold();
+        unacked.hold();
+        let destroyed = Arc::new(AtomicBool::new(false));
+        let destroyer = std::thread::spawn({
+            let (unacked, destroyed) = (unacked.clone(), destroyed.clone());
+            move || {
+                unacked.wait_all_acked();
+                destroyed.store(true, Ordering::SeqCst);
+            }
+        });
+        unacked.release();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!destroyed.load(Ordering::SeqCst), "the destroy returned with an event unacked");
+        unacked.release();
+        destroyer.join().unwrap();
+        assert!(destroyed.load(Ordering::SeqCst));
+        // With none held, it does not wait at all.
+        unacked.wait_all_acked();
+    }
 }
