@@ -217,7 +217,7 @@ impl SharedMemory {
     pub fn new(udp: Udp, inbox: InboxRing) -> SharedMemory {
         SharedMemory {
             udp,
-            peers: Peers::new(inbox.netns()),
+            peers: Peers::new(inbox.scope()),
             inbox,
             buf: vec![0u8; MAX_DATAGRAM_LEN].into_boxed_slice(),
             malformed: 0,
@@ -278,7 +278,17 @@ impl Datapath for SharedMemory {
         }
         for &(shard, ip) in &wakes[..n_wakes] {
             let wake = shm::wake_up(shard);
-            self.udp.send(&[(shm::wake_address(ip), &wake[..])]);
+            let packet = [(shm::wake_address(ip), &wake[..])];
+            // Lost only if the consumer's socket buffer is full: then it
+            // has work to wake for anyway.
+            match self.peers.doorbell(ip) {
+                Some(socket) => {
+                    let _ = socket.send_batch(&packet);
+                }
+                None => {
+                    self.udp.send(&packet);
+                }
+            }
         }
         taken
     }
@@ -334,7 +344,7 @@ impl Datapath for SharedMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::{Inbox, SLOTS};
+    use crate::shm::{Inbox, SLOTS, Scope};
 
     /// A burst larger than the peer's ring while the peer does not drain
     /// it: the wire takes all of it, holds what the ring refuses, and
@@ -342,9 +352,10 @@ mod tests {
     #[test]
     fn a_full_ring_holds_datagrams_in_order_until_it_drains() {
         let (here, there): (IpAddr, IpAddr) = ("127.0.9.20".parse().unwrap(), "127.0.9.21".parse().unwrap());
-        let own = Arc::new(Inbox::create(here, 1).unwrap());
+        let scope = Scope::this_netns().unwrap();
+        let own = Arc::new(Inbox::create(here, 1, scope).unwrap());
         let mut wire = SharedMemory::new(Udp::new(Arc::new(RoceSocket::bind(here).unwrap()), None), own.ring(0));
-        let peer = Arc::new(Inbox::create(there, 1).unwrap());
+        let peer = Arc::new(Inbox::create(there, 1, scope).unwrap());
         let mut ring = peer.ring(0);
         let to = SocketAddr::new(there, softrnic_wire::ROCEV2_UDP_PORT);
         let datagrams: Vec<Vec<u8>> = (0..SLOTS as usize + 100)

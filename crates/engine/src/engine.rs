@@ -43,7 +43,7 @@ use crate::event_queue::EventQueue;
 use crate::faults::{FaultConfig, FaultStats};
 use crate::progress::{self, Pass, ProgressMode};
 use crate::shard::{EngineShard, PassContext};
-use crate::shm::Inbox;
+use crate::shm::{self, Inbox, Scope};
 use crate::socket::{BindError, RoceSocket};
 use crate::trace::Tracer;
 
@@ -77,6 +77,9 @@ pub struct EngineConfig {
     pub spin: Duration,
     /// The wire for peers on this host.
     pub datapath: DatapathKind,
+    /// Which devices the shared-memory wire reaches; `None`: those of the
+    /// network namespace of the thread that opens the device.
+    pub shm_scope: Option<Scope>,
     /// Who drives the shards.
     pub progress: ProgressMode,
 }
@@ -93,6 +96,7 @@ impl EngineConfig {
             transport: TransportConfig::default(),
             spin: Duration::from_micros(50),
             datapath: DatapathKind::Auto,
+            shm_scope: None,
             progress: ProgressMode::Auto,
         }
     }
@@ -279,10 +283,13 @@ impl Nic {
             true => RoceSocket::bind_group(config.addr, INT_UDP_PORT, shards)?,
             false => Vec::new(),
         };
+        let scope = || config.shm_scope.map_or_else(Scope::this_netns, Ok);
         let inbox = match config.datapath {
             DatapathKind::Udp => None,
-            DatapathKind::Auto => Inbox::create(config.addr, shards).ok().map(Arc::new),
-            DatapathKind::Shm => Some(Arc::new(Inbox::create(config.addr, shards)?)),
+            DatapathKind::Auto => {
+                scope().and_then(|scope| Inbox::create(config.addr, shards, scope)).ok().map(Arc::new)
+            }
+            DatapathKind::Shm => Some(Arc::new(Inbox::create(config.addr, shards, scope()?)?)),
         };
         let control = Control::new(transport.clone(), shards);
         let shards = sockets
@@ -292,6 +299,9 @@ impl Nic {
             .map(|(i, (socket, int_socket))| {
                 let shard = Shard::new(i, transport.clone(), control.memory().clone());
                 let socket = Arc::new(socket);
+                if let (0, Some(inbox)) = (i, &inbox) {
+                    shm::install_doorbell(inbox.scope(), config.addr, &socket);
+                }
                 let int_socket = int_socket.map(Arc::new);
                 let udp = Udp::new(socket.clone(), int_socket.clone());
                 let wire: Box<dyn Datapath> = match &inbox {

@@ -24,14 +24,20 @@
 //! A consumer that blocks says so in its ring's `sleeping` word; the
 //! producer that finds it set sends a small wake-up datagram to the
 //! consumer's UDP socket, which the shard's engine thread is blocked on.
+//!
+//! The devices that find each other's inboxes are those of one [`Scope`]:
+//! one network namespace, or every device of one softrnicd (its embedded
+//! switch). Within a switch a wake-up goes out of the consumer's own
+//! socket to itself ([`Peers::doorbell`]), so it needs no route between
+//! the two devices' namespaces.
 
 use std::fs::OpenOptions;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
@@ -40,6 +46,8 @@ use softrnic_transport::{DmaBuffer, MAX_DATAGRAM_LEN, shard_of};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
 use softrnic_ring::mpsc::{self as ring, Head, Ring};
+
+use crate::socket::RoceSocket;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SRNICSHM");
 const VERSION: u32 = 1;
@@ -86,9 +94,34 @@ pub fn this_netns() -> io::Result<u64> {
     Ok(std::fs::metadata("/proc/thread-self/ns/net")?.ino())
 }
 
-/// Where the inbox of `addr` in network namespace `netns` lives.
-fn inbox_path(netns: u64, addr: IpAddr) -> PathBuf {
-    PathBuf::from(format!("/dev/shm/softrnic-{netns}-{addr}"))
+/// Which devices find each other's inboxes, and so reach each other
+/// through shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Those of one network namespace (by its inode): devices that reach
+    /// each other over the namespace's own loopback.
+    Netns(u64),
+    /// Every device of one softrnicd (by its pid), whatever namespace each
+    /// serves: the daemon's embedded switch, which passes datagrams between
+    /// containers as an SR-IOV NIC's passes them between its virtual
+    /// functions, without the namespaces' network (`softrnicd
+    /// --embedded-switch`). Addresses are unique across it.
+    Switch(u32),
+}
+
+impl Scope {
+    /// The network namespace of the calling thread.
+    pub fn this_netns() -> io::Result<Scope> {
+        this_netns().map(Scope::Netns)
+    }
+
+    /// Where the inbox of `addr` lives.
+    fn inbox_path(self, addr: IpAddr) -> PathBuf {
+        match self {
+            Scope::Netns(netns) => PathBuf::from(format!("/dev/shm/softrnic-{netns}-{addr}")),
+            Scope::Switch(pid) => PathBuf::from(format!("/dev/shm/softrnic-switch{pid}-{addr}")),
+        }
+    }
 }
 
 fn file_len(shards: usize) -> usize {
@@ -171,8 +204,7 @@ impl Ring for RingView<'_> {
 /// A device's inbox: it creates it, consumes its rings, and removes it.
 pub struct Inbox {
     path: PathBuf,
-    /// The network namespace of its device.
-    netns: u64,
+    scope: Scope,
     mapping: Mapping,
     /// Held open with a shared lock for the inbox's life: a sender that
     /// can take the lock exclusively knows the device is gone (it may have
@@ -192,17 +224,46 @@ fn held(file: &std::fs::File) -> bool {
     !free
 }
 
+/// Removes the inboxes in `/dev/shm` that no live device holds: those of
+/// devices that died (a killed daemon's, a program's that exited without
+/// closing its device). Returns how many it removed.
+pub fn remove_abandoned_inboxes() -> usize {
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else { return 0 };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let is_inbox = entry.file_name().to_str().is_some_and(is_inbox_name);
+        let abandoned = is_inbox && std::fs::File::open(entry.path()).is_ok_and(|file| !held(&file));
+        if abandoned && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Whether `name` is one [`Scope::inbox_path`] gives.
+fn is_inbox_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("softrnic-") else { return false };
+    let rest = rest.strip_prefix("switch").unwrap_or(rest);
+    rest.split_once('-').is_some_and(|(id, addr)| id.parse::<u64>().is_ok() && addr.parse::<IpAddr>().is_ok())
+}
+
 /// Why the shared-memory wire could not start.
 pub fn unavailable(e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("cannot create the shared-memory inbox in /dev/shm: {e}"))
 }
 
 impl Inbox {
-    /// Creates the inbox of a device on `addr` with `shards` shards,
-    /// replacing one a crashed device left behind.
-    pub fn create(addr: IpAddr, shards: usize) -> io::Result<Inbox> {
-        let netns = this_netns()?;
-        let path = inbox_path(netns, addr);
+    /// Creates the inbox of a device on `addr` with `shards` shards in
+    /// `scope`, replacing one a crashed device left behind; refused while
+    /// another device of the scope has that address.
+    pub fn create(addr: IpAddr, shards: usize, scope: Scope) -> io::Result<Inbox> {
+        let path = scope.inbox_path(addr);
+        if std::fs::File::open(&path).is_ok_and(|old| held(&old)) {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("another device on {addr} already has the shared-memory inbox {}", path.display()),
+            ));
+        }
         // A fresh file, so senders holding the old one's mapping see it
         // closed rather than a reused ring.
         let _ = std::fs::remove_file(&path);
@@ -226,7 +287,11 @@ impl Inbox {
         mapping.word32(H_SLOT_SIZE).store(SLOT_SIZE as u32, Ordering::Relaxed);
         // Published last: a sender that sees the magic sees a whole inbox.
         mapping.word64(H_MAGIC).store(MAGIC, Ordering::Release);
-        Ok(Inbox { path, netns, mapping, _alive: file })
+        Ok(Inbox { path, scope, mapping, _alive: file })
+    }
+
+    pub fn scope(&self) -> Scope {
+        self.scope
     }
 
     /// The consumer's side of shard `shard`'s ring.
@@ -254,9 +319,9 @@ pub struct InboxRing {
 }
 
 impl InboxRing {
-    /// The network namespace of the ring's device.
-    pub fn netns(&self) -> u64 {
-        self.inbox.netns
+    /// The devices the ring's device reaches through shared memory.
+    pub fn scope(&self) -> Scope {
+        self.inbox.scope()
     }
 
     /// Takes up to `max` datagrams in order, copying each into `buf` and
@@ -396,8 +461,8 @@ pub enum Sent {
 }
 
 impl PeerInbox {
-    fn open(netns: u64, addr: IpAddr) -> Option<PeerInbox> {
-        let path = inbox_path(netns, addr);
+    fn open(scope: Scope, addr: IpAddr) -> Option<PeerInbox> {
+        let path = scope.inbox_path(addr);
         let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
         let len = file.metadata().ok()?.len() as usize;
         if len < FILE_HEADER {
@@ -461,9 +526,9 @@ impl PeerInbox {
 /// A shard's view of the peers' inboxes: which addresses are local, and
 /// their mapped rings.
 pub struct Peers {
-    /// The namespace whose devices are this shard's local peers: its own
-    /// device's, whichever thread drives the shard.
-    netns: u64,
+    /// Whose devices are this shard's local peers: its own device's scope,
+    /// whichever thread drives the shard.
+    scope: Scope,
     known: FxHashMap<IpAddr, Peer>,
 }
 
@@ -475,8 +540,8 @@ enum Peer {
 }
 
 impl Peers {
-    pub fn new(netns: u64) -> Peers {
-        Peers { netns, known: FxHashMap::default() }
+    pub fn new(scope: Scope) -> Peers {
+        Peers { scope, known: FxHashMap::default() }
     }
 
     /// Sends `datagram` from `source` to `dst` through shared memory if
@@ -489,7 +554,7 @@ impl Peers {
         };
         let peer = match live {
             Some(inbox) => inbox,
-            None => match PeerInbox::open(self.netns, dst) {
+            None => match PeerInbox::open(self.scope, dst) {
                 Some(inbox) => {
                     let inbox = Arc::new(inbox);
                     self.known.insert(dst, Peer::Local(inbox.clone(), Instant::now()));
@@ -505,6 +570,34 @@ impl Peers {
     }
 }
 
+/// The doorbells of this process's switches: for each device of one, its
+/// first shard's socket, which lives in the device's own namespace. A
+/// switch is one process's, so the table is the process's.
+static DOORBELLS: LazyLock<Mutex<Doorbells>> = LazyLock::new(Default::default);
+
+/// Each device's socket, by its switch and address.
+type Doorbells = FxHashMap<(u32, IpAddr), Weak<RoceSocket>>;
+
+/// Makes `socket` the doorbell of the device on `addr` in `scope`, if the
+/// scope is a switch (within a namespace the network carries wake-ups).
+pub fn install_doorbell(scope: Scope, addr: IpAddr, socket: &Arc<RoceSocket>) {
+    if let Scope::Switch(switch) = scope {
+        let mut doorbells = DOORBELLS.lock().unwrap_or_else(|e| e.into_inner());
+        doorbells.retain(|_, socket| socket.strong_count() > 0);
+        doorbells.insert((switch, addr), Arc::downgrade(socket));
+    }
+}
+
+impl Peers {
+    /// The socket through which to wake the device on `dst` when it is a
+    /// device of this shard's switch; `None`: send it the wake-up over
+    /// the network.
+    pub fn doorbell(&self, dst: IpAddr) -> Option<Arc<RoceSocket>> {
+        let Scope::Switch(switch) = self.scope else { return None };
+        DOORBELLS.lock().unwrap_or_else(|e| e.into_inner()).get(&(switch, dst)).and_then(Weak::upgrade)
+    }
+}
+
 /// The address a wake-up goes to.
 pub fn wake_address(dst: IpAddr) -> SocketAddr {
     SocketAddr::new(dst, ROCEV2_UDP_PORT)
@@ -513,6 +606,14 @@ pub fn wake_address(dst: IpAddr) -> SocketAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Taken by the tests that leave an abandoned inbox behind on purpose,
+    /// so that the sweep of one does not take the other's.
+    static ABANDONING: Mutex<()> = Mutex::new(());
+
+    fn here() -> Scope {
+        Scope::this_netns().unwrap()
+    }
 
     fn datagram(qpn: u32, fill: u8, len: usize) -> Vec<u8> {
         let mut d = vec![fill; len];
@@ -523,8 +624,8 @@ mod tests {
     #[test]
     fn datagrams_reach_the_ring_of_their_qps_shard_in_order() {
         let addr: IpAddr = "127.0.9.1".parse().unwrap();
-        let inbox = Arc::new(Inbox::create(addr, 2).unwrap());
-        let mut peers = Peers::new(this_netns().unwrap());
+        let inbox = Arc::new(Inbox::create(addr, 2, here()).unwrap());
+        let mut peers = Peers::new(here());
         let source: SocketAddr = "127.0.9.2:4791".parse().unwrap();
         for i in 0..10u8 {
             let sent = peers.send(source, addr, &datagram(0x11 + u32::from(i % 2), i, 100 + usize::from(i)));
@@ -550,23 +651,58 @@ mod tests {
     }
 
     #[test]
+    fn a_switch_reaches_its_own_devices_and_each_address_once() {
+        let addr: IpAddr = "127.0.9.12".parse().unwrap();
+        let source: SocketAddr = "127.0.9.13:4791".parse().unwrap();
+        // A pid no daemon of these tests has.
+        let switch = Scope::Switch(u32::MAX - std::process::id());
+        let inbox = Inbox::create(addr, 1, switch).unwrap();
+        assert_eq!(Peers::new(switch).send(source, addr, &datagram(0x11, 0, 20)), Some(Sent::Delivered));
+        assert_eq!(Peers::new(here()).send(source, addr, &datagram(0x11, 0, 20)), None, "not the namespace's");
+        let twin = Inbox::create(addr, 1, switch).err().expect("a second device on the address");
+        assert_eq!(twin.kind(), io::ErrorKind::AddrInUse);
+        assert!(Inbox::create(addr, 1, here()).is_ok(), "the namespace's wire is another");
+        drop(inbox);
+        assert!(Inbox::create(addr, 1, switch).is_ok(), "free again once the first closed");
+    }
+
+    #[test]
+    fn only_abandoned_inboxes_are_swept() {
+        let _alone = ABANDONING.lock().unwrap_or_else(|e| e.into_inner());
+        let (live, dead): (IpAddr, IpAddr) = ("127.0.9.14".parse().unwrap(), "127.0.9.15".parse().unwrap());
+        let switch = Scope::Switch(u32::MAX - 1 - std::process::id());
+        let kept = Inbox::create(live, 1, switch).unwrap();
+        let gone = Inbox::create(dead, 1, switch).unwrap();
+        let path = gone.path.clone();
+        // SAFETY: as in an_inbox_left_by_a_dead_device_is_not_used.
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&gone._alive), libc::LOCK_UN) };
+        std::mem::forget(gone);
+        assert!(remove_abandoned_inboxes() >= 1);
+        assert!(!path.exists(), "the dead device's inbox is removed");
+        assert!(kept.path.exists(), "the live one's stays");
+        assert!(is_inbox_name("softrnic-4026531840-10.0.0.1") && is_inbox_name("softrnic-switch42-fe80::1"));
+        assert!(!is_inbox_name("softrnic-mr") && !is_inbox_name("softrnic-switch-10.0.0.1"));
+    }
+
+    #[test]
     fn a_broken_peer_ring_does_not_keep_a_sender_spinning() {
         let addr: IpAddr = "127.0.9.10".parse().unwrap();
-        let inbox = Inbox::create(addr, 1).unwrap();
+        let inbox = Inbox::create(addr, 1, here()).unwrap();
         let m = &inbox.mapping;
         // Every sequence number ahead of the tail: no slot is ever free.
         for pos in 0..u64::from(SLOTS) {
             m.word64(m.slot(0, pos) + S_SEQ).store(pos + 7, Ordering::Relaxed);
         }
         let source: SocketAddr = "127.0.9.11:4791".parse().unwrap();
-        assert_eq!(Peers::new(this_netns().unwrap()).send(source, addr, &datagram(0x11, 0, 20)), Some(Sent::Full));
+        assert_eq!(Peers::new(here()).send(source, addr, &datagram(0x11, 0, 20)), Some(Sent::Full));
     }
 
     #[test]
     fn an_inbox_left_by_a_dead_device_is_not_used() {
+        let _alone = ABANDONING.lock().unwrap_or_else(|e| e.into_inner());
         let addr: IpAddr = "127.0.9.8".parse().unwrap();
         // What a crash leaves: the file, its magic, and no lock holder.
-        let inbox = Inbox::create(addr, 1).unwrap();
+        let inbox = Inbox::create(addr, 1, here()).unwrap();
         let path = inbox.path.clone();
         // SAFETY: the lock's descriptor belongs to the inbox, which is
         // forgotten below and never closes it again.
@@ -574,15 +710,15 @@ mod tests {
         std::mem::forget(inbox);
         assert!(path.exists());
         let source: SocketAddr = "127.0.9.9:4791".parse().unwrap();
-        assert_eq!(Peers::new(this_netns().unwrap()).send(source, addr, &datagram(0x11, 0, 20)), None);
+        assert_eq!(Peers::new(here()).send(source, addr, &datagram(0x11, 0, 20)), None);
         std::fs::remove_file(path).unwrap();
     }
 
     #[test]
     fn a_full_ring_refuses_and_a_sleeping_consumer_is_woken() {
         let addr: IpAddr = "127.0.9.4".parse().unwrap();
-        let inbox = Arc::new(Inbox::create(addr, 1).unwrap());
-        let mut peers = Peers::new(this_netns().unwrap());
+        let inbox = Arc::new(Inbox::create(addr, 1, here()).unwrap());
+        let mut peers = Peers::new(here());
         let source: SocketAddr = "127.0.9.5:4791".parse().unwrap();
         let mut ring = inbox.ring(0);
         assert!(ring.prepare_to_sleep());
@@ -603,7 +739,7 @@ mod tests {
     #[test]
     fn hostile_entries_are_skipped_and_an_abandoned_slot_does_not_stall_the_ring() {
         let addr: IpAddr = "127.0.9.6".parse().unwrap();
-        let inbox = Arc::new(Inbox::create(addr, 1).unwrap());
+        let inbox = Arc::new(Inbox::create(addr, 1, here()).unwrap());
         let m = &inbox.mapping;
         let source: SocketAddr = "127.0.9.7:4791".parse().unwrap();
         // Slot 0: published with a length past the slot.
@@ -611,7 +747,7 @@ mod tests {
         m.word64(m.slot(0, 0) + S_SEQ).store(1, Ordering::Release);
         // Slot 1: claimed by a producer that never publishes.
         m.tail(0).store(2, Ordering::Release);
-        let mut peers = Peers::new(this_netns().unwrap());
+        let mut peers = Peers::new(here());
         assert_eq!(peers.send(source, addr, &datagram(0x11, 9, 64)), Some(Sent::Delivered));
         let mut ring = inbox.ring(0);
         let mut buf = vec![0u8; MAX_DATAGRAM_LEN];

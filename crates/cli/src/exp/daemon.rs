@@ -13,7 +13,10 @@
 //! The daemon's and forwarding's instances run in containers (namespaces
 //! of their own, a veth between a pair's two, [`Instances`]) when the run
 //! is root, else as processes on loopback addresses of their own; the
-//! host's are processes with the engine inside. Both write
+//! host's are processes with the engine inside. The daemon runs its
+//! embedded switch (`--embedded-switch`): a pair's datagrams go from one
+//! container's device to the other's through shared memory, as the host's
+//! go between its two processes, not through the veth. Both write
 //! `results/<exp>_results.csv`, the perftest logs and a figure.
 
 use std::io::Write as _;
@@ -98,8 +101,11 @@ pub(super) struct Daemon {
 }
 
 impl Daemon {
+    /// The containers' daemon: its embedded switch carries a pair's
+    /// datagrams between the pair's namespaces, as an SR-IOV NIC carries
+    /// them between two virtual functions.
     fn start(build: &Build, out: &Path) -> Result<Daemon, String> {
-        Daemon::start_with(build, &out.join("softrnicd.log"), &[])
+        Daemon::start_with(build, &out.join("softrnicd.log"), &["--embedded-switch"])
     }
 
     /// A softrnicd with `args` (designs, cores), logging to `log`.

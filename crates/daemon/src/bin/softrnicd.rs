@@ -52,6 +52,14 @@ struct Args {
     #[arg(long, default_value_t = -20, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i32).range(-20..=19))]
     nice: i32,
+    /// Its devices hand each other their datagrams through shared memory,
+    /// whatever network namespace each serves, as an SR-IOV NIC's embedded
+    /// switch passes traffic between its virtual functions: containers on
+    /// this host talk at the speed of processes on it. Without it they
+    /// talk through their namespaces' network (veth, a bridge, the lab's
+    /// switch). Each device needs an address no other namespace uses.
+    #[arg(long)]
+    embedded_switch: bool,
 }
 
 fn main() -> ExitCode {
@@ -70,6 +78,7 @@ fn main() -> ExitCode {
         engine_threads: usize::from(args.cores),
         config,
         designs: Designs { tx: args.tx, rx: args.rx },
+        embedded_switch: args.embedded_switch,
     };
     let running = match Daemon::bind(options).and_then(Daemon::start) {
         Ok(running) => running,

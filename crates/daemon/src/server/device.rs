@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use rustix::net::SendFlags;
 use rustix::thread::LinkNameSpaceType;
-use softrnic_engine::shm::this_netns;
-use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, OpenError, interface};
+use softrnic_engine::shm::{Scope, this_netns};
+use softrnic_engine::{DatapathKind, EngineConfig, FaultConfig, Nic, NicCounters, OpenError, interface};
 use softrnic_transport::{AsyncEvent, CqId, SrqId};
 
 use super::copy_engine::CopyEngine;
@@ -63,13 +63,16 @@ pub struct Devices {
     open: Mutex<HashMap<(u64, IpAddr), Weak<Device>>>,
     engine_threads: usize,
     pub offload: Arc<Offload>,
+    /// The embedded switch all devices share, if the daemon runs one.
+    switch: Option<Scope>,
 }
 
 impl Devices {
     /// Devices whose engines get `engine_threads` threads each (`--cores`),
-    /// and whose QPs use `offload`'s designs.
-    pub fn new(engine_threads: usize, offload: Arc<Offload>) -> Devices {
-        Devices { open: Mutex::new(HashMap::new()), engine_threads, offload }
+    /// whose QPs use `offload`'s designs, and which reach each other
+    /// through `switch` if given.
+    pub fn new(engine_threads: usize, offload: Arc<Offload>, switch: Option<Scope>) -> Devices {
+        Devices { open: Mutex::new(HashMap::new()), engine_threads, offload, switch }
     }
 
     /// The device on `addr` in `netns` (the daemon's own when `None`),
@@ -86,7 +89,21 @@ impl Devices {
             return Ok(device);
         }
         let faults = FaultConfig::from_env()?;
-        let config = EngineConfig { faults, ..EngineConfig::from_env(addr)? }.with_threads(self.engine_threads, false);
+        let mut config =
+            EngineConfig { faults, ..EngineConfig::from_env(addr)? }.with_threads(self.engine_threads, false);
+        if let Some(switch) = self.switch {
+            // One switch, one address space: a datagram for an address
+            // must have one device to go to.
+            let elsewhere = open.iter().any(|(&(ns, a), d)| a == addr && ns != key.0 && d.strong_count() > 0);
+            if elsewhere {
+                return Err(format!(
+                    "{addr} is already a device of softrnicd's embedded switch, in another network namespace: \
+                     give each container an address of its own, or run softrnicd without --embedded-switch"
+                ));
+            }
+            config.shm_scope = Some(switch);
+            config.datapath = DatapathKind::Shm;
+        }
         // The last tenant of a device may have just left: the device closes
         // in whichever thread lets go of it last, and holds its port until
         // then. A new tenant waits for that, briefly.

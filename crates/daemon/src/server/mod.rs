@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use softrnic_engine::shm::Scope;
 
 use crate::limits::{Accounts, DaemonConfig};
 use device::Devices;
@@ -33,6 +34,10 @@ pub struct DaemonOptions {
     pub config: DaemonConfig,
     /// The offloaded stack's transmit and receive designs (`--tx`, `--rx`).
     pub designs: offload::Designs,
+    /// Its devices reach each other through shared memory whatever network
+    /// namespace each serves (`--embedded-switch`), instead of through the
+    /// namespaces' network.
+    pub embedded_switch: bool,
 }
 
 /// A bound daemon, not yet serving.
@@ -105,7 +110,11 @@ impl Daemon {
             });
         }
         let registry = Arc::new(Registry::new()?);
-        let devices = Arc::new(Devices::new(options.engine_threads, Arc::new(offload::Offload::new(options.designs))));
+        let offload = Arc::new(offload::Offload::new(options.designs));
+        let switch = options.embedded_switch.then(|| Scope::Switch(std::process::id()));
+        // What a killed daemon's devices (or programs') left in /dev/shm.
+        softrnic_engine::shm::remove_abandoned_inboxes();
+        let devices = Arc::new(Devices::new(options.engine_threads, offload, switch));
         Ok(Daemon { listener, options, registry, devices })
     }
 

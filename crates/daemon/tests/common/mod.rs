@@ -35,8 +35,26 @@ pub fn daemon_with(name: &str, config: DaemonConfig) -> Running {
 
 /// A daemon with the offloaded stack's `designs`.
 pub fn daemon_designed(name: &str, config: DaemonConfig, designs: Designs) -> Running {
-    let socket = std::env::temp_dir().join(format!("softrnicd-test-{}-{name}.sock", std::process::id()));
-    Daemon::bind(DaemonOptions { socket, engine_threads: 1, config, designs }).unwrap().start().unwrap()
+    start(DaemonOptions { socket: socket(name), engine_threads: 1, config, designs, embedded_switch: false })
+}
+
+/// A daemon running its embedded switch.
+pub fn daemon_switched(name: &str) -> Running {
+    start(DaemonOptions {
+        socket: socket(name),
+        engine_threads: 1,
+        config: DaemonConfig::default(),
+        designs: Designs::default(),
+        embedded_switch: true,
+    })
+}
+
+fn socket(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("softrnicd-test-{}-{name}.sock", std::process::id()))
+}
+
+fn start(options: DaemonOptions) -> Running {
+    Daemon::bind(options).unwrap().start().unwrap()
 }
 
 pub const REGION: usize = 1 << 16;
@@ -95,6 +113,11 @@ impl Tenant {
     /// and 7 retries, where tests beside it spin on both cores.
     pub fn connect_patiently(&self, peer: &Tenant) {
         self.connect_with(peer.session.addr(), peer.qp.qpn, peer.psn, (14, 7));
+    }
+
+    /// [`Tenant::connect_patiently`] to a peer known by its numbers.
+    pub fn connect_patiently_to(&self, addr: IpAddr, qpn: u32, psn: Psn) {
+        self.connect_with(addr, qpn, psn, (14, 7));
     }
 
     pub fn connect_to(&self, addr: IpAddr, qpn: u32, psn: Psn) {
