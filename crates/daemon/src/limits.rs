@@ -7,6 +7,7 @@
 //! max_cqs = 256          # completion queues
 //! max_mrs = 1024         # memory regions
 //! max_pds = 64           # protection domains
+//! max_srqs = 64          # shared receive queues
 //! max_memory_mib = 4096  # bytes registered, all regions together
 //! max_rate_gbps = 10.0   # each QP's send rate; absent: line rate
 //! ```
@@ -34,6 +35,7 @@ pub struct TenantLimits {
     pub max_cqs: u32,
     pub max_mrs: u32,
     pub max_pds: u32,
+    pub max_srqs: u32,
     pub max_memory_mib: u64,
     pub max_rate_gbps: Option<f64>,
 }
@@ -45,6 +47,7 @@ impl Default for TenantLimits {
             max_cqs: 4096,
             max_mrs: 16384,
             max_pds: 1024,
+            max_srqs: 1024,
             max_memory_mib: 64 * 1024,
             max_rate_gbps: None,
         }
@@ -69,6 +72,7 @@ pub enum Resource {
     Cqs,
     Mrs,
     Pds,
+    Srqs,
     /// Bytes registered.
     Memory,
 }
@@ -80,12 +84,12 @@ pub struct Usage {
     limits: TenantLimits,
     /// Whose: "this program", "this container".
     whose: &'static str,
-    held: Mutex<[u64; 5]>,
+    held: Mutex<[u64; 6]>,
 }
 
 impl Usage {
     pub fn new(limits: TenantLimits, whose: &'static str) -> Usage {
-        Usage { limits, whose, held: Mutex::new([0; 5]) }
+        Usage { limits, whose, held: Mutex::new([0; 6]) }
     }
 
     fn limit(&self, what: Resource) -> (u64, String) {
@@ -95,6 +99,7 @@ impl Usage {
             Resource::Cqs => (u64::from(l.max_cqs), format!("{} CQs", l.max_cqs)),
             Resource::Mrs => (u64::from(l.max_mrs), format!("{} memory regions", l.max_mrs)),
             Resource::Pds => (u64::from(l.max_pds), format!("{} PDs", l.max_pds)),
+            Resource::Srqs => (u64::from(l.max_srqs), format!("{} SRQs", l.max_srqs)),
             Resource::Memory => (l.max_memory_bytes(), format!("{} MiB registered", l.max_memory_mib)),
         }
     }

@@ -3,14 +3,15 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use common::{REGION, Tenant, address, daemon, daemon_with, every_operation, pair, pattern};
+use common::{REGION, Tenant, address, connect_qp, daemon, daemon_with, every_operation, pair, pattern};
 use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_transport::{
     Access, AlgorithmSpec, AsyncEvent, Completion, Payload, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest,
-    RemoteAddr, SendOp, SendWorkRequest, Sge, WcStatus, smallvec,
+    RemoteAddr, SendOp, SendWorkRequest, Sge, SrqAttr, WcStatus, smallvec,
 };
 
 #[test]
@@ -90,7 +91,7 @@ fn a_guessed_rkey_of_another_tenant_is_a_remote_access_error() {
 
 #[test]
 fn limits_refuse_what_exceeds_them() {
-    let config = DaemonConfig::parse("[tenant]\nmax_qps = 1\nmax_memory_mib = 1\n").unwrap();
+    let config = DaemonConfig::parse("[tenant]\nmax_qps = 1\nmax_srqs = 1\nmax_memory_mib = 1\n").unwrap();
     let daemon = daemon_with("limits", config);
     let t = Tenant::open(daemon.socket(), address());
     let init = QpInitAttr {
@@ -107,6 +108,12 @@ fn limits_refuse_what_exceeds_them() {
     let big = SharedMapping::create("big", 2 << 20).unwrap();
     let e = t.session.register_memory(t.pd, &big, 0, 2 << 20, 0, Access::LOCAL_WRITE).unwrap_err();
     assert!(e.to_string().contains("MiB registered"), "{e}");
+    let attr = SrqAttr { max_wr: 4, max_sge: 1, limit: 0 };
+    let first = t.session.create_srq(t.pd, attr).unwrap();
+    let e = t.session.create_srq(t.pd, attr).err().unwrap();
+    assert!(e.to_string().contains("at most 1 SRQs"), "{e}");
+    t.session.destroy_srq(&first).unwrap();
+    t.session.create_srq(t.pd, attr).expect("room again once the first is destroyed");
 }
 
 #[test]
@@ -196,6 +203,119 @@ fn tenants_and_threads_at_once_disturb_nothing() {
                 "{addr}: {c:?}"
             );
         }
+    }
+}
+
+/// Four senders, each from a thread of its own, SEND into one receiver's
+/// SRQ through four QPs, while the receiver's poller hands each used
+/// buffer to one of two threads that post it to the SRQ again: every
+/// message arrives once, each sender's in order, and nothing was NAKed,
+/// reordered or lost on the way. The senders share credits for the
+/// SRQ's buffers, as an application on an SRQ must (a message takes one,
+/// the buffer's repost gives it back), so the SRQ never runs dry and an
+/// RNR NAK would be the engine's fault.
+#[test]
+fn an_srq_fed_and_drained_by_threads_takes_every_message_once_in_order() {
+    const SENDERS: usize = 4;
+    const MESSAGES: u32 = 300;
+    const SLOTS: usize = 64;
+    const LEN: usize = 64;
+    const WINDOW: u32 = 16;
+    let daemon = daemon("srq-threads");
+    let socket = daemon.socket();
+    let receiver = Tenant::open(socket, address());
+    let session = &receiver.session;
+    let srq = session.create_srq(receiver.pd, SrqAttr { max_wr: SLOTS as u32, max_sge: 1, limit: 0 }).unwrap();
+    let on_srq = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd: receiver.pd,
+        send_cq: receiver.cq.id,
+        recv_cq: receiver.cq.id,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+        srq: Some(srq.id),
+    };
+    let qps: Vec<_> = (0..SENDERS).map(|_| session.create_qp(on_srq).unwrap()).collect();
+    let senders: Vec<Tenant> = (0..SENDERS).map(|_| Tenant::open(socket, address())).collect();
+    for (qp, sender) in qps.iter().zip(&senders) {
+        connect_qp(session, qp, receiver.psn, (sender.session.addr(), sender.qp.qpn, sender.psn), (14, 7));
+        sender.connect_patiently_to(session.addr(), qp.qpn, receiver.psn);
+    }
+    let slot = |i: usize| RecvWorkRequest {
+        wr_id: i as u64,
+        sges: smallvec![Sge { addr: receiver.iova(i * LEN), length: LEN as u32, lkey: receiver.keys.lkey }],
+    };
+    for i in 0..SLOTS {
+        session.post_srq_recv(&srq, &slot(i)).unwrap();
+    }
+    let credits = &AtomicUsize::new(SLOTS);
+    let take = |credits: &AtomicUsize| credits.fetch_update(SeqCst, SeqCst, |c| c.checked_sub(1)).is_ok();
+    std::thread::scope(|s| {
+        for (n, sender) in senders.iter().enumerate() {
+            s.spawn(move || {
+                let (mut posted, mut done) = (0u32, 0u32);
+                let mut completions = Vec::new();
+                while done < MESSAGES {
+                    if posted < MESSAGES && posted - done < WINDOW && take(credits) {
+                        let at = (posted % WINDOW) as usize * LEN;
+                        sender.write(at, &[&[n as u8][..], &posted.to_le_bytes()].concat());
+                        let send = SendWorkRequest::new(
+                            u64::from(posted),
+                            SendOp::Send { imm: None },
+                            sender.sge(at, LEN as u32),
+                        );
+                        sender.session.post_send(&sender.qp, &send).unwrap();
+                        posted += 1;
+                    } else if sender.cq.poll(16, &mut completions) == 0 {
+                        std::thread::yield_now();
+                    }
+                    for c in completions.drain(..) {
+                        assert_eq!((c.status, c.wr_id), (WcStatus::Success, u64::from(done)), "sender {n}");
+                        done += 1;
+                    }
+                }
+            });
+        }
+        let (to_posters, posters): (Vec<_>, Vec<_>) = (0..2).map(|_| std::sync::mpsc::channel::<usize>()).unzip();
+        for used in posters {
+            let (srq, slot) = (&srq, &slot);
+            s.spawn(move || {
+                for i in used {
+                    session.post_srq_recv(srq, &slot(i)).unwrap();
+                    credits.fetch_add(1, SeqCst);
+                }
+            });
+        }
+        let mut next = [0u32; SENDERS];
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for k in 0..SENDERS * MESSAGES as usize {
+            while got.is_empty() {
+                assert!(Instant::now() < deadline, "{k} of {} messages after 60 s", SENDERS * MESSAGES as usize);
+                if receiver.cq.poll(16, &mut got) == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            let c = got.remove(0);
+            assert_eq!((c.status, c.byte_len), (WcStatus::Success, LEN as u32), "{c:?}");
+            let bytes = receiver.read(c.wr_id as usize * LEN, 5);
+            let (n, seq) = (bytes[0] as usize, u32::from_le_bytes(bytes[1..5].try_into().unwrap()));
+            assert_eq!(c.qp_num, qps[n].qpn, "sender {n}'s message on its own QP");
+            assert_eq!(seq, next[n], "sender {n}'s messages in order");
+            next[n] += 1;
+            to_posters[k % 2].send(c.wr_id as usize).unwrap();
+        }
+        drop(to_posters);
+        assert_eq!(next, [MESSAGES; SENDERS]);
+    });
+    for addr in std::iter::once(session.addr()).chain(senders.iter().map(|t| t.session.addr())) {
+        let c = daemon.counters(addr).unwrap();
+        let t = &c.transport;
+        assert_eq!(
+            (t.rx_out_of_sequence, t.seq_naks_sent, t.rnr_naks_sent, t.rx_unknown_qp, c.rx_missteered),
+            (0, 0, 0, 0, 0),
+            "{addr}: {c:?}"
+        );
     }
 }
 

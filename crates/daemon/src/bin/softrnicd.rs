@@ -25,7 +25,7 @@ struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     cores: u16,
     /// Per-tenant limits (a TOML file with a [tenant] table: max_qps,
-    /// max_cqs, max_mrs, max_pds, max_memory_mib, max_rate_gbps).
+    /// max_cqs, max_mrs, max_pds, max_srqs, max_memory_mib, max_rate_gbps).
     #[arg(long)]
     config: Option<PathBuf>,
     /// How a send's payload reaches the wire (E4): the engine gathers it

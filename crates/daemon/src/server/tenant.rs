@@ -260,6 +260,7 @@ impl Tenant {
                 done(nic.destroy_srq(srq))?;
                 self.device.events.disown(Element::Srq(srq));
                 self.srqs.remove(&srq);
+                self.usage.release(Resource::Srqs, 1);
                 self.registry.update(|s| s.srqs.retain(|q| !Arc::ptr_eq(q, &served)));
                 Ok((Response::Done, Vec::new()))
             }
@@ -414,6 +415,7 @@ impl Tenant {
 
     fn create_srq(&mut self, pd: PdId, attr: SrqAttr) -> Answer {
         self.own_pd(pd)?;
+        let held = self.usage.reserve(Resource::Srqs, 1)?;
         if attr.max_wr == 0 || attr.max_wr > MAX_QP_WR || attr.max_sge > MAX_SGE {
             return Err(RemoteError::invalid(format!(
                 "an SRQ holds 1 to {MAX_QP_WR} receives of up to {MAX_SGE} SGEs"
@@ -435,6 +437,7 @@ impl Tenant {
         self.device.events.own(Element::Srq(srq), &self.events);
         self.srqs.insert(srq, served.clone());
         self.registry.update(|s| s.srqs.push(served));
+        held.keep();
         Ok((Response::Srq(layout), vec![fd]))
     }
 
@@ -574,6 +577,7 @@ impl Drop for Tenant {
         self.usage.release(Resource::Qps, self.qps.len() as u64);
         // Its QPs gone, its SRQs can go.
         let srqs: Vec<Arc<ServedSrq>> = self.srqs.drain().map(|(_, srq)| srq).collect();
+        self.usage.release(Resource::Srqs, srqs.len() as u64);
         self.registry.update(|s| s.srqs.retain(|q| !srqs.iter().any(|gone| Arc::ptr_eq(q, gone))));
         for srq in srqs {
             let id = srq.queue.id();

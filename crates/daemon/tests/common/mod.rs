@@ -125,27 +125,8 @@ impl Tenant {
     }
 
     /// Connects with the RC `(timeout, retry_cnt)` given.
-    fn connect_with(&self, addr: IpAddr, qpn: u32, psn: Psn, (timeout, retry_cnt): (u8, u8)) {
-        let steps = RcConnection {
-            access: Access::REMOTE,
-            remote_addr: addr,
-            dest_qpn: qpn,
-            rq_psn: psn,
-            sq_psn: self.psn,
-            mtu: Mtu::Mtu1024,
-            max_dest_rd_atomic: 16,
-            max_rd_atomic: 16,
-            min_rnr_timer: 1,
-            timeout,
-            retry_cnt,
-            rnr_retry: 7,
-            selective_repeat: false,
-        }
-        .steps();
-        for attr in &steps {
-            self.session.modify_qp(&self.qp, attr).unwrap();
-        }
-        assert_eq!(self.qp.state(), QpState::Rts);
+    fn connect_with(&self, addr: IpAddr, qpn: u32, psn: Psn, patience: (u8, u8)) {
+        connect_qp(&self.session, &self.qp, self.psn, (addr, qpn, psn), patience);
     }
 
     pub fn wait(&self, n: usize) -> Vec<Completion> {
@@ -174,6 +155,32 @@ impl Tenant {
     pub fn write(&self, offset: usize, bytes: &[u8]) {
         self.memory.bytes(offset, bytes.len()).write(0, bytes);
     }
+}
+
+/// Brings `qp` (first PSN `sq_psn`) to RTS towards the `peer`'s QP
+/// `(address, QPN, first PSN)`, with the RC `(timeout, retry_cnt)` given
+/// and RNR retries without end.
+pub fn connect_qp(session: &Session, qp: &Qp, sq_psn: Psn, peer: (IpAddr, u32, Psn), (timeout, retry_cnt): (u8, u8)) {
+    let steps = RcConnection {
+        access: Access::REMOTE,
+        remote_addr: peer.0,
+        dest_qpn: peer.1,
+        rq_psn: peer.2,
+        sq_psn,
+        mtu: Mtu::Mtu1024,
+        max_dest_rd_atomic: 16,
+        max_rd_atomic: 16,
+        min_rnr_timer: 1,
+        timeout,
+        retry_cnt,
+        rnr_retry: 7,
+        selective_repeat: false,
+    }
+    .steps();
+    for attr in &steps {
+        session.modify_qp(qp, attr).unwrap();
+    }
+    assert_eq!(qp.state(), QpState::Rts);
 }
 
 pub fn fastrand_psn() -> u32 {
