@@ -179,6 +179,12 @@ fn bad_experiment_input_gets_one_clear_line() {
     let o = run(&["exp", "e4", "--plot"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("e4: --plot, --compare and --hosts apply to e1, e2 and e9"), "{err}");
+    let o = run(&["exp", "e5", "--processors", "2"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("e5: --processors applies to e11 and e12 only"), "{err}");
+    let o = run(&["exp", "e12", "--processors", "0"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--processors") && err.contains("1..=64"), "{err}");
     let listing = run(&["exp"]);
     let text = String::from_utf8_lossy(&listing.stdout);
     for id in ["e1", "e2", "e4", "e5", "e6", "e9"] {

@@ -6,7 +6,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use common::{REGION, Tenant, address, connect_qp, daemon, daemon_with, every_operation, pair, pattern};
+use common::{PROCESSORS, REGION, Tenant, address, connect_qp, daemon, daemon_with, every_operation, pair, pattern};
 use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_transport::{
@@ -141,12 +141,21 @@ fn a_departed_tenant_frees_what_it_held_and_its_peer_flushes() {
 
 /// Eight pairs of tenants, each on a thread of its own, and four threads
 /// sharing one QP: every byte lands, and the engines count no reordering
-/// or NAK of their own making.
+/// or NAK of their own making. The daemon's command processors each serve
+/// half of the sixteen devices, each pair's two ends on two of them.
 #[test]
 fn tenants_and_threads_at_once_disturb_nothing() {
     let daemon = daemon("concurrent");
     let socket = daemon.socket();
     let pairs: Vec<(Tenant, Tenant)> = (0..8).map(|_| pair(socket)).collect();
+    let processor = |t: &Tenant| daemon.processor_of(t.session.addr()).unwrap();
+    let mut load = [0; PROCESSORS];
+    for (a, b) in &pairs {
+        assert_ne!(processor(a), processor(b), "a pair's ends on one processor");
+        load[processor(a)] += 1;
+        load[processor(b)] += 1;
+    }
+    assert_eq!(load, [16 / PROCESSORS; PROCESSORS]);
     std::thread::scope(|s| {
         for (n, (a, b)) in pairs.iter().enumerate() {
             s.spawn(move || {

@@ -25,6 +25,7 @@ fn daemon() -> &'static Running {
         let options = DaemonOptions {
             socket,
             engine_threads: 1,
+            processors: 1,
             config: Default::default(),
             designs: Default::default(),
             embedded_switch: false,

@@ -238,6 +238,7 @@ fn daemon(name: &str) -> softrnic_daemon::server::Running {
     let options = DaemonOptions {
         socket,
         engine_threads: 1,
+        processors: 1,
         config: Default::default(),
         designs: Default::default(),
         embedded_switch: false,

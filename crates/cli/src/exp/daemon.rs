@@ -103,9 +103,10 @@ pub(super) struct Daemon {
 impl Daemon {
     /// The containers' daemon: its embedded switch carries a pair's
     /// datagrams between the pair's namespaces, as an SR-IOV NIC carries
-    /// them between two virtual functions.
-    fn start(build: &Build, out: &Path) -> Result<Daemon, String> {
-        Daemon::start_with(build, &out.join("softrnicd.log"), &["--embedded-switch"])
+    /// them between two virtual functions; `--processors` as asked.
+    fn start(build: &Build, out: &Path, args: &ExpArgs) -> Result<Daemon, String> {
+        let processors = args.processors.unwrap_or(1).to_string();
+        Daemon::start_with(build, &out.join("softrnicd.log"), &["--embedded-switch", "--processors", &processors])
     }
 
     /// A softrnicd with `args` (designs, cores), logging to `log`.
@@ -408,7 +409,7 @@ pub fn e11(args: &ExpArgs) -> Result<(), String> {
     // run in containers (one pair per test).
     let host = Instances::Processes;
     let containers = Instances::new(E11_TESTS.len())?;
-    let daemon = Daemon::start(&build, &logs)?;
+    let daemon = Daemon::start(&build, &logs, args)?;
     // Every size perftest's -a runs, kept from 4 B to 1 MiB; quick: two
     // sizes, few iterations.
     let runs: &[&[&str]] = if args.quick { &[&["-s", "64"], &["-s", "65536"]] } else { &[&["-a"]] };
@@ -504,7 +505,7 @@ pub fn e12(args: &ExpArgs) -> Result<(), String> {
     let mut per_pair: Vec<Series> = Vec::new();
     let mut aggregate: Vec<Series> = Vec::new();
     for mode in [Mode::Daemon, Mode::Forwarding] {
-        let daemon = Daemon::start(&build, &logs)?;
+        let daemon = Daemon::start(&build, &logs, args)?;
         let idle = daemon.rss();
         let (mut pair_points, mut total_points) = (Vec::new(), Vec::new());
         for &n in &counts {

@@ -109,6 +109,10 @@ pub struct ExpArgs {
     /// with --quick).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=512))]
     pub pairs: Vec<u64>,
+    /// e11, e12: the daemon's command processors (softrnicd --processors;
+    /// default 1).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub processors: Option<u16>,
 }
 
 /// One point of a sweep: its configuration (a line in the figure), its
@@ -263,6 +267,10 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     if !e12 && !args.pairs.is_empty() {
         return Err(format!("{name}: --pairs applies to e12 only (run it again without it)"));
     }
+    let e11 = name.eq_ignore_ascii_case("e11") || name.eq_ignore_ascii_case("containers");
+    if !(e11 || e12) && args.processors.is_some() {
+        return Err(format!("{name}: --processors applies to e11 and e12 only (run it again without it)"));
+    }
     if name.eq_ignore_ascii_case("incast") {
         return incast::run(args);
     }
@@ -281,7 +289,7 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     if name.eq_ignore_ascii_case("e6") || name.eq_ignore_ascii_case("stacks") {
         return offload::e6(args);
     }
-    if name.eq_ignore_ascii_case("e11") || name.eq_ignore_ascii_case("containers") {
+    if e11 {
         return daemon::e11(args);
     }
     if e12 {

@@ -24,6 +24,12 @@ struct Args {
     /// Engine threads per device: the cores the engine polls on.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     cores: u16,
+    /// Command processors: threads that move the programs' work requests
+    /// and completions between their rings and the engine, each serving
+    /// its share of the devices (and, with inline progress, driving their
+    /// engines). More spread the devices' work over more cores.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    processors: u16,
     /// Per-tenant limits (a TOML file with a [tenant] table: max_qps,
     /// max_cqs, max_mrs, max_pds, max_srqs, max_memory_mib, max_rate_gbps).
     #[arg(long)]
@@ -76,6 +82,7 @@ fn main() -> ExitCode {
     let options = DaemonOptions {
         socket: args.socket.unwrap_or_else(socket_path::default_path),
         engine_threads: usize::from(args.cores),
+        processors: usize::from(args.processors),
         config,
         designs: Designs { tx: args.tx, rx: args.rx },
         embedded_switch: args.embedded_switch,

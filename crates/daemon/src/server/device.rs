@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use rustix::net::SendFlags;
 use rustix::thread::LinkNameSpaceType;
 use softrnic_engine::shm::{Scope, this_netns};
-use softrnic_engine::{DatapathKind, EngineConfig, FaultConfig, Nic, NicCounters, OpenError, interface};
+use softrnic_engine::{DatapathKind, EngineConfig, FaultConfig, Nic, OpenError, interface};
 use softrnic_transport::{AsyncEvent, CqId, SrqId};
 
 use super::copy_engine::CopyEngine;
@@ -39,6 +39,9 @@ pub struct Device {
     pub offload: Arc<Offload>,
     /// The `engine-copy` design's copy engine, when that is the design.
     pub copy: Option<Arc<CopyEngine>>,
+    /// The command processor that serves every queue of the device
+    /// ([`super::processor::Processors`]).
+    pub processor: usize,
 }
 
 /// A network namespace, held open by a descriptor, named by its inode.
@@ -65,14 +68,16 @@ pub struct Devices {
     pub offload: Arc<Offload>,
     /// The embedded switch all devices share, if the daemon runs one.
     switch: Option<Scope>,
+    /// Command processors to share the devices among.
+    processors: usize,
 }
 
 impl Devices {
     /// Devices whose engines get `engine_threads` threads each (`--cores`),
-    /// whose QPs use `offload`'s designs, and which reach each other
-    /// through `switch` if given.
-    pub fn new(engine_threads: usize, offload: Arc<Offload>, switch: Option<Scope>) -> Devices {
-        Devices { open: Mutex::new(HashMap::new()), engine_threads, offload, switch }
+    /// whose QPs use `offload`'s designs, which reach each other through
+    /// `switch` if given, and which `processors` command processors share.
+    pub fn new(engine_threads: usize, offload: Arc<Offload>, switch: Option<Scope>, processors: usize) -> Devices {
+        Devices { open: Mutex::new(HashMap::new()), engine_threads, offload, switch, processors: processors.max(1) }
     }
 
     /// The device on `addr` in `netns` (the daemon's own when `None`),
@@ -108,8 +113,9 @@ impl Devices {
         // in whichever thread lets go of it last, and holds its port until
         // then. A new tenant waits for that, briefly.
         let closing = open.get(&key).is_some_and(|d| d.strong_count() == 0);
+        let processor = least_loaded(&open, self.processors);
         let device = match netns {
-            None => open_device(config, closing, &self.offload)?,
+            None => open_device(config, closing, &self.offload, processor)?,
             Some(ns) => std::thread::scope(|scope| {
                 scope
                     .spawn(|| {
@@ -120,7 +126,7 @@ impl Devices {
                                      only with CAP_SYS_ADMIN (run it as root)"
                                 )
                             })?;
-                        open_device(config, closing, &self.offload)
+                        open_device(config, closing, &self.offload, processor)
                     })
                     .join()
                     .unwrap_or_else(|_| Err("opening the device panicked".into()))
@@ -132,12 +138,11 @@ impl Devices {
         Ok(device)
     }
 
-    /// The counters of the device on `addr` in the daemon's namespace,
-    /// while it is open.
-    pub fn counters(&self, addr: IpAddr) -> Option<NicCounters> {
+    /// The device on `addr` in the daemon's namespace, while it is open.
+    pub fn get(&self, addr: IpAddr) -> Option<Arc<Device>> {
         let key = (this_netns().ok()?, addr);
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        open.get(&key).and_then(Weak::upgrade).map(|d| d.nic.counters())
+        open.get(&key).and_then(Weak::upgrade)
     }
 }
 
@@ -190,8 +195,24 @@ impl EventRoutes {
     }
 }
 
-/// Opens a device in the calling thread's network namespace.
-fn open_device(config: EngineConfig, closing: bool, offload: &Arc<Offload>) -> Result<Device, String> {
+/// The command processor serving the fewest open devices: a device's
+/// queues cost its processor about the same whoever the tenant is.
+fn least_loaded(open: &HashMap<(u64, IpAddr), Weak<Device>>, processors: usize) -> usize {
+    let mut load = vec![0usize; processors];
+    for device in open.values().filter_map(Weak::upgrade) {
+        load[device.processor % processors] += 1;
+    }
+    (0..processors).min_by_key(|&p| load[p]).unwrap_or(0)
+}
+
+/// Opens a device in the calling thread's network namespace, served by
+/// command processor `processor`.
+fn open_device(
+    config: EngineConfig,
+    closing: bool,
+    offload: &Arc<Offload>,
+    processor: usize,
+) -> Result<Device, String> {
     let addr = config.addr;
     let deadline = Instant::now() + CLOSING_WAIT;
     let nic = loop {
@@ -213,5 +234,5 @@ fn open_device(config: EngineConfig, closing: bool, offload: &Arc<Offload>) -> R
     let events = Arc::new(EventRoutes::default());
     let routes = events.clone();
     nic.route_async_events(Box::new(move |event| routes.deliver(event)));
-    Ok(Device { nic, events, active_mtu: mtu.bytes(), offload: offload.clone(), copy })
+    Ok(Device { nic, events, active_mtu: mtu.bytes(), offload: offload.clone(), copy, processor })
 }

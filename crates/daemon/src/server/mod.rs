@@ -1,5 +1,5 @@
 //! softrnicd's side: the listening socket, a thread per tenant for its
-//! control verbs, and the command processor that serves every tenant's
+//! control verbs, and the command processors that serve the tenants'
 //! queues.
 
 pub mod copy_engine;
@@ -22,7 +22,7 @@ use softrnic_engine::shm::Scope;
 
 use crate::limits::{Accounts, DaemonConfig};
 use device::Devices;
-use processor::Registry;
+use processor::Processors;
 
 /// How to run the daemon.
 #[derive(Debug, Clone)]
@@ -31,6 +31,8 @@ pub struct DaemonOptions {
     pub socket: PathBuf,
     /// Engine threads per device (`--cores`).
     pub engine_threads: usize,
+    /// Command processors, the devices shared among them (`--processors`).
+    pub processors: usize,
     pub config: DaemonConfig,
     /// The offloaded stack's transmit and receive designs (`--tx`, `--rx`).
     pub designs: offload::Designs,
@@ -44,20 +46,20 @@ pub struct DaemonOptions {
 pub struct Daemon {
     listener: OwnedFd,
     options: DaemonOptions,
-    registry: Arc<Registry>,
+    processors: Arc<Processors>,
     devices: Arc<Devices>,
 }
 
 /// A daemon serving on its own threads (tests, and `softrnicd` itself).
 pub struct Running {
     socket: PathBuf,
-    registry: Arc<Registry>,
+    processors: Arc<Processors>,
     /// Tenants connected now.
     tenants: Arc<AtomicUsize>,
     devices: Arc<Devices>,
     stopping: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
-    processor: Option<JoinHandle<()>>,
+    processor_threads: Vec<JoinHandle<()>>,
 }
 
 impl Daemon {
@@ -109,27 +111,24 @@ impl Daemon {
                 e => e.into(),
             });
         }
-        let registry = Arc::new(Registry::new()?);
+        let processors = Arc::new(Processors::new(options.processors)?);
         let offload = Arc::new(offload::Offload::new(options.designs));
         let switch = options.embedded_switch.then(|| Scope::Switch(std::process::id()));
         // What a killed daemon's devices (or programs') left in /dev/shm.
         softrnic_engine::shm::remove_abandoned_inboxes();
-        let devices = Arc::new(Devices::new(options.engine_threads, offload, switch));
-        Ok(Daemon { listener, options, registry, devices })
+        let devices = Arc::new(Devices::new(options.engine_threads, offload, switch, processors.count()));
+        Ok(Daemon { listener, options, processors, devices })
     }
 
-    /// Starts the command processor and the acceptor.
+    /// Starts the command processors and the acceptor.
     pub fn start(self) -> io::Result<Running> {
-        let Daemon { listener, options, registry, devices } = self;
+        let Daemon { listener, options, processors, devices } = self;
         let stopping = Arc::new(AtomicBool::new(false));
         let devices_for_running = devices.clone();
-        let processor = {
-            let registry = registry.clone();
-            std::thread::Builder::new().name("softrnicd-processor".into()).spawn(move || processor::run(&registry))?
-        };
+        let processor_threads = processors.spawn()?;
         let tenants = Arc::new(AtomicUsize::new(0));
         let acceptor = {
-            let (registry, stopping, tenants) = (registry.clone(), stopping.clone(), tenants.clone());
+            let (processors, stopping, tenants) = (processors.clone(), stopping.clone(), tenants.clone());
             let accounts = Arc::new(Accounts::new(options.config.tenant));
             std::thread::Builder::new().name("softrnicd-accept".into()).spawn(move || {
                 let next_tenant = AtomicU64::new(1);
@@ -147,11 +146,11 @@ impl Daemon {
                         return;
                     }
                     let id = next_tenant.fetch_add(1, Ordering::Relaxed);
-                    let (devices, registry, count) = (devices.clone(), registry.clone(), tenants.clone());
+                    let (devices, processors, count) = (devices.clone(), processors.clone(), tenants.clone());
                     let accounts = accounts.clone();
                     count.fetch_add(1, Ordering::AcqRel);
                     let spawned = std::thread::Builder::new().name(format!("softrnicd-tenant-{id}")).spawn(move || {
-                        tenant::serve(id, socket, &devices, registry, &accounts);
+                        tenant::serve(id, socket, &devices, &processors, &accounts);
                         count.fetch_sub(1, Ordering::AcqRel);
                     });
                     if let Err(e) = spawned {
@@ -163,12 +162,12 @@ impl Daemon {
         };
         Ok(Running {
             socket: options.socket,
-            registry,
+            processors,
             tenants,
             devices: devices_for_running,
             stopping,
             acceptor: Some(acceptor),
-            processor: Some(processor),
+            processor_threads,
         })
     }
 }
@@ -178,20 +177,26 @@ impl Running {
         &self.socket
     }
 
-    /// How many QPs and CQs the command processor serves now.
+    /// How many QPs and CQs the command processors serve now.
     pub fn served(&self) -> (usize, usize) {
-        self.registry.served()
+        self.processors.served()
     }
 
-    /// How often the command processor panicked and started again: zero,
+    /// How often a command processor panicked and started again: zero,
     /// unless softrnicd has a bug.
     pub fn processor_restarts(&self) -> u64 {
-        self.registry.restarts.load(Ordering::Relaxed)
+        self.processors.restarts()
     }
 
     /// The counters of the device on `addr`, while a tenant holds it.
     pub fn counters(&self, addr: std::net::IpAddr) -> Option<softrnic_engine::NicCounters> {
-        self.devices.counters(addr)
+        self.devices.get(addr).map(|d| d.nic.counters())
+    }
+
+    /// Which command processor serves the device on `addr`, while a tenant
+    /// holds it.
+    pub fn processor_of(&self, addr: std::net::IpAddr) -> Option<usize> {
+        self.devices.get(addr).map(|d| d.processor)
     }
 
     /// How many programs are connected now.
@@ -213,7 +218,7 @@ impl Running {
 }
 
 impl Drop for Running {
-    /// Stops accepting and stops the processor. Tenants still connected
+    /// Stops accepting and stops the processors. Tenants still connected
     /// keep their control threads until they leave.
     fn drop(&mut self) {
         self.stopping.store(true, Ordering::Release);
@@ -226,8 +231,8 @@ impl Drop for Running {
         if let Some(acceptor) = self.acceptor.take() {
             let _ = acceptor.join();
         }
-        self.registry.stop();
-        if let Some(processor) = self.processor.take() {
+        self.processors.stop();
+        for processor in self.processor_threads.drain(..) {
             let _ = processor.join();
         }
         let _ = std::fs::remove_file(&self.socket);

@@ -1,6 +1,9 @@
 //! The command processor: the part of a NIC that fetches work requests
-//! from the rings programs write and writes completions back. One thread
-//! serves every tenant's queues.
+//! from the rings programs write and writes completions back. Each of
+//! the daemon's processors (`--processors`, [`Processors`]) is a thread
+//! that serves every queue of its share of the devices: a device is one
+//! processor's, so its queues are served in order, and the devices' work
+//! (with inline progress, their engines' too) spreads over the cores.
 //!
 //! Per pass it moves each QP's new send and receive WQEs into the engine
 //! (checked: see [`crate::wqe`]) and each CQ's new completions into its
@@ -581,6 +584,55 @@ impl Registry {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         doorbell::signal(&self.wake);
+    }
+}
+
+/// The daemon's command processors, each with the [`Registry`] of what it
+/// serves.
+pub struct Processors {
+    registries: Vec<Arc<Registry>>,
+}
+
+impl Processors {
+    /// `count` processors (at least one), not yet running.
+    pub fn new(count: usize) -> std::io::Result<Processors> {
+        let registries = (0..count.max(1)).map(|_| Registry::new().map(Arc::new)).collect::<Result<_, _>>()?;
+        Ok(Processors { registries })
+    }
+
+    pub fn count(&self) -> usize {
+        self.registries.len()
+    }
+
+    /// Starts a thread per processor.
+    pub fn spawn(&self) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+        (self.registries.iter().enumerate())
+            .map(|(i, registry)| {
+                let registry = registry.clone();
+                std::thread::Builder::new().name(format!("softrnicd-processor-{i}")).spawn(move || run(&registry))
+            })
+            .collect()
+    }
+
+    /// What serves the queues of `device`.
+    pub fn of(&self, device: &Device) -> Arc<Registry> {
+        self.registries[device.processor % self.registries.len()].clone()
+    }
+
+    /// How many QPs and CQs are served, by all of them.
+    pub fn served(&self) -> (usize, usize) {
+        (self.registries.iter().map(|r| r.served())).fold((0, 0), |(q, c), (dq, dc)| (q + dq, c + dc))
+    }
+
+    /// How often a processor panicked and started again.
+    pub fn restarts(&self) -> u64 {
+        self.registries.iter().map(|r| r.restarts.load(Ordering::Relaxed)).sum()
+    }
+
+    pub fn stop(&self) {
+        for registry in &self.registries {
+            registry.stop();
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
 use softrnic_transport::{AlgorithmSpec, Choice, CqId, DmaBuffer, PdId, QpAttr, QpInitAttr, QpState, SrqAttr, SrqId};
 
 use super::device::{Device, Devices, Element, NetNs};
-use super::processor::{Registry, ServedCq, ServedQp, ServedSrq};
+use super::processor::{Processors, Registry, ServedCq, ServedQp, ServedSrq};
 use crate::doorbell::DoorbellPage;
 use crate::limits::{Accounts, Resource, Usage};
 use crate::protocol::{
@@ -65,9 +65,9 @@ pub struct Tenant {
 type Answer = Result<(Response, Vec<OwnedFd>), RemoteError>;
 
 /// Serves one connection until it closes.
-pub fn serve(id: u64, socket: OwnedFd, devices: &Devices, registry: Arc<Registry>, accounts: &Accounts) {
+pub fn serve(id: u64, socket: OwnedFd, devices: &Devices, processors: &Processors, accounts: &Accounts) {
     let peer = rustix::net::sockopt::socket_peercred(&socket).map(|c| c.pid.as_raw_nonzero().get()).unwrap_or(0);
-    let mut tenant = match open(id, peer, &socket, devices, registry, accounts) {
+    let mut tenant = match open(id, peer, &socket, devices, processors, accounts) {
         Ok(tenant) => tenant,
         Err(e) => {
             let _ = protocol::send(socket.as_fd(), &Response::Error(e), &[]);
@@ -101,7 +101,7 @@ fn open(
     peer: i32,
     socket: &OwnedFd,
     devices: &Devices,
-    registry: Arc<Registry>,
+    processors: &Processors,
     accounts: &Accounts,
 ) -> Result<Tenant, RemoteError> {
     let first = protocol::receive::<Request>(socket.as_fd()).map_err(|e| RemoteError::invalid(e.to_string()))?;
@@ -117,6 +117,7 @@ fn open(
     // namespace; the daemon learns which from the socket's peer.
     let netns = if peer > 0 { NetNs::of_process(peer).map_err(RemoteError::invalid)? } else { None };
     let device = devices.open(addr, netns.as_ref()).map_err(RemoteError::invalid)?;
+    let registry = processors.of(&device);
     let doorbell = Arc::new(DoorbellPage::create().map_err(|e| RemoteError::exhausted(e.to_string()))?);
     let opened = Opened {
         tenant: id,

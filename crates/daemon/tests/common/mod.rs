@@ -33,16 +33,29 @@ pub fn daemon_with(name: &str, config: DaemonConfig) -> Running {
     daemon_designed(name, config, Designs::default())
 }
 
-/// A daemon with the offloaded stack's `designs`.
+/// A daemon with the offloaded stack's `designs`. Its two command
+/// processors share the devices, so the two ends of a test's pair are
+/// served by threads of their own, at once.
 pub fn daemon_designed(name: &str, config: DaemonConfig, designs: Designs) -> Running {
-    start(DaemonOptions { socket: socket(name), engine_threads: 1, config, designs, embedded_switch: false })
+    start(DaemonOptions {
+        socket: socket(name),
+        engine_threads: 1,
+        processors: PROCESSORS,
+        config,
+        designs,
+        embedded_switch: false,
+    })
 }
+
+/// Command processors of the tests' daemons.
+pub const PROCESSORS: usize = 2;
 
 /// A daemon running its embedded switch.
 pub fn daemon_switched(name: &str) -> Running {
     start(DaemonOptions {
         socket: socket(name),
         engine_threads: 1,
+        processors: PROCESSORS,
         config: DaemonConfig::default(),
         designs: Designs::default(),
         embedded_switch: true,
