@@ -22,15 +22,7 @@ fn daemon() -> &'static Running {
     static DAEMON: OnceLock<Running> = OnceLock::new();
     DAEMON.get_or_init(|| {
         let socket = std::env::temp_dir().join(format!("softrnicd-ibverbs-{}.sock", std::process::id()));
-        let options = DaemonOptions {
-            socket,
-            engine_threads: 1,
-            processors: 1,
-            config: Default::default(),
-            designs: Default::default(),
-            embedded_switch: false,
-        };
-        let daemon = Daemon::bind(options).unwrap().start().unwrap();
+        let daemon = Daemon::bind(DaemonOptions::at(socket)).unwrap().start().unwrap();
         // SAFETY: before any context is opened (every test opens its own
         // after this), and nothing else of this binary reads it meanwhile.
         unsafe {

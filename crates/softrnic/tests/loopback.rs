@@ -235,15 +235,7 @@ fn opening_an_address_twice_or_one_that_is_not_local_says_why() {
 fn daemon(name: &str) -> softrnic_daemon::server::Running {
     use softrnic_daemon::server::{Daemon, DaemonOptions};
     let socket = std::env::temp_dir().join(format!("softrnicd-api-{}-{name}.sock", std::process::id()));
-    let options = DaemonOptions {
-        socket,
-        engine_threads: 1,
-        processors: 1,
-        config: Default::default(),
-        designs: Default::default(),
-        embedded_switch: false,
-    };
-    Daemon::bind(options).unwrap().start().unwrap()
+    Daemon::bind(DaemonOptions::at(socket)).unwrap().start().unwrap()
 }
 
 /// A connected pair whose devices softrnicd serves.

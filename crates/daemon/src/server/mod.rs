@@ -42,6 +42,22 @@ pub struct DaemonOptions {
     pub embedded_switch: bool,
 }
 
+impl DaemonOptions {
+    /// A daemon on `socket` as `softrnicd` runs by default: one engine
+    /// thread per device, one command processor, no limits beyond the
+    /// defaults, header-only transmit and direct receive, no switch.
+    pub fn at(socket: PathBuf) -> DaemonOptions {
+        DaemonOptions {
+            socket,
+            engine_threads: 1,
+            processors: 1,
+            config: DaemonConfig::default(),
+            designs: offload::Designs::default(),
+            embedded_switch: false,
+        }
+    }
+}
+
 /// A bound daemon, not yet serving.
 pub struct Daemon {
     listener: OwnedFd,

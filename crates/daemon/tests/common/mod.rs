@@ -37,14 +37,7 @@ pub fn daemon_with(name: &str, config: DaemonConfig) -> Running {
 /// processors share the devices, so the two ends of a test's pair are
 /// served by threads of their own, at once.
 pub fn daemon_designed(name: &str, config: DaemonConfig, designs: Designs) -> Running {
-    start(DaemonOptions {
-        socket: socket(name),
-        engine_threads: 1,
-        processors: PROCESSORS,
-        config,
-        designs,
-        embedded_switch: false,
-    })
+    start(DaemonOptions { processors: PROCESSORS, config, designs, ..DaemonOptions::at(socket(name)) })
 }
 
 /// Command processors of the tests' daemons.
@@ -52,14 +45,7 @@ pub const PROCESSORS: usize = 2;
 
 /// A daemon running its embedded switch.
 pub fn daemon_switched(name: &str) -> Running {
-    start(DaemonOptions {
-        socket: socket(name),
-        engine_threads: 1,
-        processors: PROCESSORS,
-        config: DaemonConfig::default(),
-        designs: Designs::default(),
-        embedded_switch: true,
-    })
+    start(DaemonOptions { processors: PROCESSORS, embedded_switch: true, ..DaemonOptions::at(socket(name)) })
 }
 
 fn socket(name: &str) -> std::path::PathBuf {
