@@ -103,10 +103,15 @@ pub(super) struct Daemon {
 impl Daemon {
     /// The containers' daemon: its embedded switch carries a pair's
     /// datagrams between the pair's namespaces, as an SR-IOV NIC carries
-    /// them between two virtual functions; `--processors` as asked.
+    /// them between two virtual functions; `--processors` if asked,
+    /// softrnicd's own default otherwise.
     fn start(build: &Build, out: &Path, args: &ExpArgs) -> Result<Daemon, String> {
-        let processors = args.processors.unwrap_or(1).to_string();
-        Daemon::start_with(build, &out.join("softrnicd.log"), &["--embedded-switch", "--processors", &processors])
+        let processors = args.processors.map(|n| n.to_string());
+        let mut flags = vec!["--embedded-switch"];
+        if let Some(n) = &processors {
+            flags.extend(["--processors", n]);
+        }
+        Daemon::start_with(build, &out.join("softrnicd.log"), &flags)
     }
 
     /// A softrnicd with `args` (designs, cores), logging to `log`.

@@ -110,7 +110,7 @@ pub struct ExpArgs {
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=512))]
     pub pairs: Vec<u64>,
     /// e11, e12: the daemon's command processors (softrnicd --processors;
-    /// default 1).
+    /// default: softrnicd's).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub processors: Option<u16>,
 }

@@ -200,7 +200,7 @@ impl EventRoutes {
 fn least_loaded(open: &HashMap<(u64, IpAddr), Weak<Device>>, processors: usize) -> usize {
     let mut load = vec![0usize; processors];
     for device in open.values().filter_map(Weak::upgrade) {
-        load[device.processor % processors] += 1;
+        load[device.processor] += 1;
     }
     (0..processors).min_by_key(|&p| load[p]).unwrap_or(0)
 }

@@ -616,7 +616,7 @@ impl Processors {
 
     /// What serves the queues of `device`.
     pub fn of(&self, device: &Device) -> Arc<Registry> {
-        self.registries[device.processor % self.registries.len()].clone()
+        self.registries[device.processor].clone()
     }
 
     /// How many QPs and CQs are served, by all of them.
