@@ -33,7 +33,11 @@ export SOFTRNIC_DAEMON=off
 # rdma_bench over the drop-in library, which must exist first (the
 # stack matrix runs the release softrnic command built with it).
 scripts/build-libibverbs.sh >/dev/null
-cargo test --workspace --locked
+# The tests run the release build, the one the library, softrnicd, the
+# matrices and users run: built once, not a second time with the test
+# profile's settings (that second build of wasmtime and the rest was a
+# third of CI's time). `cargo test` alone still uses the test profile.
+cargo test --workspace --locked --release
 
 # The model checker over the shared-memory rings' index protocol, in a
 # target directory of its own (a different --cfg rebuilds everything, and
