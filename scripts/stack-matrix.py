@@ -8,9 +8,10 @@ qperf -cm1, perftest's eight tests with -R); and libfabric's verbs
 provider (fi_info, fi_pingpong over DGRAM and MSG endpoints); and Open
 MPI over UCX (scripts/programs/mpi-check.c: ping-pong, an allreduce
 checked against the exact sum, MPI_Put through osc ucx). On loopback and
-between two network namespaces, with each program's figure.
+between two network namespaces, with each program's figure; with
+--daemon, the rdma_cm programs once more through one softrnicd.
 
-    scripts/stack-matrix.py [--only REGEX] [--no-netns]
+    scripts/stack-matrix.py [--only REGEX] [--no-netns] [--daemon]
 
 verbs-matrix.py runs libibverbs' own programs and perftest; this is its
 companion for what stands on top."""
@@ -165,7 +166,8 @@ def run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, port):
     failed, text = serve_and_run(
         site, site.command(site.server_ns, fill(server_argv)), site.command(site.client_ns, fill(client_argv)),
         ready_port=port if runs == SERVES_TCP else None, stop_server=runs != ONCE,
-        server_env=vm.environment(libdir, site.server_addr), client_env=vm.environment(libdir, site.client_addr))
+        server_env=vm.environment(libdir, site.server_addr, site.env),
+        client_env=vm.environment(libdir, site.client_addr, site.env))
     if failed:
         return failed
     figure = parse(text, time.time() - start)
@@ -395,6 +397,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", help="run only the entries whose name matches this regular expression")
     parser.add_argument("--no-netns", action="store_true", help="skip the network-namespace half")
+    parser.add_argument("--daemon", action="store_true",
+                        help="the rdma_cm programs again on loopback, through one softrnicd")
     args = parser.parse_args()
     missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
     if missing:
@@ -406,6 +410,14 @@ def main():
     wanted = re.compile(args.only) if args.only else None
     results = []
 
+    def run_cm_site(site):
+        for i, (name, server_argv, client_argv, parse, runs) in enumerate(cm_pairs()):
+            if wanted and not wanted.search(name):
+                continue
+            verdict = run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, 18800 + i)
+            results.append((site.name, name, *verdict))
+            print(f"  {site.name:9} {name:36} {verdict[0]}", file=sys.stderr, flush=True)
+
     def run_site(site):
         for name, argv, patterns in singles():
             if not wanted or wanted.search(name):
@@ -416,12 +428,7 @@ def main():
             verdict = run_pair(site, tls, perftest_args, kind, 18700 + i)
             results.append((site.name, name, *verdict))
             print(f"  {site.name:9} {name:36} {verdict[0]}", file=sys.stderr, flush=True)
-        for i, (name, server_argv, client_argv, parse, runs) in enumerate(cm_pairs()):
-            if wanted and not wanted.search(name):
-                continue
-            verdict = run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, 18800 + i)
-            results.append((site.name, name, *verdict))
-            print(f"  {site.name:9} {name:36} {verdict[0]}", file=sys.stderr, flush=True)
+        run_cm_site(site)
         run_fabric(site, wanted, results)
         name = "mpirun pml ucx: ping-pong, allreduce, MPI_Put"
         if not wanted or wanted.search(name):
@@ -433,6 +440,9 @@ def main():
         results.append(("loopback", "sysfs counters follow the engine", *counters_follow(loopback)))
     if not wanted or wanted.search("tshark"):
         results.append(("loopback", "tshark decodes the CM exchange", *cm_on_the_wire(libdir, loopback)))
+    if args.daemon:
+        with vm.Daemon() as socket:
+            run_cm_site(vm.Site("softrnicd", "127.0.78.3", "127.0.78.4", env={"SOFTRNIC_DAEMON": socket}))
     reason = "--no-netns given" if args.no_netns else vm.namespaces_unavailable()
     if reason:
         results.append(("netns", "all entries", "skip", reason))

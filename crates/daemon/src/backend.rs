@@ -336,7 +336,7 @@ impl<E: EngineHolder> Backend<E> {
     pub fn create_gsi_qp(&self, init: QpInitAttr) -> Result<QpBackend> {
         match self {
             Backend::Engine(e) => e.nic().create_gsi_qp(init).map(QpBackend::Engine),
-            Backend::Daemon(_) => Err(VerbsError::NotSupported("the GSI QP (rdma_cm) through softrnicd".into())),
+            Backend::Daemon(session) => session.create_gsi_qp(init).map(|qp| QpBackend::Daemon(Box::new(qp))),
         }
     }
 

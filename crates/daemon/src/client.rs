@@ -310,7 +310,16 @@ impl Session {
     }
 
     pub fn create_qp(&self, init: QpInitAttr) -> Result<Qp> {
-        match self.call(Request::CreateQp { init }, &[])? {
+        self.create_qp_by(Request::CreateQp { init }, init)
+    }
+
+    /// The device's GSI QP (QP1), for rdma_cm.
+    pub fn create_gsi_qp(&self, init: QpInitAttr) -> Result<Qp> {
+        self.create_qp_by(Request::CreateGsiQp { init }, init)
+    }
+
+    fn create_qp_by(&self, request: Request, init: QpInitAttr) -> Result<Qp> {
+        match self.call(request, &[])? {
             (Response::Qp(layout), fds) => {
                 let [send, recv]: [OwnedFd; 2] =
                     fds.try_into().map_err(|_| VerbsError::Device("QP without its rings".into()))?;

@@ -27,7 +27,12 @@ use softrnic_transport::{
 };
 
 /// Bumped whenever a message or a shared layout changes.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
+
+/// What a second tenant on an address is refused (`CreateGsiQp`), as the
+/// busy object: "... is still in use".
+pub const GSI_HELD: &str = "the GSI QP (QP1) of this address, another program's (rdma_cm through softrnicd serves \
+                            one program per address: give each program an address of its own)";
 
 /// The largest message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 4096;
@@ -90,6 +95,12 @@ pub enum Request {
     /// The answer carries the send ring, then (without an SRQ) the
     /// receive ring.
     CreateQp {
+        init: QpInitAttr,
+    },
+    /// The device's GSI QP (QP1), where rdma_cm's MADs arrive: a UD QP
+    /// answered as `CreateQp` is. A device has one, so one program on an
+    /// address holds it at a time.
+    CreateGsiQp {
         init: QpInitAttr,
     },
     ModifyQp {
@@ -316,9 +327,10 @@ impl RemoteError {
 
     /// The verbs error a local engine would have returned.
     pub fn into_verbs(self) -> VerbsError {
-        /// `VerbsError` names objects with static strings.
+        /// `VerbsError` names objects (and says why the GSI QP is busy)
+        /// with static strings.
         fn object(name: &str) -> &'static str {
-            ["PD", "MR", "CQ", "QP", "SRQ", "completion channel", "device"]
+            ["PD", "MR", "CQ", "QP", "SRQ", "completion channel", "device", GSI_HELD]
                 .into_iter()
                 .find(|known| known.eq_ignore_ascii_case(name))
                 .unwrap_or("object")

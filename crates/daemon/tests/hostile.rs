@@ -270,6 +270,52 @@ fn garbage_and_lies_on_the_socket_are_refused() {
     assert_eq!(daemon.processor_restarts(), 0);
 }
 
+/// rdma_cm's QP1 through the daemon: an address's device has one, so the
+/// first tenant on the address gets it, a second is refused (EBUSY, and
+/// how to do without), and the QP passes on once its holder leaves.
+#[test]
+fn the_gsi_qp_of_an_address_is_one_tenants_at_a_time() {
+    let daemon = daemon("gsi");
+    let socket = daemon.socket();
+    let addr = address();
+    let ask = |fd: &OwnedFd| {
+        let (opened, _) = call(fd, Request::Open { version: PROTOCOL_VERSION, addr, forward: false });
+        assert!(matches!(opened, Response::Opened(_)), "{opened:?}");
+        let (Response::Pd(pd), _) = call(fd, Request::AllocPd) else { panic!() };
+        let (Response::Cq(cq), _) = call(fd, Request::CreateCq { capacity: 16, channel: None }) else { panic!() };
+        let init = QpInitAttr {
+            qp_type: QpType::Ud,
+            pd,
+            send_cq: cq.cq,
+            recv_cq: cq.cq,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+            srq: None,
+        };
+        call(fd, Request::CreateGsiQp { init }).0
+    };
+    let holder = raw_connect(socket);
+    let held = ask(&holder);
+    assert!(matches!(held, Response::Qp(ref layout) if layout.qpn == 1), "{held:?}");
+    let refused = ask(&raw_connect(socket));
+    let Response::Error(e) = refused else { panic!("a second QP1 on {addr}: {refused:?}") };
+    assert_eq!(e.kind, protocol::ErrorKind::Busy);
+    assert!(e.into_verbs().to_string().contains("give each program an address of its own"));
+    // Another address has a QP1 of its own.
+    let elsewhere = raw_connect(socket);
+    call(&elsewhere, Request::Open { version: PROTOCOL_VERSION, addr: address(), forward: false });
+    drop(holder);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match ask(&raw_connect(socket)) {
+            Response::Qp(layout) => break assert_eq!(layout.qpn, 1),
+            other => assert!(Instant::now() < deadline, "QP1 still held after its tenant left: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(daemon.processor_restarts(), 0);
+}
+
 /// The child's part of the next test: a tenant that writes to its peer
 /// until it is killed.
 fn child(socket: &Path, addr: IpAddr) {

@@ -158,7 +158,14 @@ impl CmDevice {
             };
             let qp = verbs::softrnic_create_gsi_qp(pd, &mut init);
             if qp.is_null() {
-                return Err(failed("creating QP1"));
+                let busy = std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY);
+                let hint = match busy {
+                    // Through softrnicd the device is the address's, for
+                    // every program that opens it.
+                    true => "; another program on this address runs rdma_cm: give each its own SOFTRNIC_ADDR",
+                    false => "",
+                };
+                return Err(failed("creating QP1") + hint);
             }
             let mut attr: ibv_qp_attr = std::mem::zeroed();
             attr.qp_state = IBV_QPS_INIT;

@@ -175,7 +175,7 @@ impl Control {
             return Err(VerbsError::invalid("the GSI QP is a UD QP"));
         }
         if self.qpns.contains(&GSI_QPN) {
-            return Err(VerbsError::Busy("the device's GSI QP (QP1) exists already"));
+            return Err(VerbsError::Busy("the device's GSI QP (QP1)"));
         }
         let shard = shard_of(GSI_QPN, self.shards);
         self.create_numbered_qp(init, shard, Some(GSI_QPN)).map(|qp| (shard, qp))

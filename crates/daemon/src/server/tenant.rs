@@ -21,7 +21,9 @@ use std::sync::Arc;
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use softrnic_engine::ProgressMode;
 use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
-use softrnic_transport::{AlgorithmSpec, Choice, CqId, DmaBuffer, PdId, QpAttr, QpInitAttr, QpState, SrqAttr, SrqId};
+use softrnic_transport::{
+    AlgorithmSpec, Choice, CqId, DmaBuffer, PdId, QpAttr, QpInitAttr, QpState, SrqAttr, SrqId, VerbsError,
+};
 
 use super::device::{Device, Devices, Element, NetNs};
 use super::processor::{Processors, Registry, ServedCq, ServedQp, ServedSrq};
@@ -265,7 +267,8 @@ impl Tenant {
                 self.registry.update(|s| s.srqs.retain(|q| !Arc::ptr_eq(q, &served)));
                 Ok((Response::Done, Vec::new()))
             }
-            Request::CreateQp { init } => self.create_qp(init),
+            Request::CreateQp { init } => self.create_qp(init, false),
+            Request::CreateGsiQp { init } => self.create_qp(init, true),
             Request::ModifyQp { qpn, attr } => {
                 self.own_qp(qpn)?;
                 nic.modify_qp(qpn, &attr).map(|s| (Response::State(s), Vec::new())).map_err(RemoteError::from)
@@ -467,7 +470,8 @@ impl Tenant {
         Ok((Response::Cq(layout), vec![fd]))
     }
 
-    fn create_qp(&mut self, init: QpInitAttr) -> Answer {
+    /// A QP, or with `gsi` the device's QP1.
+    fn create_qp(&mut self, init: QpInitAttr, gsi: bool) -> Answer {
         let held = self.usage.reserve(Resource::Qps, 1)?;
         self.own_pd(init.pd)?;
         for cq in [init.send_cq, init.recv_cq] {
@@ -502,7 +506,14 @@ impl Tenant {
         let recv_wr = if init.srq.is_some() { 1 } else { caps.max_recv_wr };
         let recv = SharedQueue::create("softrnic-rq", recv_wr, wqe::recv_slot_size(caps.max_recv_sge)).map_err(io)?;
         let nic = &self.device.nic;
-        let posts = nic.create_qp(init).map_err(RemoteError::from)?;
+        let posts = match gsi {
+            false => nic.create_qp(init),
+            // The device, and so its QP1, is every tenant's on the address.
+            true => nic.create_gsi_qp(init).map_err(|e| match e {
+                VerbsError::Busy(_) => VerbsError::Busy(protocol::GSI_HELD),
+                other => other,
+            }),
+        }?;
         let qpn = posts.qpn();
         if let Some(rate) = self.rate {
             let _ = nic.set_qp_rate_limit(qpn, Some(rate));
