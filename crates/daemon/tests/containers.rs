@@ -91,7 +91,7 @@ fn switched_container(socket: &Path, role: &str) {
     let theirs = lines.next().expect("the peer's hello");
     let mut words = theirs.split_whitespace().skip(1).map(|w| w.parse::<u32>().expect("a number"));
     let (qpn, psn) = (words.next().unwrap(), Psn::new(words.next().unwrap()));
-    tenant.connect_patiently_to(peer, qpn, psn);
+    tenant.connect_to(peer, qpn, psn);
     if role == "b" {
         let sges = smallvec![Sge { addr: tenant.iova(0), length: MESSAGE as u32, lkey: tenant.keys.lkey }];
         tenant.session.post_recv(&tenant.qp, &RecvWorkRequest { wr_id: 9, sges }).unwrap();

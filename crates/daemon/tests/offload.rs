@@ -53,7 +53,7 @@ fn every_design_moves_every_operation_and_counts_its_copies() {
 /// Pairs of tenants each stream `messages` SENDs of `len` bytes, every
 /// receive posted before the first send; returns the daemon's stats.
 fn stream(daemon: &softrnic_daemon::server::Running, pairs: usize, messages: usize, len: usize) -> OffloadStats {
-    let pairs: Vec<(Tenant, Tenant)> = (0..pairs).map(|_| common::patient_pair(daemon.socket())).collect();
+    let pairs: Vec<(Tenant, Tenant)> = (0..pairs).map(|_| common::pair(daemon.socket())).collect();
     // Each message in a slot of its own at both ends.
     let slot = common::REGION / messages;
     assert!(slot >= len);
@@ -142,7 +142,7 @@ fn engine_copy_under_load_from_several_threads_never_stalls() {
     // calls): four pairs stream at once, each from its own thread, with a
     // window of sends and receives reposted as they complete.
     let daemon = designed("pull-stress", TxDesign::EngineCopy, RxDesign::InCache);
-    let pairs: Vec<(Tenant, Tenant)> = (0..4).map(|_| common::patient_pair(daemon.socket())).collect();
+    let pairs: Vec<(Tenant, Tenant)> = (0..4).map(|_| common::pair(daemon.socket())).collect();
     let (messages, window, len) = (4000u64, 64u64, 64usize);
     std::thread::scope(|s| {
         for (p, (a, b)) in pairs.iter().enumerate() {
