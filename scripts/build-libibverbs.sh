@@ -14,11 +14,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 profile=${SOFTRNIC_PROFILE:-release}
-# The softrnic command (`softrnic run` sets up a program's environment)
-# comes in the same build: built apart, the two would pick different
-# features of the dependencies they share and build those (wasmtime
-# among them) twice.
-cargo build --quiet --locked --profile "$profile" -p softrnic-ibverbs -p softrnic-rdmacm -p softrnic-cli
+# The softrnic command (`softrnic run` sets up a program's environment),
+# softrnicd and rdma_bench, which the matrices run beside the library, come
+# in the same build: built apart, each would pick different features of
+# the dependencies they share and build those (wasmtime among them) again.
+# Together they pick the features the tests' build does (scripts/test.sh).
+cargo build --quiet --locked --profile "$profile" \
+    -p softrnic-ibverbs -p softrnic-rdmacm -p softrnic-cli -p softrnic-daemon -p softrnic-rdma-bench
 dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
 out=target/softrnic/lib
 mkdir -p "$out"

@@ -37,13 +37,11 @@ TIMEOUT = 90
 
 
 def build_library():
-    """Builds libibverbs.so.1 and rdma_bench; returns the library's directory."""
+    """Builds libibverbs.so.1, rdma_bench and softrnicd (one build, one set
+    of features); returns the library's directory."""
     out = subprocess.run([os.path.join(ROOT, "scripts", "build-libibverbs.sh")], capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"building libibverbs.so.1 failed:\n{out.stderr}")
-    bench = subprocess.run(["cargo", "build", "--release", "--locked", "-p", "softrnic-rdma-bench"], cwd=ROOT, capture_output=True, text=True)
-    if bench.returncode != 0:
-        sys.exit(f"building rdma_bench failed:\n{bench.stderr}")
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -313,9 +311,7 @@ class Daemon:
     """A softrnicd on a socket of its own, stopped on exit."""
 
     def __enter__(self):
-        out = subprocess.run(["cargo", "build", "--release", "--locked", "-p", "softrnic-daemon"], cwd=ROOT, capture_output=True, text=True)
-        if out.returncode != 0:
-            sys.exit(f"building softrnicd failed:\n{out.stderr}")
+        build_library()
         self.socket = os.path.join(tempfile.gettempdir(), f"softrnicd-matrix-{os.getpid()}.sock")
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([os.path.join(ROOT, "target", "release", "softrnicd"), "--socket", self.socket],
