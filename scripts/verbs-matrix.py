@@ -308,10 +308,10 @@ def entries(quick):
 
 
 class Daemon:
-    """A softrnicd on a socket of its own, stopped on exit."""
+    """A softrnicd on a socket of its own, stopped on exit; build_library()
+    built it."""
 
     def __enter__(self):
-        build_library()
         self.socket = os.path.join(tempfile.gettempdir(), f"softrnicd-matrix-{os.getpid()}.sock")
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([os.path.join(ROOT, "target", "release", "softrnicd"), "--socket", self.socket],
