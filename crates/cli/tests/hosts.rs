@@ -273,19 +273,33 @@ fn roles_run_on_hosts_over_ssh_and_leave_nothing_behind() {
     // A runner killed in the middle of a sweep leaves nothing running
     // there either: its ssh processes die with it, and each host's
     // wrapper stops its program when the input closes.
+    let said = lab.dir.join("killed-runner.log");
     let mut runner = lab
         .softrnic(&["exp", "e9", "--compare", "tcp", "--hosts", hosts, "--out", out])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&said).unwrap())
         .spawn()
         .unwrap();
-    // The runner first checks both hosts over SSH: on a loaded two-core
-    // machine that alone has taken more than ten seconds.
+    // The runner first checks both hosts over SSH (on a loaded two-core
+    // machine that alone has taken more than ten seconds), and the
+    // check's own shell on host a comes and goes: wait for the server.
+    let server_runs = || lab.strays("a").iter().any(|cmdline| cmdline.contains("careful --server"));
     let start = Instant::now();
-    while lab.strays("a").is_empty() && start.elapsed() < Duration::from_secs(60) {
+    let mut ended = None;
+    while !server_runs() && ended.is_none() && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(50));
+        ended = runner.try_wait().unwrap();
     }
-    assert!(!lab.strays("a").is_empty(), "the server never started on host a");
+    if !server_runs() {
+        let _ = runner.kill();
+        let _ = runner.wait();
+        panic!(
+            "the server never started on host a in {:?}; the runner {}, saying:\n{}",
+            start.elapsed(),
+            ended.map_or("was still running".to_string(), |status| format!("ended ({status})")),
+            std::fs::read_to_string(&said).unwrap_or_default(),
+        );
+    }
     std::thread::sleep(Duration::from_millis(500));
     // `ip netns exec` execs the runner, so the pid is the runner's.
     // SAFETY: kill on our own child's pid, not yet reaped.
