@@ -1,6 +1,8 @@
 //! Every operation on a perfect network, checked byte for byte; then each
 //! recovery path driven on purpose: RNR, retransmission, a peer that dies.
 
+use std::sync::{Arc, Mutex};
+
 use softrnic_sim::Faults;
 use softrnic_sim::harness::{IOVA, Pair, PairOptions, QKEY, connect_rc};
 use softrnic_transport::{
@@ -199,6 +201,62 @@ fn receiver_not_ready_is_retried_until_a_receive_is_posted() {
     assert_eq!((a[0].wr_id, a[0].status), (1, WcStatus::Success));
     assert_eq!((b[0].wr_id, b[0].byte_len), (2, 5));
     assert_eq!(bytes(&pair, 1, 0, 5), b"early");
+}
+
+/// Receives the program wrote where the engine does not look (softrnicd's
+/// shared rings), handed over only when the QP's fetch hook asks.
+fn unfetched_receives(pair: &Pair, host: usize, receives: Vec<RecvWorkRequest>) -> Arc<Mutex<Vec<RecvWorkRequest>>> {
+    let ring = Arc::new(Mutex::new(receives));
+    let posts = pair.world.hosts[host].device.qp(pair.side(host).qpn).unwrap().post_queues().clone();
+    let written = ring.clone();
+    assert!(posts.fetch_receives_with(move |posts| {
+        for wr in written.lock().unwrap().drain(..) {
+            let _ = posts.post_recv(wr);
+        }
+    }));
+    ring
+}
+
+#[test]
+fn a_message_fetches_the_receive_the_engine_was_not_given() {
+    // No RNR retry: a message that found no receive would fail.
+    let mut pair = Pair::new(PairOptions { rnr_retry: 0, ..PairOptions::default() });
+    let sge = |offset| softrnic_transport::smallvec![pair.b.sge(offset, 64)];
+    let receives = vec![RecvWorkRequest { wr_id: 20, sges: sge(0) }, RecvWorkRequest { wr_id: 21, sges: sge(64) }];
+    let ring = unfetched_receives(&pair, 1, receives);
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"found".as_slice().into()));
+    // A WRITE with immediate consumes a receive too.
+    pair.post(
+        0,
+        2,
+        SendOp::Write { remote: remote(&pair, 1, 200), imm: Some(9) },
+        Payload::Inline([7u8; 4].as_slice().into()),
+    );
+    let [a, b] = pair.settle();
+    assert!(ring.lock().unwrap().is_empty());
+    assert_eq!(
+        a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(b.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(), [(20, 5), (21, 4)]);
+    assert_eq!(bytes(&pair, 1, 0, 5), b"found");
+    assert_eq!(pair.world.device(1).counters().rnr_naks_sent, 0, "the receives were there to fetch");
+}
+
+#[test]
+fn a_fetch_that_finds_nothing_is_answered_receiver_not_ready() {
+    let mut pair = Pair::new(PairOptions { min_rnr_timer: 1, ..PairOptions::default() });
+    let ring = unfetched_receives(&pair, 1, Vec::new());
+    pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"early".as_slice().into()));
+    for _ in 0..20 {
+        pair.world.step();
+    }
+    assert!(pair.world.device(1).counters().rnr_naks_sent > 0);
+    // The program writes its receive; the retry fetches it.
+    ring.lock().unwrap().push(RecvWorkRequest { wr_id: 3, sges: softrnic_transport::smallvec![pair.b.sge(0, 64)] });
+    let [a, b] = pair.settle();
+    assert_eq!((a[0].wr_id, a[0].status), (1, WcStatus::Success));
+    assert_eq!((b[0].wr_id, b[0].byte_len), (3, 5));
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! Shared receive queues and asynchronous events.
 
+use std::sync::Mutex;
+
 use softrnic_sim::harness::{IOVA, Pair, PairOptions, connect_rc};
 use softrnic_transport::{
     AsyncEvent, CqId, Payload, Psn, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest, RemoteAddr, SendOp, WcStatus,
@@ -51,6 +53,29 @@ fn an_empty_srq_means_receiver_not_ready() {
     post_srq(&mut pair, 7, 0, 64);
     let [a, b] = pair.settle();
     assert_eq!((a[0].status, b[0].wr_id), (WcStatus::Success, 7));
+}
+
+#[test]
+fn an_empty_srq_fetches_the_receives_its_program_wrote() {
+    // No RNR retry: a message that found no receive would fail.
+    let mut pair = Pair::new(PairOptions { srq: true, rnr_retry: 0, ..PairOptions::default() });
+    let srq = pair.world.device(1).srq(pair.b.srq.unwrap()).unwrap().clone();
+    // The program's side (softrnicd's SRQ ring) holds two receives the
+    // engine has not been given; the first message asks for them.
+    let sge = |offset| softrnic_transport::smallvec![pair.b.sge(offset, 64)];
+    let written =
+        Mutex::new(vec![RecvWorkRequest { wr_id: 30, sges: sge(0) }, RecvWorkRequest { wr_id: 31, sges: sge(64) }]);
+    assert!(srq.fetch_receives_with(move |srq| {
+        for wr in written.lock().unwrap().drain(..) {
+            srq.post(wr).unwrap();
+        }
+    }));
+    send(&mut pair, 1, b"one");
+    send(&mut pair, 2, b"two");
+    let [a, b] = pair.settle();
+    assert!(a.iter().all(|c| c.status == WcStatus::Success), "{a:?}");
+    assert_eq!(b.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(), [(30, 3), (31, 3)]);
+    assert_eq!(pair.world.device(1).counters().rnr_naks_sent, 0);
 }
 
 #[test]

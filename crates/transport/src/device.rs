@@ -21,7 +21,7 @@ use crate::event::AsyncEvent;
 use crate::memory::{Access, DmaBuffer, MemoryTable, MrKeys, PdId};
 use crate::qp::{QpAttr, QpInitAttr, QueuePair, Transmit};
 use crate::shard::Shard;
-use crate::srq::{SrqAttr, SrqId};
+use crate::srq::{SharedReceiveQueue, SrqAttr, SrqId};
 use crate::time::Instant;
 use crate::work_request::{RecvWorkRequest, SendWorkRequest};
 
@@ -139,6 +139,11 @@ impl Device {
     /// Posts a receive to a shared receive queue (`ibv_post_srq_recv`).
     pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWorkRequest) -> Result<()> {
         self.control.srq(srq)?.post(wr)
+    }
+
+    /// The SRQ itself, for its program's side (a receive fetch hook).
+    pub fn srq(&self, srq: SrqId) -> Result<&Arc<SharedReceiveQueue>> {
+        self.control.srq(srq)
     }
 
     /// Arms the SRQ's limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`).

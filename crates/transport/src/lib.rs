@@ -20,6 +20,7 @@ pub mod event;
 pub mod limits;
 pub mod memory;
 pub mod qp;
+pub mod receive_fetch;
 pub mod shard;
 pub mod srq;
 pub mod time;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::memory::PdId;
+use crate::receive_fetch::ReceiveFetch;
 use crate::work_request::RecvWorkRequest;
 
 /// A shared receive queue's handle.
@@ -39,6 +40,8 @@ pub struct SharedReceiveQueue {
     id: SrqId,
     pd: PdId,
     state: Mutex<SrqState>,
+    /// Asked for the program's receives when a message finds none.
+    fetch: ReceiveFetch<SharedReceiveQueue>,
 }
 
 impl SharedReceiveQueue {
@@ -90,13 +93,30 @@ impl SharedReceiveQueue {
         (srq.attr, srq.wqes.len())
     }
 
+    /// Installs the hook that posts the program's receives when a message
+    /// finds the SRQ empty (see [`crate::receive_fetch`]). False if one
+    /// was installed.
+    pub fn fetch_receives_with(&self, hook: impl Fn(&SharedReceiveQueue) + Send + Sync + 'static) -> bool {
+        self.fetch.install(hook)
+    }
+
+    /// Whether a receive waits, fetched from the program's side if the
+    /// queue is empty.
     pub(crate) fn is_empty(&self) -> bool {
+        if !self.lock().wqes.is_empty() {
+            return false;
+        }
+        self.fetch.fetch(self);
         self.lock().wqes.is_empty()
     }
 
-    /// Takes the oldest receive; raises the limit event when it leaves the
-    /// queue below an armed limit (which disarms it, as in verbs).
+    /// Takes the oldest receive (fetched from the program's side if the
+    /// queue is empty); raises the limit event when it leaves the queue
+    /// below an armed limit (which disarms it, as in verbs).
     pub(crate) fn take(&self, events: &mut VecDeque<AsyncEvent>) -> Option<RecvWorkRequest> {
+        if self.lock().wqes.is_empty() {
+            self.fetch.fetch(self);
+        }
         let mut srq = self.lock();
         let wr = srq.wqes.pop_front()?;
         if srq.attr.limit > 0 && (srq.wqes.len() as u32) < srq.attr.limit {
@@ -129,8 +149,12 @@ impl SharedReceiveQueues {
             return Err(VerbsError::invalid(format!("srq_limit {} exceeds max_wr {}", attr.limit, attr.max_wr)));
         }
         let id = SrqId(self.queues.len() as u32);
-        let queue =
-            Arc::new(SharedReceiveQueue { id, pd, state: Mutex::new(SrqState { attr, wqes: VecDeque::new() }) });
+        let queue = Arc::new(SharedReceiveQueue {
+            id,
+            pd,
+            state: Mutex::new(SrqState { attr, wqes: VecDeque::new() }),
+            fetch: ReceiveFetch::new(),
+        });
         self.queues.push(Some(Registered { queue: queue.clone(), users: 0 }));
         Ok(queue)
     }

@@ -64,7 +64,8 @@ pub struct ServedQp {
     tx: Option<TxStage>,
     rx: Option<Mutex<RxStage>>,
     pub send: SharedQueue,
-    pub recv: Option<SharedQueue>,
+    /// Without an SRQ: its receive ring, which the engine may read too.
+    recv: Option<Arc<ReceiveRing>>,
     cursors: Mutex<Cursors>,
     /// WQEs refused as malformed (the QP went to error with the first).
     pub refused: AtomicU64,
@@ -73,7 +74,6 @@ pub struct ServedQp {
 #[derive(Default)]
 struct Cursors {
     send: Consumer,
-    recv: Consumer,
     /// Sends the transmit stage staged (its next slot).
     staged: u64,
     /// `engine-copy`: sends whose payloads the copy engine is pulling, in
@@ -103,9 +103,22 @@ impl ServedQp {
             tx,
             rx: rx.map(Mutex::new),
             send,
-            recv,
+            recv: recv.map(|ring| Arc::new(ReceiveRing::new(ring, caps.max_recv_sge))),
             cursors: Mutex::new(Cursors::default()),
             refused: AtomicU64::new(0),
+        }
+    }
+
+    /// Lets the engine fetch this QP's receives when a message finds none
+    /// (a NIC's fetch on demand, [`softrnic_transport::receive_fetch`]),
+    /// so a receive the program posted just before the message is found
+    /// rather than RNR NAKed until the processor's next pass. Not where a
+    /// receive stage pairs receives with staging buffers: the processor
+    /// does that alone.
+    pub fn fetch_on_demand(&self) {
+        if let (Some(ring), None) = (&self.recv, &self.rx) {
+            let ring = ring.clone();
+            self.posts.fetch_receives_with(move |posts| ring.fetch(|wr| posts.post_recv(wr).map(drop)));
         }
     }
 
@@ -192,20 +205,20 @@ impl ServedQp {
         moved > 0 || !cursors.pulls.is_empty()
     }
 
-    fn drain_recv(&self, cursors: &mut Cursors, recv: &SharedQueue) -> bool {
-        let max_sge = self.caps.max_recv_sge as usize;
+    fn drain_recv(&self, cursors: &mut Cursors, recv: &ReceiveRing) -> bool {
         let (nic, counters) = (&self.device.nic, &self.device.offload.counters);
         let mut stage = self.rx.as_ref().map(|rx| rx.lock().unwrap_or_else(|e| e.into_inner()));
         // Receives that waited for a staging buffer go first, in order.
         let resumed = stage.as_mut().is_some_and(|s| s.post_waiting(nic, &self.posts, counters));
-        let (moved, fault) = drain_ring(recv, &mut cursors.recv, false, |slot| {
-            let wr = wqe::parse_recv(slot, max_sge).map_err(|e| VerbsError::invalid(e.to_string()))?;
+        let mut cursor = recv.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        let (moved, fault) = drain_ring(&recv.ring, &mut cursor, false, |slot| {
+            let wr = wqe::parse_recv(slot, recv.max_sge).map_err(|e| VerbsError::invalid(e.to_string()))?;
             match stage.as_mut() {
                 Some(stage) => stage.post(nic, &self.posts, wr, counters),
                 None => nic.post_recv(&self.posts, wr),
             }
         });
-        drop(stage);
+        drop((cursor, stage));
         self.handle_fault(cursors, fault);
         resumed || moved > 0
     }
@@ -295,27 +308,59 @@ fn drain_ring(
     (moved, None)
 }
 
+/// A ring of receive WQEs (a QP's or an SRQ's) and the reader's place in
+/// it. Two read it: the processor on its passes, and the engine's fetch
+/// hook when a message finds no receive; the cursor's lock keeps the
+/// receives in the order the program wrote them.
+struct ReceiveRing {
+    ring: SharedQueue,
+    cursor: Mutex<Consumer>,
+    max_sge: usize,
+}
+
+/// What the fetch hook answers for an entry it leaves in the ring: the
+/// processor takes it on its pass, and refuses it there if it is bad.
+fn left_for_the_processor() -> VerbsError {
+    VerbsError::OutOfResources("left for the command processor".into())
+}
+
+impl ReceiveRing {
+    fn new(ring: SharedQueue, max_sge: u32) -> ReceiveRing {
+        ReceiveRing { ring, cursor: Mutex::new(Consumer::default()), max_sge: max_sge as usize }
+    }
+
+    /// The engine's fetch hook: posts the receives the program has written
+    /// through `post`. It runs in an engine thread that holds the QP's
+    /// shard. It waits for the cursor if the processor holds it, which is
+    /// safe because nothing that holds a cursor calls into the engine
+    /// beyond posting receives (a fault is handled after the cursor is
+    /// let go), and it means that every receive the program wrote before
+    /// the message is found. An entry it cannot take (malformed, or
+    /// refused) stays for the processor, which moves the QP to error.
+    fn fetch(&self, mut post: impl FnMut(RecvWorkRequest) -> Result<(), VerbsError>) {
+        let mut cursor = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        drain_ring(&self.ring, &mut cursor, false, |slot| {
+            let wr = wqe::parse_recv(slot, self.max_sge).map_err(|_| left_for_the_processor())?;
+            post(wr).map_err(|_| left_for_the_processor())
+        });
+    }
+}
+
 /// An SRQ whose ring of receive WQEs the processor moves into the
-/// engine's SRQ.
+/// engine's SRQ (and the engine fetches from when it runs dry).
 pub struct ServedSrq {
     tenant: u64,
     pub queue: Arc<SharedReceiveQueue>,
-    ring: SharedQueue,
-    max_sge: usize,
-    cursor: Mutex<Consumer>,
+    ring: Arc<ReceiveRing>,
     broken: AtomicBool,
 }
 
 impl ServedSrq {
     pub fn new(tenant: u64, queue: Arc<SharedReceiveQueue>, ring: SharedQueue, max_sge: u32) -> ServedSrq {
-        ServedSrq {
-            tenant,
-            queue,
-            ring,
-            max_sge: max_sge as usize,
-            cursor: Mutex::new(Consumer::default()),
-            broken: AtomicBool::new(false),
-        }
+        let ring = Arc::new(ReceiveRing::new(ring, max_sge));
+        let fetching = ring.clone();
+        queue.fetch_receives_with(move |srq| fetching.fetch(|wr| srq.post(wr)));
+        ServedSrq { tenant, queue, ring, broken: AtomicBool::new(false) }
     }
 
     /// Moves new receives into the engine's SRQ; a full SRQ leaves them in
@@ -326,9 +371,10 @@ impl ServedSrq {
         if self.broken.load(Ordering::Relaxed) {
             return false;
         }
-        let mut cursor = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
-        let (moved, fault) = drain_ring(&self.ring, &mut cursor, false, |slot| {
-            let wr = wqe::parse_recv(slot, self.max_sge).map_err(|e| VerbsError::invalid(e.to_string()))?;
+        let ReceiveRing { ring, cursor, max_sge } = &*self.ring;
+        let mut cursor = cursor.lock().unwrap_or_else(|e| e.into_inner());
+        let (moved, fault) = drain_ring(ring, &mut cursor, false, |slot| {
+            let wr = wqe::parse_recv(slot, *max_sge).map_err(|e| VerbsError::invalid(e.to_string()))?;
             self.queue.post(wr)
         });
         if let Some(fault) = fault {

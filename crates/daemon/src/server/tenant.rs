@@ -552,6 +552,7 @@ impl Tenant {
         held.keep();
         self.qps.insert(qpn, served.clone());
         if !self.forward {
+            served.fetch_on_demand();
             self.registry.update(|s| s.qps.push(served));
         }
         Ok((Response::Qp(layout), fds))

@@ -392,6 +392,7 @@ impl QueuePair {
         match &self.queues.srq {
             Some(srq) => srq.take(ctx.events),
             None => {
+                self.fetch_if_dry(ctx);
                 let recv = self.rq.pop_front()?;
                 self.posts.retire_recv();
                 Some(recv)
@@ -400,10 +401,22 @@ impl QueuePair {
     }
 
     /// Is a receive work request waiting for this QP?
-    fn recv_available(&self) -> bool {
+    fn recv_available(&mut self, ctx: &mut Ctx) -> bool {
         match &self.queues.srq {
             Some(srq) => !srq.is_empty(),
-            None => !self.rq.is_empty(),
+            None => {
+                self.fetch_if_dry(ctx);
+                !self.rq.is_empty()
+            }
+        }
+    }
+
+    /// With no receive taken, asks the program's side for any it has
+    /// written that the QP has not been given ([`crate::receive_fetch`]),
+    /// and takes them.
+    fn fetch_if_dry(&mut self, ctx: &mut Ctx) {
+        if self.rq.is_empty() && self.posts.fetch_receives() {
+            self.absorb_posts(ctx);
         }
     }
 

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 
 use super::{QpCaps, QpState, QpType};
 use crate::error::{Result, VerbsError};
+use crate::receive_fetch::ReceiveFetch;
 use crate::work_request::{Payload, RecvWorkRequest, SendWorkRequest};
 
 /// The program's end of one QP's queues; the QP holds the other.
@@ -42,6 +43,8 @@ pub struct PostQueues {
     /// Sends, and receives, were posted that the QP has not taken yet.
     sends_pending: AtomicBool,
     recvs_pending: AtomicBool,
+    /// Asked for the program's receives when a message finds none.
+    fetch: ReceiveFetch<PostQueues>,
 }
 
 /// What a successful post means for the shard that owns the QP.
@@ -68,6 +71,7 @@ impl PostQueues {
             recvs_held: AtomicU32::new(0),
             sends_pending: AtomicBool::new(false),
             recvs_pending: AtomicBool::new(false),
+            fetch: ReceiveFetch::new(),
         }
     }
 
@@ -105,6 +109,13 @@ impl PostQueues {
         Ok(if self.recvs_pending.swap(true, Ordering::AcqRel) { Posted::Queued } else { Posted::Tell })
     }
 
+    /// Installs the hook that posts the program's receives when a message
+    /// finds none taken (see [`crate::receive_fetch`]): softrnicd's, which
+    /// reads the program's receive ring. False if one was installed.
+    pub fn fetch_receives_with(&self, hook: impl Fn(&PostQueues) + Send + Sync + 'static) -> bool {
+        self.fetch.install(hook)
+    }
+
     fn state(&self) -> QpState {
         QpState::from_u8(self.state.load(Ordering::Acquire))
     }
@@ -137,6 +148,12 @@ impl PostQueues {
             took = true;
         }
         took
+    }
+
+    /// Asks the program's side for receives it has and the QP has not been
+    /// given; false if nothing can be asked.
+    pub(crate) fn fetch_receives(&self) -> bool {
+        self.fetch.fetch(self)
     }
 
     /// A send request left the QP (completed or flushed).

@@ -345,7 +345,7 @@ impl QueuePair {
         let ext = &packet.headers.ext;
         // A WRITE with immediate consumes a receive; check before touching
         // memory so that the retry after an RNR NAK starts clean.
-        if ext.immediate.is_some() && !self.recv_available() {
+        if ext.immediate.is_some() && !self.recv_available(ctx) {
             return Err(Refusal::ReceiverNotReady);
         }
         if position.starts_message() {
