@@ -114,10 +114,13 @@ impl SharedReceiveQueue {
     /// queue is empty); raises the limit event when it leaves the queue
     /// below an armed limit (which disarms it, as in verbs).
     pub(crate) fn take(&self, events: &mut VecDeque<AsyncEvent>) -> Option<RecvWorkRequest> {
-        if self.lock().wqes.is_empty() {
-            self.fetch.fetch(self);
-        }
         let mut srq = self.lock();
+        if srq.wqes.is_empty() {
+            // The hook posts through the lock: let it go meanwhile.
+            drop(srq);
+            self.fetch.fetch(self);
+            srq = self.lock();
+        }
         let wr = srq.wqes.pop_front()?;
         if srq.attr.limit > 0 && (srq.wqes.len() as u32) < srq.attr.limit {
             srq.attr.limit = 0;
