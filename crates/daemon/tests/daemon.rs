@@ -54,28 +54,12 @@ fn a_window_of_writes_arrives_whole_and_in_order() {
     }
 }
 
-/// Ping-pong where each receive is written to the ring just before the
-/// SEND that needs it leaves the peer: the message can arrive before the
-/// processor's pass has moved the receive into the engine, and the engine
-/// then fetches it from the ring itself (as a NIC does), so no message is
-/// RNR NAKed.
+/// Each receive written to the ring just before the SEND that needs it
+/// leaves the peer is found, never RNR NAKed (see
+/// [`common::receives_posted_just_in_time`]).
 #[test]
 fn a_receive_posted_just_before_its_message_is_found() {
-    let daemon = daemon("fetch");
-    let (a, b) = pair(daemon.socket());
-    for i in 0..2000u64 {
-        let recv =
-            RecvWorkRequest { wr_id: i, sges: smallvec![Sge { addr: b.iova(0), length: 64, lkey: b.keys.lkey }] };
-        b.session.post_recv(&b.qp, &recv).unwrap();
-        let mut send = SendWorkRequest::new(i, SendOp::Send { imm: None }, a.sge(0, 64));
-        send.signaled = true;
-        a.session.post_send(&a.qp, &send).unwrap();
-        let (sent, received) = (a.wait(1), b.wait(1));
-        assert_eq!((sent[0].wr_id, sent[0].status), (i, WcStatus::Success));
-        assert_eq!((received[0].wr_id, received[0].status), (i, WcStatus::Success));
-    }
-    let c = daemon.counters(b.session.addr()).unwrap();
-    assert_eq!(c.transport.rnr_naks_sent, 0, "{c:?}");
+    common::receives_posted_just_in_time(&daemon("fetch"));
 }
 
 #[test]

@@ -87,6 +87,15 @@ fn stream(daemon: &softrnic_daemon::server::Running, pairs: usize, messages: usi
 /// Time for RNR retries while receives wait for pool buffers.
 const LONG: Duration = Duration::from_secs(60);
 
+/// The staging designs pair a receive with a staging buffer when a
+/// message fetches it, as the processor does: no RNR NAK either.
+#[test]
+fn staged_receives_posted_just_before_their_messages_are_found() {
+    for rx in [RxDesign::PerConnection, RxDesign::InCache] {
+        common::receives_posted_just_in_time(&designed(&format!("fetch-{rx:?}"), TxDesign::HeaderOnly, rx));
+    }
+}
+
 #[test]
 fn the_in_cache_pool_bounds_the_buffers_however_many_receives_wait() {
     // Five pairs post 256 receives each: 1280, more than the pool's 1024,

@@ -41,8 +41,8 @@ use std::sync::{Arc, Mutex};
 use softrnic_engine::Nic;
 use softrnic_transport::memory::{AccessFault, MemoryTable};
 use softrnic_transport::{
-    Access, Completion, DmaBuffer, Payload, PdId, PostQueues, RecvWorkRequest, Result, SendOp, SendWorkRequest, Sge,
-    SgeList, VerbsError, WcOpcode, WcStatus,
+    Access, Completion, DmaBuffer, Payload, PdId, RecvWorkRequest, Result, SendOp, SendWorkRequest, Sge, SgeList,
+    VerbsError, WcOpcode, WcStatus,
 };
 
 use super::copy_engine::CopyEngine;
@@ -578,18 +578,18 @@ impl RxStage {
     }
 
     /// Takes the program's receive `request`: posts a staging buffer for
-    /// it, or keeps it until one frees.
+    /// it to the QP through `post` (the processor's `ibv_post_recv` to the
+    /// engine, or the engine's fetch hook's), or keeps it until one frees.
     pub fn post(
         &mut self,
-        nic: &Nic,
-        qp: &PostQueues,
+        post: &mut impl FnMut(RecvWorkRequest) -> Result<()>,
         request: RecvWorkRequest,
         counters: &OffloadCounters,
     ) -> Result<()> {
         if self.waiting.len() + self.posted.len() >= self.depth {
             return Err(VerbsError::OutOfResources("the receive queue is full".into()));
         }
-        if self.waiting.is_empty() && self.try_post(nic, qp, &request, counters)? {
+        if self.waiting.is_empty() && self.try_post(post, &request, counters)? {
             return Ok(());
         }
         self.waiting.push_back(request);
@@ -598,10 +598,14 @@ impl RxStage {
 
     /// Posts the receives that waited for buffers, in order, while buffers
     /// last. Returns whether it posted any.
-    pub fn post_waiting(&mut self, nic: &Nic, qp: &PostQueues, counters: &OffloadCounters) -> bool {
+    pub fn post_waiting(
+        &mut self,
+        post: &mut impl FnMut(RecvWorkRequest) -> Result<()>,
+        counters: &OffloadCounters,
+    ) -> bool {
         let mut posted = false;
         while let Some(request) = self.waiting.pop_front() {
-            match self.try_post(nic, qp, &request, counters) {
+            match self.try_post(post, &request, counters) {
                 Ok(true) => posted = true,
                 Ok(false) => {
                     self.waiting.push_front(request);
@@ -617,8 +621,7 @@ impl RxStage {
 
     fn try_post(
         &mut self,
-        nic: &Nic,
-        qp: &PostQueues,
+        post: &mut impl FnMut(RecvWorkRequest) -> Result<()>,
         request: &RecvWorkRequest,
         counters: &OffloadCounters,
     ) -> Result<bool> {
@@ -631,7 +634,7 @@ impl RxStage {
             let Some(buffer) = self.take() else { return Ok(false) };
             (SgeList::from_iter([self.sge(buffer, len)]), Some(buffer))
         };
-        if let Err(e) = nic.post_recv(qp, RecvWorkRequest { wr_id: token, sges }) {
+        if let Err(e) = post(RecvWorkRequest { wr_id: token, sges }) {
             if let Some(buffer) = buffer {
                 self.give_back(buffer);
             }

@@ -62,7 +62,8 @@ pub struct ServedQp {
     pub caps: QpCaps,
     /// The offload designs' stages, where they copy ([`super::offload`]).
     tx: Option<TxStage>,
-    rx: Option<Mutex<RxStage>>,
+    /// Shared with the engine's fetch hook.
+    rx: Option<Arc<Mutex<RxStage>>>,
     pub send: SharedQueue,
     /// Without an SRQ: its receive ring, which the engine may read too.
     recv: Option<Arc<ReceiveRing>>,
@@ -101,7 +102,7 @@ impl ServedQp {
             posts,
             caps,
             tx,
-            rx: rx.map(Mutex::new),
+            rx: rx.map(|stage| Arc::new(Mutex::new(stage))),
             send,
             recv: recv.map(|ring| Arc::new(ReceiveRing::new(ring, caps.max_recv_sge))),
             cursors: Mutex::new(Cursors::default()),
@@ -112,14 +113,22 @@ impl ServedQp {
     /// Lets the engine fetch this QP's receives when a message finds none
     /// (a NIC's fetch on demand, [`softrnic_transport::receive_fetch`]),
     /// so a receive the program posted just before the message is found
-    /// rather than RNR NAKed until the processor's next pass. Not where a
-    /// receive stage pairs receives with staging buffers: the processor
-    /// does that alone.
+    /// rather than RNR NAKed until the processor's next pass. A receive
+    /// stage, if the QP has one, pairs them with staging buffers as the
+    /// processor would; if the stage is busy (the processor, or the QP's
+    /// destruction, holds it) the hook leaves the ring to the processor.
     pub fn fetch_on_demand(&self) {
-        if let (Some(ring), None) = (&self.recv, &self.rx) {
-            let ring = ring.clone();
-            self.posts.fetch_receives_with(move |posts| ring.fetch(|wr| posts.post_recv(wr).map(drop)));
-        }
+        let Some(ring) = self.recv.clone() else { return };
+        let (stage, counters) = (self.rx.clone(), self.device.offload.counters.clone());
+        self.posts.fetch_receives_with(move |posts| {
+            // Posted straight to the QP's queue, which the QP takes at
+            // once: its shard needs no telling.
+            let mut post = |wr| posts.post_recv(wr).map(drop);
+            let Some(stage) = &stage else { return ring.fetch(post) };
+            let Ok(mut stage) = stage.try_lock() else { return };
+            stage.post_waiting(&mut post, &counters);
+            ring.fetch(|wr| stage.post(&mut post, wr, &counters));
+        });
     }
 
     /// Moves new WQEs into the engine. Returns whether it moved any.
@@ -209,13 +218,14 @@ impl ServedQp {
         let (nic, counters) = (&self.device.nic, &self.device.offload.counters);
         let mut stage = self.rx.as_ref().map(|rx| rx.lock().unwrap_or_else(|e| e.into_inner()));
         // Receives that waited for a staging buffer go first, in order.
-        let resumed = stage.as_mut().is_some_and(|s| s.post_waiting(nic, &self.posts, counters));
+        let mut post = |wr| nic.post_recv(&self.posts, wr);
+        let resumed = stage.as_mut().is_some_and(|s| s.post_waiting(&mut post, counters));
         let mut cursor = recv.cursor.lock().unwrap_or_else(|e| e.into_inner());
         let (moved, fault) = drain_ring(&recv.ring, &mut cursor, false, |slot| {
             let wr = wqe::parse_recv(slot, recv.max_sge).map_err(|e| VerbsError::invalid(e.to_string()))?;
             match stage.as_mut() {
-                Some(stage) => stage.post(nic, &self.posts, wr, counters),
-                None => nic.post_recv(&self.posts, wr),
+                Some(stage) => stage.post(&mut post, wr, counters),
+                None => post(wr),
             }
         });
         drop((cursor, stage));
