@@ -347,6 +347,58 @@ fn an_srq_fed_and_drained_by_threads_takes_every_message_once_in_order() {
 
 /// A completion channel is a descriptor: it becomes readable once per
 /// arming, naming the CQ, and stays quiet while the CQ is not armed.
+/// An SRQ's limit event through the daemon counts every receive the
+/// program posted, those still in its ring included, and reaches the
+/// SRQ's owner on its `async_fd` once the SRQ runs below the limit.
+#[test]
+fn an_srq_limit_fires_when_the_programs_receives_run_low() {
+    let daemon = daemon("srq-limit");
+    let socket = daemon.socket();
+    let receiver = Tenant::open(socket, address());
+    let session = &receiver.session;
+    let srq = session.create_srq(receiver.pd, SrqAttr { max_wr: 16, max_sge: 1, limit: 0 }).unwrap();
+    let init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd: receiver.pd,
+        send_cq: receiver.cq.id,
+        recv_cq: receiver.cq.id,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+        srq: Some(srq.id),
+    };
+    let qp = session.create_qp(init).unwrap();
+    let sender = Tenant::open(socket, address());
+    connect_qp(session, &qp, receiver.psn, (sender.session.addr(), sender.qp.qpn, sender.psn), (14, 7));
+    sender.connect_to(session.addr(), qp.qpn, receiver.psn);
+    for i in 0..8 {
+        let sges = smallvec![Sge { addr: receiver.iova(i * 64), length: 64, lkey: receiver.keys.lkey }];
+        session.post_srq_recv(&srq, &RecvWorkRequest { wr_id: i as u64, sges }).unwrap();
+    }
+    session.set_srq_limit(&srq, 4).unwrap();
+    rustix::io::ioctl_fionbio(session.async_fd(), true).unwrap();
+    let event = || session.next_async_event().map_err(|e| e.kind());
+    for i in 0..5u64 {
+        let mut wr = SendWorkRequest::new(i, SendOp::Send { imm: None }, sender.sge(0, 16));
+        wr.signaled = true;
+        sender.session.post_send(&sender.qp, &wr).unwrap();
+        assert_eq!(sender.wait(1)[0].status, WcStatus::Success);
+        assert_eq!(receiver.wait(1)[0].wr_id, i);
+        if i < 4 {
+            // 8 - (i + 1) receives left: not below 4 until the fifth.
+            assert_eq!(event(), Err(std::io::ErrorKind::WouldBlock), "after {} messages", i + 1);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let fired = loop {
+        match event() {
+            Err(std::io::ErrorKind::WouldBlock) if Instant::now() < deadline => std::thread::yield_now(),
+            other => break other,
+        }
+    };
+    assert_eq!(fired, Ok(AsyncEvent::SrqLimitReached { srq: srq.id }));
+    assert_eq!(session.query_srq(&srq).unwrap().limit, 0, "disarmed by firing");
+}
+
 #[test]
 fn an_armed_cq_announces_its_next_completion_on_its_channel() {
     let daemon = daemon("channel");

@@ -1,6 +1,6 @@
 //! Shared receive queues and asynchronous events.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use softrnic_sim::harness::{IOVA, Pair, PairOptions, connect_rc};
 use softrnic_transport::{
@@ -76,6 +76,36 @@ fn an_empty_srq_fetches_the_receives_its_program_wrote() {
     assert!(a.iter().all(|c| c.status == WcStatus::Success), "{a:?}");
     assert_eq!(b.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(), [(30, 3), (31, 3)]);
     assert_eq!(pair.world.device(1).counters().rnr_naks_sent, 0);
+}
+
+/// The limit counts the receives the program has written and the SRQ has
+/// not been given yet (softrnicd's ring): they are fetched before the
+/// event is raised, and it fires when the two together run low.
+#[test]
+fn the_limit_counts_the_receives_not_fetched_yet() {
+    let mut pair = srq_pair();
+    let id = pair.b.srq.unwrap();
+    let srq = pair.world.device(1).srq(id).unwrap().clone();
+    let sge = |offset| softrnic_transport::smallvec![pair.b.sge(offset, 64)];
+    let ring =
+        Arc::new(Mutex::new((1..4).map(|i| RecvWorkRequest { wr_id: i, sges: sge(i * 64) }).collect::<Vec<_>>()));
+    let written = ring.clone();
+    assert!(srq.fetch_receives_with(move |srq| {
+        for wr in written.lock().unwrap().drain(..) {
+            srq.post(wr).unwrap();
+        }
+    }));
+    post_srq(&mut pair, 0, 0, 64);
+    pair.world.device(1).modify_srq_limit(id, 3).unwrap();
+    // One receive in the SRQ and three in the ring: the first message
+    // leaves three, not zero.
+    send(&mut pair, 1, b"a");
+    pair.settle();
+    assert_eq!(pair.world.device(1).poll_async_event(), None);
+    assert_eq!(pair.world.device(1).query_srq(id).unwrap().1, 3);
+    send(&mut pair, 2, b"b");
+    pair.settle();
+    assert_eq!(pair.world.device(1).poll_async_event(), Some(AsyncEvent::SrqLimitReached { srq: id }));
 }
 
 #[test]

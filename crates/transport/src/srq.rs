@@ -116,18 +116,33 @@ impl SharedReceiveQueue {
     pub(crate) fn take(&self, events: &mut VecDeque<AsyncEvent>) -> Option<RecvWorkRequest> {
         let mut srq = self.lock();
         if srq.wqes.is_empty() {
-            // The hook posts through the lock: let it go meanwhile.
-            drop(srq);
-            self.fetch.fetch(self);
-            srq = self.lock();
+            srq = self.fetched(srq);
         }
         let wr = srq.wqes.pop_front()?;
-        if srq.attr.limit > 0 && (srq.wqes.len() as u32) < srq.attr.limit {
-            srq.attr.limit = 0;
-            events.push_back(AsyncEvent::SrqLimitReached { srq: self.id });
+        if below_limit(&srq) {
+            // The receives the program has written and this queue has not
+            // been given are posted too: they count against the limit.
+            srq = self.fetched(srq);
+            if below_limit(&srq) {
+                srq.attr.limit = 0;
+                events.push_back(AsyncEvent::SrqLimitReached { srq: self.id });
+            }
         }
         Some(wr)
     }
+
+    /// Runs the fetch hook, which posts through the lock: `srq` is let go
+    /// meanwhile and taken again.
+    fn fetched<'a>(&'a self, srq: MutexGuard<'a, SrqState>) -> MutexGuard<'a, SrqState> {
+        drop(srq);
+        self.fetch.fetch(self);
+        self.lock()
+    }
+}
+
+/// An armed limit the queue has fallen below.
+fn below_limit(srq: &SrqState) -> bool {
+    srq.attr.limit > 0 && (srq.wqes.len() as u32) < srq.attr.limit
 }
 
 #[derive(Debug)]
