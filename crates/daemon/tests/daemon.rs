@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use common::{PROCESSORS, REGION, Tenant, address, connect_qp, daemon, daemon_with, every_operation, pair, pattern};
+use softrnic_daemon::client::{Qp, Srq};
 use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_transport::{
@@ -230,6 +231,25 @@ fn tenants_and_threads_at_once_disturb_nothing() {
     }
 }
 
+/// A QP of `receiver`'s that takes its receives from `srq` (completions
+/// on the receiver's CQ), connected both ways with `sender`'s QP.
+fn qp_on_srq(receiver: &Tenant, srq: &Srq, sender: &Tenant) -> Qp {
+    let init = QpInitAttr {
+        qp_type: QpType::Rc,
+        pd: receiver.pd,
+        send_cq: receiver.cq.id,
+        recv_cq: receiver.cq.id,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+        srq: Some(srq.id),
+    };
+    let session = &receiver.session;
+    let qp = session.create_qp(init).unwrap();
+    connect_qp(session, &qp, receiver.psn, (sender.session.addr(), sender.qp.qpn, sender.psn), (14, 7));
+    sender.connect_to(session.addr(), qp.qpn, receiver.psn);
+    qp
+}
+
 /// Four senders, each from a thread of its own, SEND into one receiver's
 /// SRQ through four QPs, while the receiver's poller hands each used
 /// buffer to one of two threads that post it to the SRQ again: every
@@ -252,21 +272,8 @@ fn an_srq_fed_and_drained_by_threads_takes_every_message_once_in_order() {
     let receiver = Tenant::open(socket, address());
     let session = &receiver.session;
     let srq = session.create_srq(receiver.pd, SrqAttr { max_wr: SLOTS as u32, max_sge: 1, limit: 0 }).unwrap();
-    let on_srq = QpInitAttr {
-        qp_type: QpType::Rc,
-        pd: receiver.pd,
-        send_cq: receiver.cq.id,
-        recv_cq: receiver.cq.id,
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-        srq: Some(srq.id),
-    };
-    let qps: Vec<_> = (0..SENDERS).map(|_| session.create_qp(on_srq).unwrap()).collect();
     let senders: Vec<Tenant> = (0..SENDERS).map(|_| Tenant::open(socket, address())).collect();
-    for (qp, sender) in qps.iter().zip(&senders) {
-        connect_qp(session, qp, receiver.psn, (sender.session.addr(), sender.qp.qpn, sender.psn), (14, 7));
-        sender.connect_to(session.addr(), qp.qpn, receiver.psn);
-    }
+    let qps: Vec<_> = senders.iter().map(|sender| qp_on_srq(&receiver, &srq, sender)).collect();
     let slot = |i: usize| RecvWorkRequest {
         wr_id: i as u64,
         sges: smallvec![Sge { addr: receiver.iova(i * LEN), length: LEN as u32, lkey: receiver.keys.lkey }],
@@ -357,19 +364,8 @@ fn an_srq_limit_fires_when_the_programs_receives_run_low() {
     let receiver = Tenant::open(socket, address());
     let session = &receiver.session;
     let srq = session.create_srq(receiver.pd, SrqAttr { max_wr: 16, max_sge: 1, limit: 0 }).unwrap();
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        pd: receiver.pd,
-        send_cq: receiver.cq.id,
-        recv_cq: receiver.cq.id,
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-        srq: Some(srq.id),
-    };
-    let qp = session.create_qp(init).unwrap();
     let sender = Tenant::open(socket, address());
-    connect_qp(session, &qp, receiver.psn, (sender.session.addr(), sender.qp.qpn, sender.psn), (14, 7));
-    sender.connect_to(session.addr(), qp.qpn, receiver.psn);
+    let _receiving = qp_on_srq(&receiver, &srq, &sender);
     for i in 0..8 {
         let sges = smallvec![Sge { addr: receiver.iova(i * 64), length: 64, lkey: receiver.keys.lkey }];
         session.post_srq_recv(&srq, &RecvWorkRequest { wr_id: i as u64, sges }).unwrap();
