@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use super::ExpArgs;
 use super::figure::Series;
+use super::listening::wait_for_listener;
 use super::panels::{self, Panel};
 
 /// How a pair reaches its devices.
@@ -98,6 +99,7 @@ impl Build {
 pub(super) struct Daemon {
     child: Child,
     pub socket: PathBuf,
+    log: PathBuf,
 }
 
 impl Daemon {
@@ -126,7 +128,7 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .map_err(|e| format!("cannot start softrnicd: {e}"))?;
-        let mut daemon = Daemon { child, socket };
+        let mut daemon = Daemon { child, socket, log: log_path.to_path_buf() };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !softrnic_daemon::launch::listening(&daemon.socket) {
             if Instant::now() > deadline || daemon.child.try_wait().ok().flatten().is_some() {
@@ -135,6 +137,11 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(daemon)
+    }
+
+    /// The end of the daemon's log, for an error a tenant met.
+    fn log_tail(&self) -> String {
+        format!("{} ends:\n{}", self.log.display(), log_tail(&self.log))
     }
 
     /// The daemon's resident memory, bytes.
@@ -198,16 +205,25 @@ pub(super) fn finish(child: &mut Child, log: &Path, limit: Duration) -> Result<S
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             if !status.success() {
-                return Err(format!("{} exited with {status}; see it", log.display()));
+                return Err(format!("{} exited with {status}; it ends:\n{}", log.display(), log_tail(log)));
             }
             return Ok(std::fs::read_to_string(log).unwrap_or_default());
         }
         if start.elapsed() > limit {
             super::stop_child(child);
-            return Err(format!("{} ran past {}s; see it", log.display(), limit.as_secs()));
+            return Err(format!("{} ran past {}s; it ends:\n{}", log.display(), limit.as_secs(), log_tail(log)));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The last lines of a log, for an error that names it: a CI run keeps
+/// the error but not the file.
+fn log_tail(log: &Path) -> String {
+    const LINES: usize = 15;
+    let text = std::fs::read_to_string(log).unwrap_or_else(|e| format!("(cannot read it: {e})"));
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(LINES)..].join("\n")
 }
 
 /// perftest's result rows: lines of numbers that start with the size.
@@ -372,19 +388,26 @@ fn pair(
     logs: &Path,
     tag: &str,
 ) -> Result<Vec<Vec<f64>>, String> {
-    let port = (21_000 + (std::process::id() as usize * 13 + i) % 20_000).to_string();
+    let port = (21_000 + (std::process::id() as usize * 13 + i) % 20_000) as u16;
     let mut argv: Vec<String> = std::iter::once(program).chain(args.iter().copied()).map(str::to_string).collect();
-    argv.extend(["-p".to_string(), port]);
-    let server = perftest(build, env, place, (i, 0), &argv, logs.join(format!("{tag}_server.log")))?;
-    std::thread::sleep(Duration::from_millis(300));
+    argv.extend(["-p".to_string(), port.to_string()]);
+    let mut server = perftest(build, env, place, (i, 0), &argv, logs.join(format!("{tag}_server.log")))?;
+    if let Err(e) = wait_for_listener(&mut server.child, port, Duration::from_secs(60)) {
+        super::stop_child(&mut server.child);
+        return Err(format!("{e}; {} ends:\n{}", server.log.display(), log_tail(&server.log)));
+    }
     argv.push(place.addresses(i)[0].clone());
     let client = perftest(build, env, place, (i, 1), &argv, logs.join(format!("{tag}_client.log")))?;
     let limit = Duration::from_secs(300);
     let rows = client.finish(limit);
     let served = server.finish(Duration::from_secs(15));
-    let rows = rows?;
-    served?;
-    Ok(rows)
+    match (rows, served) {
+        (Ok(rows), Ok(_)) => Ok(rows),
+        // Each side's story: a client's failure is often the server's.
+        (Err(client), Ok(_)) => Err(client),
+        (Ok(_), Err(server)) => Err(server),
+        (Err(client), Err(server)) => Err(format!("{client}\n{server}")),
+    }
 }
 
 pub(super) fn output(args: &ExpArgs, exp: &str) -> Result<(PathBuf, PathBuf), String> {
@@ -434,7 +457,11 @@ pub fn e11(args: &ExpArgs) -> Result<(), String> {
                 }
                 let tag = format!("{test}_{}_{r}", mode.name());
                 eprintln!("e11: {test} {} {} ...", mode.name(), sizes.join(" "));
-                let got = pair(&build, &mode.env(&daemon.socket), place, t, test, &perftest_args, &logs, &tag)?;
+                let got = pair(&build, &mode.env(&daemon.socket), place, t, test, &perftest_args, &logs, &tag)
+                    .map_err(|e| match mode {
+                        Mode::Host => e,
+                        _ => format!("{e}\n{}", daemon.log_tail()),
+                    })?;
                 for row in got.iter().filter(|r| (4.0..=1048576.0).contains(&r[0])) {
                     // bw: bytes iters peak avg msg_rate; lat: bytes iters min max typical ...
                     let (value, unit) = if lat { (row[4], "us") } else { (row[3], "gbps") };
@@ -530,7 +557,14 @@ pub fn e12(args: &ExpArgs) -> Result<(), String> {
             for i in 0..n {
                 servers.push(perftest(&build, &env, &place, (i, 0), &argv(30_000 + i), tag(i, "server"))?);
             }
-            std::thread::sleep(Duration::from_millis(300 + 20 * n as u64));
+            // A server that never listens fails its pair below (its
+            // client finds no one), which is counted.
+            for (i, server) in servers.iter_mut().enumerate() {
+                let limit = Duration::from_secs(60 + n as u64);
+                if let Err(e) = wait_for_listener(&mut server.child, (30_000 + i) as u16, limit) {
+                    eprintln!("e12: pair {i}: {e}");
+                }
+            }
             let mut clients = Vec::new();
             for i in 0..n {
                 let mut client = argv(30_000 + i);

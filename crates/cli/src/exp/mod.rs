@@ -19,6 +19,7 @@ mod fct;
 mod figure;
 mod hosts;
 mod incast;
+mod listening;
 mod offload;
 mod panels;
 mod roles;

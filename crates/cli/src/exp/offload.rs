@@ -28,6 +28,7 @@ use softrnic_rdma_bench::report::{End, ThreadLine};
 use super::ExpArgs;
 use super::daemon::{self, Build, Daemon};
 use super::figure::Series;
+use super::listening::wait_for_listener;
 use super::panels::{self, Panel};
 
 /// The message size of E6.
@@ -397,7 +398,8 @@ fn tcp(n: u32, quick: bool, runs: u32, i: usize, logs: &Path, tag: &str) -> Resu
         return Err("the TCP baseline needs iperf3: apt-get install iperf3".into());
     }
     let (server, client) = super::loopback_pair(i);
-    let port = (26_000 + (std::process::id() as usize * 11 + i) % 20_000).to_string();
+    let port_number = (26_000 + (std::process::id() as usize * 11 + i) % 20_000) as u16;
+    let port = port_number.to_string();
     let seconds = if quick { "1" } else { "3" };
     let mut results = Vec::new();
     for r in 0..runs {
@@ -414,7 +416,10 @@ fn tcp(n: u32, quick: bool, runs: u32, i: usize, logs: &Path, tag: &str) -> Resu
             Ok((child, log))
         };
         let (mut listener, listener_log) = start(&["-s", "-1", "-B", &server, "-p", &port], "server")?;
-        std::thread::sleep(Duration::from_millis(300));
+        if let Err(e) = wait_for_listener(&mut listener, port_number, Duration::from_secs(30)) {
+            super::stop_child(&mut listener);
+            return Err(format!("iperf3: {e}; see {}", listener_log.display()));
+        }
         let streams = n.to_string();
         let client_args =
             ["-c", &server, "-B", &client, "-p", &port, "-P", &streams, "-l", "2048", "-t", seconds, "-J"];
