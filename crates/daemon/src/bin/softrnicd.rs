@@ -58,6 +58,16 @@ struct Args {
     #[arg(long, default_value_t = -20, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i32).range(-20..=19))]
     nice: i32,
+    /// With the raised nice value, a real-time priority (SCHED_RR, 1 to
+    /// 99) for its threads; 0 for none. A nice value is a weight, and
+    /// against hundreds of spinning programs a share still starves the
+    /// daemon; a real-time thread runs whenever it has work, as a core
+    /// given to the engine would, and sleeps when it has none (the
+    /// kernel's real-time throttle leaves the programs their share even
+    /// if it did not). Takes root or CAP_SYS_NICE, and real-time time in
+    /// its cgroup; without, the nice value alone, and it says so.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(0..=99))]
+    realtime: i32,
     /// Its devices hand each other their datagrams through shared memory,
     /// whatever network namespace each serves, as an SR-IOV NIC's embedded
     /// switch passes traffic between its virtual functions: containers on
@@ -78,7 +88,7 @@ fn main() -> ExitCode {
         }
     };
     // Before the daemon's threads start, so that it knows its own.
-    let mut priority = Priority::new(args.nice);
+    let mut priority = Priority::new(args.nice, (args.realtime > 0).then_some(args.realtime));
     let options = DaemonOptions {
         socket: args.socket.unwrap_or_else(socket_path::default_path),
         engine_threads: usize::from(args.cores),
