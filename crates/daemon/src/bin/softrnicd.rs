@@ -59,13 +59,14 @@ struct Args {
           value_parser = clap::value_parser!(i32).range(-20..=19))]
     nice: i32,
     /// With the raised nice value, a real-time priority (SCHED_RR, 1 to
-    /// 99) for its threads; 0 for none. A nice value is a weight, and
-    /// against hundreds of spinning programs a share still starves the
-    /// daemon; a real-time thread runs whenever it has work, as a core
-    /// given to the engine would, and sleeps when it has none (the
-    /// kernel's real-time throttle leaves the programs their share even
-    /// if it did not). Takes root or CAP_SYS_NICE, and real-time time in
-    /// its cgroup; without, the nice value alone, and it says so.
+    /// 99) for its command processors, if they leave a core to the
+    /// programs; 0 for none. A nice value is a weight, and against
+    /// hundreds of spinning programs a share still starves the daemon; a
+    /// real-time processor runs whenever it has work, as a core given to
+    /// the engine would, and sleeps when it has none (the kernel's
+    /// real-time throttle leaves the programs their share even if it did
+    /// not). Takes root or CAP_SYS_NICE, and real-time time in its cgroup;
+    /// without, the nice value alone, and it says so.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(0..=99))]
     realtime: i32,
     /// Its devices hand each other their datagrams through shared memory,
@@ -88,7 +89,8 @@ fn main() -> ExitCode {
         }
     };
     // Before the daemon's threads start, so that it knows its own.
-    let mut priority = Priority::new(args.nice, (args.realtime > 0).then_some(args.realtime));
+    let realtime = (args.realtime > 0).then_some(args.realtime);
+    let mut priority = Priority::new(args.nice, realtime, usize::from(args.processors));
     let options = DaemonOptions {
         socket: args.socket.unwrap_or_else(socket_path::default_path),
         engine_threads: usize::from(args.cores),
@@ -117,7 +119,7 @@ fn main() -> ExitCode {
     let mut idle_since = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(priority::LOOK_EVERY);
-        priority.follow(running.tenants());
+        priority.follow(running.tenants(), &running.processor_threads());
         if running.tenants() > 0 {
             idle_since = Instant::now();
         } else if args.idle_exit.is_some_and(|s| idle_since.elapsed() >= Duration::from_secs(s)) {

@@ -220,6 +220,11 @@ impl Running {
         self.tenants.load(Ordering::Acquire)
     }
 
+    /// The command processors' thread ids.
+    pub fn processor_threads(&self) -> Vec<rustix::process::Pid> {
+        self.processors.threads()
+    }
+
     /// What the offload designs copied so far.
     pub fn offload_stats(&self) -> offload::OffloadStats {
         self.devices.offload.counters.snapshot()

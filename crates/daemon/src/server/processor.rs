@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -600,6 +600,9 @@ pub struct Registry {
     stop: AtomicBool,
     /// Times the processor panicked and started again (a bug each time).
     pub restarts: AtomicU64,
+    /// The processor's thread id, once it runs (0 before): the daemon's
+    /// priority makes these threads real-time ([`super::priority`]).
+    thread: AtomicI32,
 }
 
 impl Registry {
@@ -611,6 +614,7 @@ impl Registry {
             completions: Arc::new(EventQueue::new()?),
             stop: AtomicBool::new(false),
             restarts: AtomicU64::new(0),
+            thread: AtomicI32::new(0),
         })
     }
 
@@ -665,9 +669,18 @@ impl Processors {
         (self.registries.iter().enumerate())
             .map(|(i, registry)| {
                 let registry = registry.clone();
-                std::thread::Builder::new().name(format!("softrnicd-processor-{i}")).spawn(move || run(&registry))
+                std::thread::Builder::new().name(format!("softrnicd-processor-{i}")).spawn(move || {
+                    registry.thread.store(rustix::thread::gettid().as_raw_nonzero().get(), Ordering::Release);
+                    run(&registry)
+                })
             })
             .collect()
+    }
+
+    /// The processors' thread ids (those running yet).
+    pub fn threads(&self) -> Vec<rustix::process::Pid> {
+        let ids = self.registries.iter().map(|r| r.thread.load(Ordering::Acquire));
+        ids.filter_map(rustix::process::Pid::from_raw).collect()
     }
 
     /// What serves the queues of `device`.
