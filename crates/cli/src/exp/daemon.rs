@@ -398,13 +398,14 @@ fn pair(
     }
     argv.push(place.addresses(i)[0].clone());
     let client = perftest(build, env, place, (i, 1), &argv, logs.join(format!("{tag}_client.log")))?;
+    let server_log = server.log.clone();
     let limit = Duration::from_secs(300);
     let rows = client.finish(limit);
     let served = server.finish(Duration::from_secs(15));
     match (rows, served) {
         (Ok(rows), Ok(_)) => Ok(rows),
         // Each side's story: a client's failure is often the server's.
-        (Err(client), Ok(_)) => Err(client),
+        (Err(client), Ok(_)) => Err(format!("{client}\n{} ends:\n{}", server_log.display(), log_tail(&server_log))),
         (Ok(_), Err(server)) => Err(server),
         (Err(client), Err(server)) => Err(format!("{client}\n{server}")),
     }
@@ -558,10 +559,12 @@ pub fn e12(args: &ExpArgs) -> Result<(), String> {
                 servers.push(perftest(&build, &env, &place, (i, 0), &argv(30_000 + i), tag(i, "server"))?);
             }
             // A server that never listens fails its pair below (its
-            // client finds no one), which is counted.
+            // client finds no one), which is counted. One deadline for
+            // all: servers that hang must not make the wait theirs times n.
+            let deadline = Instant::now() + Duration::from_secs(60 + n as u64);
             for (i, server) in servers.iter_mut().enumerate() {
-                let limit = Duration::from_secs(60 + n as u64);
-                if let Err(e) = wait_for_listener(&mut server.child, (30_000 + i) as u16, limit) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if let Err(e) = wait_for_listener(&mut server.child, (30_000 + i) as u16, left) {
                     eprintln!("e12: pair {i}: {e}");
                 }
             }
