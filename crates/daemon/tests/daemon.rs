@@ -352,8 +352,6 @@ fn an_srq_fed_and_drained_by_threads_takes_every_message_once_in_order() {
     }
 }
 
-/// A completion channel is a descriptor: it becomes readable once per
-/// arming, naming the CQ, and stays quiet while the CQ is not armed.
 /// An SRQ's limit event through the daemon counts every receive the
 /// program posted, those still in its ring included, and reaches the
 /// SRQ's owner on its `async_fd` once the SRQ runs below the limit.
@@ -395,6 +393,8 @@ fn an_srq_limit_fires_when_the_programs_receives_run_low() {
     assert_eq!(session.query_srq(&srq).unwrap().limit, 0, "disarmed by firing");
 }
 
+/// A completion channel is a descriptor: it becomes readable once per
+/// arming, naming the CQ, and stays quiet while the CQ is not armed.
 #[test]
 fn an_armed_cq_announces_its_next_completion_on_its_channel() {
     let daemon = daemon("channel");
