@@ -534,10 +534,12 @@ impl Cq {
     }
 
     /// `ibv_req_notify_cq`: the next completion (or the next solicited
-    /// one) is announced on the CQ's channel.
+    /// one) is announced on the CQ's channel. A completion the daemon
+    /// wrote before it could see the request is in the ring for the
+    /// program's next poll ([`softrnic_ring::wakeup`]).
     pub fn request_notify(&self, solicited_only: bool) {
         let armed = if solicited_only { ARMED_SOLICITED } else { ARMED_NEXT };
-        self.ring.lock().unwrap_or_else(|e| e.into_inner()).ring.armed().store(armed, Ordering::Release);
+        softrnic_ring::wakeup::request(self.ring.lock().unwrap_or_else(|e| e.into_inner()).ring.armed(), armed);
     }
 
     /// How many completions wait in its ring, not polled yet.

@@ -5,15 +5,16 @@
 //! The processor polls the queues while there is work. Before it sleeps it
 //! raises `sleeping` in every tenant's doorbell page, looks at the queues
 //! once more, and blocks on its wake-up eventfd. A program that publishes
-//! an entry then reads `sleeping` (a full fence between the two on both
-//! sides, so one of them always sees the other) and writes the eventfd
-//! only when the processor sleeps: rxe's `post_send_db` write, made rare.
+//! an entry then reads `sleeping` and writes the eventfd only when the
+//! processor sleeps: rxe's `post_send_db` write, made rare. The flag is
+//! [`softrnic_ring::wakeup`]'s request, so no wake-up is lost between the
+//! two.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{Ordering, fence};
 
 use rustix::event::EventfdFlags;
+use softrnic_ring::wakeup;
 
 use crate::shared_memory::SharedMapping;
 
@@ -57,15 +58,14 @@ impl DoorbellPage {
 
     /// The daemon, about to sleep (`true`) or awake again.
     pub fn set_sleeping(&self, sleeping: bool) {
-        self.page.word(SLEEPING_AT).store(u64::from(sleeping), Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        let word = self.page.word(SLEEPING_AT);
+        if sleeping { wakeup::request(word, 1) } else { wakeup::withdraw(word) }
     }
 
     /// The program, after publishing an entry: wakes the daemon if it
     /// sleeps.
     pub fn ring(&self, wake: impl AsFd) {
-        fence(Ordering::SeqCst);
-        if self.page.word(SLEEPING_AT).load(Ordering::Relaxed) != 0 {
+        if wakeup::requested(self.page.word(SLEEPING_AT)) != 0 {
             signal(wake);
         }
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use common::{PROCESSORS, REGION, Tenant, address, connect_qp, daemon, daemon_with, every_operation, pair, pattern};
-use softrnic_daemon::client::{Qp, Srq};
+use softrnic_daemon::client::{Channel, Cq, Qp, Srq};
 use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_transport::{
@@ -393,12 +393,9 @@ fn an_srq_limit_fires_when_the_programs_receives_run_low() {
     assert_eq!(session.query_srq(&srq).unwrap().limit, 0, "disarmed by firing");
 }
 
-/// A completion channel is a descriptor: it becomes readable once per
-/// arming, naming the CQ, and stays quiet while the CQ is not armed.
-#[test]
-fn an_armed_cq_announces_its_next_completion_on_its_channel() {
-    let daemon = daemon("channel");
-    let socket = daemon.socket();
+/// A receiver whose receive CQ has a completion channel, connected to a
+/// sender: `(sender, receiver, channel, receive CQ)`.
+fn receiver_with_channel(socket: &std::path::Path) -> (Tenant, Tenant, Channel, Cq) {
     let b = Tenant::open(socket, address());
     let channel = b.session.create_channel().unwrap();
     let cq = b.session.create_cq(16, Some(&channel)).unwrap();
@@ -416,6 +413,15 @@ fn an_armed_cq_announces_its_next_completion_on_its_channel() {
     let a = Tenant::open(socket, address());
     a.connect(&b);
     b.connect(&a);
+    (a, b, channel, cq)
+}
+
+/// A completion channel is a descriptor: it becomes readable once per
+/// arming, naming the CQ, and stays quiet while the CQ is not armed.
+#[test]
+fn an_armed_cq_announces_its_next_completion_on_its_channel() {
+    let daemon = daemon("channel");
+    let (a, b, channel, cq) = receiver_with_channel(daemon.socket());
     let send = |wr_id| {
         b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id, sges: smallvec![] }).unwrap();
         a.session.post_send(&a.qp, &SendWorkRequest::new(wr_id, SendOp::Send { imm: None }, a.sge(0, 0))).unwrap();
@@ -432,6 +438,47 @@ fn an_armed_cq_announces_its_next_completion_on_its_channel() {
     assert_eq!(channel.get_event(Duration::from_millis(50)).unwrap(), None, "once per arming");
     assert_eq!(cq.poll(4, &mut out), 2);
     assert!(b.session.destroy_channel(&channel).is_err(), "a CQ still uses it");
+}
+
+/// A program that arms its CQ and then polls it, as rping's CQ thread
+/// does, finds each completion there or is told of it on the channel,
+/// however the arming and the daemon's writing of the completion
+/// interleave ([`softrnic_ring::wakeup`]). Each round arms at a moment
+/// spread over the message's flight, so that some arm just as the
+/// completion is written: without the protocol's fences this test failed
+/// in five runs of six (and one rping pair in fifty slept for good).
+#[test]
+fn a_cq_armed_while_its_completion_is_written_is_never_slept_through() {
+    const ROUNDS: usize = 20_000;
+    let daemon = daemon("arming");
+    let (a, b, channel, cq) = receiver_with_channel(daemon.socket());
+    let mut send = SendWorkRequest::new(0, SendOp::Send { imm: None }, a.sge(0, 0));
+    send.signaled = false;
+    let mut out = Vec::new();
+    for round in 1..=ROUNDS {
+        b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id: round as u64, sges: smallvec![] }).unwrap();
+        a.session.post_send(&a.qp, &send).unwrap();
+        let arm_at = Instant::now() + Duration::from_nanos((round as u64 * 7919) % 40_000);
+        while Instant::now() < arm_at {
+            std::hint::spin_loop();
+        }
+        cq.request_notify(false);
+        cq.poll(4, &mut out);
+        if out.len() < round {
+            // Not there when polled: the channel must say when it is.
+            let event = channel.get_event(Duration::from_secs(5)).unwrap();
+            assert_eq!(event, Some(cq.id), "round {round}: a completion written after the CQ was armed, no event");
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while out.len() < round {
+                assert!(Instant::now() < deadline, "round {round}: an event without its completion");
+                cq.poll(4, &mut out);
+            }
+        }
+        // An event for a completion polled already may come meanwhile.
+        while channel.get_event(Duration::ZERO).unwrap().is_some() {}
+    }
+    assert!(out.iter().all(|c| c.status == WcStatus::Success));
+    assert!(out.iter().enumerate().all(|(i, c)| c.wr_id == i as u64 + 1), "in order");
 }
 
 /// The forwarding design (every post and poll a request to the daemon),

@@ -27,9 +27,10 @@ use smallvec::SmallVec;
 use softrnic_engine::EventQueue;
 use softrnic_engine::eventfd::wait_readable;
 use softrnic_ring::spsc::{Consumer, Producer};
+use softrnic_ring::wakeup;
 use softrnic_transport::{
     Completion, CompletionQueue, CqId, Payload, PostQueues, QpAttr, QpCaps, QpState, RecvWorkRequest, SendOp,
-    SendWorkRequest, SgeList, SharedReceiveQueue, VerbsError,
+    SendWorkRequest, SgeList, SharedReceiveQueue, VerbsError, WcStatus,
 };
 
 use super::device::Device;
@@ -518,7 +519,8 @@ impl ServedCq {
             wqe::emit_completion(c, &mut entry);
             ring.write_slot(index, &entry);
             producer.publish(ring);
-            solicited |= c.solicited;
+            // Errors raise a solicited-only request too, as in verbs.
+            solicited |= c.solicited || c.status != WcStatus::Success;
         }
         self.notify(ring, solicited);
         true
@@ -553,7 +555,7 @@ impl ServedCq {
     /// CQ for them (`ibv_req_notify_cq`): once per arming.
     fn notify(&self, ring: &SharedQueue, solicited: bool) {
         let armed = ring.armed();
-        let wanted = match armed.load(Ordering::Acquire) {
+        let wanted = match wakeup::requested(armed) {
             ARMED_NEXT => true,
             ARMED_SOLICITED => solicited,
             _ => false,
@@ -561,7 +563,7 @@ impl ServedCq {
         if !wanted {
             return;
         }
-        let seen = armed.swap(0, Ordering::AcqRel);
+        let seen = wakeup::take(armed);
         let channel = self.channel.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let (Some(channel), ARMED_NEXT | ARMED_SOLICITED) = (channel, seen) {
             // A datagram naming the CQ; a channel whose program stopped
