@@ -555,7 +555,11 @@ pub unsafe fn finish(device: &CmDevice, pending: Pending) -> Option<Box<EventBox
             if id.lock().conn != Some(conn) {
                 return None;
             }
-            fail_qp(id);
+            // The QP is left alone, as rdma-core's library and the kernel's
+            // CM leave it: the program answers with rdma_disconnect, which
+            // flushes it. Programs such as rping destroy the QP with
+            // ibv_destroy_qp (not rdma_destroy_qp) while this event may
+            // still be on its way, so the ID's QP pointer can dangle here.
             EventBox::new(public, RDMA_CM_EVENT_DISCONNECTED, 0)
         }
         Event::Unreachable { conn } => {
