@@ -11,8 +11,8 @@ use softrnic_daemon::client::{Channel, Cq, Qp, Srq};
 use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::shared_memory::SharedMapping;
 use softrnic_transport::{
-    Access, AlgorithmSpec, AsyncEvent, Completion, Payload, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest,
-    RemoteAddr, SendOp, SendWorkRequest, Sge, SrqAttr, WcStatus, smallvec,
+    Access, AlgorithmSpec, AsyncEvent, Completion, Payload, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
+    RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, SrqAttr, WcStatus, smallvec,
 };
 
 #[test]
@@ -437,6 +437,16 @@ fn an_armed_cq_announces_its_next_completion_on_its_channel() {
     send(3);
     assert_eq!(channel.get_event(Duration::from_millis(50)).unwrap(), None, "once per arming");
     assert_eq!(cq.poll(4, &mut out), 2);
+    // Armed for solicited completions only: an error raises it too.
+    cq.request_notify(true);
+    send(4);
+    assert_eq!(channel.get_event(Duration::from_millis(50)).unwrap(), None, "not solicited");
+    b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id: 5, sges: smallvec![] }).unwrap();
+    let error = QpAttr { state: Some(QpState::Error), ..QpAttr::default() };
+    b.session.modify_qp(&b.qp, &error).unwrap();
+    assert_eq!(channel.get_event(Duration::from_secs(5)).unwrap(), Some(cq.id), "a flushed receive");
+    assert_eq!(cq.poll(4, &mut out), 2);
+    assert_eq!(out.last().map(|c| (c.wr_id, c.status)), Some((5, WcStatus::WrFlushErr)));
     assert!(b.session.destroy_channel(&channel).is_err(), "a CQ still uses it");
 }
 
