@@ -96,11 +96,32 @@ fn staged_receives_posted_just_before_their_messages_are_found() {
     }
 }
 
+/// In-cache, a receive takes a pool buffer only when its message
+/// arrives: idle connections whose receives outnumber the pool's buffers
+/// take none of them, and a busy connection beside them meets no RNR NAK
+/// (when receives took their buffers as they were posted, the idle ones
+/// held the whole pool and the busy one's messages were refused).
+#[test]
+fn in_cache_receives_take_a_buffer_only_for_their_message() {
+    let daemon = designed("in-cache-idle", TxDesign::HeaderOnly, RxDesign::InCache);
+    let idle: Vec<(Tenant, Tenant)> = (0..5).map(|_| common::pair(daemon.socket())).collect();
+    for (_, b) in &idle {
+        for m in 0..256 {
+            let sges = smallvec![Sge { addr: b.iova(0), length: 64, lkey: b.keys.lkey }];
+            b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id: m, sges }).unwrap();
+        }
+    }
+    const { assert!(5 * 256 > IN_CACHE_BUFFERS) };
+    // The processor takes them from the rings on its next pass.
+    std::thread::sleep(Duration::from_millis(100));
+    common::receives_posted_just_in_time(&daemon);
+}
+
 #[test]
 fn the_in_cache_pool_bounds_the_buffers_however_many_receives_wait() {
-    // Five pairs post 256 receives each: 1280, more than the pool's 1024,
-    // so the last pair's receives wait for buffers the others free (its
-    // sender meets RNR NAKs meanwhile) and everything still arrives.
+    // Five pairs post 256 receives each, 1280, more than the pool's 1024
+    // buffers, and stream into them: every message arrives, each copied
+    // once from the pool.
     let daemon = designed("in-cache", TxDesign::HeaderOnly, RxDesign::InCache);
     let stats = stream(&daemon, 5, 256, 200);
     assert_eq!((stats.rx_staged, stats.rx_copied_bytes), (5 * 256, 5 * 256 * 200));

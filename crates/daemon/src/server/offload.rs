@@ -23,9 +23,13 @@
 //!   The buffers the engine writes grow with the connections.
 //! - `in-cache`: every QP of the daemon draws from one pool of
 //!   [`IN_CACHE_BUFFERS`] recycled buffers, the most recently freed first,
-//!   and each payload is copied on as it completes: the engine writes
-//!   buffers that are still in cache, and the working set stays the pool's
-//!   however many connections there are.
+//!   and a receive takes its buffer only when a message arrives for it
+//!   (the engine fetches it on demand, [`RxStage::message_arrived`]); the
+//!   payload is copied on as it completes and the buffer goes back to the
+//!   pool. So the buffers in use are the messages between arrival and
+//!   copy, not the receives posted: the engine writes buffers that are
+//!   still in cache, and the working set stays small however many
+//!   connections there are and however many receives they post.
 //!
 //! A staging buffer is posted only for a receive the program posted, so a
 //! sender still meets an RNR NAK where the program has none. Sends larger
@@ -577,9 +581,17 @@ impl RxStage {
         RxStage { buffers, pd, depth: depth as usize, posted: VecDeque::new(), waiting: VecDeque::new(), next_token: 0 }
     }
 
+    /// Whether a receive takes its buffer when a message arrives for it
+    /// (the in-cache pool) rather than when the program posts it (a ring
+    /// of the QP's own).
+    fn binds_at_arrival(&self) -> bool {
+        matches!(self.buffers, Buffers::Shared { .. })
+    }
+
     /// Takes the program's receive `request`: posts a staging buffer for
     /// it to the QP through `post` (the processor's `ibv_post_recv` to the
-    /// engine, or the engine's fetch hook's), or keeps it until one frees.
+    /// engine, or the engine's fetch hook's), or keeps it until one frees;
+    /// in-cache, until a message arrives for it.
     pub fn post(
         &mut self,
         post: &mut impl FnMut(RecvWorkRequest) -> Result<()>,
@@ -589,20 +601,46 @@ impl RxStage {
         if self.waiting.len() + self.posted.len() >= self.depth {
             return Err(VerbsError::OutOfResources("the receive queue is full".into()));
         }
-        if self.waiting.is_empty() && self.try_post(post, &request, counters)? {
+        if self.waiting.is_empty() && !self.binds_at_arrival() && self.try_post(post, &request, counters)? {
             return Ok(());
         }
         self.waiting.push_back(request);
         Ok(())
     }
 
-    /// Posts the receives that waited for buffers, in order, while buffers
-    /// last. Returns whether it posted any.
+    /// The engine's fetch hook, for a message that found no receive:
+    /// in-cache, the first waiting receive takes the pool's most recently
+    /// freed buffer, for this message; with a ring of the QP's own, every
+    /// waiting receive its free buffers allow is posted.
+    pub fn message_arrived(
+        &mut self,
+        post: &mut impl FnMut(RecvWorkRequest) -> Result<()>,
+        counters: &OffloadCounters,
+    ) {
+        if !self.binds_at_arrival() {
+            self.post_waiting(post, counters);
+            return;
+        }
+        let Some(request) = self.waiting.pop_front() else { return };
+        // With no free buffer (or a QP that takes no receives now) the
+        // receive waits on and the message is RNR NAKed: the pool bounds
+        // the working set.
+        if !matches!(self.try_post(post, &request, counters), Ok(true)) {
+            self.waiting.push_front(request);
+        }
+    }
+
+    /// Posts the receives that waited for buffers of the QP's own ring, in
+    /// order, while buffers last (in-cache receives wait for their
+    /// message instead). Returns whether it posted any.
     pub fn post_waiting(
         &mut self,
         post: &mut impl FnMut(RecvWorkRequest) -> Result<()>,
         counters: &OffloadCounters,
     ) -> bool {
+        if self.binds_at_arrival() {
+            return false;
+        }
         let mut posted = false;
         while let Some(request) = self.waiting.pop_front() {
             match self.try_post(post, &request, counters) {
@@ -727,18 +765,40 @@ impl RxStage {
         }
     }
 
-    /// Frees the QP's buffers and registrations (the QP is gone).
-    pub fn release(&mut self, nic: &Nic) {
+    /// Frees the QP's buffers (the QP is gone). Returns the registration,
+    /// which the caller undoes once it has let the stage's lock go: the
+    /// engine's fetch hook waits for that lock while holding the QP's
+    /// shard, so no one calls into the engine under it beyond posting
+    /// receives (which takes the receive queue's own lock, never a
+    /// shard's).
+    pub fn release(&mut self) -> Registration {
         for posted in std::mem::take(&mut self.posted) {
             if let Some(buffer) = posted.buffer {
                 self.give_back(buffer);
             }
         }
         match &self.buffers {
-            Buffers::Own { lkey, .. } => {
-                let _ = nic.deregister_memory(*lkey);
+            Buffers::Own { lkey, .. } => Registration::Own(*lkey),
+            Buffers::Shared { pool, .. } => Registration::Pool(pool.clone(), self.pd),
+        }
+    }
+}
+
+/// A receive stage's registration, undone when its QP is gone.
+pub enum Registration {
+    /// Its own ring's key.
+    Own(u32),
+    /// Its PD's share of the pool.
+    Pool(Arc<Pool>, PdId),
+}
+
+impl Registration {
+    pub fn undo(self, nic: &Nic) {
+        match self {
+            Registration::Own(lkey) => {
+                let _ = nic.deregister_memory(lkey);
             }
-            Buffers::Shared { pool, .. } => pool.leave(nic, self.pd),
+            Registration::Pool(pool, pd) => pool.leave(nic, pd),
         }
     }
 }

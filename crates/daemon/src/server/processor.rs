@@ -117,8 +117,11 @@ impl ServedQp {
     /// so a receive the program posted just before the message is found
     /// rather than RNR NAKed until the processor's next pass. A receive
     /// stage, if the QP has one, pairs them with staging buffers as the
-    /// processor would; if the stage is busy (the processor, or the QP's
-    /// destruction, holds it) the hook leaves the ring to the processor.
+    /// processor would (in-cache, every message's receive is paired here).
+    /// The hook waits for the stage if the processor holds it: it holds
+    /// the QP's shard meanwhile, and no one calls into the engine under a
+    /// stage's lock beyond posting receives, which takes no shard's lock
+    /// ([`RxStage::release`]).
     pub fn fetch_on_demand(&self) {
         let Some(ring) = self.recv.clone() else { return };
         let (stage, counters) = (self.rx.clone(), self.device.offload.counters.clone());
@@ -127,9 +130,9 @@ impl ServedQp {
             // once: its shard needs no telling.
             let mut post = |wr| posts.post_recv(wr).map(drop);
             let Some(stage) = &stage else { return ring.fetch(post) };
-            let Ok(mut stage) = stage.try_lock() else { return };
-            stage.post_waiting(&mut post, &counters);
+            let mut stage = stage.lock().unwrap_or_else(|e| e.into_inner());
             ring.fetch(|wr| stage.post(&mut post, wr, &counters));
+            stage.message_arrived(&mut post, &counters);
         });
     }
 
@@ -243,7 +246,8 @@ impl ServedQp {
             tx.release(nic, pulls);
         }
         if let Some(rx) = &self.rx {
-            rx.lock().unwrap_or_else(|e| e.into_inner()).release(nic);
+            let registration = rx.lock().unwrap_or_else(|e| e.into_inner()).release();
+            registration.undo(nic);
         }
     }
 
