@@ -6,9 +6,10 @@
 //! so `poll`/`epoll` on it, a blocking `read` and a non-blocking one all
 //! behave as they do on the kernel's uverbs event files.
 //!
-//! A blocking reader takes a signal first (a `read` with the kernel file's own behaviour: it waits, fails
-//! with `EAGAIN` once the program sets `O_NONBLOCK`, and with `EINTR` when
-//! a signal handler interrupts it) and then an item. Everything else takes
+//! A blocking reader takes a signal first (a `read` with the kernel
+//! file's own behaviour: it waits, fails with `EAGAIN` once the program
+//! sets `O_NONBLOCK`, and with `EINTR` when a signal handler interrupts
+//! it) and then an item. Everything else takes
 //! an item and its signal together under the lock. While a reader waits in
 //! its `read`, a signal taken under the lock could be the one that reader
 //! was handed, leaving the reader with no item and the lock's holder
