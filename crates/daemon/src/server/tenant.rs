@@ -17,13 +17,15 @@
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
-use softrnic_engine::ProgressMode;
+use softrnic_engine::{Nic, ProgressMode};
 use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
 use softrnic_transport::{
-    AlgorithmSpec, Choice, CqId, DmaBuffer, PdId, QpAttr, QpInitAttr, QpState, SrqAttr, SrqId, VerbsError,
+    AlgorithmSpec, Choice, CqId, DmaBuffer, PdId, PostQueues, QpAttr, QpInitAttr, QpState, SrqAttr, SrqId, VerbsError,
 };
+use softrnic_wire::mad::GSI_QPN;
 
 use super::device::{Device, Devices, Element, NetNs};
 use super::processor::{Processors, Registry, ServedCq, ServedQp, ServedSrq};
@@ -508,11 +510,7 @@ impl Tenant {
         let nic = &self.device.nic;
         let posts = match gsi {
             false => nic.create_qp(init),
-            // The device, and so its QP1, is every tenant's on the address.
-            true => nic.create_gsi_qp(init).map_err(|e| match e {
-                VerbsError::Busy(_) => VerbsError::Busy(protocol::GSI_HELD),
-                other => other,
-            }),
+            true => claim_gsi(nic, init),
         }?;
         let qpn = posts.qpn();
         if let Some(rate) = self.rate {
@@ -570,13 +568,37 @@ impl Tenant {
     }
 }
 
+/// How long a program that asks for its address's QP1 waits for the
+/// program holding it to leave, before it is refused.
+const GSI_HANDOVER: Duration = Duration::from_secs(1);
+
+/// The device's QP1, which is every tenant's on the address: one program's
+/// at a time. A program that has just exited still holds it until the
+/// daemon has seen its connection close and freed it, so a program
+/// started right after it (a server restarted on its address) waits for
+/// that, up to [`GSI_HANDOVER`], rather than being refused.
+fn claim_gsi(nic: &Nic, init: QpInitAttr) -> softrnic_transport::Result<Arc<PostQueues>> {
+    let deadline = Instant::now() + GSI_HANDOVER;
+    loop {
+        match nic.create_gsi_qp(init) {
+            Err(VerbsError::Busy(_)) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Err(VerbsError::Busy(_)) => return Err(VerbsError::Busy(protocol::GSI_HELD)),
+            claimed => return claimed,
+        }
+    }
+}
+
 impl Drop for Tenant {
-    /// Frees what the tenant held, however its connection ended.
+    /// Frees what the tenant held, however its connection ended: QP1
+    /// first, which the next program on the address may be waiting for
+    /// ([`claim_gsi`]), while the rest can take a while (a thousand
+    /// connections' QPs).
     fn drop(&mut self) {
         let device = self.device.clone();
         let nic = &device.nic;
         let error = QpAttr { state: Some(QpState::Error), ..QpAttr::default() };
-        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        let mut qpns: Vec<u32> = self.qps.keys().copied().collect();
+        qpns.sort_by_key(|&qpn| qpn != GSI_QPN);
         for &qpn in &qpns {
             let _ = nic.modify_qp(qpn, &error);
         }
