@@ -50,6 +50,12 @@ fn still_serves(socket: &Path) {
     assert_eq!(b.read(0, 4096), data);
 }
 
+/// A QP of `qp_type` in `pd` whose sends and receives complete on `cq`,
+/// with the device's default capacities.
+fn qp_init(qp_type: QpType, pd: PdId, cq: CqId) -> QpInitAttr {
+    QpInitAttr { qp_type, pd, send_cq: cq, recv_cq: cq, caps: QpCaps::default(), sq_sig_all: false, srq: None }
+}
+
 #[test]
 fn fuzzed_ring_entries_and_indices_never_stop_the_daemon() {
     fuzz(&daemon("fuzz"));
@@ -77,15 +83,7 @@ fn fuzz(daemon: &Running) {
         let (Response::Pd(pd), _) = call(&fd, Request::AllocPd) else { panic!() };
         let (Response::Cq(cq), cq_fds) = call(&fd, Request::CreateCq { capacity: 16, channel: None }) else { panic!() };
         let cq_ring = SharedQueue::attach(cq_fds.into_iter().next().unwrap(), cq.slots, 64).unwrap();
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            pd,
-            send_cq: cq.cq,
-            recv_cq: cq.cq,
-            caps: QpCaps::default(),
-            sq_sig_all: true,
-            srq: None,
-        };
+        let init = QpInitAttr { sq_sig_all: true, ..qp_init(QpType::Rc, pd, cq.cq) };
         let (Response::Qp(layout), fds) = call(&fd, Request::CreateQp { init }) else { panic!() };
         let mut rings = fds.into_iter();
         let send = SharedQueue::attach(rings.next().unwrap(), layout.send_slots, layout.send_slot_size).unwrap();
@@ -233,15 +231,8 @@ fn garbage_and_lies_on_the_socket_are_refused() {
     assert!(refused(Request::CreateCq { capacity: 4, channel: Some(77) }, &[]).contains("channel"));
     assert!(refused(Request::DestroyCq { cq: CqId(12345) }, &[]).contains("CQ"));
     let (Response::Cq(cq), _) = call(&fd, Request::CreateCq { capacity: 4, channel: None }) else { panic!() };
-    let mut init = QpInitAttr {
-        qp_type: QpType::Rc,
-        pd,
-        send_cq: cq.cq,
-        recv_cq: cq.cq,
-        caps: QpCaps { max_send_wr: u32::MAX, ..QpCaps::default() },
-        sq_sig_all: false,
-        srq: None,
-    };
+    let mut init =
+        QpInitAttr { caps: QpCaps { max_send_wr: u32::MAX, ..QpCaps::default() }, ..qp_init(QpType::Rc, pd, cq.cq) };
     assert!(refused(Request::CreateQp { init }, &[]).contains("capabilities"));
     init.caps = QpCaps::default();
     init.send_cq = CqId(cq.cq.0 + 1000);
@@ -285,16 +276,7 @@ fn the_gsi_qp_of_an_address_is_one_tenants_at_a_time() {
         assert!(matches!(opened, Response::Opened(_)), "{opened:?}");
         let (Response::Pd(pd), _) = call(fd, Request::AllocPd) else { panic!() };
         let (Response::Cq(cq), _) = call(fd, Request::CreateCq { capacity: 16, channel: None }) else { panic!() };
-        let init = QpInitAttr {
-            qp_type: QpType::Ud,
-            pd,
-            send_cq: cq.cq,
-            recv_cq: cq.cq,
-            caps: QpCaps::default(),
-            sq_sig_all: false,
-            srq: None,
-        };
-        call(fd, Request::CreateGsiQp { init }).0
+        call(fd, Request::CreateGsiQp { init: qp_init(QpType::Ud, pd, cq.cq) }).0
     };
     // The holder has a thousand other QPs to free when it leaves.
     let holder = raw_connect(socket);
@@ -303,15 +285,7 @@ fn the_gsi_qp_of_an_address_is_one_tenants_at_a_time() {
     let (Response::Pd(pd), _) = call(&holder, Request::AllocPd) else { panic!() };
     let (Response::Cq(cq), _) = call(&holder, Request::CreateCq { capacity: 16, channel: None }) else { panic!() };
     for _ in 0..1000 {
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            pd,
-            send_cq: cq.cq,
-            recv_cq: cq.cq,
-            caps: QpCaps::default(),
-            sq_sig_all: false,
-            srq: None,
-        };
+        let init = qp_init(QpType::Rc, pd, cq.cq);
         assert!(matches!(call(&holder, Request::CreateQp { init }).0, Response::Qp(_)));
     }
     let refused = ask(&raw_connect(socket));
