@@ -89,6 +89,12 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// Whether it raises a CQ armed for solicited completions only: the
+    /// sender asked for the event, or it is an error, as in verbs.
+    pub fn raises_solicited_only(&self) -> bool {
+        self.solicited || self.status != WcStatus::Success
+    }
+
     pub(crate) fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Completion {
         Completion {
             wr_id,
@@ -190,8 +196,7 @@ impl CompletionQueue {
         let fire = match queue.armed {
             Armed::No => false,
             Armed::NextCompletion => true,
-            // Errors always raise the event, as in verbs.
-            Armed::SolicitedOnly => completion.solicited || completion.status != WcStatus::Success,
+            Armed::SolicitedOnly => completion.raises_solicited_only(),
         };
         if fire {
             queue.armed = Armed::No;

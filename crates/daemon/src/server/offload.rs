@@ -608,6 +608,13 @@ impl RxStage {
         Ok(())
     }
 
+    /// Whether an in-cache receive already waits for the next message:
+    /// then the program's ring, whose entries come after it, need not be
+    /// read for this one (the processor takes them on its pass).
+    pub fn has_a_receive_for_arrival(&self) -> bool {
+        self.binds_at_arrival() && !self.waiting.is_empty()
+    }
+
     /// The engine's fetch hook, for a message that found no receive:
     /// in-cache, the first waiting receive takes the pool's most recently
     /// freed buffer, for this message; with a ring of the QP's own, every

@@ -30,7 +30,7 @@ use softrnic_ring::spsc::{Consumer, Producer};
 use softrnic_ring::wakeup;
 use softrnic_transport::{
     Completion, CompletionQueue, CqId, Payload, PostQueues, QpAttr, QpCaps, QpState, RecvWorkRequest, SendOp,
-    SendWorkRequest, SgeList, SharedReceiveQueue, VerbsError, WcStatus,
+    SendWorkRequest, SgeList, SharedReceiveQueue, VerbsError,
 };
 
 use super::device::Device;
@@ -131,7 +131,9 @@ impl ServedQp {
             let mut post = |wr| posts.post_recv(wr).map(drop);
             let Some(stage) = &stage else { return ring.fetch(post) };
             let mut stage = stage.lock().unwrap_or_else(|e| e.into_inner());
-            ring.fetch(|wr| stage.post(&mut post, wr, &counters));
+            if !stage.has_a_receive_for_arrival() {
+                ring.fetch(|wr| stage.post(&mut post, wr, &counters));
+            }
             stage.message_arrived(&mut post, &counters);
         });
     }
@@ -523,8 +525,7 @@ impl ServedCq {
             wqe::emit_completion(c, &mut entry);
             ring.write_slot(index, &entry);
             producer.publish(ring);
-            // Errors raise a solicited-only request too, as in verbs.
-            solicited |= c.solicited || c.status != WcStatus::Success;
+            solicited |= c.raises_solicited_only();
         }
         self.notify(ring, solicited);
         true
