@@ -42,8 +42,8 @@ enum Command {
     /// Throughput the careful way (E9): one end of a run, over softrnic
     /// SEND or WRITE or a plain TCP socket.
     Careful(careful::CarefulArgs),
-    /// Run an evaluation (e1 latency, e2 throughput, e9 careful): its sweep,
-    /// a CSV, a log per role and point, and an SVG figure.
+    /// Run an evaluation of EXPERIMENTS.md (e1 to e12; `softrnic exp` lists
+    /// them): its sweep, a CSV, the logs and an SVG figure.
     Exp(exp::ExpArgs),
     /// The network lab: hosts in network namespaces joined by softrnic's
     /// software switch; runs a command on each host (needs root).

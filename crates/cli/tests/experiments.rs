@@ -185,6 +185,12 @@ fn bad_experiment_input_gets_one_clear_line() {
     let o = run(&["exp", "e12", "--processors", "0"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("--processors") && err.contains("1..=64"), "{err}");
+    let o = run(&["exp", "e5", "--tests", "ib_send_bw"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("e5: --tests applies to e11 only"), "{err}");
+    let o = run(&["exp", "e11", "--tests", "ib_read_bw"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--tests ib_read_bw: e11 runs ib_send_bw, ib_send_lat"), "{err}");
     let listing = run(&["exp"]);
     let text = String::from_utf8_lossy(&listing.stdout);
     for id in ["e1", "e2", "e4", "e5", "e6", "e9"] {

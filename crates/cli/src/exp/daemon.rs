@@ -430,14 +430,23 @@ pub(super) fn write_csv(path: &Path, header: &str, rows: &[String]) -> Result<()
 const MODES: [Mode; 3] = [Mode::Host, Mode::Daemon, Mode::Forwarding];
 const E11_TESTS: [&str; 4] = ["ib_send_bw", "ib_send_lat", "ib_write_bw", "ib_write_lat"];
 
+/// The perftest programs `--tests` names, in E11's order; all without it.
+fn e11_tests(asked: &[String]) -> Result<Vec<&'static str>, String> {
+    if let Some(bad) = asked.iter().find(|t| !E11_TESTS.contains(&t.as_str())) {
+        return Err(format!("--tests {bad}: e11 runs {}", E11_TESTS.join(", ")));
+    }
+    Ok(E11_TESTS.into_iter().filter(|t| asked.is_empty() || asked.iter().any(|a| a == t)).collect())
+}
+
 /// `softrnic exp e11`.
 pub fn e11(args: &ExpArgs) -> Result<(), String> {
+    let tests = e11_tests(&args.tests)?;
     let build = Build::here()?;
     let (csv, logs) = output(args, "e11")?;
     // The host's programs each run their own engine; the daemon's tenants
     // run in containers (one pair per test).
     let host = Instances::Processes;
-    let containers = Instances::new(E11_TESTS.len())?;
+    let containers = Instances::new(tests.len())?;
     let daemon = Daemon::start(&build, &logs, args)?;
     // Every size perftest's -a runs, kept from 4 B to 1 MiB; quick: two
     // sizes, few iterations.
@@ -445,7 +454,7 @@ pub fn e11(args: &ExpArgs) -> Result<(), String> {
     let iterations = if args.quick { "200" } else { "1000" };
     let mut rows = Vec::new();
     let mut series: Vec<(usize, Series)> = Vec::new();
-    for (t, test) in E11_TESTS.iter().enumerate() {
+    for (t, test) in tests.iter().enumerate() {
         let lat = test.ends_with("_lat");
         for mode in MODES {
             let place = if mode == Mode::Host { &host } else { &containers };
@@ -476,7 +485,7 @@ pub fn e11(args: &ExpArgs) -> Result<(), String> {
     drop(daemon);
     drop(containers);
     write_csv(&csv, "mode,instances,test,size,value,unit", &rows)?;
-    let panels: Vec<Panel> = E11_TESTS
+    let panels: Vec<Panel> = tests
         .iter()
         .enumerate()
         .map(|(t, test)| Panel {
@@ -488,13 +497,13 @@ pub fn e11(args: &ExpArgs) -> Result<(), String> {
         .collect();
     let figure = args.out.join("e11_figure.svg");
     panels::write(&figure, "E11: perftest through softrnicd, on the host, and forwarded", &panels)?;
-    print_e11_summary(&rows);
+    print_e11_summary(&tests, &rows);
     println!("wrote {}, {} and the logs in {}", csv.display(), figure.display(), logs.display());
     Ok(())
 }
 
 /// The ratios at 64 B and at 64 KiB and above.
-fn print_e11_summary(rows: &[String]) {
+fn print_e11_summary(tests: &[&str], rows: &[String]) {
     let value = |mode: &str, test: &str, size: f64| {
         rows.iter().map(|r| r.split(',').collect::<Vec<_>>()).find_map(|f| {
             (f[0] == mode && f[2] == test && f[3].parse::<f64>().ok() == Some(size))
@@ -503,7 +512,7 @@ fn print_e11_summary(rows: &[String]) {
         })
     };
     println!("\nE11 ratios (softrnicd against forwarding, and against the host):");
-    for test in E11_TESTS {
+    for test in tests {
         for size in [64.0, 65536.0] {
             if let (Some(d), Some(f), Some(h)) =
                 (value("softrnicd", test, size), value("forwarding", test, size), value("host", test, size))
@@ -628,5 +637,14 @@ mod tests {
     fn perftest_rows_are_the_lines_of_numbers() {
         let text = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n 65536      2000             20.41              20.40  \t\t   0.038919\n---\n";
         assert_eq!(result_rows(text), vec![vec![65536.0, 2000.0, 20.41, 20.40, 0.038919]]);
+    }
+
+    #[test]
+    fn tests_runs_the_named_programs_in_e11s_order_and_refuses_others() {
+        let named = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(e11_tests(&[]).unwrap(), E11_TESTS.to_vec());
+        assert_eq!(e11_tests(&named(&["ib_write_bw", "ib_send_bw"])).unwrap(), ["ib_send_bw", "ib_write_bw"]);
+        let err = e11_tests(&named(&["ib_read_bw"])).unwrap_err();
+        assert!(err.contains("--tests ib_read_bw") && err.contains("ib_write_lat"), "{err}");
     }
 }

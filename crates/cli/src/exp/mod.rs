@@ -39,8 +39,8 @@ use roles::{Placement, Role};
 
 #[derive(Args, Debug, Clone)]
 pub struct ExpArgs {
-    /// The experiment: its number (e1, e2, e9) or name (latency,
-    /// throughput, careful); none lists them.
+    /// The experiment: its number (e1 to e12) or name (latency,
+    /// throughput, careful, containers, ...); none lists them.
     pub name: Option<String>,
     /// A small sweep (for CI and a first look).
     #[arg(long)]
@@ -114,6 +114,10 @@ pub struct ExpArgs {
     /// default: softrnicd's).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub processors: Option<u16>,
+    /// e11: the perftest programs to run (default ib_send_bw,ib_send_lat,
+    /// ib_write_bw,ib_write_lat).
+    #[arg(long, value_delimiter = ',')]
+    pub tests: Vec<String>,
 }
 
 /// One point of a sweep: its configuration (a line in the figure), its
@@ -271,6 +275,9 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     let e11 = name.eq_ignore_ascii_case("e11") || name.eq_ignore_ascii_case("containers");
     if !(e11 || e12) && args.processors.is_some() {
         return Err(format!("{name}: --processors applies to e11 and e12 only (run it again without it)"));
+    }
+    if !e11 && !args.tests.is_empty() {
+        return Err(format!("{name}: --tests applies to e11 only (run it again without it)"));
     }
     if name.eq_ignore_ascii_case("incast") {
         return incast::run(args);
