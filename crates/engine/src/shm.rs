@@ -24,6 +24,9 @@
 //! A consumer that blocks says so in its ring's `sleeping` word; the
 //! producer that finds it set sends a small wake-up datagram to the
 //! consumer's UDP socket, which the shard's engine thread is blocked on.
+//! The word follows [`softrnic_ring::wakeup`]'s protocol (a fence between
+//! each side's store and its load), so that a datagram published as the
+//! consumer decides to sleep is either found by it or wakes it.
 //!
 //! The devices that find each other's inboxes are those of one [`Scope`]:
 //! one network namespace, or every device of one softrnicd (its embedded
@@ -46,11 +49,13 @@ use softrnic_transport::{DmaBuffer, MAX_DATAGRAM_LEN, shard_of};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
 use softrnic_ring::mpsc::{self as ring, Head, Ring};
+use softrnic_ring::wakeup;
 
 use crate::socket::RoceSocket;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SRNICSHM");
-const VERSION: u32 = 1;
+/// 2: the `sleeping` word is 64 bits, for the wake-up protocol.
+const VERSION: u32 = 2;
 /// Slots per ring: a power of two.
 pub const SLOTS: u32 = 512;
 /// Bytes of a slot: its 64-byte header, then the datagram.
@@ -174,8 +179,8 @@ impl Mapping {
         self.word64(self.ring(shard) + R_TAIL)
     }
 
-    fn sleeping(&self, shard: usize) -> &AtomicU32 {
-        self.word32(self.ring(shard) + R_SLEEPING)
+    fn sleeping(&self, shard: usize) -> &AtomicU64 {
+        self.word64(self.ring(shard) + R_SLEEPING)
     }
 }
 
@@ -389,9 +394,9 @@ impl InboxRing {
     /// false (and asks nothing) if a datagram arrived meanwhile.
     pub fn prepare_to_sleep(&self) -> bool {
         let m = &self.inbox.mapping;
-        m.sleeping(self.shard).store(1, Ordering::SeqCst);
-        if m.tail(self.shard).load(Ordering::SeqCst) != self.head {
-            m.sleeping(self.shard).store(0, Ordering::SeqCst);
+        wakeup::request(m.sleeping(self.shard), 1);
+        if m.tail(self.shard).load(Ordering::Acquire) != self.head {
+            wakeup::withdraw(m.sleeping(self.shard));
             return false;
         }
         true
@@ -399,7 +404,7 @@ impl InboxRing {
 
     /// After waking.
     pub fn awake(&self) {
-        self.inbox.mapping.sleeping(self.shard).store(0, Ordering::Relaxed);
+        wakeup::withdraw(self.inbox.mapping.sleeping(self.shard));
     }
 }
 
@@ -515,7 +520,7 @@ impl PeerInbox {
         if !ring::publish(&ring, pos) {
             return Sent::Full;
         }
-        if m.sleeping(shard).load(Ordering::SeqCst) == 1 && m.sleeping(shard).swap(0, Ordering::SeqCst) == 1 {
+        if wakeup::requested(m.sleeping(shard)) != 0 && wakeup::take(m.sleeping(shard)) != 0 {
             Sent::DeliveredWake(shard)
         } else {
             Sent::Delivered
