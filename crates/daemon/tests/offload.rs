@@ -221,3 +221,74 @@ fn engine_copy_under_load_from_several_threads_never_stalls() {
     assert_eq!(stats.rx_staged, 4 * messages);
     assert_eq!(daemon.processor_restarts(), 0);
 }
+
+/// A QP moved to the error state completes every receive the program
+/// posted, flushed, whatever the stage holds it as: posted to the engine
+/// with a staging buffer, (in-cache) waiting for its message, or still in
+/// the program's ring. The
+/// program gets each of its own `wr_id`s back, once, in order. (In-cache
+/// receives never completed before: nothing took them to the engine.)
+#[test]
+fn staged_receives_flush_when_the_qp_moves_to_error() {
+    use softrnic_transport::{QpAttr, QpState};
+    for rx in [RxDesign::Direct, RxDesign::PerConnection, RxDesign::InCache] {
+        let daemon = designed(&format!("flush-{rx:?}"), TxDesign::HeaderOnly, rx);
+        let (_a, b) = common::pair(daemon.socket());
+        let receives = 200u64;
+        let post = |m: u64| {
+            let sges = smallvec![Sge { addr: b.iova(0), length: 64, lkey: b.keys.lkey }];
+            b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id: m, sges }).unwrap();
+        };
+        // The first half the processor takes from the ring on its next
+        // pass; the second is still in the ring when the QP fails.
+        (0..receives / 2).for_each(post);
+        std::thread::sleep(Duration::from_millis(50));
+        (receives / 2..receives).for_each(post);
+        let error = QpAttr { state: Some(QpState::Error), ..QpAttr::default() };
+        b.session.modify_qp(&b.qp, &error).unwrap();
+        let got = b.wait_up_to(receives as usize, Duration::from_secs(10));
+        assert!(got.iter().all(|c| c.status == WcStatus::WrFlushErr), "{rx:?}: {got:?}");
+        let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, (0..receives).collect::<Vec<_>>(), "{rx:?}: each receive flushed once, in order");
+        // Receives posted after the error flush too.
+        post(receives);
+        let late = b.wait_up_to(1, Duration::from_secs(10));
+        assert_eq!((late[0].wr_id, late[0].status), (receives, WcStatus::WrFlushErr), "{rx:?}");
+    }
+}
+
+/// RESET discards every receive the program posted, wherever it was: in
+/// the engine, kept by the stage, or still in the program's ring. Once the
+/// QP is connected again only receives posted after the RESET complete,
+/// in order, and the staging buffers of the discarded ones are free.
+#[test]
+fn reset_discards_the_receives_the_stage_and_the_ring_hold() {
+    use softrnic_transport::{QpAttr, QpState};
+    for rx in [RxDesign::Direct, RxDesign::PerConnection, RxDesign::InCache] {
+        let daemon = designed(&format!("reset-{rx:?}"), TxDesign::HeaderOnly, rx);
+        let (a, b) = common::pair(daemon.socket());
+        let post = |m: u64| {
+            let sges = smallvec![Sge { addr: b.iova(0), length: 64, lkey: b.keys.lkey }];
+            b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id: m, sges }).unwrap();
+        };
+        // Most the processor takes on its next pass; the last are still
+        // in the ring when the program resets the QP.
+        (0..200).for_each(post);
+        std::thread::sleep(Duration::from_millis(50));
+        (200..250).for_each(post);
+        let reset = QpAttr { state: Some(QpState::Reset), ..QpAttr::default() };
+        b.session.modify_qp(&b.qp, &reset).unwrap();
+        b.connect(&a);
+        let fresh = 1000..1256u64;
+        fresh.clone().for_each(post);
+        for m in fresh.clone() {
+            a.session.post_send(&a.qp, &SendWorkRequest::new(m, SendOp::Send { imm: None }, a.sge(0, 64))).unwrap();
+        }
+        let got = b.wait_up_to(256, LONG);
+        assert!(got.iter().all(|c| c.status == WcStatus::Success), "{rx:?}: {got:?}");
+        let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, fresh.collect::<Vec<_>>(), "{rx:?}: only the receives posted after the RESET");
+        let mut more = Vec::new();
+        assert_eq!(b.cq.poll(16, &mut more), 0, "{rx:?}: nothing of before the RESET: {more:?}");
+    }
+}

@@ -9,7 +9,9 @@
 //! pass finds the engine's queue empty, and the sender gets an RNR NAK the
 //! program never asked for. A [`ReceiveFetch`] is the hook that closes
 //! that gap: the QP (or SRQ) calls it before it answers "receiver not
-//! ready", and the hook posts whatever the program has written.
+//! ready", and the hook posts whatever the program has written. A QP
+//! that enters the error state calls it too, so that the receives the
+//! program wrote flush with the rest.
 
 use std::fmt;
 use std::sync::OnceLock;

@@ -650,18 +650,30 @@ impl RxStage {
         }
         let mut posted = false;
         while let Some(request) = self.waiting.pop_front() {
-            match self.try_post(post, &request, counters) {
-                Ok(true) => posted = true,
-                Ok(false) => {
-                    self.waiting.push_front(request);
-                    break;
-                }
-                // The QP left the states that take receives: the request
-                // completes flushed when the QP's others do.
-                Err(_) => break,
+            // No free buffer, or the QP takes no receives now (RESET): it
+            // waits on, in order.
+            if !matches!(self.try_post(post, &request, counters), Ok(true)) {
+                self.waiting.push_front(request);
+                break;
             }
+            posted = true;
         }
         posted
+    }
+
+    /// The QP is in the error state: every receive the stage keeps goes
+    /// to the engine as the program posted it, without a staging buffer,
+    /// and flushes there with the program's `wr_id` (those posted with a
+    /// buffer flush from the engine's queue and give the buffer back).
+    /// In-cache receives wait for a message that will not come, so
+    /// without this they would never complete.
+    pub fn flush(&mut self, post: &mut impl FnMut(RecvWorkRequest) -> Result<()>) {
+        while let Some(request) = self.waiting.pop_front() {
+            if self.post_with(post, &request, None).is_err() {
+                self.waiting.push_front(request);
+                break;
+            }
+        }
     }
 
     fn try_post(
@@ -671,13 +683,33 @@ impl RxStage {
         counters: &OffloadCounters,
     ) -> Result<bool> {
         let len = request.sges.iter().map(|s| s.length as usize).sum::<usize>();
-        let token = self.next_token;
-        let (sges, buffer) = if len > SLOT {
+        let buffer = if len > SLOT {
             counters.rx_passed.fetch_add(1, Ordering::Relaxed);
-            (request.sges.clone(), None)
+            None
         } else {
             let Some(buffer) = self.take() else { return Ok(false) };
-            (SgeList::from_iter([self.sge(buffer, len)]), Some(buffer))
+            Some(buffer)
+        };
+        self.post_with(post, request, buffer)?;
+        Ok(true)
+    }
+
+    /// Posts `request` under a token of the stage's, into staging buffer
+    /// `buffer` or, without one, into the program's own buffers. A refused
+    /// post gives the buffer back.
+    fn post_with(
+        &mut self,
+        post: &mut impl FnMut(RecvWorkRequest) -> Result<()>,
+        request: &RecvWorkRequest,
+        buffer: Option<u32>,
+    ) -> Result<()> {
+        let token = self.next_token;
+        let sges = match buffer {
+            Some(buffer) => {
+                let len = request.sges.iter().map(|s| s.length as usize).sum::<usize>();
+                SgeList::from_iter([self.sge(buffer, len)])
+            }
+            None => request.sges.clone(),
         };
         if let Err(e) = post(RecvWorkRequest { wr_id: token, sges }) {
             if let Some(buffer) = buffer {
@@ -687,7 +719,7 @@ impl RxStage {
         }
         self.next_token += 1;
         self.posted.push_back(Posted { token, request: request.clone(), buffer });
-        Ok(true)
+        Ok(())
     }
 
     /// Turns the engine's completion of a staged receive into the
@@ -772,6 +804,17 @@ impl RxStage {
         }
     }
 
+    /// RESET: the engine discarded the receives posted to it, and the
+    /// ones the stage keeps go too; every staging buffer is free again.
+    pub fn reset(&mut self) {
+        self.waiting.clear();
+        for posted in std::mem::take(&mut self.posted) {
+            if let Some(buffer) = posted.buffer {
+                self.give_back(buffer);
+            }
+        }
+    }
+
     /// Frees the QP's buffers (the QP is gone). Returns the registration,
     /// which the caller undoes once it has let the stage's lock go: the
     /// engine's fetch hook waits for that lock while holding the QP's
@@ -779,11 +822,7 @@ impl RxStage {
     /// receives (which takes the receive queue's own lock, never a
     /// shard's).
     pub fn release(&mut self) -> Registration {
-        for posted in std::mem::take(&mut self.posted) {
-            if let Some(buffer) = posted.buffer {
-                self.give_back(buffer);
-            }
-        }
+        self.reset();
         match &self.buffers {
             Buffers::Own { lkey, .. } => Registration::Own(*lkey),
             Buffers::Shared { pool, .. } => Registration::Pool(pool.clone(), self.pd),

@@ -131,6 +131,11 @@ impl ServedQp {
             let mut post = |wr| posts.post_recv(wr).map(drop);
             let Some(stage) = &stage else { return ring.fetch(post) };
             let mut stage = stage.lock().unwrap_or_else(|e| e.into_inner());
+            // Entering the error state: every receive flushes.
+            if posts.state() == QpState::Error {
+                ring.fetch(|wr| stage.post(&mut post, wr, &counters));
+                return stage.flush(&mut post);
+            }
             if !stage.has_a_receive_for_arrival() {
                 ring.fetch(|wr| stage.post(&mut post, wr, &counters));
             }
@@ -235,9 +240,38 @@ impl ServedQp {
                 None => post(wr),
             }
         });
+        // Posted to a QP in error: they flush, in-cache ones too.
+        if let Some(stage) = stage.as_mut().filter(|_| self.posts.state() == QpState::Error) {
+            stage.flush(&mut post);
+        }
         drop((cursor, stage));
         self.handle_fault(cursors, fault);
         resumed || moved > 0
+    }
+
+    /// RESET, which `reset_engine` applies to the engine's QP: what the
+    /// program posted and the engine was not given is discarded too, as
+    /// RESET discards the engine's own queues. Otherwise it would reach the
+    /// QP once it is connected again, requests the program saw vanish.
+    /// The entries left in the QP's rings go first (one the processor took
+    /// after the engine's RESET would be refused there and move the QP to
+    /// error); the receives the stage keeps go after, once the engine can
+    /// no longer write into their staging buffers, which are free again.
+    pub fn reset<T>(&self, reset_engine: impl FnOnce() -> T) -> T {
+        let discard = |_: &[u8]| Ok(());
+        {
+            let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+            while drain_ring(&self.send, &mut cursors.send, true, discard).0 == WQE_BATCH {}
+        }
+        if let Some(recv) = &self.recv {
+            let mut cursor = recv.cursor.lock().unwrap_or_else(|e| e.into_inner());
+            while drain_ring(&recv.ring, &mut cursor, false, discard).0 == WQE_BATCH {}
+        }
+        let out = reset_engine();
+        if let Some(rx) = &self.rx {
+            rx.lock().unwrap_or_else(|e| e.into_inner()).reset();
+        }
+        out
     }
 
     /// Frees what the offload stages hold (the QP is destroyed).

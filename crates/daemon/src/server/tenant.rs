@@ -272,8 +272,12 @@ impl Tenant {
             Request::CreateQp { init } => self.create_qp(init, false),
             Request::CreateGsiQp { init } => self.create_qp(init, true),
             Request::ModifyQp { qpn, attr } => {
-                self.own_qp(qpn)?;
-                nic.modify_qp(qpn, &attr).map(|s| (Response::State(s), Vec::new())).map_err(RemoteError::from)
+                let served = self.qps.get(&qpn).ok_or(RemoteError::not_found("QP"))?;
+                let state = match attr.state {
+                    Some(QpState::Reset) => served.reset(|| nic.modify_qp(qpn, &attr)),
+                    _ => nic.modify_qp(qpn, &attr),
+                };
+                Ok((Response::State(state.map_err(RemoteError::from)?), Vec::new()))
             }
             Request::QueryQp { qpn } => {
                 self.own_qp(qpn)?;

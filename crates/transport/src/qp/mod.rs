@@ -383,7 +383,11 @@ impl QueuePair {
         if self.init.srq.is_some() {
             ctx.events.push_back(AsyncEvent::QpLastWqeReached { qpn: self.qpn });
         }
-        // Requests posted but not yet taken flush too.
+        // Requests posted but not yet taken flush too, and so do the
+        // receives the program wrote that the QP was not given, as a NIC
+        // flushes the WQEs in the program's ring: the fetch hook posts them
+        // (it sees the QP in error already).
+        self.posts.fetch_receives();
         self.absorb_posts(ctx);
     }
 

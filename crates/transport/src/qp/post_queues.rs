@@ -116,7 +116,10 @@ impl PostQueues {
         self.fetch.install(hook)
     }
 
-    fn state(&self) -> QpState {
+    /// The QP's state as of its last change: what a front end that holds
+    /// the program's receives (softrnicd's staging designs) reads to know
+    /// that they are to flush.
+    pub fn state(&self) -> QpState {
         QpState::from_u8(self.state.load(Ordering::Acquire))
     }
 
