@@ -223,11 +223,11 @@ fn engine_copy_under_load_from_several_threads_never_stalls() {
 }
 
 /// A QP moved to the error state completes every receive the program
-/// posted, flushed, whatever the stage holds it as: posted to the engine
-/// with a staging buffer, (in-cache) waiting for its message, or still in
-/// the program's ring. The
-/// program gets each of its own `wr_id`s back, once, in order. (In-cache
-/// receives never completed before: nothing took them to the engine.)
+/// posted, flushed, wherever it waits: posted to the engine with a
+/// staging buffer, (in-cache) waiting for its message, or still in the
+/// program's ring. The program gets each of its own `wr_id`s back, once,
+/// in order. (In-cache receives never completed before: nothing took them
+/// to the engine.)
 #[test]
 fn staged_receives_flush_when_the_qp_moves_to_error() {
     use softrnic_transport::{QpAttr, QpState};
