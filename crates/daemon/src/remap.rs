@@ -19,6 +19,10 @@
 //! - The pages stay shared after the region is deregistered, and a child
 //!   the program forks shares them too instead of copying them (what
 //!   `ibv_fork_init` exists for on hardware).
+//! - A remap is kept while its pages are mapped, for registrations to
+//!   come, and closed by the next registration once the program has
+//!   unmapped them (freed a large buffer): its memfd would otherwise keep
+//!   the freed pages, and a descriptor, for as long as the process runs.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -49,42 +53,56 @@ impl Remap {
     }
 
     /// Whether the pages are still our memfd's, at the offsets we mapped
-    /// them: a program that freed the range and got it back from a fresh
-    /// mapping has lost the sharing.
-    fn intact(&self) -> bool {
-        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return false };
+    /// them, in the process's `mappings`: a program that freed the range
+    /// (and perhaps got it back from a fresh mapping) has lost the sharing.
+    fn intact(&self, mappings: &[Mapping]) -> bool {
         let mut covered = self.start;
-        for line in maps.lines() {
-            // start-end perms offset dev inode path
-            let mut fields = line.split_whitespace();
-            let (Some(range), Some(_), Some(offset), Some(_), Some(inode)) =
-                (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
-            else {
-                continue;
-            };
-            let Some((lo, hi)) = range.split_once('-') else { continue };
-            let (Ok(lo), Ok(hi), Ok(offset), Ok(inode)) = (
-                usize::from_str_radix(lo, 16),
-                usize::from_str_radix(hi, 16),
-                usize::from_str_radix(offset, 16),
-                inode.parse::<u64>(),
-            ) else {
-                continue;
-            };
-            if lo <= covered && covered < hi {
-                // `covered` sits at file offset `offset + covered - lo`;
-                // ours put it at `covered - start`.
-                if inode != self.inode || offset + (covered - lo) != covered - self.start {
-                    return false;
-                }
-                covered = hi;
-                if covered >= self.start + self.len {
-                    return true;
-                }
+        let first = mappings.partition_point(|m| m.end <= self.start);
+        for m in &mappings[first..] {
+            if m.start > covered {
+                return false; // a hole: unmapped
+            }
+            // `covered` sits at file offset `offset + covered - start`;
+            // ours put it at `covered - self.start`.
+            if m.inode != self.inode || m.offset + (covered - m.start) != covered - self.start {
+                return false;
+            }
+            covered = m.end;
+            if covered >= self.start + self.len {
+                return true;
             }
         }
         false
     }
+}
+
+/// One line of `/proc/self/maps`: a range, and what it maps.
+struct Mapping {
+    start: usize,
+    end: usize,
+    offset: usize,
+    inode: u64,
+}
+
+/// The process's mappings, in address order (none if they cannot be read,
+/// so that no remap is taken for intact).
+fn mappings() -> Vec<Mapping> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return Vec::new() };
+    maps.lines()
+        .filter_map(|line| {
+            // start-end perms offset dev inode path
+            let mut fields = line.split_whitespace();
+            let (range, _, offset, _, inode) =
+                (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+            let (start, end) = range.split_once('-')?;
+            Some(Mapping {
+                start: usize::from_str_radix(start, 16).ok()?,
+                end: usize::from_str_radix(end, 16).ok()?,
+                offset: usize::from_str_radix(offset, 16).ok()?,
+                inode: inode.parse().ok()?,
+            })
+        })
+        .collect()
 }
 
 /// The process's remaps, so that overlapping registrations share pages.
@@ -110,8 +128,12 @@ pub unsafe fn share(addr: *mut u8, len: usize) -> io::Result<Shared> {
     let end = (addr as usize).checked_add(len.max(1)).ok_or_else(|| refused("the range wraps around"))?;
     let end = end.next_multiple_of(page);
     let mut remaps = REMAPS.lock().unwrap_or_else(|e| e.into_inner());
-    // A remap whose pages the program unmapped (freed) shares nothing now.
-    remaps.retain(|r| !r.overlaps(first, end) || r.intact());
+    // A remap whose pages the program unmapped (freed) shares nothing now,
+    // here or anywhere: closed, and its pages with it.
+    if !remaps.is_empty() {
+        let mappings = mappings();
+        remaps.retain(|r| r.intact(&mappings));
+    }
     let mut existing: Vec<Arc<Remap>> = remaps.iter().filter(|r| r.overlaps(first, end)).cloned().collect();
     existing.sort_by_key(|r| r.start);
     let mut parts = Vec::new();
@@ -222,5 +244,53 @@ mod tests {
         // SAFETY: refused before anything is remapped.
         let stack = unsafe { share(local.as_ptr() as *mut u8, 64) };
         assert!(stack.err().unwrap().to_string().contains("stack"));
+    }
+
+    /// The memfds the process's remaps hold open.
+    fn remapped_inodes() -> Vec<u64> {
+        REMAPS.lock().unwrap().iter().map(|r| r.inode).collect()
+    }
+
+    #[test]
+    fn remaps_of_freed_buffers_are_closed_by_the_next_registration() {
+        let len = 1 << 20;
+        let anonymous = || {
+            // SAFETY: a fresh private mapping of our own.
+            let at = unsafe {
+                rustix::mm::mmap_anonymous(
+                    std::ptr::null_mut(),
+                    len,
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::PRIVATE,
+                )
+            };
+            at.unwrap().cast::<u8>()
+        };
+        // Large buffers, as malloc maps them: registered, then freed.
+        let buffers: Vec<*mut u8> = (0..20).map(|_| anonymous()).collect();
+        let mut freed = Vec::new();
+        for &at in &buffers {
+            // SAFETY: our own mapping, nobody else writes it.
+            let shared = unsafe { share(at, len) }.unwrap();
+            freed.push(shared.parts[0].0.inode);
+        }
+        let kept = anonymous();
+        // SAFETY: as above.
+        let live = unsafe { share(kept, len) }.unwrap();
+        assert!(freed.iter().all(|i| remapped_inodes().contains(i)), "kept while mapped, for reuse");
+        for &at in &buffers {
+            // SAFETY: unmapping what we mapped above; nothing uses it now.
+            unsafe { rustix::mm::munmap(at.cast(), len) }.unwrap();
+        }
+        // The next registration, anywhere, closes the freed ones' memfds
+        // and keeps the live one's.
+        let other = vec![1u8; 4096];
+        // SAFETY: our own buffer.
+        let _ = unsafe { share(other.as_ptr() as *mut u8, other.len()) }.unwrap();
+        let inodes = remapped_inodes();
+        assert!(freed.iter().all(|i| !inodes.contains(i)), "a freed buffer's remap is closed");
+        assert!(inodes.contains(&live.parts[0].0.inode), "a mapped one's stays");
+        // SAFETY: as above.
+        unsafe { rustix::mm::munmap(kept.cast(), len) }.unwrap();
     }
 }
