@@ -325,8 +325,16 @@ class Daemon:
         return self.socket
 
     def __exit__(self, *exc):
-        self.proc.kill()
-        self.proc.wait()
+        # SIGTERM, as a user or systemd stops it: it closes its devices and
+        # their shared-memory inboxes (SIGKILL left them in /dev/shm for the
+        # next device to sweep). SIGKILL only if it hangs.
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            print("softrnicd did not stop within 10 s of SIGTERM; killed", file=sys.stderr)
+            self.proc.kill()
+            self.proc.wait()
         if self.proc.returncode not in (0, -9):
             self.log.seek(0)
             print(f"softrnicd exited with {self.proc.returncode}:\n{self.log.read()[-2000:]}", file=sys.stderr)

@@ -9,13 +9,15 @@ pub mod priority;
 pub mod processor;
 pub mod tenant;
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use softrnic_engine::shm::Scope;
@@ -58,6 +60,13 @@ impl DaemonOptions {
     }
 }
 
+/// The connected tenants' sockets, by tenant.
+type Connections = Mutex<HashMap<u64, OwnedFd>>;
+
+/// How long a stopping daemon waits for its tenants to be torn down (each
+/// frees its QPs, a thousand connections' in well under a second).
+const TENANTS_LEAVE_WITHIN: Duration = Duration::from_secs(3);
+
 /// A bound daemon, not yet serving.
 pub struct Daemon {
     listener: OwnedFd,
@@ -72,6 +81,9 @@ pub struct Running {
     processors: Arc<Processors>,
     /// Tenants connected now.
     tenants: Arc<AtomicUsize>,
+    /// Their connections (a second descriptor of each), to end them when
+    /// the daemon stops.
+    connections: Arc<Connections>,
     devices: Arc<Devices>,
     stopping: Arc<AtomicBool>,
     acceptor: Option<JoinHandle<()>>,
@@ -143,8 +155,10 @@ impl Daemon {
         let devices_for_running = devices.clone();
         let processor_threads = processors.spawn()?;
         let tenants = Arc::new(AtomicUsize::new(0));
+        let connections = Arc::new(Connections::default());
         let acceptor = {
             let (processors, stopping, tenants) = (processors.clone(), stopping.clone(), tenants.clone());
+            let connections = connections.clone();
             let accounts = Arc::new(Accounts::new(options.config.tenant));
             std::thread::Builder::new().name("softrnicd-accept".into()).spawn(move || {
                 let next_tenant = AtomicU64::new(1);
@@ -163,13 +177,18 @@ impl Daemon {
                     }
                     let id = next_tenant.fetch_add(1, Ordering::Relaxed);
                     let (devices, processors, count) = (devices.clone(), processors.clone(), tenants.clone());
-                    let accounts = accounts.clone();
+                    let (accounts, ours) = (accounts.clone(), connections.clone());
                     count.fetch_add(1, Ordering::AcqRel);
+                    if let Ok(second) = socket.try_clone() {
+                        ours.lock().unwrap_or_else(|e| e.into_inner()).insert(id, second);
+                    }
                     let spawned = std::thread::Builder::new().name(format!("softrnicd-tenant-{id}")).spawn(move || {
                         tenant::serve(id, socket, &devices, &processors, &accounts);
+                        ours.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                         count.fetch_sub(1, Ordering::AcqRel);
                     });
                     if let Err(e) = spawned {
+                        connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                         tenants.fetch_sub(1, Ordering::AcqRel);
                         eprintln!("softrnicd: cannot serve tenant {id}: {e}");
                     }
@@ -180,6 +199,7 @@ impl Daemon {
             socket: options.socket,
             processors,
             tenants,
+            connections,
             devices: devices_for_running,
             stopping,
             acceptor: Some(acceptor),
@@ -239,8 +259,13 @@ impl Running {
 }
 
 impl Drop for Running {
-    /// Stops accepting and stops the processors. Tenants still connected
-    /// keep their control threads until they leave.
+    /// Stops accepting, ends every tenant's connection and waits for the
+    /// tenants to be torn down, as a device removed under its programs:
+    /// their QPs flush (the processors, still running, write the flushed
+    /// completions into their rings), their next control verb fails, and
+    /// the devices close, their shared-memory inboxes with them (a
+    /// daemon that exited under its tenants left those in `/dev/shm`).
+    /// Then stops the processors.
     fn drop(&mut self) {
         self.stopping.store(true, Ordering::Release);
         // Wake the acceptor with a connection of our own.
@@ -251,6 +276,14 @@ impl Drop for Running {
         }
         if let Some(acceptor) = self.acceptor.take() {
             let _ = acceptor.join();
+        }
+        for connection in self.connections.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            // Its tenant's thread reads the end of the connection.
+            let _ = rustix::net::shutdown(connection, rustix::net::Shutdown::Both);
+        }
+        let deadline = Instant::now() + TENANTS_LEAVE_WITHIN;
+        while self.tenants() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
         self.processors.stop();
         for processor in self.processor_threads.drain(..) {

@@ -525,6 +525,18 @@ impl ServedCq {
         Ok((slots, fd))
     }
 
+    /// Moves every completion the engine holds for this CQ into its ring
+    /// now, as many as fit, turning those of `qps`' staged receives into
+    /// the program's: a tenant torn down while its program still runs (the
+    /// daemon stopping under it) delivers its QPs' flushes before the CQ
+    /// goes, rather than leaving them to a pass that will not come.
+    pub fn deliver_now(&self, qps: &[Arc<ServedQp>]) {
+        let staged: StagedReceivers =
+            qps.iter().filter(|qp| qp.rx.is_some()).map(|qp| (qp.staged_key(), qp.clone())).collect();
+        let mut scratch = Vec::new();
+        while self.fill(&mut scratch, &staged) {}
+    }
+
     /// Moves completions from the engine's CQ into the ring, as many as
     /// fit. Returns whether it moved any.
     fn fill(&self, scratch: &mut Vec<Completion>, staged: &StagedReceivers) -> bool {

@@ -606,6 +606,13 @@ impl Drop for Tenant {
         for &qpn in &qpns {
             let _ = nic.modify_qp(qpn, &error);
         }
+        // Their flushes reach the program's rings before the CQs go: a
+        // program still running (the daemon stopping under it) sees every
+        // request it posted end.
+        let served: Vec<Arc<ServedQp>> = self.qps.values().cloned().collect();
+        for cq in self.cqs.values() {
+            cq.deliver_now(&served);
+        }
         for qpn in qpns {
             if let Err(e) = self.destroy_qp(qpn) {
                 eprintln!("softrnicd: tenant {}: destroying QP {qpn:#x}: {e}", self.id);
