@@ -683,33 +683,30 @@ impl RxStage {
         counters: &OffloadCounters,
     ) -> Result<bool> {
         let len = request.sges.iter().map(|s| s.length as usize).sum::<usize>();
-        let buffer = if len > SLOT {
+        let staging = if len > SLOT {
             counters.rx_passed.fetch_add(1, Ordering::Relaxed);
             None
         } else {
             let Some(buffer) = self.take() else { return Ok(false) };
-            Some(buffer)
+            Some((buffer, len))
         };
-        self.post_with(post, request, buffer)?;
+        self.post_with(post, request, staging)?;
         Ok(true)
     }
 
-    /// Posts `request` under a token of the stage's, into staging buffer
-    /// `buffer` or, without one, into the program's own buffers. A refused
-    /// post gives the buffer back.
+    /// Posts `request` under a token of the stage's, into `staging` (a
+    /// staging buffer and the request's length) or, without one, into the
+    /// program's own buffers. A refused post gives the buffer back.
     fn post_with(
         &mut self,
         post: &mut impl FnMut(RecvWorkRequest) -> Result<()>,
         request: &RecvWorkRequest,
-        buffer: Option<u32>,
+        staging: Option<(u32, usize)>,
     ) -> Result<()> {
         let token = self.next_token;
-        let sges = match buffer {
-            Some(buffer) => {
-                let len = request.sges.iter().map(|s| s.length as usize).sum::<usize>();
-                SgeList::from_iter([self.sge(buffer, len)])
-            }
-            None => request.sges.clone(),
+        let (sges, buffer) = match staging {
+            Some((buffer, len)) => (SgeList::from_iter([self.sge(buffer, len)]), Some(buffer)),
+            None => (request.sges.clone(), None),
         };
         if let Err(e) = post(RecvWorkRequest { wr_id: token, sges }) {
             if let Some(buffer) = buffer {
