@@ -42,8 +42,8 @@ enum Command {
     /// Throughput the careful way (E9): one end of a run, over softrnic
     /// SEND or WRITE or a plain TCP socket.
     Careful(careful::CarefulArgs),
-    /// Run an evaluation of EXPERIMENTS.md (e1 to e12; `softrnic exp` lists
-    /// them): its sweep, a CSV, the logs and an SVG figure.
+    /// Run an evaluation (`softrnic exp` lists them): its sweep, a CSV,
+    /// the logs and an SVG figure.
     Exp(exp::ExpArgs),
     /// The network lab: hosts in network namespaces joined by softrnic's
     /// software switch; runs a command on each host (needs root).
@@ -67,7 +67,7 @@ fn main() {
         Command::Devinfo(args) => devinfo::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Careful(args) => careful::run(&args),
-        Command::Exp(args) => exp::run(&args),
+        Command::Exp(args) => exp::run(args),
         Command::Run(args) => run::run(&args),
         Command::Lab(args) => lab::run(&args),
     };

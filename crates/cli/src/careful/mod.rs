@@ -217,9 +217,8 @@ fn method(
     sizes: &[usize],
     mut each: impl FnMut(Point),
 ) -> Result<Duration, String> {
-    let mut rtts: Vec<Duration> = (0..plan.pings).map(|_| link.ping()).collect::<Result<_, _>>()?;
-    rtts.sort();
-    let rtt = rtts[rtts.len() / 2];
+    let rtts: Vec<Duration> = (0..plan.pings).map(|_| link.ping()).collect::<Result<_, _>>()?;
+    let rtt = crate::exp::median_by(rtts, Duration::as_secs_f64).ok_or("no pings to time the round trip")?;
     for &size in sizes {
         let count = plan.messages(size);
         let mut rates = Vec::new();

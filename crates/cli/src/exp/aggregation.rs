@@ -26,9 +26,11 @@ use softrnic_lab::{LinkSpec, Namespaces, RunOptions, Runner, Topology};
 use softrnic_sim::aggregation::{Outcome, Scenario};
 use softrnic_switch::AggregationConfig;
 
-use super::ExpArgs;
+use clap::Args;
+
 use super::figure::Series;
 use super::panels::{self, Panel};
+use super::{Common, median_by};
 
 const WORKERS: usize = 4;
 const JOBS: usize = 2;
@@ -98,7 +100,36 @@ struct LabRun {
     ended: f64,
 }
 
-pub fn run(args: &ExpArgs) -> Result<(), String> {
+/// The flags of e10.
+#[derive(Args, Debug, Clone)]
+pub struct AggregationArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// The policies to compare, one run each: a2tp, atp, off (default
+    /// all three).
+    #[arg(long, value_delimiter = ',', conflicts_with = "bench")]
+    pub policy: Vec<String>,
+    /// The benchmark instead: one job's goodput through the switch against
+    /// MPI_Allreduce over TCP (Open MPI), and the stage's cost per packet.
+    #[arg(long)]
+    pub bench: bool,
+    /// With --bench: measure this many times and keep the medians.
+    #[arg(long, default_value_t = 1, requires = "bench", value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub runs: u32,
+    /// The links' rate (default 200Mbps, scaled down with the machine).
+    #[arg(long, value_parser = softrnic_lab::topology::parse_rate)]
+    pub rate: Option<u64>,
+    /// The switch's pool of aggregators (default 16, scaled down with the
+    /// links so that the jobs contend for it).
+    #[arg(long, conflicts_with = "bench", value_parser = clap::value_parser!(u64).range(1..=softrnic_lab::topology::MAX_AGGREGATORS as u64))]
+    pub aggregators: Option<u64>,
+    /// How late the straggling job's last worker starts each step, ms
+    /// (default 20).
+    #[arg(long, conflicts_with = "bench")]
+    pub straggle: Option<f64>,
+}
+
+pub fn run(args: &AggregationArgs) -> Result<(), String> {
     if args.bench {
         return bench(args);
     }
@@ -114,7 +145,7 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     let mut failures = Vec::new();
     if let Some(reason) = softrnic_lab::namespaces::unavailable() {
         failures.push(format!("the lab's part needs network namespaces: {reason}"));
-    } else if super::experiments::which("iperf3").is_none() {
+    } else if super::roles::which("iperf3").is_none() {
         failures.push("the lab's background traffic is iperf3's: apt install iperf3".into());
     } else {
         println!(
@@ -143,13 +174,13 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
             }
         }
     }
-    let csv = args.out.join("result.csv");
+    let csv = args.common.out.join("result.csv");
     std::fs::write(&csv, rows.join("\n") + "\n").map_err(|e| format!("cannot write {}: {e}", csv.display()))?;
-    let (sim_rows, sim_series) = simulate(args.quick)?;
-    let sim_csv = args.out.join("aggregation_sim.csv");
+    let (sim_rows, sim_series) = simulate(args.common.quick)?;
+    let sim_csv = args.common.out.join("aggregation_sim.csv");
     std::fs::write(&sim_csv, sim_rows.join("\n") + "\n")
         .map_err(|e| format!("cannot write {}: {e}", sim_csv.display()))?;
-    let figure = args.out.join("aggregation_figure.svg");
+    let figure = args.common.out.join("aggregation_figure.svg");
     let axis = |y: &str, series| Panel { x_label: "time (s)".into(), y_label: y.into(), x_log: false, series };
     panels::write(
         &figure,
@@ -171,15 +202,15 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
 }
 
 impl Lab {
-    fn new(args: &ExpArgs) -> Result<Lab, String> {
-        let logs = args.out.join("aggregation_logs");
+    fn new(args: &AggregationArgs) -> Result<Lab, String> {
+        let logs = args.common.out.join("aggregation_logs");
         std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
         Ok(Lab {
             rate: args.rate.unwrap_or(200_000_000),
             slots: args.aggregators.map_or(16, |n| n as usize),
             straggle_ms: args.straggle.unwrap_or(20.0),
-            both: Duration::from_secs(if args.quick { 4 } else { 12 }),
-            alone: Duration::from_secs(if args.quick { 3 } else { 8 }),
+            both: Duration::from_secs(if args.common.quick { 4 } else { 12 }),
+            alone: Duration::from_secs(if args.common.quick { 3 } else { 8 }),
             values: 65_536,
             bin: std::env::current_exe().map_err(|e| e.to_string())?,
             logs,
@@ -437,17 +468,17 @@ fn sim_report(policy: &str, s: &Scenario, o: &Outcome) -> String {
 /// MPI_Allreduce over TCP, on the same lab hosts, each `--runs` times
 /// (medians); and the aggregation stage's cost per packet against the
 /// pipeline without it.
-fn bench(args: &ExpArgs) -> Result<(), String> {
+fn bench(args: &AggregationArgs) -> Result<(), String> {
     if let Some(reason) = softrnic_lab::namespaces::unavailable() {
         return Err(format!("the benchmark runs in the lab's namespaces: {reason}"));
     }
     for (program, package) in [("mpicc", "libopenmpi-dev"), ("mpirun", "openmpi-bin")] {
-        if super::experiments::which(program).is_none() {
+        if super::roles::which(program).is_none() {
             return Err(format!("the TCP baseline is Open MPI's: apt install {package}"));
         }
     }
     let lab = Lab::new(args)?;
-    let seconds = if args.quick { 3 } else { 8 };
+    let seconds = if args.common.quick { 3 } else { 8 };
     let mpi = lab.logs.join("mpi_allreduce");
     // The program travels inside softrnic, so a moved build still has it.
     let source = lab.logs.join("mpi_allreduce.c");
@@ -469,7 +500,8 @@ fn bench(args: &ExpArgs) -> Result<(), String> {
         ours.push(lab.single_job(run, seconds)?);
         theirs.push(lab.mpi(run, seconds, &mpi)?);
     }
-    let (ours, theirs) = (median(&mut ours), median(&mut theirs));
+    let median = |runs: Vec<f64>| median_by(runs, |g| *g).expect("at least one run");
+    let (ours, theirs) = (median(ours), median(theirs));
     let per_second = |gbps: f64| gbps * 1e9 / 32.0 / 1e6;
     println!(
         "e10 bench: aggregation through the switch {ours:.3} Gb/s ({:.2} M values/s), MPI_Allreduce over TCP {theirs:.3} Gb/s ({:.2} M values/s): {:.2}x",
@@ -483,11 +515,6 @@ fn bench(args: &ExpArgs) -> Result<(), String> {
         with / without
     );
     Ok(())
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 impl Lab {

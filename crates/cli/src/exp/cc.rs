@@ -22,8 +22,11 @@ use softrnic_sim::incast::{IncastConfig, IncastRun, jain};
 use softrnic_transport::Choice;
 use softrnic_transport::congestion::Algorithm;
 
-use super::ExpArgs;
+use clap::Args;
+
+use super::Common;
 use super::figure::Series;
+use super::incast::IncastArgs;
 use super::panels::{self, Panel};
 
 /// DCQCN as Zhu et al. configure it, which the simulated incast runs:
@@ -60,8 +63,16 @@ fn source_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-pub fn run(args: &ExpArgs) -> Result<(), String> {
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+/// The flags of e3.
+#[derive(Args, Debug, Clone)]
+pub struct CcArgs {
+    #[command(flatten)]
+    pub common: Common,
+}
+
+pub fn run(args: &CcArgs) -> Result<(), String> {
+    std::fs::create_dir_all(&args.common.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.common.out.display()))?;
     let root = source_root();
     if !target_installed() {
         return Err(format!(
@@ -87,7 +98,7 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
     };
 
     // DCQCN converges over some 10 ms: even --quick runs 20.
-    let duration = Duration::from_millis(if args.quick { 20 } else { 50 });
+    let duration = Duration::from_millis(if args.common.quick { 20 } else { 50 });
     println!(
         "E3 in the simulator: 8-to-1 incast at 100 Gb/s through the switch pipeline (1 µs links, 16 MB buffer, PFC, RED at HPCC's thresholds), {} ms",
         duration.as_millis()
@@ -141,9 +152,9 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         series: queue_panel,
     }];
     panels_all.extend(rate_panels);
-    let figure = args.out.join("cc_sim_figure.svg");
+    let figure = args.common.out.join("cc_sim_figure.svg");
     panels::write(&figure, "E3: 8-to-1 incast at 100 Gb/s in the simulator", &panels_all)?;
-    let series_path = args.out.join("cc_sim_series.csv");
+    let series_path = args.common.out.join("cc_sim_series.csv");
     std::fs::write(&series_path, series_csv).map_err(|e| format!("cannot write {}: {e}", series_path.display()))?;
 
     // The real switch: every algorithm, HPCC with INT on UDP port 4792.
@@ -155,7 +166,9 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
             Vec::new()
         }
         _ => {
-            let lab_args = ExpArgs { senders: Some(if args.quick { 2 } else { 4 }), ..args.clone() };
+            let senders = Some(if args.common.quick { 2 } else { 4 });
+            let lab_args =
+                IncastArgs { common: args.common.clone(), senders, cc: Vec::new(), verbs: false, rate: None };
             super::incast::run_each(&lab_args, &lab_names)?
         }
     };
@@ -200,7 +213,7 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         println!("  {row}");
         table.push(row);
     }
-    let path = args.out.join("cc_results.csv");
+    let path = args.common.out.join("cc_results.csv");
     std::fs::write(&path, table.join("\n") + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     println!(
         "E3: {} in {}, series in {}, figure {}",

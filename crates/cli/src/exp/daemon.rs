@@ -24,8 +24,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::ExpArgs;
+use clap::Args;
+
+use super::Common;
 use super::figure::Series;
+use super::hosts::Build;
 use super::listening::wait_for_listener;
 use super::panels::{self, Panel};
 
@@ -59,18 +62,12 @@ impl Mode {
     }
 }
 
-/// softrnic's build: where softrnicd and libibverbs.so.1 are.
-pub(super) struct Build {
-    pub bin: PathBuf,
-    pub lib: PathBuf,
-}
-
 impl Build {
     /// The build beside this `softrnic`, with perftest installed.
-    fn here() -> Result<Build, String> {
+    fn with_perftest() -> Result<Build, String> {
         let build = Build::daemon_and_library()?;
         for program in ["ib_send_bw", "ib_write_bw"] {
-            if super::experiments::which(program).is_none() {
+            if super::roles::which(program).is_none() {
                 return Err(format!("{program} is missing: apt-get install perftest"));
             }
         }
@@ -79,20 +76,52 @@ impl Build {
 
     /// softrnicd and the library beside this `softrnic`.
     pub(super) fn daemon_and_library() -> Result<Build, String> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let bin = exe.parent().ok_or("softrnic has no directory")?.to_path_buf();
-        let lib = bin.join("../softrnic/lib");
-        let lib = lib.canonicalize().unwrap_or(lib);
+        let build = Build::here()?;
         for (path, how) in [
-            (bin.join("softrnicd"), "cargo build --release -p softrnic-daemon"),
-            (lib.join("libibverbs.so.1"), "scripts/build-libibverbs.sh"),
+            (build.bin.join("softrnicd"), "cargo build --release -p softrnic-daemon"),
+            (build.lib.join("libibverbs.so.1"), "scripts/build-libibverbs.sh"),
         ] {
             if !path.exists() {
                 return Err(format!("{} is missing: run {how}", path.display()));
             }
         }
-        Ok(Build { bin, lib })
+        Ok(build)
     }
+}
+
+/// The flags of the daemon e11 and e12 start.
+#[derive(Args, Debug, Clone)]
+pub struct DaemonFlags {
+    /// The daemon's command processors (softrnicd --processors; default:
+    /// softrnicd's).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub processors: Option<u16>,
+}
+
+/// The flags of e11.
+#[derive(Args, Debug, Clone)]
+pub struct E11Args {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(flatten)]
+    pub daemon: DaemonFlags,
+    /// The perftest programs to run (default ib_send_bw,ib_send_lat,
+    /// ib_write_bw,ib_write_lat).
+    #[arg(long, value_delimiter = ',')]
+    pub tests: Vec<String>,
+}
+
+/// The flags of e12.
+#[derive(Args, Debug, Clone)]
+pub struct E12Args {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(flatten)]
+    pub daemon: DaemonFlags,
+    /// The numbers of pairs to run (default 2,4,8,16,32,64,128; 2,16
+    /// with --quick).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=512))]
+    pub pairs: Vec<u64>,
 }
 
 /// A softrnicd for the experiment, stopped (SIGINT) when dropped.
@@ -107,8 +136,8 @@ impl Daemon {
     /// datagrams between the pair's namespaces, as an SR-IOV NIC carries
     /// them between two virtual functions; `--processors` if asked,
     /// softrnicd's own default otherwise.
-    fn start(build: &Build, out: &Path, args: &ExpArgs) -> Result<Daemon, String> {
-        let processors = args.processors.map(|n| n.to_string());
+    fn start(build: &Build, out: &Path, processors: Option<u16>) -> Result<Daemon, String> {
+        let processors = processors.map(|n| n.to_string());
         let mut flags = vec!["--embedded-switch"];
         if let Some(n) = &processors {
             flags.extend(["--processors", n]);
@@ -411,11 +440,12 @@ fn pair(
     }
 }
 
-pub(super) fn output(args: &ExpArgs, exp: &str) -> Result<(PathBuf, PathBuf), String> {
-    let logs = args.out.join(format!("{exp}_logs"));
+/// `exp`'s CSV in `out`, and its logs' directory, emptied.
+pub(super) fn output(out: &Path, exp: &str) -> Result<(PathBuf, PathBuf), String> {
+    let logs = out.join(format!("{exp}_logs"));
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
-    Ok((args.out.join(format!("{exp}_results.csv")), logs))
+    Ok((out.join(format!("{exp}_results.csv")), logs))
 }
 
 pub(super) fn write_csv(path: &Path, header: &str, rows: &[String]) -> Result<(), String> {
@@ -439,19 +469,20 @@ fn e11_tests(asked: &[String]) -> Result<Vec<&'static str>, String> {
 }
 
 /// `softrnic exp e11`.
-pub fn e11(args: &ExpArgs) -> Result<(), String> {
+pub fn e11(args: &E11Args) -> Result<(), String> {
+    let (quick, out) = (args.common.quick, &args.common.out);
     let tests = e11_tests(&args.tests)?;
-    let build = Build::here()?;
-    let (csv, logs) = output(args, "e11")?;
+    let build = Build::with_perftest()?;
+    let (csv, logs) = output(out, "e11")?;
     // The host's programs each run their own engine; the daemon's tenants
     // run in containers (one pair per test).
     let host = Instances::Processes;
     let containers = Instances::new(tests.len())?;
-    let daemon = Daemon::start(&build, &logs, args)?;
+    let daemon = Daemon::start(&build, &logs, args.daemon.processors)?;
     // Every size perftest's -a runs, kept from 4 B to 1 MiB; quick: two
     // sizes, few iterations.
-    let runs: &[&[&str]] = if args.quick { &[&["-s", "64"], &["-s", "65536"]] } else { &[&["-a"]] };
-    let iterations = if args.quick { "200" } else { "1000" };
+    let runs: &[&[&str]] = if quick { &[&["-s", "64"], &["-s", "65536"]] } else { &[&["-a"]] };
+    let iterations = if quick { "200" } else { "1000" };
     let mut rows = Vec::new();
     let mut series: Vec<(usize, Series)> = Vec::new();
     for (t, test) in tests.iter().enumerate() {
@@ -495,7 +526,7 @@ pub fn e11(args: &ExpArgs) -> Result<(), String> {
             series: series.iter().filter(|(i, _)| *i == t).map(|(_, s)| s.clone()).collect(),
         })
         .collect();
-    let figure = args.out.join("e11_figure.svg");
+    let figure = out.join("e11_figure.svg");
     panels::write(&figure, "E11: perftest through softrnicd, on the host, and forwarded", &panels)?;
     print_e11_summary(&tests, &rows);
     println!("wrote {}, {} and the logs in {}", csv.display(), figure.display(), logs.display());
@@ -530,10 +561,11 @@ fn print_e11_summary(tests: &[&str], rows: &[String]) {
 const E12_HEADER: &str = "mode,instances,pairs,gbps_per_pair,gbps_aggregate,daemon_bytes_per_pair,failed_pairs";
 
 /// `softrnic exp e12`.
-pub fn e12(args: &ExpArgs) -> Result<(), String> {
-    let build = Build::here()?;
-    let (csv, logs) = output(args, "e12")?;
-    let counts: Vec<usize> = match (&args.pairs[..], args.quick) {
+pub fn e12(args: &E12Args) -> Result<(), String> {
+    let (quick, out) = (args.common.quick, &args.common.out);
+    let build = Build::with_perftest()?;
+    let (csv, logs) = output(out, "e12")?;
+    let counts: Vec<usize> = match (&args.pairs[..], quick) {
         ([], true) => vec![2, 16],
         ([], false) => vec![2, 4, 8, 16, 32, 64, 128],
         (pairs, _) => pairs.iter().map(|&n| n as usize).collect(),
@@ -541,13 +573,13 @@ pub fn e12(args: &ExpArgs) -> Result<(), String> {
     // perftest measures between its margins: 5 s after its start to 5 s
     // before its end, when every pair has started (128 take about 3 s)
     // and none has finished.
-    let (seconds, margin) = if args.quick { ("2", "0") } else { ("15", "5") };
+    let (seconds, margin) = if quick { ("2", "0") } else { ("15", "5") };
     let place = Instances::new(counts.iter().copied().max().unwrap_or(2))?;
     let mut rows = Vec::new();
     let mut per_pair: Vec<Series> = Vec::new();
     let mut aggregate: Vec<Series> = Vec::new();
     for mode in [Mode::Daemon, Mode::Forwarding] {
-        let daemon = Daemon::start(&build, &logs, args)?;
+        let daemon = Daemon::start(&build, &logs, args.daemon.processors)?;
         let idle = daemon.rss();
         let (mut pair_points, mut total_points) = (Vec::new(), Vec::new());
         for &n in &counts {
@@ -615,7 +647,7 @@ pub fn e12(args: &ExpArgs) -> Result<(), String> {
     }
     drop(place);
     write_csv(&csv, E12_HEADER, &rows)?;
-    let figure = args.out.join("e12_figure.svg");
+    let figure = out.join("e12_figure.svg");
     let panels = [
         Panel { x_label: "pairs".into(), y_label: "Gb/s per pair (mean)".into(), x_log: true, series: per_pair },
         Panel { x_label: "pairs".into(), y_label: "Gb/s, all pairs".into(), x_log: true, series: aggregate },

@@ -9,11 +9,34 @@ use std::time::{Duration, Instant};
 
 use softrnic_sim::fct::{FatTree, FctConfig, FctRun, Workload, buckets};
 
-use super::ExpArgs;
+use clap::Args;
+
+use super::Common;
 use super::figure::Series;
 use super::panels::{self, Panel};
 
-pub fn run(args: &ExpArgs) -> Result<(), String> {
+/// The flags of `exp fct`.
+#[derive(Args, Debug, Clone)]
+pub struct FctArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// The congestion controls to compare: none, dcqcn, dctcp, timely,
+    /// hpcc, swift.
+    #[arg(long, value_delimiter = ',')]
+    pub cc: Vec<String>,
+    /// The flow-size distributions (websearch, hadoop).
+    #[arg(long, value_delimiter = ',')]
+    pub workload: Vec<String>,
+    /// The offered loads, as fractions of a link (default 0.3).
+    #[arg(long, value_delimiter = ',')]
+    pub load: Vec<f64>,
+    /// Divide HPCC's link rates and buffers by this (10: 10 and 40 Gb/s),
+    /// so that a window of simulated time runs in minutes.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub scale: u64,
+}
+
+pub fn run(args: &FctArgs) -> Result<(), String> {
     let ccs = if args.cc.is_empty() { vec!["none".to_string()] } else { args.cc.clone() };
     let mut algorithms = Vec::new();
     for cc in &ccs {
@@ -37,8 +60,9 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         ));
     }
     let scale = args.scale;
-    let window = Duration::from_micros(if args.quick { 1_000 } else { 5_000 });
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let window = Duration::from_micros(if args.common.quick { 1_000 } else { 5_000 });
+    std::fs::create_dir_all(&args.common.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.common.out.display()))?;
     let mut flows_csv = String::from("cc,workload,load,src,dst,size_bytes,start_us,fct_us,ideal_us,slowdown\n");
     let mut summary_csv = String::from("cc,workload,load,max_size_bytes,flows,p50,p95,p99\n");
     let mut percentiles: [Vec<Series>; 3] = Default::default();
@@ -106,7 +130,7 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         }
     }
     let write = |name: &str, text: &str| {
-        let path = args.out.join(name);
+        let path = args.common.out.join(name);
         std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
     };
     write("fct_results.csv", &flows_csv)?;
@@ -118,13 +142,13 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
         x_log: true,
         series,
     };
-    let figure = args.out.join("fct_figure.svg");
+    let figure = args.common.out.join("fct_figure.svg");
     panels::write(
         &figure,
         &format!("FCT slowdown on HPCC's fat tree ({} servers, rates / {scale})", tree.hosts()),
         &[panel("p50", p50), panel("p95", p95), panel("p99", p99)],
     )?;
-    println!("fct: fct_results.csv and fct_summary.csv in {}", args.out.display());
+    println!("fct: fct_results.csv and fct_summary.csv in {}", args.common.out.display());
     println!("figure {}", figure.display());
     Ok(())
 }

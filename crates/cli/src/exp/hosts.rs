@@ -63,6 +63,36 @@ pub struct Build {
     pub lib: PathBuf,
 }
 
+impl Build {
+    /// This `softrnic`'s build: its directory, and the drop-in library's
+    /// place in a build tree (`scripts/build-libibverbs.sh`).
+    pub fn here() -> Result<Build, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find softrnic's own path: {e}"))?;
+        let bin = exe.parent().ok_or("softrnic has no directory")?.to_path_buf();
+        let lib = bin.join("../softrnic/lib");
+        Ok(Build { lib: lib.canonicalize().unwrap_or(lib), bin })
+    }
+}
+
+/// A fresh loopback pair for point `i` of this runner: the second octet
+/// from its pid, the third from the point, and a pair no device holds yet
+/// (another runner may be sweeping beside this one), so that no point
+/// meets another's leftovers.
+pub fn loopback_pair(i: usize) -> (String, String) {
+    let pid = std::process::id() as usize;
+    let free = |addr: &str| std::net::UdpSocket::bind((addr, softrnic_wire::ROCEV2_UDP_PORT)).is_ok();
+    let (mut server, mut client) = (String::new(), String::new());
+    for attempt in 0..100 {
+        let second = 100 + (pid + attempt) % 100;
+        let third = 1 + i % 250;
+        (server, client) = (format!("127.{second}.{third}.1"), format!("127.{second}.{third}.2"));
+        if free(&server) && free(&client) {
+            break;
+        }
+    }
+    (server, client)
+}
+
 impl Inventory {
     pub fn load(path: &Path) -> Result<Inventory, String> {
         let text = std::fs::read_to_string(path)
@@ -75,7 +105,7 @@ impl Inventory {
             let message = e.message().to_string();
             let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
             let at = line.map_or(String::new(), |l| format!(" line {l}"));
-            format!("{}{at}: {message} (see `softrnic exp --help` for the inventory's fields)", path.display())
+            format!("{}{at}: {message} (see `softrnic exp e1 --help` for the inventory's fields)", path.display())
         })?;
         if let Some(stray) = hosts.keys().find(|k| !ROLES.contains(&k.as_str())) {
             return Err(format!(

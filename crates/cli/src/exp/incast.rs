@@ -17,8 +17,11 @@ use std::time::{Duration, Instant};
 use softrnic_lab::runner::{FLOWS_HEADER, STATS_HEADER};
 use softrnic_lab::{LinkSpec, Namespaces, RunOptions, Runner, Topology};
 
-use super::ExpArgs;
+use clap::Args;
+
+use super::Common;
 use super::figure::Series;
+use super::hosts::Build;
 use super::panels::{self, Panel};
 
 /// One congestion control's incast: its name and its run, or why it
@@ -40,7 +43,29 @@ const STALL_TOLERANT: &str = "SOFTRNIC_RETRANSMISSION=adaptive ";
 /// The receiver's first TCP exchange port; sender i uses BASE + i.
 const BASE_PORT: u16 = 19_515;
 
-pub fn run(args: &ExpArgs) -> Result<(), String> {
+/// The flags of the incast.
+#[derive(Args, Debug, Clone)]
+pub struct IncastArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// How many hosts send to the one receiver (default 4, 2 with
+    /// --quick).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub senders: Option<u64>,
+    /// The congestion controls to compare, one run each: none, dcqcn,
+    /// dctcp, timely, swift, or the path of a WebAssembly module.
+    #[arg(long, value_delimiter = ',')]
+    pub cc: Vec<String>,
+    /// Run unmodified ib_write_bw over softrnic's libibverbs.so.1 instead
+    /// of softrnic bench.
+    #[arg(long)]
+    pub verbs: bool,
+    /// The links' rate (default 1Gbps).
+    #[arg(long, value_parser = softrnic_lab::topology::parse_rate)]
+    pub rate: Option<u64>,
+}
+
+pub fn run(args: &IncastArgs) -> Result<(), String> {
     let ccs = if args.cc.is_empty() { vec!["none".to_string()] } else { args.cc.clone() };
     let failed: Vec<String> = run_each(args, &ccs)?.into_iter().filter_map(|(_, run)| run.err()).collect();
     if failed.is_empty() { Ok(()) } else { Err(failed.join("; ")) }
@@ -49,7 +74,7 @@ pub fn run(args: &ExpArgs) -> Result<(), String> {
 /// Runs the incast once per congestion control in `ccs` (built-ins by
 /// name, modules by path, or none), writes the CSV, logs and figure, and
 /// returns each run, or why it failed (the others still run).
-pub fn run_each(args: &ExpArgs, ccs: &[String]) -> Result<Vec<LabRun>, String> {
+pub fn run_each(args: &IncastArgs, ccs: &[String]) -> Result<Vec<LabRun>, String> {
     for cc in ccs {
         // The senders' engines would refuse it: say so before building
         // anything.
@@ -58,23 +83,23 @@ pub fn run_each(args: &ExpArgs, ccs: &[String]) -> Result<Vec<LabRun>, String> {
     if let Some(reason) = softrnic_lab::namespaces::unavailable() {
         return Err(format!("the incast runs hosts in network namespaces: {reason}"));
     }
-    let senders = args.senders.map_or(if args.quick { 2 } else { 4 }, |n| n as usize);
-    let duration = Duration::from_secs(if args.quick { 2 } else { 8 });
+    let senders = args.senders.map_or(if args.common.quick { 2 } else { 4 }, |n| n as usize);
+    let duration = Duration::from_secs(if args.common.quick { 2 } else { 8 });
     let rate = args.rate.unwrap_or(1_000_000_000);
     let bin = std::env::current_exe().map_err(|e| e.to_string())?;
-    let lib = bin.parent().ok_or("softrnic has no directory")?.join("../softrnic/lib");
+    let lib = Build::here()?.lib;
     if args.verbs && !lib.join("libibverbs.so.1").exists() {
         return Err(format!(
             "--verbs runs ib_write_bw over softrnic's libibverbs.so.1, not found in {}: run scripts/build-libibverbs.sh",
             lib.display()
         ));
     }
-    if args.verbs && super::experiments::which("ib_write_bw").is_none() {
+    if args.verbs && super::roles::which("ib_write_bw").is_none() {
         return Err("--verbs needs perftest's ib_write_bw: apt install perftest".into());
     }
-    let logs = args.out.join("incast_logs");
+    let logs = args.common.out.join("incast_logs");
     std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
-    let csv_path = args.out.join("incast_results.csv");
+    let csv_path = args.common.out.join("incast_results.csv");
     let mut rows = vec![COLUMNS.to_string()];
     let mut panels_rates = Vec::new();
     let mut panels_queue = Vec::new();
@@ -99,7 +124,7 @@ pub fn run_each(args: &ExpArgs, ccs: &[String]) -> Result<Vec<LabRun>, String> {
     }
     std::fs::write(&csv_path, rows.join("\n") + "\n")
         .map_err(|e| format!("cannot write {}: {e}", csv_path.display()))?;
-    let figure = args.out.join("incast_figure.svg");
+    let figure = args.common.out.join("incast_figure.svg");
     let title = format!(
         "{senders}-to-1 incast at {} Gb/s{}",
         rate as f64 / 1e9,

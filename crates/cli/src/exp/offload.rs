@@ -25,11 +25,15 @@ use std::time::Duration;
 use softrnic_daemon::server::offload::{OffloadStats, RxDesign, TxDesign};
 use softrnic_rdma_bench::report::{End, ThreadLine};
 
-use super::ExpArgs;
-use super::daemon::{self, Build, Daemon};
+use clap::Args;
+
+use super::daemon::{self, Daemon};
 use super::figure::Series;
+use super::hosts::{Build, loopback_pair};
 use super::listening::wait_for_listener;
 use super::panels::{self, Panel};
+use super::roles::which;
+use super::{Common, Runs, median_by};
 
 /// The message size of E6.
 const E6_PAYLOAD: u32 = 2048;
@@ -40,6 +44,15 @@ const SNAP_LIST_MIB: usize = 64;
 const OUTSTANDING: &str = "48";
 /// How long one run may take.
 const LIMIT: Duration = Duration::from_secs(300);
+
+/// The flags of e4, e5 and e6.
+#[derive(Args, Debug, Clone)]
+pub struct OffloadArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(flatten)]
+    pub runs: Runs,
+}
 
 /// How the two `rdma_bench` ends reach their devices.
 #[derive(Clone, Copy)]
@@ -83,7 +96,7 @@ fn rdma_bench(
     if !program.exists() {
         return Err(format!("{} is missing: run cargo build --release -p softrnic-rdma-bench", program.display()));
     }
-    let (server, client) = super::loopback_pair(i);
+    let (server, client) = loopback_pair(i);
     let port = (22_000 + (std::process::id() as usize * 11 + i) % 20_000).to_string();
     let daemon = match stack {
         Stack::Offloaded(daemon) => daemon.socket.display().to_string(),
@@ -193,10 +206,9 @@ fn offloaded(
     Ok(median(measured, end))
 }
 
-/// The run whose sum of `end`'s lines is the median (the lower middle).
-fn median(mut runs: Vec<Measured>, end: End) -> Measured {
-    runs.sort_by(|a, b| a.total(end).total_cmp(&b.total(end)));
-    runs.swap_remove((runs.len() - 1) / 2)
+/// The run whose sum of `end`'s lines is the median.
+fn median(runs: Vec<Measured>, end: End) -> Measured {
+    median_by(runs, |r| r.total(end)).expect("at least one run")
 }
 
 /// Prints a point's lines in the seed's spelling, and their sum.
@@ -229,17 +241,18 @@ fn plot(series: &mut Vec<Series>, name: &str, x: f64, y: f64) {
 }
 
 /// `softrnic exp e4`.
-pub fn e4(args: &ExpArgs) -> Result<(), String> {
+pub fn e4(args: &OffloadArgs) -> Result<(), String> {
+    let (quick, runs, out) = (args.common.quick, args.runs.runs, &args.common.out);
     let build = Build::daemon_and_library()?;
-    let (csv, logs) = daemon::output(args, "e4")?;
-    let payloads: &[u32] = if args.quick { &[64, 8192] } else { &[64, 128, 256, 512, 1024, 2048, 4096, 8192] };
+    let (csv, logs) = daemon::output(out, "e4")?;
+    let payloads: &[u32] = if quick { &[64, 8192] } else { &[64, 128, 256, 512, 1024, 2048, 4096, 8192] };
     let (mut rows, mut gbps, mut copied, mut totals) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for design in [TxDesign::EngineCopy, TxDesign::BulkCopy, TxDesign::HeaderOnly] {
         for &pack in payloads {
-            let run = Run::sized(args.quick, 2, pack);
+            let run = Run::sized(quick, 2, pack);
             let tag = format!("{design}_{pack}");
             let flags = ["--tx", &design.to_string()];
-            let measured = offloaded(&build, &flags, &run, (rows.len(), args.runs, End::Sent), &logs, &tag)?;
+            let measured = offloaded(&build, &flags, &run, (rows.len(), runs, End::Sent), &logs, &tag)?;
             print_point(&format!("e4: --tx {design}, {pack} B, 2 threads"), &measured, End::Sent);
             let (total, per_byte) = (measured.total(End::Sent), measured.copied_per_byte(&run).unwrap_or(0.0));
             rows.push(format!(
@@ -253,7 +266,7 @@ pub fn e4(args: &ExpArgs) -> Result<(), String> {
         }
     }
     daemon::write_csv(&csv, "design,payload,threads,gbps,copied_bytes_per_byte,staging_peak_bytes", &rows)?;
-    let figure = args.out.join("e4_figure.svg");
+    let figure = out.join("e4_figure.svg");
     let copied = Panel {
         x_label: "payload (B)".into(),
         y_label: "payload the daemon copied (Gb/s)".into(),
@@ -275,25 +288,26 @@ pub fn e4(args: &ExpArgs) -> Result<(), String> {
 }
 
 /// `softrnic exp e5`.
-pub fn e5(args: &ExpArgs) -> Result<(), String> {
+pub fn e5(args: &OffloadArgs) -> Result<(), String> {
+    let (quick, runs, out) = (args.common.quick, args.runs.runs, &args.common.out);
     let build = Build::daemon_and_library()?;
-    let (csv, logs) = daemon::output(args, "e5")?;
+    let (csv, logs) = daemon::output(out, "e5")?;
     // Eight connections over the sizes, then more connections at 8 KiB,
     // where the per-connection design's buffers outgrow the cache.
-    let mut points: Vec<(u32, u32)> = match args.quick {
+    let mut points: Vec<(u32, u32)> = match quick {
         true => vec![(8, 512), (8, 8192)],
         false => [512, 1024, 2048, 4096, 8192].map(|pack| (8, pack)).into(),
     };
-    if !args.quick {
+    if !quick {
         points.extend([(16, 8192), (32, 8192)]);
     }
     let (mut rows, mut gbps, mut staging, mut totals) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for design in [RxDesign::PerConnection, RxDesign::InCache, RxDesign::Direct] {
         for &(connections, pack) in &points {
-            let run = Run::sized(args.quick, connections, pack);
+            let run = Run::sized(quick, connections, pack);
             let tag = format!("{design}_{connections}_{pack}");
             let flags = ["--rx", &design.to_string()];
-            let measured = offloaded(&build, &flags, &run, (rows.len(), args.runs, End::Received), &logs, &tag)?;
+            let measured = offloaded(&build, &flags, &run, (rows.len(), runs, End::Received), &logs, &tag)?;
             print_point(&format!("e5: --rx {design}, {pack} B, {connections} threads"), &measured, End::Received);
             let total = measured.total(End::Received);
             let per_byte = measured.copied_per_byte(&run).unwrap_or(0.0);
@@ -309,7 +323,7 @@ pub fn e5(args: &ExpArgs) -> Result<(), String> {
         }
     }
     daemon::write_csv(&csv, "design,payload,connections,gbps,copied_bytes_per_byte,staging_peak_mib", &rows)?;
-    let figure = args.out.join("e5_figure.svg");
+    let figure = out.join("e5_figure.svg");
     let staging = Panel {
         x_label: "connections, 8 KiB".into(),
         y_label: "staging buffers held (MiB)".into(),
@@ -336,31 +350,32 @@ pub fn e5(args: &ExpArgs) -> Result<(), String> {
 const E6_STACKS: [&str; 4] = ["offloaded", "rdma", "snap", "tcp"];
 
 /// `softrnic exp e6`.
-pub fn e6(args: &ExpArgs) -> Result<(), String> {
+pub fn e6(args: &OffloadArgs) -> Result<(), String> {
+    let (quick, runs, out) = (args.common.quick, args.runs.runs, &args.common.out);
     let build = Build::daemon_and_library()?;
-    let (csv, logs) = daemon::output(args, "e6")?;
-    let connections: &[u32] = if args.quick { &[1, 2] } else { &[1, 2, 4, 8] };
+    let (csv, logs) = daemon::output(out, "e6")?;
+    let connections: &[u32] = if quick { &[1, 2] } else { &[1, 2, 4, 8] };
     let (mut rows, mut series, mut totals) = (Vec::new(), Vec::new(), Vec::new());
     for stack in E6_STACKS {
         for &n in connections {
-            let run = Run::sized(args.quick, n, E6_PAYLOAD);
+            let run = Run::sized(quick, n, E6_PAYLOAD);
             let (i, tag) = (rows.len(), format!("{stack}_{n}"));
             let (total, per_byte) = match stack {
                 "offloaded" => {
                     let flags = ["--tx", "header-only", "--rx", "in-cache"];
-                    let measured = offloaded(&build, &flags, &run, (i, args.runs, End::Received), &logs, &tag)?;
+                    let measured = offloaded(&build, &flags, &run, (i, runs, End::Received), &logs, &tag)?;
                     (measured.total(End::Received), measured.copied_per_byte(&run))
                 }
-                "tcp" => (tcp(n, args.quick, args.runs, i, &logs, &tag)?, None),
+                "tcp" => (tcp(n, quick, runs, i, &logs, &tag)?, None),
                 _ => {
                     let place = Stack::InProgram { snap: stack == "snap" };
-                    let runs = (0..args.runs)
+                    let measured = (0..runs)
                         .map(|r| {
                             let lines = rdma_bench(&build, place, &run, i, &logs, &format!("{tag}_run{r}"))?;
                             Ok(Measured { lines, stats: None })
                         })
                         .collect::<Result<Vec<_>, String>>()?;
-                    (median(runs, End::Received).total(End::Received), None)
+                    (median(measured, End::Received).total(End::Received), None)
                 }
             };
             println!("e6: {stack}, {n} connection(s), {E6_PAYLOAD} B\n  Total bandwidth: {total:.6} Gbps");
@@ -371,7 +386,7 @@ pub fn e6(args: &ExpArgs) -> Result<(), String> {
         }
     }
     daemon::write_csv(&csv, "stack,connections,payload,gbps,copied_bytes_per_byte", &rows)?;
-    let figure = args.out.join("e6_figure.svg");
+    let figure = out.join("e6_figure.svg");
     let panel = Panel {
         x_label: format!("connections ({E6_PAYLOAD} B messages)"),
         y_label: "Total bandwidth (Gb/s)".into(),
@@ -394,10 +409,10 @@ pub fn e6(args: &ExpArgs) -> Result<(), String> {
 /// Kernel TCP with `n` connections of 2 KiB writes (iperf3 `-P n -l 2048`),
 /// the median of `runs`; Gb/s received.
 fn tcp(n: u32, quick: bool, runs: u32, i: usize, logs: &Path, tag: &str) -> Result<f64, String> {
-    if super::experiments::which("iperf3").is_none() {
+    if which("iperf3").is_none() {
         return Err("the TCP baseline needs iperf3: apt-get install iperf3".into());
     }
-    let (server, client) = super::loopback_pair(i);
+    let (server, client) = loopback_pair(i);
     let port_number = (26_000 + (std::process::id() as usize * 11 + i) % 20_000) as u16;
     let port = port_number.to_string();
     let seconds = if quick { "1" } else { "3" };
@@ -433,6 +448,5 @@ fn tcp(n: u32, quick: bool, runs: u32, i: usize, logs: &Path, tag: &str) -> Resu
             .ok_or_else(|| format!("iperf3's report has no received rate; see {}", sender_log.display()))?;
         results.push(bits / 1e9);
     }
-    results.sort_by(f64::total_cmp);
-    Ok(results[(results.len() - 1) / 2])
+    Ok(median_by(results, |r| *r).expect("at least one run"))
 }

@@ -46,6 +46,11 @@ pub struct Placement {
     pub hosts: Option<Inventory>,
 }
 
+/// A program on PATH.
+pub fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(program)).find(|p| p.is_file())
+}
+
 impl Role {
     pub fn new(name: &'static str, program: Program, args: &[&str]) -> Role {
         let args = args.iter().map(|s| s.to_string()).collect();

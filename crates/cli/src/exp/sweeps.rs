@@ -1,65 +1,61 @@
-//! The experiments the runner knows, each a sweep of points whose roles
-//! are real processes: `rdma_bench` over softrnic's `libibverbs.so.1`,
-//! `softrnic careful`, and the peers a user would compare with.
+//! The sweeps of e1, e2 and e9: points whose roles are real processes,
+//! `rdma_bench` over softrnic's `libibverbs.so.1`, `softrnic careful`, and
+//! the peers a user would compare with.
 
-use std::path::Path;
 use std::time::Duration;
 
 use super::figure::Reference;
 use super::roles::{Program, Role};
-use super::{Experiment, Point, Setup};
+use super::sweep::{Point, Setup, Sweep};
 use crate::careful;
 
-pub static EXPERIMENTS: &[Experiment] = &[
-    Experiment {
-        id: "e1",
-        name: "latency",
-        about: "round trips of 1 KiB messages, one outstanding (rdma_bench -outstanding 1)",
-        params: &["size"],
-        measured: &["percentile", "latency_ns", "mean_ns"],
-        x: "percentile",
-        y: "latency_ns",
-        x_log: false,
-        y_log: false,
-        x_label: "percentile",
-        y_label: "round trip (ns)",
-        references: e1_references,
-        points: e1_points,
-        deadline,
-    },
-    Experiment {
-        id: "e2",
-        name: "throughput",
-        about: "rdma_bench throughput over packet sizes, QPs and engine threads (48 outstanding)",
-        params: &["pack_size", "qps", "engine_threads"],
-        measured: &["gbps"],
-        x: "pack_size",
-        y: "gbps",
-        x_log: true,
-        y_log: false,
-        x_label: "packet size (B)",
-        y_label: "Gb/s (all QPs, data verified)",
-        references: e2_references,
-        points: e2_points,
-        deadline,
-    },
-    Experiment {
-        id: "e9",
-        name: "careful",
-        about: "throughput the careful way: softrnic SEND and WRITE (UDP, shared memory) beside a TCP socket",
-        params: &[],
-        measured: &["size", "mbps"],
-        x: "size",
-        y: "mbps",
-        x_log: true,
-        y_log: true,
-        x_label: "message size (B)",
-        y_label: "Mb/s (half the RTT taken off)",
-        references: e9_references,
-        points: e9_points,
-        deadline: |quick| if quick { Duration::from_secs(180) } else { Duration::from_secs(1800) },
-    },
-];
+pub static E1: Sweep = Sweep {
+    id: "e1",
+    name: "latency",
+    params: &["size"],
+    measured: &["percentile", "latency_ns", "mean_ns"],
+    x: "percentile",
+    y: "latency_ns",
+    x_log: false,
+    y_log: false,
+    x_label: "percentile",
+    y_label: "round trip (ns)",
+    references: e1_references,
+    points: e1_points,
+    deadline,
+};
+
+pub static E2: Sweep = Sweep {
+    id: "e2",
+    name: "throughput",
+    params: &["pack_size", "qps", "engine_threads"],
+    measured: &["gbps"],
+    x: "pack_size",
+    y: "gbps",
+    x_log: true,
+    y_log: false,
+    x_label: "packet size (B)",
+    y_label: "Gb/s (all QPs, data verified)",
+    references: e2_references,
+    points: e2_points,
+    deadline,
+};
+
+pub static E9: Sweep = Sweep {
+    id: "e9",
+    name: "careful",
+    params: &[],
+    measured: &["size", "mbps"],
+    x: "size",
+    y: "mbps",
+    x_log: true,
+    y_log: true,
+    x_label: "message size (B)",
+    y_label: "Mb/s (half the RTT taken off)",
+    references: e9_references,
+    points: e9_points,
+    deadline: |quick| if quick { Duration::from_secs(180) } else { Duration::from_secs(1800) },
+};
 
 fn deadline(quick: bool) -> Duration {
     if quick { Duration::from_secs(90) } else { Duration::from_secs(600) }
@@ -303,11 +299,6 @@ fn e9_references() -> Vec<Reference> {
     ]
 }
 
-/// A program on PATH.
-pub(super) fn which(program: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(program)).find(|p| p.is_file())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,8 +320,8 @@ mod tests {
     }
 
     #[test]
-    fn every_experiment_has_a_number_a_name_and_its_figure_columns() {
-        for e in EXPERIMENTS {
+    fn every_sweep_has_a_number_a_name_and_its_figure_columns() {
+        for e in [&E1, &E2, &E9] {
             let columns: Vec<&str> = e.params.iter().chain(e.measured).copied().collect();
             assert!(columns.contains(&e.x) && columns.contains(&e.y), "{}", e.id);
             assert!(e.id.starts_with('e') && !e.name.is_empty());
