@@ -61,9 +61,9 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     Err(format!("cannot run {}: {error}", program.to_string_lossy()))
 }
 
-/// How often the counter files follow the engine's (which publishes every
-/// 250 ms).
-const COUNTERS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often the counter files follow the engine's: as often as it
+/// publishes them.
+const COUNTERS_EVERY: std::time::Duration = softrnic_engine::counters_file::EVERY;
 
 /// Forks a process that rewrites the view's counter files from what the
 /// engine publishes, for as long as the program runs: tools that read

@@ -575,7 +575,7 @@ impl Channel {
                 Ok(_) => continue,
                 Err(rustix::io::Errno::AGAIN) if waited => return Ok(None),
                 Err(rustix::io::Errno::AGAIN) => {
-                    softrnic_engine::eventfd::wait_readable(&[self.fd.as_raw_fd()], timeout)?;
+                    softrnic_event::wait_readable(&[self.fd.as_raw_fd()], timeout)?;
                     waited = true;
                 }
                 Err(e) => return Err(e.into()),

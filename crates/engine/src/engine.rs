@@ -39,13 +39,13 @@ use softrnic_wire::ROCEV2_UDP_PORT;
 use softrnic_wire::int::INT_UDP_PORT;
 
 use crate::datapath::{Datapath, DatapathKind, SharedMemory, Udp};
-use crate::event_queue::EventQueue;
 use crate::faults::{FaultConfig, FaultStats};
 use crate::progress::{self, Pass, ProgressMode};
 use crate::shard::{EngineShard, PassContext};
 use crate::shm::{self, Inbox, Scope};
 use crate::socket::{BindError, RoceSocket};
 use crate::trace::Tracer;
+use softrnic_event::EventQueue;
 
 /// What an engine thread does for its shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

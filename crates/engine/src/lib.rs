@@ -7,8 +7,6 @@ pub mod congestion;
 pub mod counters_file;
 pub mod datapath;
 pub mod engine;
-pub mod event_queue;
-pub mod eventfd;
 pub mod faults;
 pub mod int;
 pub mod interface;
@@ -23,8 +21,6 @@ pub use engine::{
     EngineConfig, MAX_SHARDS, Nic, NicCounters, OpenError, Role, SendQueue, retransmission_from_env,
     selective_repeat_from_env,
 };
-pub use event_queue::EventQueue;
-pub use eventfd::EventFd;
 pub use faults::{FaultConfig, FaultStats};
 pub use progress::ProgressMode;
 pub use socket::BindError;

@@ -57,8 +57,8 @@ use std::time::Duration;
 use softrnic_transport::{Completion, CompletionQueue, Instant};
 
 use crate::engine::{Core, Role};
-use crate::eventfd::wait_readable;
 use crate::shard::{Aftermath, EngineShard, Wire};
+use softrnic_event::wait_readable;
 
 /// Who drives the shards: see the module's documentation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,10 +24,10 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use softrnic_transport::{AsyncEvent, CqId, Instant, MAX_DATAGRAM_LEN, RecvMeta, Shard};
 
 use crate::datapath::Datapath;
-use crate::eventfd::EventFd;
 use crate::faults::{FaultConfig, FaultInjector, FaultStats};
 use crate::socket::{BATCH, RoceSocket};
 use crate::trace::Tracer;
+use softrnic_event::EventFd;
 
 /// What one pass over a shard leaves for after its lock is released:
 /// notifications for completion channels, asynchronous events, and

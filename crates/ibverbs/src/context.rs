@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use softrnic_daemon::backend::Backend;
 use softrnic_daemon::client::Session;
-use softrnic_engine::eventfd::EventFd;
 use softrnic_engine::{BindError, EngineConfig, FaultConfig, Nic, OpenError};
+use softrnic_event::EventFd;
 use softrnic_transport::{AsyncEvent, CqId, PdId, SrqId};
 
 use crate::abi::*;

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use softrnic_daemon::backend::{Backend, CqBackend};
 use softrnic_daemon::client::Channel;
-use softrnic_engine::EventQueue;
 use softrnic_engine::Nic;
+use softrnic_event::EventQueue;
 use softrnic_transport::{Completion, CqId};
 
 use crate::abi::*;

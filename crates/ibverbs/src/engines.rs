@@ -14,8 +14,9 @@ use std::ops::Deref;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
 use softrnic_daemon::backend::EngineHolder;
+use softrnic_engine::Nic;
 use softrnic_engine::engine::MAX_QUEUED_ASYNC_EVENTS;
-use softrnic_engine::{EventQueue, Nic};
+use softrnic_event::EventQueue;
 use softrnic_transport::AsyncEvent;
 
 use crate::context::{Objects, translate};

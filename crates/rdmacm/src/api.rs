@@ -20,8 +20,6 @@ use crate::id::{self, Channel, EventBox, Happened, Id, Pending};
 use crate::protocol::RESPONSE_TIMEOUT_EXP;
 use crate::verbs;
 
-/// The most RDMA READs softrnic lets a QP have outstanding either way.
-const MAX_RD_ATOMIC: u8 = 16;
 /// The first port `rdma_bind_addr` hands out for port 0.
 const EPHEMERAL_PORTS: std::ops::Range<u16> = 32768..61000;
 
@@ -498,8 +496,8 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
         let p = unsafe { param.as_ref() }.copied().unwrap_or(rdma_conn_param {
             private_data: std::ptr::null(),
             private_data_len: 0,
-            responder_resources: MAX_RD_ATOMIC,
-            initiator_depth: MAX_RD_ATOMIC,
+            responder_resources: device.max_responder_resources,
+            initiator_depth: device.max_initiator_depth,
             flow_control: 1,
             retry_count: 7,
             rnr_retry_count: 7,
@@ -528,8 +526,10 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
             // SAFETY: the ID's QP, when it has one, is live.
             let qpn = if id.public.qp.is_null() { p.qp_num } else { unsafe { (*id.public.qp).qp_num } };
             let psn = id::random_psn();
-            let (responder_resources, initiator_depth) =
-                (p.responder_resources.min(MAX_RD_ATOMIC), p.initiator_depth.min(MAX_RD_ATOMIC));
+            let (responder_resources, initiator_depth) = (
+                p.responder_resources.min(device.max_responder_resources),
+                p.initiator_depth.min(device.max_initiator_depth),
+            );
             {
                 let mut s = id.lock();
                 s.psn = psn;
@@ -736,10 +736,11 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
             let remote = remote.unwrap_or_default();
             let mut s = id.lock();
             // Never more than the other side can use.
+            let (most_responder, most_initiator) = (device.max_responder_resources, device.max_initiator_depth);
             s.responder_resources =
-                p.map_or(MAX_RD_ATOMIC, |p| p.responder_resources).min(remote.initiator_depth).min(MAX_RD_ATOMIC);
+                p.map_or(most_responder, |p| p.responder_resources).min(remote.initiator_depth).min(most_responder);
             s.initiator_depth =
-                p.map_or(MAX_RD_ATOMIC, |p| p.initiator_depth).min(remote.responder_resources).min(MAX_RD_ATOMIC);
+                p.map_or(most_initiator, |p| p.initiator_depth).min(remote.responder_resources).min(most_initiator);
             if let Some(p) = p {
                 s.rnr_retry_count = p.rnr_retry_count.min(7);
             }

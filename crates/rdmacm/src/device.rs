@@ -16,8 +16,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use softrnic_engine::EventFd;
+use softrnic_event::EventFd;
 use softrnic_verbs_abi::*;
+use softrnic_wire::GRH_LEN;
 use softrnic_wire::mad::{GSI_QKEY, GSI_QPN, MAD_LEN};
 
 use crate::protocol::{Cm, ConnId, ServiceId, Transmit};
@@ -29,8 +30,6 @@ use crate::verbs;
 /// later.
 const RECV_SLOTS: usize = 512;
 const SEND_SLOTS: usize = 128;
-/// The GRH area before each received MAD.
-const GRH_LEN: usize = 40;
 const RECV_SLOT_LEN: usize = GRH_LEN + MAD_LEN;
 /// Marks the work request IDs of sends.
 const SEND_TAG: u64 = 1 << 63;
@@ -60,6 +59,13 @@ pub struct CmDevice {
     pub gid: ibv_gid,
     /// The port's active MTU (the IBTA code).
     pub active_mtu: u8,
+    /// The most RDMA READs and atomics a QP of the device may have
+    /// outstanding as responder (`max_qp_rd_atom`) and as initiator
+    /// (`max_qp_init_rd_atom`): the bounds of a connection's
+    /// `responder_resources` and `initiator_depth`, as rdma-core's
+    /// librdmacm takes them from the device.
+    pub max_responder_resources: u8,
+    pub max_initiator_depth: u8,
     qp: *mut ibv_qp,
     cq: *mut ibv_cq,
     channel: *mut ibv_comp_channel,
@@ -134,6 +140,10 @@ impl CmDevice {
             if verbs::ibv_query_port(context, 1, &mut port) != 0 {
                 return Err(failed("ibv_query_port"));
             }
+            let mut device_attr: ibv_device_attr = std::mem::zeroed();
+            if verbs::ibv_query_device(context, &mut device_attr) != 0 {
+                return Err(failed("ibv_query_device"));
+            }
             let pd = verbs::ibv_alloc_pd(context);
             let channel = verbs::ibv_create_comp_channel(context);
             if pd.is_null() || channel.is_null() {
@@ -191,6 +201,8 @@ impl CmDevice {
                 addr: addr_of(&gid),
                 gid,
                 active_mtu: port.active_mtu as u8,
+                max_responder_resources: device_attr.max_qp_rd_atom.clamp(0, 255) as u8,
+                max_initiator_depth: device_attr.max_qp_init_rd_atom.clamp(0, 255) as u8,
                 qp,
                 cq,
                 channel,

@@ -13,7 +13,7 @@ use std::ffi::c_int;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use softrnic_engine::EventQueue;
+use softrnic_event::EventQueue;
 use softrnic_verbs_abi::ffi::refuse;
 use softrnic_verbs_abi::*;
 use softrnic_wire::cm::{IpHeader, PrivateData, Rep, Req, SidrRep, sidr_status};

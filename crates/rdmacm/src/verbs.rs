@@ -13,6 +13,7 @@ unsafe extern "C" {
     pub fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device;
     pub fn ibv_free_device_list(list: *mut *mut ibv_device);
     pub fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context;
+    pub fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int;
     pub fn ibv_query_gid(context: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int;
     pub fn ibv_query_port(context: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int;
     pub fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd;

@@ -3,8 +3,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use softrnic_daemon::client::Channel;
-use softrnic_engine::EventQueue;
-use softrnic_engine::eventfd::wait_readable;
+use softrnic_event::{EventQueue, wait_readable};
 use softrnic_transport::{Completion, CqId};
 
 use crate::{Context, Error};

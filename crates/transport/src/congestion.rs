@@ -122,6 +122,11 @@ impl Default for CongestionConfig {
     }
 }
 
+// The algorithms' crate has no dependencies (a user's module builds
+// against it alone), so it states the wire's bound again; here the two
+// meet, and a packet's every record must reach the algorithm.
+const _: () = assert!(MAX_HOPS == softrnic_wire::int::MAX_HOPS, "softrnic_cc::MAX_HOPS is the wire's int::MAX_HOPS");
+
 /// The INT records a packet carried, hop by hop, in the algorithms' units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct IntRecords {

@@ -46,3 +46,8 @@ pub const ROCEV2_UDP_PORT: u16 = 4791;
 
 /// The default partition key: full membership of the default partition.
 pub const DEFAULT_PKEY: u16 = 0xffff;
+
+/// Bytes of the Global Route Header, which the verbs place at the start
+/// of every UD receive buffer (RoCEv2 over IPv4 puts the IP header in its
+/// last 20).
+pub const GRH_LEN: usize = 40;

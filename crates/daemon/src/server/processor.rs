@@ -24,8 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
-use softrnic_engine::EventQueue;
-use softrnic_engine::eventfd::wait_readable;
+use softrnic_event::{EventQueue, wait_readable};
 use softrnic_ring::spsc::{Consumer, Producer};
 use softrnic_ring::wakeup;
 use softrnic_transport::{

@@ -13,8 +13,7 @@ use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::memory::{Access, gather, scatter, validate_list};
 use crate::work_request::{Payload, SendOp};
 
-/// Bytes of Global Route Header at the start of every UD receive buffer.
-pub const GRH_LEN: usize = 40;
+pub use softrnic_wire::GRH_LEN;
 
 /// A Q_Key with this bit set in a work request means "use the QP's own".
 const QKEY_FROM_QP: u32 = 0x8000_0000;
