@@ -19,7 +19,7 @@ use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use rustix::mm::{MapFlags, ProtFlags};
-use softrnic_daemon::remap;
+use softrnic_provider::remap;
 
 /// A program's buffer as malloc gives a large one: its own mapping, its
 /// pages touched, unmapped when dropped.

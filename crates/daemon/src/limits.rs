@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use serde::Deserialize;
 
-use crate::protocol::RemoteError;
+use softrnic_daemon_protocol::protocol::RemoteError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use common::{Tenant, daemon, daemon_switched, pattern};
-use softrnic_daemon::client::Session;
+use softrnic_provider::client::Session;
 use softrnic_transport::{
     Psn, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, WcOpcode, WcStatus, smallvec,
 };

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use common::{PROCESSORS, REGION, Tenant, address, connect_qp, daemon, daemon_with, every_operation, pair, pattern};
-use softrnic_daemon::client::{Channel, Cq, Qp, Srq};
 use softrnic_daemon::limits::DaemonConfig;
-use softrnic_daemon::shared_memory::SharedMapping;
+use softrnic_daemon_protocol::shared_memory::SharedMapping;
+use softrnic_provider::client::{Channel, Cq, Qp, Srq};
 use softrnic_transport::{
     Access, AlgorithmSpec, AsyncEvent, Completion, Payload, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
     RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, SrqAttr, WcStatus, smallvec,

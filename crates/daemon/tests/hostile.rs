@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use common::{Tenant, address, daemon, daemon_designed, pair, pattern};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
 use softrnic_daemon::limits::DaemonConfig;
-use softrnic_daemon::protocol::{self, PROTOCOL_VERSION, Request, Response, Segment, Translation};
-use softrnic_daemon::queue::SharedQueue;
 use softrnic_daemon::server::Running;
 use softrnic_daemon::server::offload::{Designs, RxDesign, TxDesign};
-use softrnic_daemon::shared_memory::SharedMapping;
+use softrnic_daemon_protocol::protocol::{self, PROTOCOL_VERSION, Request, Response, Segment, Translation};
+use softrnic_daemon_protocol::queue::SharedQueue;
+use softrnic_daemon_protocol::shared_memory::SharedMapping;
 use softrnic_ring::spsc::{self, Producer};
 use softrnic_transport::{
     Access, Completion, CqId, PdId, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RcConnection, RecvWorkRequest,

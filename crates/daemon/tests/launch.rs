@@ -8,8 +8,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use softrnic_daemon::client::Session;
-use softrnic_daemon::launch::{self, BIN_ENV, IDLE_ENV};
+use softrnic_provider::client::Session;
+use softrnic_provider::launch::{self, BIN_ENV, IDLE_ENV};
 
 fn on_demand(key: &str) -> Option<OsString> {
     match key {

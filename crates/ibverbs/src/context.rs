@@ -6,10 +6,9 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::mem::offset_of;
 use std::sync::Arc;
 
-use softrnic_daemon::backend::Backend;
-use softrnic_daemon::client::Session;
 use softrnic_engine::{BindError, EngineConfig, FaultConfig, Nic, OpenError};
 use softrnic_event::EventFd;
+use softrnic_provider::Provider;
 use softrnic_transport::{AsyncEvent, CqId, PdId, SrqId};
 
 use crate::abi::*;
@@ -17,7 +16,7 @@ use crate::acks::Reported;
 use crate::c_view::CView;
 use crate::cq::Cq;
 use crate::device::{SoftDevice, device};
-use crate::engines::{self, ContextEvents, Engine};
+use crate::engines::{self, ContextEngine, ContextEvents};
 use crate::ffi::{copy_c_string, refuse, refuse_null, set_errno};
 use crate::qp::Qp;
 use crate::srq::Srq;
@@ -49,7 +48,7 @@ pub struct Context {
     pub vctx: CView<verbs_context>,
     /// The engine, shared with the process's other contexts on the device
     /// (`engines.rs`), or a session with softrnicd.
-    pub backend: Backend<Arc<Engine>>,
+    pub provider: Provider<ContextEngine>,
     pub device: &'static SoftDevice,
     /// This context's objects and asynchronous events.
     pub events: Arc<ContextEvents>,
@@ -82,30 +81,19 @@ impl Context {
     fn release_objects(&self) {
         let objects = std::mem::take(&mut *self.objects());
         for &qpn in objects.qps.keys() {
-            let _ = self.backend.destroy_qp(qpn);
+            let _ = self.provider.destroy_qp(qpn);
         }
-        if let Some(nic) = self.nic() {
-            for &srq in objects.srqs.keys() {
-                let _ = nic.destroy_srq(srq);
-            }
+        for &srq in objects.srqs.keys() {
+            let _ = self.provider.release_srq(srq);
         }
         for &cq in objects.cqs.keys() {
-            let _ = self.backend.destroy_cq_id(cq);
+            let _ = self.provider.destroy_cq_id(cq);
         }
         for &lkey in &objects.mrs {
-            let _ = self.backend.deregister(lkey);
+            let _ = self.provider.deregister(lkey);
         }
         for &pd in &objects.pds {
-            let _ = self.backend.dealloc_pd(pd);
-        }
-    }
-
-    /// The engine, when it runs in this process: what only it offers
-    /// (SRQs, the GSI QP, re-registration, progress hints).
-    pub fn nic(&self) -> Option<&Nic> {
-        match &self.backend {
-            Backend::Engine(engine) => Some(engine),
-            Backend::Daemon(_) => None,
+            let _ = self.provider.dealloc_pd(pd);
         }
     }
 
@@ -143,44 +131,35 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
             Ok(d) if std::ptr::eq(ibv_device, &d.ibv) => d,
             _ => return refuse_null("ibv_open_device", libc::ENODEV, "not a softrnic device"),
         };
-        let (faults, config) = match FaultConfig::from_env().and_then(|f| Ok((f, EngineConfig::from_env(device.addr)?)))
-        {
-            Ok(both) => both,
-            Err(why) => {
-                eprintln!("softrnic: {why}");
-                return refuse_null("ibv_open_device", libc::EINVAL, why);
-            }
-        };
-        let config = EngineConfig { faults, ..config };
         let events = match ContextEvents::new() {
             Ok(events) => events,
             Err(e) => return refuse_null("ibv_open_device", e.raw_os_error().unwrap_or(libc::EMFILE), e),
         };
-        if let Some(socket) = softrnic_daemon::socket_path::from_env() {
-            let session = match Session::connect(&socket, device.addr) {
-                Ok(session) => session,
-                Err(why) => {
-                    eprintln!("softrnic: cannot open {} on {}: {why}", crate::device::DEVICE_NAME, device.addr);
-                    return refuse_null("ibv_open_device", why.errno(), why);
-                }
-            };
-            return finish_open(ibv_device, device, events, Backend::Daemon(session));
-        }
-        let nic = match engines::attach(device.addr, &events, || Nic::open(config)) {
-            Ok(nic) => nic,
+        let engine = || {
+            let faults = FaultConfig::from_env().map_err(OpenError::Config)?;
+            let config = EngineConfig::from_env(device.addr).map_err(OpenError::Config)?;
+            engines::attach(device.addr, &events, || Nic::open(EngineConfig { faults, ..config }))
+        };
+        let provider = match Provider::open(device.addr, engine) {
+            Ok(provider) => provider,
             Err(why) => {
                 // Programs print only "Couldn't get context"; say what to do.
                 eprintln!("softrnic: cannot open {} on {}: {why}", crate::device::DEVICE_NAME, device.addr);
                 let errno = match &why {
-                    OpenError::Bind(BindError::NotLocal(_)) => libc::EADDRNOTAVAIL,
-                    OpenError::Bind(BindError::InUse(..)) => libc::EADDRINUSE,
-                    OpenError::Bind(BindError::Other(_, e)) | OpenError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
-                    OpenError::Config(_) => libc::EINVAL,
+                    softrnic_provider::OpenError::Daemon(e) => e.errno(),
+                    softrnic_provider::OpenError::Engine(e) => match e {
+                        OpenError::Bind(BindError::NotLocal(_)) => libc::EADDRNOTAVAIL,
+                        OpenError::Bind(BindError::InUse(..)) => libc::EADDRINUSE,
+                        OpenError::Bind(BindError::Other(_, e)) | OpenError::Io(e) => {
+                            e.raw_os_error().unwrap_or(libc::EIO)
+                        }
+                        OpenError::Config(_) => libc::EINVAL,
+                    },
                 };
                 return refuse_null("ibv_open_device", errno, why);
             }
         };
-        finish_open(ibv_device, device, events, Backend::Engine(nic))
+        finish_open(ibv_device, device, events, provider)
     })
 }
 
@@ -188,23 +167,21 @@ fn finish_open(
     ibv_device: *mut ibv_device,
     device: &'static SoftDevice,
     events: Arc<ContextEvents>,
-    backend: Backend<Arc<Engine>>,
+    provider: Provider<ContextEngine>,
 ) -> *mut ibv_context {
     let command_fd = match EventFd::new() {
         Ok(fd) => fd,
         Err(e) => return refuse_null("ibv_open_device", e.raw_os_error().unwrap_or(libc::EMFILE), e),
     };
-    let ctx = Box::new(Context { vctx: CView::new(extended_ops()), backend, device, events, command_fd });
+    let ctx = Box::new(Context { vctx: CView::new(extended_ops()), provider, device, events, command_fd });
     let ctx = Box::leak(ctx);
     // SAFETY: the context is ours alone until returned.
     unsafe {
         (*ctx.ibv()).device = ibv_device;
         // Through softrnicd the daemon writes the context's events to a
-        // socket of its own; in the process, the engine queues them.
-        (*ctx.ibv()).async_fd = match &ctx.backend {
-            Backend::Daemon(session) => std::os::fd::AsRawFd::as_raw_fd(&session.async_fd()),
-            Backend::Engine(_) => std::os::fd::AsRawFd::as_raw_fd(&ctx.events.queue),
-        };
+        // socket of its own; in the process, the engine routes them to the
+        // context's queue.
+        (*ctx.ibv()).async_fd = ctx.provider.async_fd();
         (*ctx.ibv()).cmd_fd = std::os::fd::AsRawFd::as_raw_fd(&ctx.command_fd);
     }
     ctx.ibv()
@@ -217,10 +194,8 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         // box was leaked there and is reclaimed exactly once, here.
         let ctx = unsafe { Box::from_raw(Context::from_ibv(context) as *const Context as *mut Context) };
         ctx.release_objects();
-        let Context { backend, events, .. } = *ctx;
-        if let Backend::Engine(nic) = backend {
-            engines::detach(nic, &events);
-        }
+        // The engine is let go with the context (`ContextEngine`).
+        drop(ctx);
         0
     })
 }
@@ -512,10 +487,7 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
         let ctx = unsafe { Context::from_ibv(context) };
         loop {
             // Blocks unless the program made `async_fd` non-blocking.
-            let next = match &ctx.backend {
-                Backend::Daemon(session) => session.next_async_event(),
-                Backend::Engine(_) => ctx.events.queue.pop(),
-            };
+            let next = ctx.provider.next_async_event();
             let next = match next {
                 Ok(e) => e,
                 Err(e) => {

@@ -8,14 +8,10 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
 
-use softrnic_daemon::backend::{Backend, CqBackend};
-use softrnic_daemon::client::Channel;
-use softrnic_engine::Nic;
-use softrnic_event::EventQueue;
+use softrnic_provider::{CompletionChannel, DeviceCq};
 use softrnic_transport::{Completion, CqId};
 
 use crate::abi::*;
@@ -27,25 +23,11 @@ use crate::ffi::{refuse, refuse_null, set_errno};
 #[repr(C)]
 pub struct CompChannel {
     pub ibv: CView<ibv_comp_channel>,
-    pub events: ChannelEvents,
+    /// Where its notifications arrive: from the engine in the process, or
+    /// from softrnicd over a socket.
+    pub events: CompletionChannel,
     /// The program's pointer for each CQ attached to the channel.
     pub cqs: Mutex<HashMap<CqId, usize>>,
-}
-
-/// Where a channel's notifications arrive: from the engine in the process,
-/// or from softrnicd over a socket.
-pub enum ChannelEvents {
-    Engine(Arc<EventQueue<CqId>>),
-    Daemon(Channel),
-}
-
-impl ChannelEvents {
-    fn fd(&self) -> c_int {
-        match self {
-            ChannelEvents::Engine(queue) => queue.as_raw_fd(),
-            ChannelEvents::Daemon(channel) => channel.as_fd().as_raw_fd(),
-        }
-    }
 }
 
 /// A CQ. Every one is an `ibv_cq_ex`, whose first fields are `ibv_cq`'s:
@@ -59,7 +41,7 @@ pub struct Cq {
     pub comp_events: Reported,
     /// Asynchronous events (`IBV_EVENT_CQ_ERR`) handed out.
     pub async_events: Reported,
-    pub(crate) queue: CqBackend,
+    pub(crate) queue: DeviceCq,
     /// Completions taken from the device but not yet handed out: polling
     /// reuses its allocation.
     scratch: Mutex<Vec<Completion>>,
@@ -94,7 +76,7 @@ impl Cq {
         let mut out = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         out.clear();
         match drive {
-            true => self.context().backend.poll_cq(&self.queue, 1, &mut out),
+            true => self.context().provider.poll_cq(&self.queue, 1, &mut out),
             false => self.queue.poll_held(1, &mut out),
         };
         out.pop()
@@ -121,18 +103,13 @@ impl Cq {
 }
 
 impl CompChannel {
-    /// Tells the device that this thread is about to block on the channel
-    /// (see `Nic::application_waits`), for the shards its CQs draw on.
-    fn application_waits<'a>(&self, nic: &'a Nic) -> softrnic_engine::progress::ApplicationWait<'a> {
+    /// The engine's shards the attached CQs draw on, which the engine's
+    /// threads drive while a thread blocks on the channel.
+    fn shards(&self) -> u64 {
         let cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: attached CQs are live (destroying one detaches it under
         // this lock).
-        let mask = cqs.values().fold(0, |mask, &cq| match &unsafe { Cq::from_ibv(cq as *mut ibv_cq) }.queue {
-            CqBackend::Engine(queue) => mask | queue.shards(),
-            CqBackend::Daemon(_) => mask,
-        });
-        drop(cqs);
-        nic.application_waits(mask)
+        cqs.values().fold(0, |mask, &cq| mask | unsafe { Cq::from_ibv(cq as *mut ibv_cq) }.queue.shards())
     }
 
     fn context(&self) -> &Context {
@@ -156,15 +133,9 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *
             return refuse_null("ibv_create_comp_channel", libc::EINVAL, "NULL context");
         }
         // SAFETY: a live context (caller).
-        let events = match &unsafe { Context::from_ibv(context) }.backend {
-            Backend::Engine(_) => match EventQueue::new() {
-                Ok(q) => ChannelEvents::Engine(Arc::new(q)),
-                Err(e) => return refuse_null("ibv_create_comp_channel", e.raw_os_error().unwrap_or(libc::EMFILE), e),
-            },
-            Backend::Daemon(session) => match session.create_channel() {
-                Ok(channel) => ChannelEvents::Daemon(channel),
-                Err(e) => return refuse_null("ibv_create_comp_channel", e.errno(), e),
-            },
+        let events = match unsafe { Context::from_ibv(context) }.provider.create_channel() {
+            Ok(channel) => channel,
+            Err(e) => return refuse_null("ibv_create_comp_channel", e.errno(), e),
         };
         let ibv = CView::new(ibv_comp_channel { context, fd: events.fd(), refcnt: 0 });
         Box::into_raw(Box::new(CompChannel { ibv, events, cqs: Mutex::default() })) as *mut ibv_comp_channel
@@ -179,9 +150,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         if ch.refcnt().load(Ordering::Acquire) > 0 {
             return refuse("ibv_destroy_comp_channel", libc::EBUSY, "CQs still use the channel");
         }
-        if let (ChannelEvents::Daemon(channel), Backend::Daemon(session)) = (&ch.events, &ch.context().backend) {
-            let _ = session.destroy_channel(channel);
-        }
+        let _ = ch.context().provider.destroy_channel(&ch.events);
         // SAFETY: boxed in `ibv_create_comp_channel`, freed once here.
         drop(unsafe { Box::from_raw(channel as *mut CompChannel) });
         0
@@ -237,7 +206,7 @@ pub(crate) unsafe fn create(context: *mut ibv_context, attr: NewCq) -> Result<*m
     }
     // SAFETY: a live context (caller).
     let ctx = unsafe { Context::from_ibv(context) };
-    let queue = ctx.backend.create_cq(attr.cqe as usize).map_err(|e| (e.errno(), e.to_string()))?;
+    let queue = ctx.provider.create_cq(attr.cqe as usize).map_err(|e| (e.errno(), e.to_string()))?;
     let id = queue.id();
     // SAFETY: all-zero pthread objects are their static initialisers, and
     // the rest is pointers, integers and empty function pointers.
@@ -262,14 +231,8 @@ pub(crate) unsafe fn create(context: *mut ibv_context, attr: NewCq) -> Result<*m
         let ch = unsafe { &*(attr.channel as *const CompChannel) };
         ch.refcnt().fetch_add(1, Ordering::AcqRel);
         ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, cq as usize);
-        match (&ctx.backend, &ch.events) {
-            (Backend::Engine(nic), ChannelEvents::Engine(events)) => nic.set_channel(id, Some(events.clone())),
-            (Backend::Daemon(session), ChannelEvents::Daemon(channel)) => {
-                if let Err(e) = session.set_cq_channel(id, Some(channel)) {
-                    eprintln!("softrnic: CQ {}: its completion channel: {e}", id.0);
-                }
-            }
-            _ => unreachable!("a channel belongs to the context that made it"),
+        if let Err(e) = ctx.provider.attach_cq(id, Some(&ch.events)) {
+            eprintln!("softrnic: CQ {}: its completion channel: {e}", id.0);
         }
     }
     ctx.objects().cqs.insert(id, cq as usize);
@@ -283,7 +246,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         let c = unsafe { Cq::from_ibv(cq) };
         let ctx = c.context();
         let id = c.id;
-        if let Err(e) = ctx.backend.destroy_cq(&c.queue) {
+        if let Err(e) = ctx.provider.destroy_cq(&c.queue) {
             return refuse("ibv_destroy_cq", e.errno(), e);
         }
         ctx.objects().cqs.remove(&id);
@@ -291,10 +254,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
             // Events the program never collected die with the CQ (through
             // the daemon, `ibv_get_cq_event` skips them).
-            if let (Some(nic), ChannelEvents::Engine(events)) = (ctx.nic(), &ch.events) {
-                nic.set_channel(id, None);
-                events.retain(|&fired| fired != id);
-            }
+            ctx.provider.forget_cq(id, &ch.events);
             ch.refcnt().fetch_sub(1, Ordering::AcqRel);
         }
         // No event can name the CQ any more; wait for the program to
@@ -318,16 +278,8 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
         if cqe < 1 || cqe as u32 > limits::MAX_CQE {
             return refuse("ibv_resize_cq", libc::EINVAL, format!("cqe {cqe} is outside 1..={}", limits::MAX_CQE));
         }
-        let resized = match (&c.queue, &c.context().backend) {
-            (CqBackend::Engine(queue), _) => queue.resize(cqe as usize).map(|()| cqe),
-            // Through softrnicd the ring is a power of two, at least cqe.
-            (CqBackend::Daemon(ring), Backend::Daemon(session)) => {
-                session.resize_cq(ring, cqe as u32).map(|slots| slots as c_int)
-            }
-            (CqBackend::Daemon(_), Backend::Engine(_)) => {
-                Err(softrnic_transport::VerbsError::Device("a CQ of softrnicd's on a context without it".into()))
-            }
-        };
+        // Through softrnicd the ring is a power of two, at least cqe.
+        let resized = c.context().provider.resize_cq(&c.queue, cqe as u32).map(|slots| slots as c_int);
         match resized {
             Ok(size) => {
                 // SAFETY: the program owns the CQ and is not polling it now
@@ -392,7 +344,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
         let c = unsafe { Cq::from_ibv(cq) };
         let mut out = c.scratch.lock().unwrap_or_else(|e| e.into_inner());
         out.clear();
-        let n = c.context().backend.poll_cq(&c.queue, num_entries as usize, &mut out);
+        let n = c.context().provider.poll_cq(&c.queue, num_entries as usize, &mut out);
         for (i, completion) in out.iter().enumerate() {
             // SAFETY: `wc` has room for `num_entries` entries (caller) and
             // `i < n <= num_entries`.
@@ -422,18 +374,9 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // SAFETY: a live channel (caller).
         let ch = unsafe { &*(channel as *const CompChannel) };
         loop {
-            let fired = match &ch.events {
-                ChannelEvents::Engine(events) => match events.try_pop() {
-                    Some(id) => Ok(id),
-                    None => {
-                        // Blocks unless the program made the channel's fd
-                        // non-blocking; the engine threads drive meanwhile.
-                        let _waiting = ch.context().nic().map(|nic| ch.application_waits(nic));
-                        events.pop()
-                    }
-                },
-                ChannelEvents::Daemon(channel) => channel.take(),
-            };
+            // Blocks unless the program made the channel's fd non-blocking;
+            // the engine threads drive the CQs' shards meanwhile.
+            let fired = ch.events.take(&ch.context().provider, ch.shards());
             let fired = match fired {
                 Ok(id) => id,
                 Err(e) => {

@@ -143,7 +143,7 @@ pub unsafe extern "C" fn query_rt_values(context: *mut ibv_context, values: *mut
             let requested = (*values).comp_mask;
             (*values).comp_mask = 0;
             if requested & IBV_VALUES_MASK_RAW_CLOCK != 0 {
-                let now = Context::from_ibv(context).backend.now().as_nanos();
+                let now = Context::from_ibv(context).provider.now().as_nanos();
                 (*values).raw_clock = libc::timespec {
                     tv_sec: (now / 1_000_000_000) as libc::time_t,
                     tv_nsec: (now % 1_000_000_000) as libc::c_long,
@@ -257,7 +257,7 @@ unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
         // SAFETY: a live CQ (caller).
         let c = unsafe { cq_of(cq) };
         let Some(completion) = c.extended.current() else { return 0 };
-        wallclock_ns(completion.timestamp, c.context().backend.now(), SystemTime::now())
+        wallclock_ns(completion.timestamp, c.context().provider.now(), SystemTime::now())
     })
 }
 

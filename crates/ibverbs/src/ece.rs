@@ -88,7 +88,7 @@ pub unsafe extern "C" fn ibv_set_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_in
         if peer.comp_mask != 0 {
             return refuse(VERB, libc::EINVAL, "comp_mask must be 0");
         }
-        let state = q.context().backend.query_qp(q.qpn()).map_or(QpState::Error, |(state, _)| state);
+        let state = q.context().provider.query_qp(q.qpn()).map_or(QpState::Error, |(state, _)| state);
         if !matches!(state, QpState::Reset | QpState::Init) {
             return refuse(VERB, libc::EINVAL, "ECE is agreed before the QP receives: set it before INIT -> RTR");
         }

@@ -13,10 +13,10 @@ use std::net::IpAddr;
 use std::ops::Deref;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
-use softrnic_daemon::backend::EngineHolder;
 use softrnic_engine::Nic;
 use softrnic_engine::engine::MAX_QUEUED_ASYNC_EVENTS;
 use softrnic_event::EventQueue;
+use softrnic_provider::provider::EngineHolder;
 use softrnic_transport::AsyncEvent;
 
 use crate::context::{Objects, translate};
@@ -34,9 +34,38 @@ impl Deref for Engine {
     }
 }
 
-impl EngineHolder for Engine {
+/// A context's hold on its engine: the engine, and where its events go.
+/// Dropping it (the context closing) releases the engine, which stops with
+/// its last context.
+pub struct ContextEngine {
+    engine: Option<Arc<Engine>>,
+    events: Arc<ContextEvents>,
+}
+
+impl EngineHolder for ContextEngine {
     fn nic(&self) -> &Nic {
-        &self.nic
+        &self.engine.as_ref().expect("held until dropped").nic
+    }
+
+    fn async_events(&self) -> &EventQueue<AsyncEvent> {
+        &self.events.queue
+    }
+}
+
+impl Drop for ContextEngine {
+    /// Under the registry's lock, so that the last context's engine has
+    /// stopped (and freed its port) before another open of the address
+    /// can look.
+    fn drop(&mut self) {
+        let _engines = engines();
+        if let Some(engine) = self.engine.take() {
+            engine
+                .contexts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|c| !std::ptr::eq(c.as_ptr(), Arc::as_ptr(&self.events)));
+            drop(engine);
+        }
     }
 }
 
@@ -71,7 +100,7 @@ pub fn attach<E>(
     addr: IpAddr,
     events: &Arc<ContextEvents>,
     open: impl FnOnce() -> Result<Nic, E>,
-) -> Result<Arc<Engine>, E> {
+) -> Result<ContextEngine, E> {
     let mut engines = engines();
     let engine = match engines.get(&addr).and_then(Weak::upgrade) {
         Some(engine) => engine,
@@ -88,20 +117,7 @@ pub fn attach<E>(
         }
     };
     engine.contexts.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(events));
-    Ok(engine)
-}
-
-/// A closing context's release of its engine. Under the registry's lock,
-/// so that the last context's engine has stopped (and freed its port)
-/// before another open of the address can look.
-pub fn detach(engine: Arc<Engine>, events: &Arc<ContextEvents>) {
-    let _engines = engines();
-    engine
-        .contexts
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|c| !std::ptr::eq(c.as_ptr(), Arc::as_ptr(events)));
-    drop(engine);
+    Ok(ContextEngine { engine: Some(engine), events: events.clone() })
 }
 
 impl Engine {

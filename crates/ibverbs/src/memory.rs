@@ -40,7 +40,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
         }
         // SAFETY: a live context (caller).
         let ctx = unsafe { Context::from_ibv(context) };
-        let id = match ctx.backend.alloc_pd() {
+        let id = match ctx.provider.alloc_pd() {
             Ok(id) => id,
             Err(e) => return refuse_null("ibv_alloc_pd", e.errno(), e),
         };
@@ -56,7 +56,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         // SAFETY: a live PD (caller).
         let p = unsafe { Pd::from_ibv(pd) };
         let id = p.id;
-        if let Err(e) = p.context().backend.dealloc_pd(id) {
+        if let Err(e) = p.context().provider.dealloc_pd(id) {
             return refuse("ibv_dealloc_pd", e.errno(), e);
         }
         p.context().objects().pds.remove(&id);
@@ -106,11 +106,11 @@ unsafe fn register(
     // SAFETY: verbs' contract: the program keeps the registered memory
     // mapped until `ibv_dereg_mr`, which removes the region from the
     // device before returning.
-    let keys = match unsafe { p.context().backend.register_program_memory(p.id, addr as *mut u8, length, iova, access) }
-    {
-        Ok(k) => k,
-        Err(e) => return refuse_null(verb, e.errno(), e),
-    };
+    let keys =
+        match unsafe { p.context().provider.register_program_memory(p.id, addr as *mut u8, length, iova, access) } {
+            Ok(k) => k,
+            Err(e) => return refuse_null(verb, e.errno(), e),
+        };
     p.context().objects().mrs.insert(keys.lkey);
     // SAFETY: the PD's context field never changes.
     let context = unsafe { (*p.ibv.get()).context };
@@ -165,7 +165,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // SAFETY: an MR's PD outlives it.
         let ctx = unsafe { Context::from_ibv(m.context) };
         let lkey = m.lkey;
-        if let Err(e) = ctx.backend.deregister(lkey) {
+        if let Err(e) = ctx.provider.deregister(lkey) {
             return refuse("ibv_dereg_mr", e.errno(), e);
         }
         ctx.objects().mrs.remove(&lkey);
@@ -227,7 +227,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         // the new range mapped until the MR is deregistered or registered
         // anew, and the device stops reaching the old one before this
         // returns.
-        match unsafe { ctx.backend.reregister_program_memory(old.lkey, pd_id, range, access) } {
+        match unsafe { ctx.provider.reregister_program_memory(old.lkey, pd_id, range, access) } {
             Ok(()) => {
                 (old.pd, old.addr, old.length) = (pd, addr, length);
                 0

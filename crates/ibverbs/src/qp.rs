@@ -5,7 +5,7 @@
 use std::ffi::c_int;
 use std::sync::Mutex;
 
-use softrnic_daemon::backend::QpBackend;
+use softrnic_provider::provider::DeviceQp;
 use softrnic_transport::{
     Access, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RecvWorkRequest, RemoteAddr,
     SendOp, SendWorkRequest, Sge, SgeList, UdDestination,
@@ -32,7 +32,7 @@ pub struct Qp {
     pub caps: ibv_qp_cap,
     pub sq_sig_all: bool,
     /// The program's end of the QP's queues, which posts go through.
-    pub posts: QpBackend,
+    pub posts: DeviceQp,
     /// Work requests between `ibv_wr_start` and `ibv_wr_complete`.
     pub builder: Mutex<Builder>,
     /// Asynchronous events naming this QP handed out.
@@ -150,8 +150,8 @@ unsafe fn create_numbered(verb: &str, pd: *mut ibv_pd, attr: *mut ibv_qp_init_at
     let init = QpInitAttr { qp_type, pd: p.id, send_cq, recv_cq, caps, sq_sig_all: a.sq_sig_all != 0, srq };
     let ctx = p.context();
     let created = match number {
-        Numbered::Next => ctx.backend.create_qp(init),
-        Numbered::Gsi => ctx.backend.create_gsi_qp(init),
+        Numbered::Next => ctx.provider.create_qp(init),
+        Numbered::Gsi => ctx.provider.create_gsi_qp(init),
     };
     let posts = match created {
         Ok(posts) => posts,
@@ -268,7 +268,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let q = unsafe { Qp::from_ibv(qp) };
         let ctx = q.context();
         let qpn = q.qpn();
-        if let Err(e) = ctx.backend.destroy_qp(qpn) {
+        if let Err(e) = ctx.provider.destroy_qp(qpn) {
             return refuse("ibv_destroy_qp", e.errno(), e);
         }
         ctx.objects().qps.remove(&qpn);
@@ -425,11 +425,11 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             converted.selective_repeat = Some(q.ece.lock().unwrap_or_else(|e| e.into_inner()).selective_repeat());
         }
         let qpn = q.qpn();
-        let backend = &q.context().backend;
-        let result = backend.modify_qp(&q.posts, &converted).and_then(|state| {
+        let provider = &q.context().provider;
+        let result = provider.modify_qp(&q.posts, &converted).and_then(|state| {
             if mask & IBV_QP_RATE_LIMIT != 0 {
                 let bps = (a.rate_limit != 0).then(|| u64::from(a.rate_limit) * 1000);
-                backend.set_qp_rate_limit(qpn, bps)?;
+                provider.set_qp_rate_limit(qpn, bps)?;
             }
             Ok(state)
         });
@@ -456,7 +456,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         // SAFETY: a live QP (caller).
         let q = unsafe { Qp::from_ibv(qp) };
         let qpn = q.qpn();
-        let Some((state, now)) = q.context().backend.query_qp(qpn) else {
+        let Some((state, now)) = q.context().provider.query_qp(qpn) else {
             return refuse("ibv_query_qp", libc::EINVAL, "no such QP");
         };
         // SAFETY: all-zero is a valid `ibv_qp_attr`.
@@ -608,7 +608,7 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr
     crate::ffi::guard("post_send", || {
         // SAFETY: a live QP (caller).
         let q = unsafe { Qp::from_ibv(qp) };
-        let mut send_queue = q.context().backend.send_chain(&q.posts);
+        let mut send_queue = q.context().provider.send_chain(&q.posts);
         let mut next = wr;
         while !next.is_null() {
             // SAFETY: the chain is the caller's valid list.
@@ -665,8 +665,8 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr
     crate::ffi::guard("post_recv", || {
         // SAFETY: a live QP (caller).
         let q = unsafe { Qp::from_ibv(qp) };
-        let backend = &q.context().backend;
+        let provider = &q.context().provider;
         // SAFETY: forwarded contract.
-        unsafe { post_recv_chain("ibv_post_recv", wr, bad_wr, |r| backend.post_recv(&q.posts, r)) }
+        unsafe { post_recv_chain("ibv_post_recv", wr, bad_wr, |r| provider.post_recv(&q.posts, r)) }
     })
 }

@@ -136,7 +136,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     return e;
                 }
                 let pending = &mut b.pending;
-                let mut send_queue = q.context().backend.send_chain(&q.posts);
+                let mut send_queue = q.context().provider.send_chain(&q.posts);
                 for wr in pending.drain(..) {
                     if let Err(e) = send_queue.post(wr) {
                         return refuse("ibv_wr_complete", e.errno(), e);

@@ -2,7 +2,7 @@
 
 use std::ffi::c_int;
 
-use softrnic_daemon::backend::SrqBackend;
+use softrnic_provider::provider::DeviceSrq;
 use softrnic_transport::{SrqAttr, SrqId};
 
 use crate::abi::*;
@@ -17,7 +17,7 @@ use crate::qp::post_recv_chain;
 pub struct Srq {
     pub ibv: CView<ibv_srq>,
     pub id: SrqId,
-    queue: SrqBackend,
+    queue: DeviceSrq,
     /// Asynchronous events naming this SRQ handed out.
     pub async_events: Reported,
 }
@@ -67,7 +67,7 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init
         }
         let attr = SrqAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge.max(1), limit: a.attr.srq_limit };
         let ctx = p.context();
-        let queue = match ctx.backend.create_srq(p.id, attr) {
+        let queue = match ctx.provider.create_srq(p.id, attr) {
             Ok(queue) => queue,
             Err(e) => return refuse_null(VERB, e.errno(), e),
         };
@@ -94,7 +94,7 @@ pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_at
             return refuse(VERB, libc::EOPNOTSUPP, "resizing an SRQ is not supported");
         }
         if mask & IBV_SRQ_LIMIT != 0
-            && let Err(e) = s.context().backend.set_srq_limit(&s.queue, a.srq_limit)
+            && let Err(e) = s.context().provider.set_srq_limit(&s.queue, a.srq_limit)
         {
             return refuse(VERB, e.errno(), e);
         }
@@ -107,7 +107,7 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
     crate::ffi::guard("ibv_query_srq", || {
         // SAFETY: a live SRQ (caller).
         let s = unsafe { Srq::from_ibv(srq) };
-        let a = match s.context().backend.query_srq(&s.queue) {
+        let a = match s.context().provider.query_srq(&s.queue) {
             Ok(a) => a,
             Err(e) => return refuse("ibv_query_srq", e.errno(), e),
         };
@@ -124,7 +124,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         let s = unsafe { Srq::from_ibv(srq) };
         let ctx = s.context();
         let id = s.id;
-        if let Err(e) = ctx.backend.destroy_srq(&s.queue) {
+        if let Err(e) = ctx.provider.destroy_srq(&s.queue) {
             return refuse("ibv_destroy_srq", e.errno(), e);
         }
         ctx.objects().srqs.remove(&id);
@@ -146,6 +146,6 @@ pub unsafe extern "C" fn post_srq_recv(
         // SAFETY: a live SRQ (caller).
         let s = unsafe { Srq::from_ibv(srq) };
         // SAFETY: forwarded contract.
-        unsafe { post_recv_chain("ibv_post_srq_recv", wr, bad_wr, |r| s.context().backend.post_srq_recv(&s.queue, r)) }
+        unsafe { post_recv_chain("ibv_post_srq_recv", wr, bad_wr, |r| s.context().provider.post_srq_recv(&s.queue, r)) }
     })
 }

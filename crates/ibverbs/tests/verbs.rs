@@ -311,7 +311,7 @@ fn rc_operations_through_ibv_post_send() {
 fn selective_repeat(q: *mut ibv_qp) -> bool {
     // SAFETY: a live QP of the fixture's live context.
     let (ctx, qpn) = unsafe { (context::Context::from_ibv((*q).context), (*q).qp_num) };
-    ctx.nic().expect("an engine in the process").query_qp(qpn).expect("qp").1.selective_repeat
+    ctx.provider.engine_in_process().expect("an engine in the process").query_qp(qpn).expect("qp").1.selective_repeat
 }
 
 #[test]
@@ -920,7 +920,7 @@ fn a_second_context_on_the_device_shares_its_engine_and_has_its_own_events() {
         // them out of the engine, which the first context keeps: no QP of
         // it answers, and no peer can write into its region any more.
         let (qpn2, rkey2) = ((*qp2).qp_num, (*mr2).rkey);
-        let engine = context::Context::from_ibv(ctx1).nic().expect("an engine in the process");
+        let engine = context::Context::from_ibv(ctx1).provider.engine_in_process().expect("an engine in the process");
         assert!(engine.memory_region(rkey2).is_some() && engine.query_qp(qpn2).is_some());
         assert_eq!(context::ibv_close_device(ctx2), 0);
         assert!(engine.memory_region(rkey2).is_none(), "the closed context's region is gone");

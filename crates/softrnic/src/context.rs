@@ -1,20 +1,19 @@
 use std::net::IpAddr;
+use std::path::Path;
 use std::sync::Arc;
 
-use std::path::Path;
-
-use softrnic_daemon::client::Session;
-use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, ProgressMode, interface};
+use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, OpenError, ProgressMode};
+use softrnic_provider::Provider;
+use softrnic_provider::client::Session;
 use softrnic_transport::Mtu;
 
 use crate::{CompletionQueue, Error, ProtectionDomain};
-use softrnic_daemon::backend::Backend;
 
 /// An open software RNIC: an engine in this process, or a device that
 /// softrnicd serves.
 #[derive(Clone)]
 pub struct Context {
-    pub(crate) backend: Arc<Backend>,
+    pub(crate) provider: Arc<Provider>,
     active_mtu: Mtu,
 }
 
@@ -28,37 +27,38 @@ impl Context {
     /// socket present and `SOFTRNIC_DAEMON` not `off`), the device is the
     /// daemon's instead, configured by the daemon's environment.
     pub fn open(addr: IpAddr) -> Result<Context, Error> {
-        if let Some(socket) = softrnic_daemon::socket_path::from_env() {
-            return Context::through_daemon(&socket, addr);
-        }
-        let faults = FaultConfig::from_env().map_err(Error::Config)?;
-        let config = EngineConfig::from_env(addr).map_err(Error::Config)?;
-        Context::with_config(EngineConfig { faults, ..config })
+        let engine = || {
+            let faults = FaultConfig::from_env().map_err(OpenError::Config)?;
+            let config = EngineConfig::from_env(addr).map_err(OpenError::Config)?;
+            Nic::open(EngineConfig { faults, ..config })
+        };
+        Ok(Context::over(Provider::open(addr, engine)?))
     }
 
     /// An engine in this process, as `config` says.
     pub fn with_config(config: EngineConfig) -> Result<Context, Error> {
-        let active_mtu = interface::active_mtu(config.addr);
-        Ok(Context { backend: Arc::new(Backend::Engine(Nic::open(config)?)), active_mtu })
+        Ok(Context::over(Provider::in_process(Nic::open(config)?)))
     }
 
     /// The device on `addr` that softrnicd, listening on `socket`, serves:
     /// posting and polling are then memory operations on queues shared
     /// with the daemon.
     pub fn through_daemon(socket: &Path, addr: IpAddr) -> Result<Context, Error> {
-        let session = Session::connect(socket, addr)?;
-        let active_mtu = Mtu::from_bytes(session.active_mtu()).unwrap_or(Mtu::Mtu1024);
-        Ok(Context { backend: Arc::new(Backend::Daemon(session)), active_mtu })
+        Ok(Context::over(Provider::through(Session::connect(socket, addr)?)))
+    }
+
+    fn over(provider: Provider) -> Context {
+        Context { active_mtu: provider.active_mtu(), provider: Arc::new(provider) }
     }
 
     /// Whether softrnicd serves this device.
     pub fn through_daemon_now(&self) -> bool {
-        matches!(*self.backend, Backend::Daemon(_))
+        self.provider.served_by_daemon()
     }
 
     /// The device's address, which is also its GID.
     pub fn addr(&self) -> IpAddr {
-        self.backend.addr()
+        self.provider.addr()
     }
 
     /// The largest path MTU whose packets the device's network interface
@@ -68,38 +68,38 @@ impl Context {
     }
 
     pub fn alloc_pd(&self) -> Result<ProtectionDomain, Error> {
-        let id = self.backend.alloc_pd()?;
+        let id = self.provider.alloc_pd()?;
         Ok(ProtectionDomain { ctx: self.clone(), id: Arc::new(crate::pd::PdHandle { ctx: self.clone(), id }) })
     }
 
     /// A completion queue of `capacity` entries.
     pub fn create_cq(&self, capacity: usize) -> Result<CompletionQueue, Error> {
-        let cq = self.backend.create_cq(capacity)?;
+        let cq = self.provider.create_cq(capacity)?;
         Ok(CompletionQueue::new(self.clone(), cq))
     }
 
     pub fn counters(&self) -> NicCounters {
-        self.backend.counters()
+        self.provider.counters()
     }
 
     /// Whether devices on this host reach this one through shared memory.
     pub fn shared_memory(&self) -> bool {
-        self.backend.shared_memory()
+        self.provider.shared_memory()
     }
 
     pub fn engine_threads(&self) -> usize {
-        self.backend.engine_threads()
+        self.provider.engine_threads()
     }
 
     /// Whether engine threads poll the device on cores of their own
     /// ([`ProgressMode::Dedicated`]) or the program's posts and polls drive
     /// it ([`ProgressMode::Inline`]).
     pub fn progress_mode(&self) -> ProgressMode {
-        self.backend.progress_mode()
+        self.provider.progress_mode()
     }
 
     /// Makes progress from the caller's thread; true if anything moved.
     pub fn progress(&self) -> bool {
-        self.backend.progress()
+        self.provider.progress()
     }
 }

@@ -1,27 +1,26 @@
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use softrnic_daemon::client::Channel;
-use softrnic_event::{EventQueue, wait_readable};
+use softrnic_provider::{CompletionChannel, DeviceCq};
 use softrnic_transport::{Completion, CqId};
 
 use crate::{Context, Error};
-use softrnic_daemon::backend::{Backend, CqBackend};
 
 pub(crate) struct CqHandle {
     ctx: Context,
-    queue: CqBackend,
-    /// The completion channel through softrnicd, made at the first
+    queue: DeviceCq,
+    /// The CQ's own completion channel, made at the first
     /// `request_notify`.
-    daemon_channel: OnceLock<Channel>,
+    channel: OnceLock<CompletionChannel>,
 }
 
 impl Drop for CqHandle {
     fn drop(&mut self) {
-        let _ = self.ctx.backend.destroy_cq(&self.queue);
-        if let (Backend::Daemon(session), Some(channel)) = (&*self.ctx.backend, self.daemon_channel.get()) {
-            let _ = session.destroy_channel(channel);
+        let _ = self.ctx.provider.destroy_cq(&self.queue);
+        if let Some(channel) = self.channel.get() {
+            self.ctx.provider.forget_cq(self.queue.id(), channel);
+            let _ = self.ctx.provider.destroy_channel(channel);
         }
     }
 }
@@ -34,15 +33,9 @@ pub struct CompletionQueue {
     handle: Arc<CqHandle>,
 }
 
-/// Where a CQ's notifications arrive.
-enum Notifications<'a> {
-    Engine(Arc<EventQueue<CqId>>),
-    Daemon(&'a Channel),
-}
-
 impl CompletionQueue {
-    pub(crate) fn new(ctx: Context, queue: CqBackend) -> CompletionQueue {
-        let handle = Arc::new(CqHandle { ctx: ctx.clone(), queue, daemon_channel: OnceLock::new() });
+    pub(crate) fn new(ctx: Context, queue: DeviceCq) -> CompletionQueue {
+        let handle = Arc::new(CqHandle { ctx: ctx.clone(), queue, channel: OnceLock::new() });
         CompletionQueue { ctx, handle }
     }
 
@@ -60,7 +53,7 @@ impl CompletionQueue {
     /// the QPs that feed this queue (`softrnic_engine::progress`); through
     /// softrnicd it only reads the queue's shared ring.
     pub fn poll(&self, max: usize, out: &mut Vec<Completion>) -> usize {
-        self.ctx.backend.poll_cq(&self.handle.queue, max, out)
+        self.ctx.provider.poll_cq(&self.handle.queue, max, out)
     }
 
     /// Polls until a completion arrives or `timeout` passes.
@@ -86,55 +79,37 @@ impl CompletionQueue {
     /// Arms the completion channel for the next completion (or the next
     /// solicited one), as `ibv_req_notify_cq` does.
     pub fn request_notify(&self, solicited_only: bool) -> Result<(), Error> {
-        self.notifications()?;
-        match &self.handle.queue {
-            CqBackend::Engine(queue) => queue.request_notify(solicited_only),
-            CqBackend::Daemon(queue) => queue.request_notify(solicited_only),
-        }
+        self.channel()?;
+        self.handle.queue.request_notify(solicited_only);
         Ok(())
     }
 
-    fn notifications(&self) -> Result<Notifications<'_>, Error> {
-        match &*self.ctx.backend {
-            Backend::Engine(nic) => Ok(Notifications::Engine(nic.channel(self.id())?)),
-            Backend::Daemon(session) => {
-                if let Some(channel) = self.handle.daemon_channel.get() {
-                    return Ok(Notifications::Daemon(channel));
-                }
-                let channel = session.create_channel()?;
-                session.set_cq_channel(self.id(), Some(&channel))?;
-                // Two threads may race to make it: the loser's goes.
-                if let Err(extra) = self.handle.daemon_channel.set(channel) {
-                    let _ = session.destroy_channel(&extra);
-                    session.set_cq_channel(self.id(), self.handle.daemon_channel.get())?;
-                }
-                Ok(Notifications::Daemon(self.handle.daemon_channel.get().expect("set above")))
-            }
+    /// The CQ's completion channel, made and attached on first use.
+    fn channel(&self) -> Result<&CompletionChannel, Error> {
+        if let Some(channel) = self.handle.channel.get() {
+            return Ok(channel);
         }
+        let provider = &self.ctx.provider;
+        let channel = provider.create_channel()?;
+        provider.attach_cq(self.id(), Some(&channel))?;
+        // Two threads may race to make it: the loser's goes, and the CQ
+        // goes back to the winner's.
+        if let Err(extra) = self.handle.channel.set(channel) {
+            provider.attach_cq(self.id(), self.handle.channel.get())?;
+            let _ = provider.destroy_channel(&extra);
+        }
+        Ok(self.handle.channel.get().expect("set above"))
     }
 
     /// The completion channel's file descriptor, for `poll`/`epoll`.
     pub fn channel_fd(&self) -> Result<RawFd, Error> {
-        Ok(match self.notifications()? {
-            Notifications::Engine(queue) => queue.as_raw_fd(),
-            Notifications::Daemon(channel) => channel.as_fd().as_raw_fd(),
-        })
+        Ok(self.channel()?.fd())
     }
 
     /// Blocks until the armed notification fires or `timeout` passes;
     /// returns whether it fired. The engine threads make the progress.
     pub fn wait_event(&self, timeout: Duration) -> Result<bool, Error> {
-        match (self.notifications()?, &*self.ctx.backend, &self.handle.queue) {
-            (Notifications::Engine(channel), Backend::Engine(nic), CqBackend::Engine(queue)) => {
-                if channel.try_pop().is_some() {
-                    return Ok(true);
-                }
-                let _waiting = nic.application_waits(queue.shards());
-                wait_readable(&[channel.as_raw_fd()], timeout)?;
-                Ok(channel.try_pop().is_some())
-            }
-            (Notifications::Daemon(channel), ..) => Ok(channel.get_event(timeout)?.is_some()),
-            _ => unreachable!("a CQ belongs to the backend that made it"),
-        }
+        let fired = self.channel()?.wait(&self.ctx.provider, self.handle.queue.shards(), timeout)?;
+        Ok(fired.is_some())
     }
 }

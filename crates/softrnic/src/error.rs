@@ -18,3 +18,13 @@ pub enum Error {
     #[error("bad configuration: {0}")]
     Config(String),
 }
+
+impl From<softrnic_provider::OpenError> for Error {
+    fn from(e: softrnic_provider::OpenError) -> Error {
+        match e {
+            softrnic_provider::OpenError::Daemon(e) => Error::Verbs(e),
+            softrnic_provider::OpenError::Engine(softrnic_engine::OpenError::Config(why)) => Error::Config(why),
+            softrnic_provider::OpenError::Engine(e) => Error::Open(e),
+        }
+    }
+}

@@ -49,13 +49,13 @@ pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
 pub use qp::{ConnectOptions, QueuePair};
 
-/// The socket of the softrnicd that [`Context::open`] would use, if any.
-pub use softrnic_daemon::socket_path::from_env as daemon_socket;
 pub use softrnic_engine::congestion::choose as choose_congestion_control;
 pub use softrnic_engine::{
     DatapathKind, EngineConfig, FaultConfig, NicCounters, ProgressMode, Role, retransmission_from_env,
     selective_repeat_from_env,
 };
+/// The socket of the softrnicd that [`Context::open`] would use, if any.
+pub use softrnic_provider::socket_path::from_env as daemon_socket;
 pub use softrnic_transport::{
     Access, Choice, Completion, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpState, QpType, RecvWorkRequest,
     RemoteAddr, Retransmission, SendOp, SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode, WcStatus, smallvec,

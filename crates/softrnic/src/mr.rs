@@ -68,6 +68,6 @@ impl MemoryRegion {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         let lkey = self.keys.lkey;
-        let _ = self.pd.ctx.backend.deregister(lkey);
+        let _ = self.pd.ctx.provider.deregister(lkey);
     }
 }

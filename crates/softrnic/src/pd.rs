@@ -11,7 +11,7 @@ pub(crate) struct PdHandle {
 
 impl Drop for PdHandle {
     fn drop(&mut self) {
-        let _ = self.ctx.backend.dealloc_pd(self.id);
+        let _ = self.ctx.provider.dealloc_pd(self.id);
     }
 }
 
@@ -27,13 +27,13 @@ impl ProtectionDomain {
     /// Allocates and registers a zeroed buffer of `len` bytes (memory the
     /// daemon shares, when softrnicd serves the device).
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion, Error> {
-        let (buffer, keys, iova) = self.ctx.backend.register(self.id.id, len, access)?;
+        let (buffer, keys, iova) = self.ctx.provider.register(self.id.id, len, access)?;
         Ok(MemoryRegion { pd: self.clone(), buffer, keys, iova })
     }
 
     /// Registers an existing buffer, addressed from `iova`.
     pub fn register_buffer(&self, buffer: Arc<DmaBuffer>, iova: u64, access: Access) -> Result<MemoryRegion, Error> {
-        let keys = self.ctx.backend.register_buffer(self.id.id, buffer.clone(), iova, access)?;
+        let keys = self.ctx.provider.register_buffer(self.id.id, buffer.clone(), iova, access)?;
         Ok(MemoryRegion { pd: self.clone(), buffer, keys, iova })
     }
 
@@ -65,7 +65,7 @@ impl ProtectionDomain {
             sq_sig_all,
             srq: None,
         };
-        let qp = self.ctx.backend.create_qp(init)?;
+        let qp = self.ctx.provider.create_qp(init)?;
         Ok(QueuePair::new(self.clone(), qp, qp_type, [send_cq.handle(), recv_cq.handle()]))
     }
 }

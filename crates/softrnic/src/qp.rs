@@ -6,7 +6,7 @@ use softrnic_transport::{
 
 use crate::cq::CqHandle;
 use crate::{Endpoint, Error, MemoryRegion, ProtectionDomain};
-use softrnic_daemon::backend::QpBackend;
+use softrnic_provider::provider::DeviceQp;
 
 /// Connection settings, with perftest's defaults where it has them.
 #[derive(Debug, Clone)]
@@ -67,7 +67,7 @@ pub struct QueuePair {
     qpn: u32,
     /// The program's end of the QP's queues: posts go there without
     /// waiting for the engine.
-    posts: QpBackend,
+    posts: DeviceQp,
     qp_type: QpType,
     psn: Psn,
     // Keeps the CQs alive while the QP uses them.
@@ -75,7 +75,7 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
-    pub(crate) fn new(pd: ProtectionDomain, posts: QpBackend, qp_type: QpType, cqs: [Arc<CqHandle>; 2]) -> QueuePair {
+    pub(crate) fn new(pd: ProtectionDomain, posts: DeviceQp, qp_type: QpType, cqs: [Arc<CqHandle>; 2]) -> QueuePair {
         // A random initial PSN, as perftest picks one.
         let psn = Psn::new(fastrand::u32(..));
         QueuePair { pd, qpn: posts.qpn(), posts, qp_type, psn, _cqs: cqs }
@@ -105,18 +105,18 @@ impl QueuePair {
 
     pub fn state(&self) -> QpState {
         let qpn = self.qpn;
-        self.pd.ctx.backend.query_qp(qpn).map_or(QpState::Error, |(state, _)| state)
+        self.pd.ctx.provider.query_qp(qpn).map_or(QpState::Error, |(state, _)| state)
     }
 
     /// Whether the connection recovers from loss by selective repeat (both
     /// ends asked for it and offered it).
     pub fn selective_repeat(&self) -> bool {
         let qpn = self.qpn;
-        self.pd.ctx.backend.query_qp(qpn).is_some_and(|(_, attrs)| attrs.selective_repeat)
+        self.pd.ctx.provider.query_qp(qpn).is_some_and(|(_, attrs)| attrs.selective_repeat)
     }
 
     pub fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
-        self.pd.ctx.backend.modify_qp(&self.posts, attr)?;
+        self.pd.ctx.provider.modify_qp(&self.posts, attr)?;
         Ok(())
     }
 
@@ -146,7 +146,7 @@ impl QueuePair {
             self.modify(attr)?;
         }
         if let Some(algorithm) = &o.congestion_control {
-            self.pd.ctx.backend.set_qp_congestion_control(self.qpn, Some(algorithm.clone()))?;
+            self.pd.ctx.provider.set_qp_congestion_control(self.qpn, Some(algorithm.clone()))?;
         }
         Ok(())
     }
@@ -155,27 +155,27 @@ impl QueuePair {
     /// pacing hook congestion control drives), or lifts it with `None`.
     pub fn set_rate_limit(&self, bits_per_second: Option<u64>) -> Result<(), Error> {
         let qpn = self.qpn;
-        Ok(self.pd.ctx.backend.set_qp_rate_limit(qpn, bits_per_second)?)
+        Ok(self.pd.ctx.provider.set_qp_rate_limit(qpn, bits_per_second)?)
     }
 
     /// The rate congestion control sets this QP, bits per second, if it
     /// runs an algorithm.
     pub fn congestion_rate(&self) -> Option<u64> {
-        self.pd.ctx.backend.qp_congestion_rate(self.qpn)
+        self.pd.ctx.provider.qp_congestion_rate(self.qpn)
     }
 
     pub fn post_send(&self, wr: SendWorkRequest) -> Result<(), Error> {
-        Ok(self.pd.ctx.backend.post_send(&self.posts, wr)?)
+        Ok(self.pd.ctx.provider.post_send(&self.posts, wr)?)
     }
 
     pub fn post_recv(&self, wr: RecvWorkRequest) -> Result<(), Error> {
-        Ok(self.pd.ctx.backend.post_recv(&self.posts, wr)?)
+        Ok(self.pd.ctx.provider.post_recv(&self.posts, wr)?)
     }
 }
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let qpn = self.qpn;
-        let _ = self.pd.ctx.backend.destroy_qp(qpn);
+        let _ = self.pd.ctx.provider.destroy_qp(qpn);
     }
 }

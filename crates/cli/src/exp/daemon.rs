@@ -159,7 +159,7 @@ impl Daemon {
             .map_err(|e| format!("cannot start softrnicd: {e}"))?;
         let mut daemon = Daemon { child, socket, log: log_path.to_path_buf() };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !softrnic_daemon::launch::listening(&daemon.socket) {
+        while !softrnic_provider::launch::listening(&daemon.socket) {
             if Instant::now() > deadline || daemon.child.try_wait().ok().flatten().is_some() {
                 return Err(format!("softrnicd did not start; see {}", log_path.display()));
             }

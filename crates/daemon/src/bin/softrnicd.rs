@@ -12,7 +12,6 @@ use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::server::offload::{Designs, RxDesign, TxDesign};
 use softrnic_daemon::server::priority::{self, Priority};
 use softrnic_daemon::server::{Daemon, DaemonOptions};
-use softrnic_daemon::socket_path;
 
 #[derive(Parser)]
 #[command(version, about = "One softrnic engine serving many programs through shared memory")]
@@ -92,7 +91,7 @@ fn main() -> ExitCode {
     let realtime = (args.realtime > 0).then_some(args.realtime);
     let mut priority = Priority::new(args.nice, realtime, usize::from(args.processors));
     let options = DaemonOptions {
-        socket: args.socket.unwrap_or_else(socket_path::default_path),
+        socket: args.socket.unwrap_or_else(softrnic_daemon_protocol::default_socket),
         engine_threads: usize::from(args.cores),
         processors: usize::from(args.processors),
         config,

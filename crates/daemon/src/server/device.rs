@@ -189,9 +189,8 @@ impl EventRoutes {
         let Some(socket) = self.owners.lock().unwrap_or_else(|e| e.into_inner()).get(&element).cloned() else {
             return;
         };
-        if let Ok(bytes) = postcard::to_allocvec(&event) {
-            let _ = rustix::net::send(&socket, &bytes, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
-        }
+        let bytes = softrnic_daemon_protocol::protocol::encode_event(&event);
+        let _ = rustix::net::send(&socket, &bytes, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
     }
 }
 

@@ -6,10 +6,10 @@
 //! (with inline progress, their engines' too) spreads over the cores.
 //!
 //! Per pass it moves each QP's new send and receive WQEs into the engine
-//! (checked: see [`crate::wqe`]) and each CQ's new completions into its
+//! (checked: see [`softrnic_daemon_protocol::wqe`]) and each CQ's new completions into its
 //! ring, announcing them on the CQ's channel when the program armed it.
 //! After [`IDLE_BEFORE_SLEEP`] without work it tells the programs it
-//! sleeps ([`crate::doorbell`]), arms the engine's CQs, looks once more,
+//! sleeps ([`softrnic_daemon_protocol::doorbell`]), arms the engine's CQs, looks once more,
 //! and blocks until a doorbell, a completion or a change of the queues
 //! served.
 //!
@@ -34,10 +34,10 @@ use softrnic_transport::{
 
 use super::device::Device;
 use super::offload::{self, Pull, RxStage, TxStage};
-use crate::doorbell::{self, DoorbellPage};
-use crate::protocol::RemoteError;
-use crate::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
-use crate::wqe::{self, CQE_LEN};
+use softrnic_daemon_protocol::doorbell::{self, DoorbellPage};
+use softrnic_daemon_protocol::protocol::RemoteError;
+use softrnic_daemon_protocol::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
+use softrnic_daemon_protocol::wqe::{self, CQE_LEN};
 
 /// How long the processor polls without finding work before it sleeps.
 pub const IDLE_BEFORE_SLEEP: Duration = Duration::from_millis(1);

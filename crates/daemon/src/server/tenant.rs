@@ -29,15 +29,15 @@ use softrnic_wire::mad::GSI_QPN;
 
 use super::device::{Device, Devices, Element, NetNs};
 use super::processor::{Processors, Registry, ServedCq, ServedQp, ServedSrq};
-use crate::doorbell::DoorbellPage;
 use crate::limits::{Accounts, Resource, Usage};
-use crate::protocol::{
+use softrnic_daemon_protocol::doorbell::DoorbellPage;
+use softrnic_daemon_protocol::protocol::{
     self, CqLayout, MAX_MODULE, Opened, PROTOCOL_VERSION, QpLayout, RemoteAlgorithm, RemoteError, Request, Response,
     SrqLayout, Translation,
 };
-use crate::queue::SharedQueue;
-use crate::shared_memory::SharedMapping;
-use crate::wqe::{self, CQE_LEN};
+use softrnic_daemon_protocol::queue::SharedQueue;
+use softrnic_daemon_protocol::shared_memory::SharedMapping;
+use softrnic_daemon_protocol::wqe::{self, CQE_LEN};
 
 pub struct Tenant {
     id: u64,
@@ -129,7 +129,7 @@ fn open(
         engine_threads: device.nic.engine_threads() as u32,
         shared_memory: device.nic.shared_memory(),
         inline_progress: device.nic.progress_mode() == ProgressMode::Inline,
-        epoch_unix_ns: crate::client::unix_ns().saturating_sub(device.nic.now().as_nanos()),
+        epoch_unix_ns: softrnic_daemon_protocol::unix_ns().saturating_sub(device.nic.now().as_nanos()),
     };
     let wake = registry.wake.try_clone().map_err(|e| RemoteError::exhausted(e.to_string()))?;
     let (events, program_events) =

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use softrnic_daemon::client::{Cq, Qp, Session};
 use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon::server::offload::Designs;
 use softrnic_daemon::server::{Daemon, DaemonOptions, Running};
-use softrnic_daemon::shared_memory::SharedMapping;
+use softrnic_daemon_protocol::shared_memory::SharedMapping;
+use softrnic_provider::client::{Cq, Qp, Session};
 use softrnic_transport::{
     Access, Completion, MrKeys, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
     RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, WcOpcode, WcStatus, smallvec,

@@ -12,11 +12,7 @@ use std::path::PathBuf;
 /// The variable that names the daemon's socket.
 pub const ENV: &str = "SOFTRNIC_DAEMON";
 
-/// `<runtime dir>/softrnicd.sock`: `$XDG_RUNTIME_DIR/softrnic/softrnicd.sock`,
-/// or under `/tmp/softrnic` without a runtime directory.
-pub fn default_path() -> PathBuf {
-    softrnic_engine::counters_file::runtime_dir().join("softrnicd.sock")
-}
+pub use softrnic_daemon_protocol::default_socket as default_path;
 
 /// The socket a program opening a device should use, if any.
 pub fn from_env() -> Option<PathBuf> {

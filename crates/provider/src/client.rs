@@ -22,11 +22,13 @@ use softrnic_transport::{
     QpState, QpType, RecvWorkRequest, Result, SendWorkRequest, SrqAttr, SrqId, VerbsError, check_recv, check_send,
 };
 
-use crate::doorbell::DoorbellPage;
-use crate::protocol::{self, Opened, PROTOCOL_VERSION, RemoteAlgorithm, Request, Response, Translation};
-use crate::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
-use crate::shared_memory::{Segment, SharedMapping};
-use crate::wqe::{self, CQE_LEN};
+use softrnic_daemon_protocol::doorbell::DoorbellPage;
+use softrnic_daemon_protocol::protocol::{
+    self, Opened, PROTOCOL_VERSION, RemoteAlgorithm, Request, Response, Translation,
+};
+use softrnic_daemon_protocol::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
+use softrnic_daemon_protocol::shared_memory::{Segment, SharedMapping};
+use softrnic_daemon_protocol::wqe::{self, CQE_LEN};
 
 /// `SOFTRNIC_FORWARD=1`: every data command travels over the socket (the
 /// forwarding design, FreeFlow's), the baseline for the shared queues.
@@ -126,12 +128,12 @@ impl Session {
     /// waiting for one unless the descriptor was made non-blocking (then
     /// `EAGAIN` when none waits).
     pub fn next_async_event(&self) -> io::Result<AsyncEvent> {
-        let mut buffer = [0u8; 64];
+        let mut buffer = [0u8; protocol::MAX_EVENT];
         let (n, _) = rustix::net::recv(&self.events, &mut buffer, rustix::net::RecvFlags::empty())?;
         if n == 0 {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "softrnicd closed the event socket"));
         }
-        postcard::from_bytes(&buffer[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        protocol::decode_event(&buffer[..n])
     }
 
     pub fn set_qp_rate_limit(&self, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {

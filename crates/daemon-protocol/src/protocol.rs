@@ -23,7 +23,8 @@ use softrnic_engine::NicCounters;
 
 pub use crate::shared_memory::Segment;
 use softrnic_transport::{
-    Access, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, SrqAttr, SrqId, VerbsError,
+    Access, AsyncEvent, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, SrqAttr, SrqId,
+    VerbsError,
 };
 
 /// Bumped whenever a message or a shared layout changes.
@@ -346,6 +347,20 @@ impl RemoteError {
     }
 }
 
+/// The longest asynchronous event a daemon sends on a program's event
+/// socket, encoded.
+pub const MAX_EVENT: usize = 64;
+
+/// One asynchronous event as a message of the event socket.
+pub fn encode_event(event: &AsyncEvent) -> Vec<u8> {
+    postcard::to_stdvec(event).expect("an AsyncEvent always encodes")
+}
+
+/// An event socket's message, or why it is not one.
+pub fn decode_event(bytes: &[u8]) -> io::Result<AsyncEvent> {
+    postcard::from_bytes(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
 /// Sends one message with `fds` attached.
 pub fn send<T: Serialize>(socket: BorrowedFd<'_>, message: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let bytes = postcard::to_stdvec(message).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
@@ -413,6 +428,19 @@ mod tests {
 
     fn pair() -> (OwnedFd, OwnedFd) {
         rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap()
+    }
+
+    #[test]
+    fn an_async_event_in_bytes() {
+        // The variant's index, then the number as a varint.
+        let event = AsyncEvent::QpAccessError { qpn: 0x1234 };
+        assert_eq!(encode_event(&event), [2, 0xb4, 0x24]);
+        assert_eq!(decode_event(&[2, 0xb4, 0x24]).unwrap(), event);
+        assert_eq!(decode_event(&[5, 7]).unwrap(), AsyncEvent::CqError { cq: CqId(7) });
+        assert!(decode_event(&[9, 1]).is_err(), "no such event");
+        assert!(decode_event(&[]).is_err());
+        let longest = AsyncEvent::SrqLimitReached { srq: SrqId(u32::MAX) };
+        assert!(encode_event(&longest).len() <= MAX_EVENT);
     }
 
     #[test]

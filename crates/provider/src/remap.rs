@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
-use crate::protocol::MAX_FDS;
-use crate::shared_memory::Segment;
+use softrnic_daemon_protocol::protocol::MAX_FDS;
+use softrnic_daemon_protocol::shared_memory::Segment;
 
 /// Pages of the program remapped onto a memfd.
 pub struct Remap {
@@ -212,9 +212,9 @@ fn refused(why: &str) -> io::Error {
 mod tests {
     use super::*;
 
-    fn joined(shared: &Shared) -> crate::shared_memory::SharedMapping {
+    fn joined(shared: &Shared) -> softrnic_daemon_protocol::shared_memory::SharedMapping {
         let parts = shared.parts.iter().map(|(r, s)| (r.fd().try_clone_to_owned().unwrap(), *s)).collect();
-        crate::shared_memory::SharedMapping::attach_segments(parts).unwrap()
+        softrnic_daemon_protocol::shared_memory::SharedMapping::attach_segments(parts).unwrap()
     }
 
     #[test]
