@@ -27,9 +27,13 @@ use softrnic_transport::{
     RemoteAddr, SendOp, SendWorkRequest, SrqAttr, SrqId, WcStatus, smallvec,
 };
 
+/// A connection to the daemon whose answers are awaited 20 s at most: a
+/// daemon that stops answering fails the test instead of hanging it.
 fn raw_connect(socket: &Path) -> OwnedFd {
     let fd = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).unwrap();
     rustix::net::connect(&fd, &SocketAddrUnix::new(socket).unwrap()).unwrap();
+    let patience = Some(std::time::Duration::from_secs(20));
+    rustix::net::sockopt::set_socket_timeout(&fd, rustix::net::sockopt::Timeout::Recv, patience).unwrap();
     fd
 }
 
@@ -259,6 +263,35 @@ fn garbage_and_lies_on_the_socket_are_refused() {
     drop(fd);
     still_serves(socket);
     assert_eq!(daemon.processor_restarts(), 0);
+}
+
+/// A forwarding tenant's work requests arrive as the bytes it sent, as
+/// long as it made them: one shorter than an entry's fixed part is
+/// refused with an answer that says so, and the tenant's connection goes
+/// on (it panicked the tenant's thread, which never cleaned up).
+#[test]
+fn a_forwarded_work_request_too_short_is_refused() {
+    let daemon = daemon("short-wqe");
+    let socket = daemon.socket();
+    let fd = raw_connect(socket);
+    call(&fd, Request::Open { version: PROTOCOL_VERSION, addr: address(), forward: true });
+    let (Response::Pd(pd), _) = call(&fd, Request::AllocPd) else { panic!() };
+    let (Response::Cq(cq), _) = call(&fd, Request::CreateCq { capacity: 4, channel: None }) else { panic!() };
+    let (Response::Qp(layout), _) = call(&fd, Request::CreateQp { init: qp_init(QpType::Rc, pd, cq.cq) }) else {
+        panic!()
+    };
+    for len in [0, 5, 11, 71] {
+        let (send, _) = call(&fd, Request::PostSend { qpn: layout.qpn, wqe: vec![0; len] });
+        let Response::Error(e) = send else { panic!("a {len}-byte send WQE was accepted: {send:?}") };
+        assert!(e.message.contains(&format!("{len} bytes, shorter than the entry's 72")), "{e:?}");
+        let (recv, _) = call(&fd, Request::PostRecv { qpn: layout.qpn, wqe: vec![0; len.min(15)] });
+        let Response::Error(e) = recv else { panic!("a short receive WQE was accepted: {recv:?}") };
+        assert!(e.message.contains("shorter than the entry's 16"), "{e:?}");
+    }
+    // The same connection still serves.
+    assert!(matches!(call(&fd, Request::AllocPd).0, Response::Pd(_)));
+    drop(fd);
+    still_serves(socket);
 }
 
 /// rdma_cm's QP1 through the daemon: an address's device has one, so the
