@@ -31,7 +31,7 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use softrnic_cc::IntHop;
 use softrnic_transport::{
-    Access, Choice, CongestionConfig, CqId, Device, DmaBuffer, Instant, IntRecords, MAX_DATAGRAM_LEN, Mtu, Payload,
+    Registration, Access, Choice, CongestionConfig, CqId, Device, DmaBuffer, Instant, IntRecords, MAX_DATAGRAM_LEN, Mtu, Payload,
     Psn, QpCaps, QpInitAttr, QpType, RcConnection, RecvMeta, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge,
     TransportConfig, smallvec, ud_steps,
 };
@@ -75,11 +75,25 @@ fn setup(mode: u8) -> Target {
     let buffer = Arc::new(DmaBuffer::from_bytes(&vec![0x5a; LEN]));
     let pd = device.alloc_pd();
     let remote = device
-        .register_memory(pd, buffer.clone(), REMOTE_AT, REGION, IOVA, Access::LOCAL_WRITE | Access::REMOTE)
+        .register_memory(Registration {
+            pd,
+            buffer: buffer.clone(),
+            offset: REMOTE_AT,
+            len: REGION,
+            iova: IOVA,
+            access: Access::LOCAL_WRITE | Access::REMOTE,
+        })
         .expect("register");
     // Registered, but for local access only: no packet may reach it.
     let local = device
-        .register_memory(pd, buffer.clone(), LOCAL_AT, REGION, LOCAL_IOVA, Access::LOCAL_WRITE)
+        .register_memory(Registration {
+            pd,
+            buffer: buffer.clone(),
+            offset: LOCAL_AT,
+            len: REGION,
+            iova: LOCAL_IOVA,
+            access: Access::LOCAL_WRITE,
+        })
         .expect("register");
     let sge = |offset: usize, length: u32| Sge { addr: IOVA + offset as u64, length, lkey: remote.lkey };
     let cq = device.create_cq(1 << 16);

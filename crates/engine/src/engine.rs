@@ -31,9 +31,9 @@ use std::time::Duration;
 use softrnic_transport::memory::{MemoryRegion, MemoryTable};
 use softrnic_transport::qp::QpAttributes;
 use softrnic_transport::{
-    Access, AsyncEvent, Choice, Completion, CompletionQueue, Control, CqId, DmaBuffer, Instant, MrKeys, PdId,
-    PostQueues, Posted, QpAttr, QpInitAttr, QpState, RecvWorkRequest, Result, Retransmission, SendPoster,
-    SendWorkRequest, Shard, SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, shard_of,
+    AsyncEvent, Choice, Completion, CompletionQueue, Control, CqId, Instant, MrKeys, PdId, PostQueues, Posted, QpAttr,
+    QpInitAttr, QpState, RecvWorkRequest, Registration, Result, Retransmission, SendPoster, SendWorkRequest, Shard,
+    SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, shard_of,
 };
 use softrnic_wire::ROCEV2_UDP_PORT;
 use softrnic_wire::int::INT_UDP_PORT;
@@ -385,34 +385,15 @@ impl Nic {
         self.core.control(|c| c.dealloc_pd(pd))
     }
 
-    /// Registers `len` bytes of `buffer` from `offset`, addressed from `iova`.
-    pub fn register_memory(
-        &self,
-        pd: PdId,
-        buffer: Arc<DmaBuffer>,
-        offset: usize,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys> {
-        self.core.control(|c| c.register_memory(pd, buffer, offset, len, iova, access))
+    pub fn register_memory(&self, r: Registration) -> Result<MrKeys> {
+        self.core.control(|c| c.register_memory(r))
     }
 
     /// Gives the region `lkey` names a new translation, PD or access under
     /// the same keys (`ibv_rereg_mr`). When it returns, no shard can reach
     /// the old memory any more.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reregister_memory(
-        &self,
-        lkey: u32,
-        pd: PdId,
-        buffer: Arc<DmaBuffer>,
-        offset: usize,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys> {
-        self.core.control(|c| c.reregister_memory(lkey, pd, buffer, offset, len, iova, access))
+    pub fn reregister_memory(&self, lkey: u32, r: Registration) -> Result<MrKeys> {
+        self.core.control(|c| c.reregister_memory(lkey, r))
     }
 
     /// Deregisters a region. When it returns, no shard can reach the

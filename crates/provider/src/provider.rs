@@ -18,7 +18,8 @@ use softrnic_daemon_protocol::protocol::Translation;
 use softrnic_daemon_protocol::shared_memory::SharedMapping;
 use softrnic_transport::{
     Access, Choice, Completion, CompletionQueue, CqId, DmaBuffer, MrKeys, PdId, PostQueues, QpAttr, QpAttributes,
-    QpInitAttr, QpState, RecvWorkRequest, Result, SendWorkRequest, SharedReceiveQueue, SrqAttr, SrqId, VerbsError,
+    QpInitAttr, QpState, RecvWorkRequest, Registration, Result, SendWorkRequest, SharedReceiveQueue, SrqAttr, SrqId,
+    VerbsError,
 };
 
 /// What holds an engine in the process: a `Nic`, or something that shares
@@ -51,25 +52,16 @@ impl<T: EngineHolder> EngineHolder for Arc<T> {
 }
 
 /// Why a device could not be opened.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     /// softrnicd serves this program's devices and refused, or cannot be
     /// reached.
+    #[error(transparent)]
     Daemon(VerbsError),
     /// The engine in the process could not start.
+    #[error(transparent)]
     Engine(softrnic_engine::OpenError),
 }
-
-impl std::fmt::Display for OpenError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            OpenError::Daemon(e) => e.fmt(f),
-            OpenError::Engine(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for OpenError {}
 
 /// A completion channel: where the notifications of the CQs attached to
 /// it arrive, behind a file descriptor that is readable while one waits.
@@ -416,10 +408,7 @@ impl<E: EngineHolder> Provider<E> {
 
     pub fn register_buffer(&self, pd: PdId, buffer: Arc<DmaBuffer>, iova: u64, access: Access) -> Result<MrKeys> {
         match &self.0 {
-            Device::Engine(e) => {
-                let len = buffer.len();
-                e.nic().register_memory(pd, buffer, 0, len, iova, access)
-            }
+            Device::Engine(e) => e.nic().register_memory(Registration::whole(pd, buffer, iova, access)),
             Device::Daemon(_) => Err(VerbsError::NotSupported(
                 "softrnicd cannot reach a buffer of this process; allocate it with ProtectionDomain::register".into(),
             )),
@@ -447,7 +436,7 @@ impl<E: EngineHolder> Provider<E> {
                 // SAFETY: the caller's promise; the engine stops reaching
                 // the region when it is deregistered.
                 let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr, len) });
-                e.nic().register_memory(pd, buffer, 0, len, iova, access)
+                e.nic().register_memory(Registration { pd, buffer, offset: 0, len, iova, access })
             }
             Device::Daemon(session) => {
                 // SAFETY: forwarded.
@@ -479,7 +468,8 @@ impl<E: EngineHolder> Provider<E> {
                 let iova = if moved { addr as u64 } else { region.iova };
                 // SAFETY: the caller's promise, as at registration.
                 let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr, len) });
-                nic.reregister_memory(lkey, pd, buffer, 0, len, iova, access.unwrap_or(region.access)).map(|_| ())
+                let access = access.unwrap_or(region.access);
+                nic.reregister_memory(lkey, Registration { pd, buffer, offset: 0, len, iova, access }).map(|_| ())
             }
             Device::Daemon(session) if moved => {
                 // SAFETY: forwarded.

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use softrnic_transport::{
-    Access, CqId, DmaBuffer, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpType, RcConnection, RemoteAddr, SendOp,
-    SendWorkRequest, Sge,
+    Access, CqId, DmaBuffer, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpType, RcConnection, Registration,
+    RemoteAddr, SendOp, SendWorkRequest, Sge,
 };
 
 use crate::world::World;
@@ -31,7 +31,9 @@ impl Host {
         let cq = device.create_cq(1 << 16);
         let buffer = Arc::new(DmaBuffer::new(region));
         let access = Access::LOCAL_WRITE | Access::REMOTE;
-        let mr = device.register_memory(pd, buffer, 0, region, IOVA, access).expect("register");
+        let mr = device
+            .register_memory(Registration { pd, buffer, offset: 0, len: region, iova: IOVA, access })
+            .expect("register");
         Host { pd, cq, lkey: mr.lkey, rkey: mr.rkey }
     }
 }

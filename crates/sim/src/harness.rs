@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use softrnic_transport::{
     Access, Completion, CqId, DmaBuffer, MrKeys, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpState, QpType,
-    RcConnection, RecvWorkRequest, SendOp, SendWorkRequest, Sge, SrqAttr, SrqId, TransportConfig, ud_steps,
+    RcConnection, RecvWorkRequest, Registration, SendOp, SendWorkRequest, Sge, SrqAttr, SrqId, TransportConfig,
+    ud_steps,
 };
 
 use crate::network::Faults;
@@ -123,7 +124,14 @@ impl Pair {
             let cq = device.create_cq(4096);
             let buffer = Arc::new(DmaBuffer::new(options.region_len));
             let mr = device
-                .register_memory(pd, buffer.clone(), 0, options.region_len, IOVA, options.access)
+                .register_memory(Registration {
+                    pd,
+                    buffer: buffer.clone(),
+                    offset: 0,
+                    len: options.region_len,
+                    iova: IOVA,
+                    access: options.access,
+                })
                 .expect("register");
             let caps = QpCaps { max_send_wr: 128, max_recv_wr: 128, ..QpCaps::default() };
             let srq = (options.srq && host == 1)

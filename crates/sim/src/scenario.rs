@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use softrnic_transport::{
     Access, Choice, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
-    Retransmission, SrqAttr, SrqId, TransportConfig, WcStatus,
+    Registration, Retransmission, SrqAttr, SrqId, TransportConfig, WcStatus,
 };
 
 use softrnic_switch::{Graph, LinkFaults, PortConfig};
@@ -260,7 +260,14 @@ fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut 
     let cq = device.create_cq(1 << 16);
     let buffer = Arc::new(DmaBuffer::from_bytes(&plan.initial));
     let mr = device
-        .register_memory(pd, buffer.clone(), GUARD, plan.region_len(), IOVA_BASE, Access::LOCAL_WRITE | Access::REMOTE)
+        .register_memory(Registration {
+            pd,
+            buffer: buffer.clone(),
+            offset: GUARD,
+            len: plan.region_len(),
+            iova: IOVA_BASE,
+            access: Access::LOCAL_WRITE | Access::REMOTE,
+        })
         .expect("register");
     let caps = QpCaps { max_send_wr: rng.u32(1..=64), max_recv_wr: 64, ..QpCaps::default() };
     let srq = (rng.u8(0..4) == 0)

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use softrnic_sim::harness::{IOVA, Pair, PairOptions};
 use softrnic_transport::{
-    Access, Completion, DmaBuffer, Payload, QpAttr, QpState, RecvWorkRequest, RemoteAddr, SendOp, Sge, WcStatus,
+    Access, Completion, DmaBuffer, Payload, QpAttr, QpState, RecvWorkRequest, Registration, RemoteAddr, SendOp, Sge,
+    WcStatus,
 };
 use softrnic_wire::icrc::UdpFlow;
 use softrnic_wire::packet::{Extensions, Headers, SelectiveRepeatLayout};
@@ -108,7 +109,11 @@ fn region_with(pair: &mut Pair, access: Access) -> (Arc<DmaBuffer>, u32) {
     let buffer = Arc::new(DmaBuffer::new(4096));
     buffer.fill(FILL);
     let pd = pair.b.pd;
-    let keys = pair.world.device(1).register_memory(pd, buffer.clone(), 0, 4096, 0x9000_0000, access).unwrap();
+    let keys = pair
+        .world
+        .device(1)
+        .register_memory(Registration { pd, buffer: buffer.clone(), offset: 0, len: 4096, iova: 0x9000_0000, access })
+        .unwrap();
     (buffer, keys.rkey)
 }
 
@@ -158,8 +163,16 @@ fn an_rkey_from_another_protection_domain_is_refused() {
     let other_pd = device.alloc_pd();
     let buffer = Arc::new(DmaBuffer::new(64));
     buffer.fill(FILL);
-    let keys =
-        device.register_memory(other_pd, buffer.clone(), 0, 64, 0x5000, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
+    let keys = device
+        .register_memory(Registration {
+            pd: other_pd,
+            buffer: buffer.clone(),
+            offset: 0,
+            len: 64,
+            iova: 0x5000,
+            access: Access::LOCAL_WRITE | Access::REMOTE,
+        })
+        .unwrap();
     let target = RemoteAddr { addr: 0x5000, rkey: keys.rkey };
     expect_remote_failure(
         pair,
@@ -308,7 +321,7 @@ proptest! {
         guard.fill(FILL);
         // A second region without remote rights, which no packet may touch.
         let pd = pair.b.pd;
-        pair.world.device(1).register_memory(pd, guard.clone(), 0, 4096, 0x9000_0000, Access::LOCAL_WRITE).unwrap();
+        pair.world.device(1).register_memory(Registration { pd, buffer: guard.clone(), offset: 0, len: 4096, iova: 0x9000_0000, access: Access::LOCAL_WRITE }).unwrap();
         let (qpn, rkey, epsn) = (pair.b.qpn, pair.b.mr.rkey, Psn::new(pair.a.qpn * 1000));
         for ((opcode, psn_offset, right_key, va, relative, len, payload), (offset, receive_number)) in packets.into_iter().zip(claims) {
             let addr = if relative { IOVA.wrapping_add(va) } else { va };

@@ -12,7 +12,7 @@ use rustc_hash::FxHashSet;
 use crate::completion::{CompletionQueue, CompletionQueues, CqId};
 use crate::config::TransportConfig;
 use crate::error::{Result, VerbsError};
-use crate::memory::{Access, DmaBuffer, MemoryTable, MrKeys, PdId};
+use crate::memory::{MemoryTable, MrKeys, PdId, Registration};
 use crate::qp::{QpInitAttr, QpQueues, QpType, QueuePair};
 use crate::shard::shard_of;
 use crate::srq::{SharedReceiveQueue, SharedReceiveQueues, SrqAttr, SrqId};
@@ -91,33 +91,14 @@ impl Control {
         self.memory_mut().dealloc_pd(pd)
     }
 
-    /// Registers `len` bytes of `buffer` from `offset`, addressed from `iova`.
-    pub fn register_memory(
-        &mut self,
-        pd: PdId,
-        buffer: Arc<DmaBuffer>,
-        offset: usize,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys> {
-        self.memory_mut().register(pd, buffer, offset, len, iova, access)
+    pub fn register_memory(&mut self, r: Registration) -> Result<MrKeys> {
+        self.memory_mut().register(r)
     }
 
     /// A new translation, PD or access for the region `lkey` names, under
     /// the same keys.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reregister_memory(
-        &mut self,
-        lkey: u32,
-        pd: PdId,
-        buffer: Arc<DmaBuffer>,
-        offset: usize,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys> {
-        self.memory_mut().reregister(lkey, pd, buffer, offset, len, iova, access)
+    pub fn reregister_memory(&mut self, lkey: u32, r: Registration) -> Result<MrKeys> {
+        self.memory_mut().reregister(lkey, r)
     }
 
     pub fn deregister_memory(&mut self, lkey: u32) -> Result<()> {

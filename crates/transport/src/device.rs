@@ -18,7 +18,7 @@ use crate::control::Control;
 use crate::counters::Counters;
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
-use crate::memory::{Access, DmaBuffer, MemoryTable, MrKeys, PdId};
+use crate::memory::{MemoryTable, MrKeys, PdId, Registration};
 use crate::qp::{QpAttr, QpInitAttr, QueuePair, Transmit};
 use crate::shard::Shard;
 use crate::srq::{SharedReceiveQueue, SrqAttr, SrqId};
@@ -76,17 +76,8 @@ impl Device {
         self.sync_memory(out)
     }
 
-    /// Registers `len` bytes of `buffer` from `offset`, addressed from `iova`.
-    pub fn register_memory(
-        &mut self,
-        pd: PdId,
-        buffer: Arc<DmaBuffer>,
-        offset: usize,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys> {
-        let out = self.control.register_memory(pd, buffer, offset, len, iova, access);
+    pub fn register_memory(&mut self, r: Registration) -> Result<MrKeys> {
+        let out = self.control.register_memory(r);
         self.sync_memory(out)
     }
 

@@ -34,7 +34,7 @@ pub use counters::Counters;
 pub use device::Device;
 pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
-pub use memory::{Access, DmaBuffer, MrKeys, PdId};
+pub use memory::{Access, DmaBuffer, MrKeys, PdId, Registration};
 pub use qp::{
     Mtu, PostQueues, Posted, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Retransmission,
     SendPoster, Transmit, check_recv, check_send, ud_steps,

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use softrnic_engine::Nic;
 use softrnic_transport::{
     Access, Completion, CompletionQueue, DmaBuffer, Mtu, Payload, PdId, PostQueues, Psn, QpAttr, QpCaps, QpInitAttr,
-    QpState, QpType, RcConnection, RemoteAddr, Result, SendOp, SendWorkRequest, Sge, SgeList, WcStatus,
+    QpState, QpType, RcConnection, Registration, RemoteAddr, Result, SendOp, SendWorkRequest, Sge, SgeList, WcStatus,
 };
 
 /// READs the copy engine's QP holds at once (every program's together).
@@ -115,7 +115,14 @@ impl CopyEngine {
     /// Gives the program's region `lkey` (`len` bytes of `buffer` from
     /// `iova`) its twin here.
     pub fn twin(&self, nic: &Nic, lkey: u32, buffer: Arc<DmaBuffer>, len: usize, iova: u64) -> Result<()> {
-        let twin = nic.register_memory(self.pd, buffer, 0, len, iova, Access::LOCAL_WRITE | Access::REMOTE_READ)?;
+        let twin = nic.register_memory(Registration {
+            pd: self.pd,
+            buffer,
+            offset: 0,
+            len,
+            iova,
+            access: Access::LOCAL_WRITE | Access::REMOTE_READ,
+        })?;
         self.twins.lock().unwrap_or_else(|e| e.into_inner()).insert(lkey, twin.rkey);
         Ok(())
     }
@@ -130,7 +137,9 @@ impl CopyEngine {
     /// Registers a staging area here, as the READs' destination.
     pub fn register_staging(&self, nic: &Nic, buffer: Arc<DmaBuffer>, iova: u64) -> Result<u32> {
         let len = buffer.len();
-        Ok(nic.register_memory(self.pd, buffer, 0, len, iova, Access::LOCAL_WRITE)?.lkey)
+        Ok(nic
+            .register_memory(Registration { pd: self.pd, buffer, offset: 0, len, iova, access: Access::LOCAL_WRITE })?
+            .lkey)
     }
 
     /// Posts the READs that pull the gather list `sges` (already checked

@@ -266,7 +266,16 @@ impl Staging {
     /// Registers it in `pd` for local access only.
     fn register(&self, nic: &Nic, pd: PdId) -> Result<u32> {
         let len = self.buffer.len();
-        Ok(nic.register_memory(pd, self.buffer.clone(), 0, len, self.iova(), Access::LOCAL_WRITE)?.lkey)
+        Ok(nic
+            .register_memory(softrnic_transport::Registration {
+                pd,
+                buffer: self.buffer.clone(),
+                offset: 0,
+                len,
+                iova: self.iova(),
+                access: Access::LOCAL_WRITE,
+            })?
+            .lkey)
     }
 
     fn sge(&self, lkey: u32, slot: usize, length: usize) -> Sge {

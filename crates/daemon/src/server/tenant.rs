@@ -23,7 +23,8 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use softrnic_engine::{Nic, ProgressMode};
 use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
 use softrnic_transport::{
-    AlgorithmSpec, Choice, CqId, DmaBuffer, PdId, PostQueues, QpAttr, QpInitAttr, QpState, SrqAttr, SrqId, VerbsError,
+    AlgorithmSpec, Choice, CqId, DmaBuffer, PdId, PostQueues, QpAttr, QpInitAttr, QpState, Registration, SrqAttr,
+    SrqId, VerbsError,
 };
 use softrnic_wire::mad::GSI_QPN;
 
@@ -372,7 +373,9 @@ impl Tenant {
         let bytes = self.usage.reserve(Resource::Memory, len)?;
         let buffer = map_translation(translation, fds)?;
         let nic = &self.device.nic;
-        let keys = nic.register_memory(pd, buffer.clone(), 0, len as usize, iova, access).map_err(RemoteError::from)?;
+        let keys = nic
+            .register_memory(Registration { pd, buffer: buffer.clone(), offset: 0, len: len as usize, iova, access })
+            .map_err(RemoteError::from)?;
         if let Some(copy) = &self.device.copy
             && let Err(e) = copy.twin(nic, keys.lkey, buffer, len as usize, iova)
         {
@@ -409,7 +412,11 @@ impl Tenant {
             }
         };
         let grown = self.usage.reserve(Resource::Memory, len.saturating_sub(old_len))?;
-        nic.reregister_memory(lkey, pd, buffer.clone(), 0, len as usize, iova, access).map_err(RemoteError::from)?;
+        nic.reregister_memory(
+            lkey,
+            Registration { pd, buffer: buffer.clone(), offset: 0, len: len as usize, iova, access },
+        )
+        .map_err(RemoteError::from)?;
         if let Some(copy) = &self.device.copy {
             copy.forget(nic, lkey);
             if let Err(e) = copy.twin(nic, lkey, buffer, len as usize, iova) {

@@ -8,6 +8,6 @@ mod scatter_gather;
 mod table;
 
 pub use buffer::DmaBuffer;
-pub use region::{Access, MemoryRegion, MrKeys, PdId};
+pub use region::{Access, MemoryRegion, MrKeys, PdId, Registration};
 pub(crate) use scatter_gather::{gather, scatter, validate_list};
 pub use table::{AccessFault, MemoryTable, MemoryView};

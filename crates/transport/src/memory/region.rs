@@ -35,6 +35,28 @@ pub struct MrKeys {
     pub rkey: u32,
 }
 
+/// What a registration asks for: `len` bytes of `buffer` from `offset` on,
+/// in `pd`, addressed by work requests and peers from `iova` on, with
+/// `access`. One value through every layer (the verbs, the engine, the
+/// control plane, the table).
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub pd: PdId,
+    pub buffer: Arc<DmaBuffer>,
+    pub offset: usize,
+    pub len: usize,
+    pub iova: u64,
+    pub access: Access,
+}
+
+impl Registration {
+    /// All of `buffer`, from `iova` on.
+    pub fn whole(pd: PdId, buffer: Arc<DmaBuffer>, iova: u64, access: Access) -> Registration {
+        let len = buffer.len();
+        Registration { pd, buffer, offset: 0, len, iova, access }
+    }
+}
+
 /// A registered memory region: `len` bytes of a buffer, addressed by
 /// work requests and remote peers from `iova` on.
 #[derive(Debug, Clone)]
@@ -50,6 +72,12 @@ pub struct MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// The region `r` asked for, under `keys`.
+    pub(crate) fn of(r: Registration, keys: MrKeys) -> MemoryRegion {
+        let Registration { pd, buffer, offset, len, iova, access } = r;
+        MemoryRegion { pd, iova, len: len as u64, access, keys, buffer, offset }
+    }
+
     /// The buffer behind the region.
     pub fn buffer(&self) -> &Arc<DmaBuffer> {
         &self.buffer

@@ -67,7 +67,7 @@ pub(crate) fn scatter(table: &MemoryTable, pd: PdId, sges: &[Sge], offset: u64, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::DmaBuffer;
+    use crate::memory::{DmaBuffer, Registration};
     use std::sync::Arc;
 
     #[test]
@@ -75,7 +75,16 @@ mod tests {
         let mut table = MemoryTable::new();
         let pd = table.alloc_pd();
         let buffer = Arc::new(DmaBuffer::from_bytes(b"0123456789abcdef"));
-        let keys = table.register(pd, buffer.clone(), 0, 16, 100, Access::LOCAL_WRITE).unwrap();
+        let keys = table
+            .register(Registration {
+                pd,
+                buffer: buffer.clone(),
+                offset: 0,
+                len: 16,
+                iova: 100,
+                access: Access::LOCAL_WRITE,
+            })
+            .unwrap();
         let sges = [
             Sge { addr: 102, length: 3, lkey: keys.lkey }, // "234"
             Sge { addr: 110, length: 0, lkey: 0 },

@@ -1,9 +1,7 @@
 //! The memory translation and protection table: every key the device has
 //! handed out, and the one check that every access passes.
 
-use std::sync::Arc;
-
-use super::{Access, DmaBuffer, MemoryRegion, MrKeys, PdId};
+use super::{Access, DmaBuffer, MemoryRegion, MrKeys, PdId, Registration};
 use crate::error::{Result, VerbsError};
 
 /// Why an access was refused. The transport turns each into the status or
@@ -132,18 +130,9 @@ impl MemoryTable {
         }
     }
 
-    /// Registers `len` bytes of `buffer` from `offset` on, addressed from
-    /// `iova`, in `pd` with `access`.
-    pub fn register(
-        &mut self,
-        pd: PdId,
-        buffer: Arc<DmaBuffer>,
-        offset: usize,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys> {
-        self.validate(pd, &buffer, offset, len, iova, access)?;
+    /// Registers what `r` describes.
+    pub fn register(&mut self, r: Registration) -> Result<MrKeys> {
+        self.validate(&r)?;
         let index = match self.free_slots.pop() {
             Some(index) => index,
             None if self.slots.len() < MAX_REGIONS => {
@@ -156,7 +145,8 @@ impl MemoryTable {
         slot.generation = slot.generation.wrapping_add(1);
         let key = ((index as u32) << 8) | u32::from(slot.generation);
         let keys = MrKeys { lkey: key, rkey: key };
-        slot.region = Some(MemoryRegion { pd, iova, len: len as u64, access, keys, buffer, offset });
+        let pd = r.pd;
+        slot.region = Some(MemoryRegion::of(r, keys));
         self.pd_users(pd, 1)?;
         Ok(keys)
     }
@@ -164,37 +154,20 @@ impl MemoryTable {
     /// Gives the region `lkey` names a new translation, protection domain
     /// or access (`ibv_rereg_mr`), under the same keys, as hardware keeps
     /// them: a peer holding the rkey reaches the new memory.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reregister(
-        &mut self,
-        lkey: u32,
-        pd: PdId,
-        buffer: Arc<DmaBuffer>,
-        offset: usize,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys> {
+    pub fn reregister(&mut self, lkey: u32, r: Registration) -> Result<MrKeys> {
         let old = self.lookup(lkey).ok_or(VerbsError::NotFound("memory region"))?;
         let (old_pd, keys) = (old.pd, old.keys);
-        self.validate(pd, &buffer, offset, len, iova, access)?;
-        self.slots[(lkey >> 8) as usize].region =
-            Some(MemoryRegion { pd, iova, len: len as u64, access, keys, buffer, offset });
+        self.validate(&r)?;
+        let pd = r.pd;
+        self.slots[(lkey >> 8) as usize].region = Some(MemoryRegion::of(r, keys));
         self.pd_users(old_pd, -1)?;
         self.pd_users(pd, 1)?;
         Ok(keys)
     }
 
     /// The checks every registration passes.
-    fn validate(
-        &self,
-        pd: PdId,
-        buffer: &DmaBuffer,
-        offset: usize,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<()> {
+    fn validate(&self, r: &Registration) -> Result<()> {
+        let Registration { pd, ref buffer, offset, len, iova, access } = *r;
         if !self.pd_exists(pd) {
             return Err(VerbsError::NotFound("protection domain"));
         }
@@ -278,12 +251,13 @@ impl MemoryTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn table_with_region(access: Access) -> (MemoryTable, PdId, MrKeys) {
         let mut table = MemoryTable::new();
         let pd = table.alloc_pd();
         let buffer = Arc::new(DmaBuffer::new(64));
-        let keys = table.register(pd, buffer, 16, 32, 0x1000, access).unwrap();
+        let keys = table.register(Registration { pd, buffer, offset: 16, len: 32, iova: 0x1000, access }).unwrap();
         (table, pd, keys)
     }
 
@@ -316,7 +290,16 @@ mod tests {
     fn stale_keys_do_not_name_reused_slots() {
         let (mut table, pd, keys) = table_with_region(Access::LOCAL_WRITE);
         table.deregister(keys.lkey).unwrap();
-        let again = table.register(pd, Arc::new(DmaBuffer::new(8)), 0, 8, 0, Access::LOCAL_WRITE).unwrap();
+        let again = table
+            .register(Registration {
+                pd,
+                buffer: Arc::new(DmaBuffer::new(8)),
+                offset: 0,
+                len: 8,
+                iova: 0,
+                access: Access::LOCAL_WRITE,
+            })
+            .unwrap();
         assert_ne!(again.lkey, keys.lkey);
         assert!(table.lookup(keys.lkey).is_none());
     }
@@ -327,16 +310,49 @@ mod tests {
         let other = table.alloc_pd();
         let buffer = Arc::new(DmaBuffer::new(16));
         // A bad request changes nothing.
-        assert!(table.reregister(keys.lkey, other, buffer.clone(), 8, 16, 0, Access::empty()).is_err());
+        assert!(
+            table
+                .reregister(
+                    keys.lkey,
+                    Registration {
+                        pd: other,
+                        buffer: buffer.clone(),
+                        offset: 8,
+                        len: 16,
+                        iova: 0,
+                        access: Access::empty()
+                    }
+                )
+                .is_err()
+        );
         assert_eq!(table.lookup(keys.lkey).unwrap().pd, pd);
-        let again = table.reregister(keys.lkey, other, buffer, 0, 16, 0x9000, Access::LOCAL_WRITE).unwrap();
+        let again = table
+            .reregister(
+                keys.lkey,
+                Registration { pd: other, buffer, offset: 0, len: 16, iova: 0x9000, access: Access::LOCAL_WRITE },
+            )
+            .unwrap();
         assert_eq!(again, keys);
         assert!(table.check(other, keys.lkey, 0x9000, 16, Access::LOCAL_WRITE).is_ok());
         assert_eq!(table.check(pd, keys.lkey, 0x9000, 1, Access::empty()).unwrap_err(), AccessFault::WrongPd);
         // The first PD has no user left; the second has the region.
         assert!(table.dealloc_pd(pd).is_ok());
         assert!(table.dealloc_pd(other).is_err());
-        assert!(table.reregister(0xdead, other, Arc::new(DmaBuffer::new(1)), 0, 1, 0, Access::empty()).is_err());
+        assert!(
+            table
+                .reregister(
+                    0xdead,
+                    Registration {
+                        pd: other,
+                        buffer: Arc::new(DmaBuffer::new(1)),
+                        offset: 0,
+                        len: 1,
+                        iova: 0,
+                        access: Access::empty()
+                    }
+                )
+                .is_err()
+        );
     }
 
     #[test]
@@ -344,10 +360,44 @@ mod tests {
         let mut table = MemoryTable::new();
         let pd = table.alloc_pd();
         let buffer = Arc::new(DmaBuffer::new(8));
-        assert!(table.register(pd, buffer.clone(), 4, 8, 0, Access::empty()).is_err());
-        assert!(table.register(pd, buffer.clone(), 0, 8, 0, Access::REMOTE_WRITE).is_err());
-        assert!(table.register(PdId(9), buffer.clone(), 0, 8, 0, Access::empty()).is_err());
-        let keys = table.register(pd, buffer, 0, 8, 0, Access::empty()).unwrap();
+        assert!(
+            table
+                .register(Registration {
+                    pd,
+                    buffer: buffer.clone(),
+                    offset: 4,
+                    len: 8,
+                    iova: 0,
+                    access: Access::empty()
+                })
+                .is_err()
+        );
+        assert!(
+            table
+                .register(Registration {
+                    pd,
+                    buffer: buffer.clone(),
+                    offset: 0,
+                    len: 8,
+                    iova: 0,
+                    access: Access::REMOTE_WRITE
+                })
+                .is_err()
+        );
+        assert!(
+            table
+                .register(Registration {
+                    pd: PdId(9),
+                    buffer: buffer.clone(),
+                    offset: 0,
+                    len: 8,
+                    iova: 0,
+                    access: Access::empty()
+                })
+                .is_err()
+        );
+        let keys =
+            table.register(Registration { pd, buffer, offset: 0, len: 8, iova: 0, access: Access::empty() }).unwrap();
         assert_eq!(table.dealloc_pd(pd), Err(VerbsError::Busy("protection domain")));
         assert_eq!(table.check_remote(pd, keys.rkey, 0, 8, Access::empty()).unwrap_err(), AccessFault::InvalidKey);
         table.deregister(keys.lkey).unwrap();
