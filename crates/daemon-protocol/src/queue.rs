@@ -20,22 +20,41 @@
 //! past a slot).
 
 use std::io;
+use std::mem::offset_of;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use softrnic_ring::spsc;
 use softrnic_transport::DmaBuffer;
 
-use crate::shared_memory::SharedMapping;
+use crate::shared_memory::{SharedLayout, SharedMapping};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SRNICQ01");
-const MAGIC_AT: usize = 0;
-const SLOTS_AT: usize = 8;
-const SLOT_SIZE_AT: usize = 12;
-const PRODUCED_AT: usize = 128;
-const CONSUMED_AT: usize = 256;
-const ARMED_AT: usize = 384;
-const HEADER: usize = 512;
+
+/// The header, as the table above draws it: each index on a cache line
+/// of its own, the padding atomics too, since the peer may write any of
+/// it.
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    slots: AtomicU32,
+    slot_size: AtomicU32,
+    _line_0: [AtomicU64; 14],
+    produced: AtomicU64,
+    _line_1: [AtomicU64; 15],
+    consumed: AtomicU64,
+    _line_2: [AtomicU64; 15],
+    armed: AtomicU64,
+    _line_3: [AtomicU64; 15],
+}
+
+const HEADER: usize = size_of::<Header>();
+const _: () = assert!(offset_of!(Header, slots) == 8 && offset_of!(Header, slot_size) == 12);
+const _: () = assert!(offset_of!(Header, produced) == 128 && offset_of!(Header, consumed) == 256);
+const _: () = assert!(offset_of!(Header, armed) == 384 && HEADER == 512);
+
+// SAFETY: `#[repr(C)]`, atomics only, any bit pattern valid.
+unsafe impl SharedLayout for Header {}
 
 /// What a program armed on a CQ's ring (`ibv_req_notify_cq`).
 pub const ARMED_NEXT: u64 = 1;
@@ -57,9 +76,10 @@ impl SharedQueue {
         let slot_size = slot_size.next_multiple_of(8);
         let len = (slots as usize).checked_mul(slot_size as usize).and_then(|d| d.checked_add(HEADER));
         let mapping = SharedMapping::create(name, len.ok_or_else(|| too_big(entries))?)?;
-        mapping.word(MAGIC_AT).store(MAGIC, Ordering::Relaxed);
-        mapping.word32(SLOTS_AT).store(slots, Ordering::Relaxed);
-        mapping.word32(SLOT_SIZE_AT).store(slot_size, Ordering::Relaxed);
+        let header = mapping.layout::<Header>(0);
+        header.magic.store(MAGIC, Ordering::Relaxed);
+        header.slots.store(slots, Ordering::Relaxed);
+        header.slot_size.store(slot_size, Ordering::Relaxed);
         Ok(SharedQueue::new(mapping, slots, slot_size))
     }
 
@@ -71,9 +91,10 @@ impl SharedQueue {
         }
         let len = (slots as usize).checked_mul(slot_size as usize).and_then(|d| d.checked_add(HEADER));
         let mapping = SharedMapping::attach(fd, len.ok_or_else(|| bad("too large"))?)?;
-        if mapping.word(MAGIC_AT).load(Ordering::Relaxed) != MAGIC
-            || mapping.word32(SLOTS_AT).load(Ordering::Relaxed) != slots
-            || mapping.word32(SLOT_SIZE_AT).load(Ordering::Relaxed) != slot_size
+        let header = mapping.layout::<Header>(0);
+        if header.magic.load(Ordering::Relaxed) != MAGIC
+            || header.slots.load(Ordering::Relaxed) != slots
+            || header.slot_size.load(Ordering::Relaxed) != slot_size
         {
             return Err(bad("header does not match the layout announced"));
         }
@@ -114,9 +135,13 @@ impl SharedQueue {
         slot as usize * self.slot_size as usize
     }
 
+    fn header(&self) -> &Header {
+        self.mapping.layout(0)
+    }
+
     /// A CQ's notification request.
     pub fn armed(&self) -> &AtomicU64 {
-        self.mapping.word(ARMED_AT)
+        &self.header().armed
     }
 }
 
@@ -132,11 +157,11 @@ impl spsc::Queue for SharedQueue {
     }
 
     fn produced(&self) -> &AtomicU64 {
-        self.mapping.word(PRODUCED_AT)
+        &self.header().produced
     }
 
     fn consumed(&self) -> &AtomicU64 {
-        self.mapping.word(CONSUMED_AT)
+        &self.header().consumed
     }
 }
 

@@ -135,6 +135,18 @@ impl SharedMapping {
         self.fds[0].as_fd()
     }
 
+    /// The `T` at `offset`: a layout both processes share, made of atomics
+    /// only ([`SharedLayout`]).
+    pub fn layout<T: SharedLayout>(&self, offset: usize) -> &T {
+        let fits = offset.checked_add(size_of::<T>()).is_some_and(|end| end <= self.len());
+        assert!(offset.is_multiple_of(align_of::<T>()) && fits, "layout at {offset} outside the mapping");
+        // SAFETY: in bounds and aligned (checked; the mapping is page
+        // aligned); the mapping lives as long as `self`; `T` is atomics
+        // only, valid in any bit pattern, which the other process touches
+        // only atomically, as we do (`SharedLayout`'s contract).
+        unsafe { &*(self.as_ptr().add(offset) as *const T) }
+    }
+
     /// The 8-byte word at `offset`, shared with the other process.
     pub fn word(&self, offset: usize) -> &AtomicU64 {
         assert!(offset.is_multiple_of(8) && offset + 8 <= self.len(), "word at {offset} outside the mapping");
@@ -172,6 +184,16 @@ impl SharedMapping {
         unsafe { DmaBuffer::from_raw_parts(self.as_ptr().add(offset), len) }
     }
 }
+
+/// A layout both sides of a mapping read and write at any moment: a
+/// `#[repr(C)]` struct of atomics (padding included), so that a
+/// reference to it never covers a byte the other process writes without
+/// an atomic.
+///
+/// # Safety
+/// The type is `#[repr(C)]`, holds atomics only, and every bit pattern
+/// is a valid value of it.
+pub unsafe trait SharedLayout: Sync {}
 
 impl Drop for SharedMapping {
     fn drop(&mut self) {
