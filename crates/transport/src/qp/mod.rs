@@ -296,6 +296,7 @@ impl QueuePair {
                         self.respond(ctx, packet);
                     } else {
                         self.complete(ctx, packet);
+                        self.assert_requester();
                         if let Some(records) = &meta.int {
                             self.cc_event(ctx, softrnic_cc::Event::Int { hops: records.hops() });
                         }
@@ -323,13 +324,49 @@ impl QueuePair {
                 // crosses the kernel as one buffer.
                 let responder_first = self.responder_first && !self.resp.next_is_ack();
                 self.responder_first = !self.responder_first;
-                if responder_first {
+                let out = if responder_first {
                     self.poll_response(ctx, buf).or_else(|| self.poll_request(ctx, buf))
                 } else {
                     self.poll_request(ctx, buf).or_else(|| self.poll_response(ctx, buf))
-                }
+                };
+                self.assert_requester();
+                out
             }
         }
+    }
+
+    /// The requester's position, asserted where it moves (a packet sent,
+    /// an answer taken, a timer), as TigerBeetle asserts its invariants:
+    /// a seed that breaks one stops at the step that did, not at a hang
+    /// or a wrong completion later. In PSN order, nothing is acknowledged
+    /// that was not sent, nothing sent that no request was given, and the
+    /// send cursor stays within the queue.
+    fn assert_requester(&self) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.init.qp_type != QpType::Rc {
+            return;
+        }
+        let r = &self.req;
+        assert!(
+            r.cursor <= self.sq.len(),
+            "QP {}: send cursor {} past its {} requests",
+            self.qpn,
+            r.cursor,
+            self.sq.len()
+        );
+        assert!(
+            !r.sent_end.is_before(r.una),
+            "QP {}: una {:?} past the end of what was sent, {:?}",
+            self.qpn,
+            r.una,
+            r.sent_end
+        );
+        assert!(
+            !r.next_psn.is_before(r.sent_end),
+            "QP {}: sent up to {:?}, past the next request's PSN {:?}",
+            self.qpn,
+            r.sent_end,
+            r.next_psn
+        );
     }
 
     /// When this QP next needs [`QueuePair::handle_timeout`]: a timer, or
@@ -344,6 +381,7 @@ impl QueuePair {
         }
         self.congestion_timeout(ctx);
         self.requester_timeout(ctx);
+        self.assert_requester();
     }
 
     /// Could `poll_transmit` produce something now? (Cheap, may say yes
