@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::ops::Deref;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
 use softrnic_engine::Nic;
@@ -25,13 +24,6 @@ use crate::context::{Objects, translate};
 pub struct Engine {
     nic: Nic,
     contexts: Mutex<Vec<Weak<ContextEvents>>>,
-}
-
-impl Deref for Engine {
-    type Target = Nic;
-    fn deref(&self) -> &Nic {
-        &self.nic
-    }
 }
 
 /// A context's hold on its engine: the engine, and where its events go.
