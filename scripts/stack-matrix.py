@@ -21,6 +21,7 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,9 @@ TOOLS = {"ibstat": "infiniband-diags", "ibstatus": "infiniband-diags", "ucx_info
          "rping": "rdmacm-utils", "qperf": "qperf", "ib_send_bw": "perftest", "fi_pingpong": "libfabric-bin",
          "mpirun": "openmpi-bin", "mpicc": "libopenmpi-dev"}
 TIMEOUT = 90
+# How long a server may take to listen on its TCP port (a loaded 2-core
+# machine has taken seconds).
+READY_WAIT = 30
 
 
 def softrnic_run(addr, argv):
@@ -120,6 +124,13 @@ def qperf_figure(text, seconds):
     return m and f"{m.group(1)} {m.group(2)}"
 
 
+def exit_status(code):
+    """How a program ended, in words: a negative code is a signal."""
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exited {code}"
+
+
 def serve_and_run(site, server_cmd, client_cmd, ready_port=None, stop_server=False, server_env=None,
                   client_env=None):
     """Starts the server (its command already wrapped for the site), waits
@@ -131,9 +142,19 @@ def serve_and_run(site, server_cmd, client_cmd, ready_port=None, stop_server=Fal
     when both did what they should."""
     server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=server_env)
     if ready_port:
-        deadline = time.time() + 10
+        deadline = time.time() + READY_WAIT
         while not site.listening(ready_port) and time.time() < deadline and server.poll() is None:
             time.sleep(0.02)
+        if not site.listening(ready_port):
+            # The client would only be refused and exit without a word
+            # (fi_pingpong does): say what the server did instead.
+            ended = server.poll() is not None
+            if not ended:
+                server.kill()
+            server_out, _ = server.communicate()
+            why = (f"server {exit_status(server.returncode)} before listening" if ended
+                   else f"server not listening on TCP port {ready_port} after {READY_WAIT} s")
+            return ("FAIL", f"{why}: " + vm.last_lines(server_out)), server_out
     else:
         time.sleep(0.3)
     try:
@@ -151,7 +172,7 @@ def serve_and_run(site, server_cmd, client_cmd, ready_port=None, stop_server=Fal
         server_out, _ = server.communicate()
     text = client.stdout + client.stderr
     if client.returncode != 0:
-        return ("FAIL", "client: " + vm.last_lines(text)), text
+        return ("FAIL", f"client {exit_status(client.returncode)}: " + vm.last_lines(text)), text
     if not stop_server and server.returncode != 0:
         return ("FAIL", "server: " + vm.last_lines(server_out)), text
     return None, text
