@@ -41,6 +41,7 @@ use softrnic_wire::int::INT_UDP_PORT;
 use crate::datapath::{Datapath, DatapathKind, SharedMemory, Udp};
 use crate::faults::{FaultConfig, FaultStats};
 use crate::progress::{self, Pass, ProgressMode};
+use crate::receive_sources::ReceiveSources;
 use crate::shard::{EngineShard, PassContext};
 use crate::shm::{self, Inbox, Scope};
 use crate::socket::{BindError, RoceSocket};
@@ -248,12 +249,14 @@ pub(crate) struct Core {
     tracer: Option<Tracer>,
     /// When the counters were last published (ns since `epoch`).
     published_at: AtomicU64,
+    /// What posts the receives of queues fetched on demand.
+    pub(crate) receive_sources: ReceiveSources,
 }
 
-/// A running software RNIC.
 /// Takes a device's asynchronous events ([`Nic::route_async_events`]).
 pub type AsyncRouter = Box<dyn Fn(AsyncEvent) + Send + Sync>;
 
+/// A running software RNIC.
 pub struct Nic {
     pub(crate) core: Arc<Core>,
     threads: Vec<JoinHandle<()>>,
@@ -328,6 +331,7 @@ impl Nic {
             longest_stall: AtomicU64::new(0),
             tracer: std::env::var_os("SOFTRNIC_TRACE").map(|_| Tracer { local: config.addr, epoch }),
             published_at: AtomicU64::new(0),
+            receive_sources: ReceiveSources::default(),
         });
         let mut nic = Nic { core, threads: Vec::new() };
         for (shard, role) in config.roles() {
@@ -468,7 +472,25 @@ impl Nic {
     }
 
     pub fn destroy_srq(&self, srq: SrqId) -> Result<()> {
-        self.core.control(|c| c.destroy_srq(srq))
+        self.core.control(|c| c.destroy_srq(srq))?;
+        self.core.receive_sources.forget_srq(srq);
+        Ok(())
+    }
+
+    /// The receives of `qp` are written where the engine cannot see them
+    /// (softrnicd's shared ring): a message that finds none waits while
+    /// `fetch` posts them ([`softrnic_transport::fetch_on_demand`]). It
+    /// runs in whichever thread drives the QP's shard, with no lock of the
+    /// engine's held.
+    pub fn fetch_receives_with(&self, qp: &PostQueues, fetch: impl Fn() + Send + Sync + 'static) {
+        self.core.receive_sources.add_qp(qp.qpn(), Arc::new(fetch));
+        qp.fetch_on_demand();
+    }
+
+    /// [`Nic::fetch_receives_with`] for an SRQ.
+    pub fn fetch_srq_receives_with(&self, srq: &SharedReceiveQueue, fetch: impl Fn() + Send + Sync + 'static) {
+        self.core.receive_sources.add_srq(srq.id(), Arc::new(fetch));
+        srq.fetch_on_demand();
     }
 
     // ----- queue pairs -----
@@ -501,6 +523,7 @@ impl Nic {
         let shard = self.core.shard(qpn);
         self.core.drive(shard, shard.lock_wire(), Pass::TRANSMIT);
         let qp = shard.lock().transport.remove_qp(qpn)?;
+        self.core.receive_sources.forget_qp(qpn);
         self.core.control(|c| c.destroy_qp(qp))
     }
 

@@ -11,6 +11,7 @@ pub mod faults;
 pub mod int;
 pub mod interface;
 pub mod progress;
+mod receive_sources;
 mod shard;
 pub mod shm;
 pub mod socket;

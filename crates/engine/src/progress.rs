@@ -162,55 +162,74 @@ impl Core {
     /// [`Core::drive`] at NIC time `now`, for a caller that has read the
     /// clock already (a read costs as much as an empty pass on a VM).
     fn drive_at(&self, shard: &EngineShard, mut wire: MutexGuard<'_, Wire>, pass: Pass, now: Instant) -> usize {
-        AFTERMATH.with_borrow_mut(|after| {
-            let context = self.pass_context(now);
-            let mut moved = 0;
-            if pass.receive {
-                moved += shard.receive(wire.as_mut(), &context, after);
-            }
-            if pass.transmit {
-                moved += shard.transmit(wire.as_mut(), &context, after);
-            }
-            drop(wire);
-            if !after.is_empty() {
-                self.settle(after);
-            }
-            moved
-        })
+        // Taken out, not borrowed: settling may drive a shard again (to
+        // send the answers to receives fetched on demand), and that pass
+        // then starts from an empty one.
+        let mut after = AFTERMATH.take();
+        let context = self.pass_context(now);
+        let mut moved = 0;
+        if pass.receive {
+            moved += shard.receive(wire.as_mut(), &context, &mut after);
+        }
+        if pass.transmit {
+            moved += shard.transmit(wire.as_mut(), &context, &mut after);
+        }
+        drop(wire);
+        if !after.is_empty() {
+            self.settle(&mut after);
+        }
+        AFTERMATH.set(after);
+        moved
     }
 
-    /// Delivers what passes raised: completion channels, asynchronous
-    /// events, and datagrams the kernel steered to the wrong shard (UDP GRO
-    /// on a real link can coalesce datagrams of several QPs).
+    /// Delivers what passes raised: datagrams the kernel steered to the
+    /// wrong shard (UDP GRO on a real link can coalesce datagrams of
+    /// several QPs), handed to their owners first; receives asked for;
+    /// then completion channels and asynchronous events.
     fn settle(&self, after: &mut Aftermath) {
+        if !after.foreign.is_empty() {
+            self.missteered.fetch_add(after.foreign.len() as u64, Ordering::Relaxed);
+            let now = self.now();
+            let mut foreign = std::mem::take(&mut after.foreign);
+            for shard in self.shards.iter() {
+                if foreign.iter().any(|(owner, ..)| *owner == shard.index) {
+                    let mine = foreign.extract_if(.., |(owner, ..)| *owner == shard.index);
+                    let mine = mine.map(|(_, from, meta, bytes)| (from, meta, bytes));
+                    shard.handle_foreign(&mut shard.lock(), now, mine, after);
+                }
+            }
+            // What their owners handled was theirs: none is foreign again.
+            debug_assert!(after.foreign.is_empty());
+        }
+        self.fetch_receives(after);
         for cq in after.fired_cqs.drain(..) {
             self.notify(cq);
         }
         for event in after.events.drain(..) {
             self.raise(event);
         }
-        if after.foreign.is_empty() {
-            return;
-        }
-        self.missteered.fetch_add(after.foreign.len() as u64, Ordering::Relaxed);
-        let now = self.now();
-        let mut more = Aftermath::default();
-        for shard in self.shards.iter() {
-            if after.foreign.iter().any(|(owner, ..)| *owner == shard.index) {
-                let mine = after.foreign.extract_if(.., |(owner, ..)| *owner == shard.index);
-                shard.handle_foreign(
-                    &mut shard.lock(),
-                    now,
-                    mine.map(|(_, from, meta, bytes)| (from, meta, bytes)),
-                    &mut more,
-                );
+    }
+
+    /// Answers the shards' questions ([`softrnic_transport::fetch_on_demand`]):
+    /// each source posts what its program wrote, with no lock of the
+    /// engine's held, then the shard takes the posts and hands its held
+    /// requests over again. What that raises is answered too, and the
+    /// shards send what they now owe (ACKs, or RNR NAKs).
+    fn fetch_receives(&self, after: &mut Aftermath) {
+        let mut answered = 0u64;
+        while !after.receives_wanted.is_empty() {
+            let now = self.now();
+            for (shard, wanted) in std::mem::take(&mut after.receives_wanted) {
+                self.receive_sources.fetch(wanted);
+                let shard = &self.shards[shard];
+                let mut state = shard.lock();
+                state.transport.receives_fetched(now, wanted);
+                shard.collect(&mut state.transport, after);
+                answered |= 1 << shard.index;
             }
         }
-        for cq in more.fired_cqs {
-            self.notify(cq);
-        }
-        for event in more.events {
-            self.raise(event);
+        for shard in self.shards.iter().filter(|shard| answered & (1 << shard.index) != 0) {
+            self.ring_doorbell(shard);
         }
     }
 

@@ -21,7 +21,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
-use softrnic_transport::{AsyncEvent, CqId, Instant, MAX_DATAGRAM_LEN, RecvMeta, Shard};
+use softrnic_transport::{AsyncEvent, CqId, Instant, MAX_DATAGRAM_LEN, ReceivesWanted, RecvMeta, Shard};
 
 use crate::datapath::Datapath;
 use crate::faults::{FaultConfig, FaultInjector, FaultStats};
@@ -30,18 +30,23 @@ use crate::trace::Tracer;
 use softrnic_event::EventFd;
 
 /// What one pass over a shard leaves for after its lock is released:
-/// notifications for completion channels, asynchronous events, and
-/// datagrams the kernel steered here for another shard's QPs.
+/// notifications for completion channels, asynchronous events, receives
+/// the shard's QPs asked for (with the shard's index), and datagrams the
+/// kernel steered here for another shard's QPs.
 #[derive(Default)]
 pub(crate) struct Aftermath {
     pub fired_cqs: Vec<CqId>,
     pub events: Vec<AsyncEvent>,
+    pub receives_wanted: Vec<(usize, ReceivesWanted)>,
     pub foreign: Vec<(usize, SocketAddr, RecvMeta, Vec<u8>)>,
 }
 
 impl Aftermath {
     pub fn is_empty(&self) -> bool {
-        self.fired_cqs.is_empty() && self.events.is_empty() && self.foreign.is_empty()
+        self.fired_cqs.is_empty()
+            && self.events.is_empty()
+            && self.receives_wanted.is_empty()
+            && self.foreign.is_empty()
     }
 }
 
@@ -375,12 +380,15 @@ impl EngineShard {
     /// Takes what the shard's QPs raised, to be delivered once its locks
     /// are released (the rxe driver likewise signals completion channels
     /// only after dropping the CQ's lock), and notes the next timer.
-    fn collect(&self, transport: &mut Shard, after: &mut Aftermath) {
+    pub fn collect(&self, transport: &mut Shard, after: &mut Aftermath) {
         while let Some(cq) = transport.poll_cq_notification() {
             after.fired_cqs.push(cq);
         }
         while let Some(event) = transport.poll_async_event() {
             after.events.push(event);
+        }
+        while let Some(wanted) = transport.poll_receives_wanted() {
+            after.receives_wanted.push((self.index, wanted));
         }
         let next = transport.poll_timeout().map_or(u64::MAX, |at| at.as_nanos());
         self.next_timer.store(next, Ordering::Relaxed);

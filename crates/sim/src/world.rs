@@ -12,7 +12,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use softrnic_transport::{Device, Instant, MAX_DATAGRAM_LEN, TransportConfig};
+use softrnic_transport::{Device, Instant, MAX_DATAGRAM_LEN, SrqId, TransportConfig};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
 use crate::fabric::{Fabric, FabricSpec};
@@ -25,6 +25,51 @@ pub struct Host {
     pub addr: SocketAddr,
     /// A host that is down neither sends nor receives.
     pub up: bool,
+    /// Where its programs write receives the device fetches on demand.
+    pub receive_sources: ReceiveSources,
+}
+
+/// The simulator's stand-in for softrnicd's receive rings: for a QP (or an
+/// SRQ) marked as fetched on demand, what posts the receives its program
+/// wrote when the device asks ([`softrnic_transport::fetch_on_demand`]).
+#[derive(Default)]
+pub struct ReceiveSources {
+    sources: HashMap<Source, Box<dyn FnMut()>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Source {
+    Qp(u32),
+    Srq(SrqId),
+}
+
+impl ReceiveSources {
+    /// `fetch` posts the receives the program of QP `qpn` wrote.
+    pub fn for_qp(&mut self, qpn: u32, fetch: impl FnMut() + 'static) {
+        self.sources.insert(Source::Qp(qpn), Box::new(fetch));
+    }
+
+    /// `fetch` posts the receives the program wrote to SRQ `srq`.
+    pub fn for_srq(&mut self, srq: SrqId, fetch: impl FnMut() + 'static) {
+        self.sources.insert(Source::Srq(srq), Box::new(fetch));
+    }
+
+    /// Answers every question the device has asked.
+    fn answer(&mut self, device: &mut Device, now: Instant) {
+        while let Some(wanted) = device.poll_receives_wanted() {
+            let source = wanted.srq.map_or(Source::Qp(wanted.qpn), Source::Srq);
+            if let Some(fetch) = self.sources.get_mut(&source) {
+                fetch();
+            }
+            device.receives_fetched(now, wanted);
+        }
+    }
+}
+
+impl std::fmt::Debug for ReceiveSources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.sources.keys()).finish()
+    }
 }
 
 /// Devices, the network between them, and the clock.
@@ -67,7 +112,12 @@ impl World {
             .map(|i| {
                 let ip = host_ip(i);
                 let device = Device::new(TransportConfig { local_addr: ip, ..config.clone() });
-                Host { device, addr: SocketAddr::new(ip, ROCEV2_UDP_PORT), up: true }
+                Host {
+                    device,
+                    addr: SocketAddr::new(ip, ROCEV2_UDP_PORT),
+                    up: true,
+                    receive_sources: ReceiveSources::default(),
+                }
             })
             .collect::<Vec<_>>();
         let network = Network::new(faults, seed ^ 0x9e37_79b9_7f4a_7c15, hosts.len());
@@ -196,6 +246,7 @@ impl World {
             if !host.up {
                 continue;
             }
+            host.receive_sources.answer(&mut host.device, self.now);
             while let Some(t) = host.device.poll_transmit(self.now, &mut self.buf) {
                 let to = SocketAddr::new(t.dst, ROCEV2_UDP_PORT);
                 let packet = InFlight::new(host.addr, to, self.buf[..t.len].to_vec(), t.int);

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use softrnic_sim::Faults;
 use softrnic_sim::harness::{IOVA, Pair, PairOptions, QKEY, connect_rc};
 use softrnic_transport::{
-    Payload, Psn, QpAttr, QpState, QpType, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, UdDestination,
-    WcOpcode, WcStatus,
+    MAX_DATAGRAM_LEN, Payload, Posted, Psn, QpAttr, QpState, QpType, ReceivesWanted, RecvMeta, RecvWorkRequest,
+    RemoteAddr, SendOp, SendWorkRequest, UdDestination, WcOpcode, WcStatus,
 };
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
@@ -204,16 +204,22 @@ fn receiver_not_ready_is_retried_until_a_receive_is_posted() {
 }
 
 /// Receives the program wrote where the engine does not look (softrnicd's
-/// shared rings), handed over only when the QP's fetch hook asks.
-fn unfetched_receives(pair: &Pair, host: usize, receives: Vec<RecvWorkRequest>) -> Arc<Mutex<Vec<RecvWorkRequest>>> {
+/// shared rings), handed over only when the QP asks for them.
+fn unfetched_receives(
+    pair: &mut Pair,
+    host: usize,
+    receives: Vec<RecvWorkRequest>,
+) -> Arc<Mutex<Vec<RecvWorkRequest>>> {
     let ring = Arc::new(Mutex::new(receives));
-    let posts = pair.world.hosts[host].device.qp(pair.side(host).qpn).unwrap().post_queues().clone();
+    let qpn = pair.side(host).qpn;
+    let posts = pair.world.hosts[host].device.qp(qpn).unwrap().post_queues().clone();
+    posts.fetch_on_demand();
     let written = ring.clone();
-    assert!(posts.fetch_receives_with(move |posts| {
+    pair.world.hosts[host].receive_sources.for_qp(qpn, move || {
         for wr in written.lock().unwrap().drain(..) {
             let _ = posts.post_recv(wr);
         }
-    }));
+    });
     ring
 }
 
@@ -223,7 +229,7 @@ fn a_message_fetches_the_receive_the_engine_was_not_given() {
     let mut pair = Pair::new(PairOptions { rnr_retry: 0, ..PairOptions::default() });
     let sge = |offset| softrnic_transport::smallvec![pair.b.sge(offset, 64)];
     let receives = vec![RecvWorkRequest { wr_id: 20, sges: sge(0) }, RecvWorkRequest { wr_id: 21, sges: sge(64) }];
-    let ring = unfetched_receives(&pair, 1, receives);
+    let ring = unfetched_receives(&mut pair, 1, receives);
     pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"found".as_slice().into()));
     // A WRITE with immediate consumes a receive too.
     pair.post(
@@ -246,7 +252,7 @@ fn a_message_fetches_the_receive_the_engine_was_not_given() {
 #[test]
 fn a_fetch_that_finds_nothing_is_answered_receiver_not_ready() {
     let mut pair = Pair::new(PairOptions { min_rnr_timer: 1, ..PairOptions::default() });
-    let ring = unfetched_receives(&pair, 1, Vec::new());
+    let ring = unfetched_receives(&mut pair, 1, Vec::new());
     pair.post(0, 1, SendOp::Send { imm: None }, Payload::Inline(b"early".as_slice().into()));
     for _ in 0..20 {
         pair.world.step();
@@ -257,6 +263,89 @@ fn a_fetch_that_finds_nothing_is_answered_receiver_not_ready() {
     let [a, b] = pair.settle();
     assert_eq!((a[0].wr_id, a[0].status), (1, WcStatus::Success));
     assert_eq!((b[0].wr_id, b[0].byte_len), (3, 5));
+}
+
+/// Requests that arrive behind the one waiting for receives wait with it
+/// and keep their order, on both recoveries: one question, no NAK, no
+/// packet handled out of turn. Every packet of two messages reaches the
+/// receiver in one batch, as a burst reaches an engine shard, before the
+/// driver answers.
+#[test]
+fn requests_behind_a_held_one_wait_in_order() {
+    for selective_repeat in [false, true] {
+        let what = format!("selective repeat {selective_repeat}");
+        let mut pair = Pair::new(PairOptions { rnr_retry: 0, selective_repeat, ..PairOptions::default() });
+        let qpn = pair.b.qpn;
+        let posts = pair.world.hosts[1].device.qp(qpn).unwrap().post_queues().clone();
+        posts.fetch_on_demand();
+        let (first, second) = (pattern(3000, 1), pattern(2500, 2));
+        pair.a.buffer.write(0, &first);
+        pair.a.buffer.write(4096, &second);
+        pair.post(0, 1, SendOp::Send { imm: None }, pair.a.gather(0, 3000));
+        pair.post(0, 2, SendOp::Send { imm: None }, pair.a.gather(4096, 2500));
+        let (now, from) = (pair.world.now, pair.world.hosts[0].addr);
+        let mut buf = vec![0; MAX_DATAGRAM_LEN];
+        let mut burst = Vec::new();
+        while let Some(t) = pair.world.device(0).poll_transmit(now, &mut buf) {
+            burst.push(buf[..t.len].to_vec());
+        }
+        assert_eq!(burst.len(), 6, "{what}: three packets of 1024 bytes each");
+        let receiver = pair.world.device(1);
+        for datagram in &burst {
+            receiver.handle_datagram(now, from, RecvMeta::default(), datagram);
+        }
+        let wanted = receiver.poll_receives_wanted();
+        assert_eq!(wanted, Some(ReceivesWanted { qpn, srq: None }), "{what}");
+        assert_eq!(receiver.poll_receives_wanted(), None, "{what}: one question");
+        assert!(receiver.poll_transmit(now, &mut buf).is_none(), "{what}: nothing answered while held");
+        // The driver posts what the program wrote, and answers.
+        for (wr_id, offset) in [(20, 0), (21, 4096)] {
+            let _: Posted = posts
+                .post_recv(RecvWorkRequest { wr_id, sges: softrnic_transport::smallvec![pair.b.sge(offset, 4096)] })
+                .unwrap();
+        }
+        pair.world.device(1).receives_fetched(now, wanted.unwrap());
+        let [a, b] = pair.settle();
+        assert_eq!(
+            a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::Success), (2, WcStatus::Success)],
+            "{what}"
+        );
+        assert_eq!(b.iter().map(|c| (c.wr_id, c.byte_len)).collect::<Vec<_>>(), [(20, 3000), (21, 2500)], "{what}");
+        assert_eq!((bytes(&pair, 1, 0, 3000), bytes(&pair, 1, 4096, 2500)), (first, second), "{what}");
+        let counters = pair.world.device(1).counters().clone();
+        assert_eq!(counters.receive_fetches, 1, "{what}");
+        assert_eq!(
+            (
+                counters.rnr_naks_sent,
+                counters.rx_out_of_sequence,
+                counters.rx_held_overflow,
+                counters.retransmitted_packets
+            ),
+            (0, 0, 0, 0),
+            "{what}"
+        );
+        assert_eq!(pair.world.device(0).counters().retransmitted_packets, 0, "{what}");
+    }
+}
+
+/// A QP entering the error state asks for the receives its program
+/// wrote, and they flush with the rest, in order.
+#[test]
+fn receives_not_fetched_yet_flush_when_the_qp_fails() {
+    let mut pair = Pair::new(PairOptions::default());
+    pair.post_recv(1, 10, 0, 64);
+    let sge = |offset| softrnic_transport::smallvec![pair.b.sge(offset, 64)];
+    let receives = vec![RecvWorkRequest { wr_id: 11, sges: sge(64) }, RecvWorkRequest { wr_id: 12, sges: sge(128) }];
+    let ring = unfetched_receives(&mut pair, 1, receives);
+    let (now, qpn) = (pair.world.now, pair.b.qpn);
+    pair.world.device(1).modify_qp(now, qpn, &QpAttr { state: Some(QpState::Error), ..QpAttr::default() }).unwrap();
+    let [_, b] = pair.settle();
+    assert!(ring.lock().unwrap().is_empty());
+    assert_eq!(
+        b.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [(10, WcStatus::WrFlushErr), (11, WcStatus::WrFlushErr), (12, WcStatus::WrFlushErr)]
+    );
 }
 
 #[test]

@@ -65,11 +65,13 @@ fn an_empty_srq_fetches_the_receives_its_program_wrote() {
     let sge = |offset| softrnic_transport::smallvec![pair.b.sge(offset, 64)];
     let written =
         Mutex::new(vec![RecvWorkRequest { wr_id: 30, sges: sge(0) }, RecvWorkRequest { wr_id: 31, sges: sge(64) }]);
-    assert!(srq.fetch_receives_with(move |srq| {
+    srq.fetch_on_demand();
+    let id = srq.id();
+    pair.world.hosts[1].receive_sources.for_srq(id, move || {
         for wr in written.lock().unwrap().drain(..) {
             srq.post(wr).unwrap();
         }
-    }));
+    });
     send(&mut pair, 1, b"one");
     send(&mut pair, 2, b"two");
     let [a, b] = pair.settle();
@@ -90,11 +92,13 @@ fn the_limit_counts_the_receives_not_fetched_yet() {
     let ring =
         Arc::new(Mutex::new((1..4).map(|i| RecvWorkRequest { wr_id: i, sges: sge(i * 64) }).collect::<Vec<_>>()));
     let written = ring.clone();
-    assert!(srq.fetch_receives_with(move |srq| {
+    srq.fetch_on_demand();
+    let fetching = srq.clone();
+    pair.world.hosts[1].receive_sources.for_srq(id, move || {
         for wr in written.lock().unwrap().drain(..) {
-            srq.post(wr).unwrap();
+            fetching.post(wr).unwrap();
         }
-    }));
+    });
     post_srq(&mut pair, 0, 0, 64);
     pair.world.device(1).modify_srq_limit(id, 3).unwrap();
     // One receive in the SRQ and three in the ring: the first message

@@ -30,6 +30,11 @@ pub struct Counters {
     pub rx_stale_responses: u64,
     pub rx_qkey_violations: u64,
     pub rx_no_receive_posted: u64,
+    /// Requests held while the driver fetched the program's receives
+    /// ([`crate::fetch_on_demand`]).
+    pub receive_fetches: u64,
+    /// Requests dropped because their QP held as many as it may.
+    pub rx_held_overflow: u64,
     /// CNPs received: the reaction point's signal (`rp_cnp_handled`).
     pub rx_cnps: u64,
     /// CNPs sent for CE-marked packets (`np_cnp_sent`).
@@ -71,6 +76,8 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.rx_stale_responses += other.rx_stale_responses;
         self.rx_qkey_violations += other.rx_qkey_violations;
         self.rx_no_receive_posted += other.rx_no_receive_posted;
+        self.receive_fetches += other.receive_fetches;
+        self.rx_held_overflow += other.rx_held_overflow;
         self.rx_cnps += other.rx_cnps;
         self.cnps_sent += other.cnps_sent;
         self.seq_naks_sent += other.seq_naks_sent;

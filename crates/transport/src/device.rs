@@ -5,6 +5,7 @@
 //! ```text
 //!   verbs on device-wide objects ──> Control ──(memory snapshot)──> Shard
 //!   handle_datagram / post_* / poll_transmit / timers ────────────> Shard
+//!   poll_receives_wanted / receives_fetched ───────────────────────> Shard
 //!   poll_cq(cq) <── the completion queue itself
 //! ```
 
@@ -18,6 +19,7 @@ use crate::control::Control;
 use crate::counters::Counters;
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
+use crate::fetch_on_demand::ReceivesWanted;
 use crate::memory::{MemoryTable, MrKeys, PdId, Registration};
 use crate::qp::{QpAttr, QpInitAttr, QueuePair, Transmit};
 use crate::shard::Shard;
@@ -132,7 +134,8 @@ impl Device {
         self.control.srq(srq)?.post(wr)
     }
 
-    /// The SRQ itself, for its program's side (a receive fetch hook).
+    /// The SRQ itself, for its program's side (what posts the receives it
+    /// fetches on demand).
     pub fn srq(&self, srq: SrqId) -> Result<&Arc<SharedReceiveQueue>> {
         self.control.srq(srq)
     }
@@ -211,5 +214,17 @@ impl Device {
     /// Runs every QP timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.shard.handle_timeout(now)
+    }
+
+    /// The next QP that needs the receives its program wrote
+    /// ([`crate::fetch_on_demand`]).
+    pub fn poll_receives_wanted(&mut self) -> Option<ReceivesWanted> {
+        self.shard.poll_receives_wanted()
+    }
+
+    /// The driver posted what the program wrote: the QP's held requests go
+    /// on.
+    pub fn receives_fetched(&mut self, now: Instant, wanted: ReceivesWanted) {
+        self.shard.receives_fetched(now, wanted)
     }
 }

@@ -17,10 +17,10 @@ pub mod counters;
 pub mod device;
 pub mod error;
 pub mod event;
+pub mod fetch_on_demand;
 pub mod limits;
 pub mod memory;
 pub mod qp;
-pub mod receive_fetch;
 pub mod shard;
 pub mod srq;
 pub mod time;
@@ -34,6 +34,7 @@ pub use counters::Counters;
 pub use device::Device;
 pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
+pub use fetch_on_demand::ReceivesWanted;
 pub use memory::{Access, DmaBuffer, MrKeys, PdId, Registration};
 pub use qp::{
     Mtu, PostQueues, Posted, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Retransmission,

@@ -15,6 +15,8 @@
 //!   poll_transmit(now, buf) <── round robin over QPs with output <───── QP
 //!   poll_timeout() / handle_timeout(now) ── per-QP deadlines
 //!   poll_cq_notification() / poll_async_event() <── what the QPs raised
+//!   poll_receives_wanted() / receives_fetched(now, wanted) ── requests
+//!       held while the driver fetches receives ([`crate::fetch_on_demand`])
 //! ```
 
 use std::cmp::Reverse;
@@ -33,6 +35,7 @@ use crate::congestion::{Choice, RecvMeta};
 use crate::counters::Counters;
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
+use crate::fetch_on_demand::{HOLD_FOR, HeldDatagram, HeldRequests, ReceivesWanted};
 use crate::memory::MemoryTable;
 use crate::qp::{Ctx, QpAttr, QpType, QueuePair, Transmit};
 use crate::time::Instant;
@@ -87,6 +90,11 @@ pub struct Shard {
     /// CNPs to send, to a peer QP at an address: they leave ahead of
     /// everything, outside any QP's PSN-ordered answers.
     cnps: VecDeque<(IpAddr, u32)>,
+    /// Receives asked of the driver, not yet taken by
+    /// `poll_receives_wanted`.
+    wanted: VecDeque<ReceivesWanted>,
+    /// The requests held until the driver answers.
+    held: HeldRequests,
 }
 
 macro_rules! ctx {
@@ -98,6 +106,9 @@ macro_rules! ctx {
             fired_cqs: &mut $self.fired_cqs,
             counters: &mut $self.counters,
             config: &$self.config,
+            wanted: &mut $self.wanted,
+            may_ask: true,
+            held: false,
         }
     };
 }
@@ -116,6 +127,8 @@ impl Shard {
             events: VecDeque::new(),
             fired_cqs: VecDeque::new(),
             cnps: VecDeque::new(),
+            wanted: VecDeque::new(),
+            held: HeldRequests::default(),
         }
     }
 
@@ -146,6 +159,7 @@ impl Shard {
     /// Gives a QP back to the device to destroy; its outstanding work
     /// requests vanish without completions.
     pub fn remove_qp(&mut self, qpn: u32) -> Result<QueuePair> {
+        self.held.release(qpn);
         self.qps.remove(&qpn).map(|slot| slot.qp).ok_or(VerbsError::NotFound("queue pair"))
     }
 
@@ -275,7 +289,7 @@ impl Shard {
             self.counters.rx_unknown_qp += 1;
             return;
         };
-        let mut ctx = ctx!(self, now);
+        let ctx = ctx!(self, now);
         if packet.headers.bth.opcode == Opcode::Cnp {
             ctx.counters.rx_cnps += 1;
             slot.qp.on_cnp(&ctx);
@@ -291,10 +305,83 @@ impl Shard {
         {
             self.cnps.push_back((from.ip(), peer_qpn));
         }
-        // A SEND needs the receives posted before it arrived.
+        // Behind a request held for receives, requests wait their turn;
+        // answers to the QP's own requests do not.
+        if self.held.holds(qpn) && waits_behind_held(&slot.qp, &packet) {
+            let datagram = HeldDatagram { from, meta, bytes: datagram.into() };
+            if !self.held.push(qpn, datagram) {
+                self.counters.rx_held_overflow += 1;
+            }
+            return;
+        }
+        if self.deliver(now, qpn, from, &meta, &packet, true) {
+            let first = HeldDatagram { from, meta, bytes: datagram.into() };
+            self.held.start(qpn, now + HOLD_FOR, VecDeque::from([first]));
+        }
+    }
+
+    /// Hands a packet to its QP (whose posts it takes first: a SEND needs
+    /// the receives posted before it arrived). True if the QP asked for
+    /// receives and did not consume it: the caller holds it.
+    fn deliver(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        from: SocketAddr,
+        meta: &RecvMeta,
+        packet: &PacketRepr,
+        may_ask: bool,
+    ) -> bool {
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            return false;
+        };
+        let mut ctx = Ctx { may_ask, ..ctx!(self, now) };
         slot.qp.absorb_posts(&mut ctx);
-        slot.qp.handle_packet(&mut ctx, from.ip(), &packet, &meta);
+        slot.qp.handle_packet(&mut ctx, from.ip(), packet, meta);
+        let held = ctx.held;
         self.reschedule(qpn);
+        held
+    }
+
+    // ----- receives fetched on demand -----
+
+    /// The next question for the driver: a QP that needs the receives its
+    /// program wrote ([`crate::fetch_on_demand`]).
+    pub fn poll_receives_wanted(&mut self) -> Option<ReceivesWanted> {
+        self.wanted.pop_front()
+    }
+
+    /// The driver's answer: it posted what the program had written (or
+    /// found nothing). The QP takes the posts; an SRQ below its limit says
+    /// so now; the requests the QP held are handled again, in order. The
+    /// one that asked is not let ask again: finding no receive now, it is
+    /// answered "receiver not ready".
+    pub fn receives_fetched(&mut self, now: Instant, wanted: ReceivesWanted) {
+        if let Some(srq) = wanted.srq
+            && let Some(slot) = self.qps.get(&wanted.qpn)
+            && let Some(queue) = slot.qp.srq().filter(|queue| queue.id() == srq)
+        {
+            queue.check_limit(&mut self.events);
+        }
+        self.absorb_posts(now, wanted.qpn);
+        self.release_held(now, wanted.qpn);
+    }
+
+    /// Hands what `qpn` held to it again, until a request asks anew: that
+    /// one and those behind it are held again.
+    fn release_held(&mut self, now: Instant, qpn: u32) {
+        let mut datagrams = self.held.release(qpn);
+        let mut first = true;
+        while let Some(datagram) = datagrams.pop_front() {
+            // Parsed and checked when it arrived.
+            let Ok(packet) = PacketRepr::parse(&datagram.bytes) else { continue };
+            if self.deliver(now, qpn, datagram.from, &datagram.meta, &packet, !first) {
+                datagrams.push_front(datagram);
+                self.held.start(qpn, now + HOLD_FOR, datagrams);
+                return;
+            }
+            first = false;
+        }
     }
 
     /// Writes the next datagram to send into `buf` (at least
@@ -367,6 +454,11 @@ impl Shard {
     /// behind are put right here, where it costs one push per sleep rather
     /// than one per ACK.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
+        let held = self.held.next_deadline();
+        [self.next_qp_timer(), held].into_iter().flatten().min()
+    }
+
+    fn next_qp_timer(&mut self) -> Option<Instant> {
         while let Some(&Reverse((at, qpn))) = self.timers.peek() {
             let Some(slot) = self.qps.get_mut(&qpn).filter(|slot| slot.scheduled == Some(at)) else {
                 // The QP is gone, or an earlier entry superseded this one.
@@ -389,7 +481,13 @@ impl Shard {
 
     /// Runs every QP timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(at) = self.poll_timeout() {
+        // A driver that has not answered in time: the requests go on as if
+        // it had found nothing.
+        for qpn in self.held.expired(now) {
+            self.absorb_posts(now, qpn);
+            self.release_held(now, qpn);
+        }
+        while let Some(at) = self.next_qp_timer() {
             if at > now {
                 break;
             }
@@ -415,6 +513,12 @@ impl Shard {
     pub fn poll_async_event(&mut self) -> Option<AsyncEvent> {
         self.events.pop_front()
     }
+}
+
+/// Whether a packet for a QP that holds requests waits behind them: every
+/// request does (and every datagram of a UD QP), or it would overtake.
+fn waits_behind_held(qp: &QueuePair, packet: &PacketRepr) -> bool {
+    qp.init_attr().qp_type == QpType::Ud || packet.headers.bth.opcode.is_request()
 }
 
 #[cfg(test)]

@@ -3,12 +3,12 @@
 //! from there in posting order, whichever QP a message arrives on.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::memory::PdId;
-use crate::receive_fetch::ReceiveFetch;
 use crate::work_request::RecvWorkRequest;
 
 /// A shared receive queue's handle.
@@ -40,8 +40,9 @@ pub struct SharedReceiveQueue {
     id: SrqId,
     pd: PdId,
     state: Mutex<SrqState>,
-    /// Asked for the program's receives when a message finds none.
-    fetch: ReceiveFetch<SharedReceiveQueue>,
+    /// The program's receives reach the SRQ only when its driver is asked
+    /// ([`crate::fetch_on_demand`]).
+    on_demand: AtomicBool,
 }
 
 impl SharedReceiveQueue {
@@ -93,50 +94,39 @@ impl SharedReceiveQueue {
         (srq.attr, srq.wqes.len())
     }
 
-    /// Installs the hook that posts the program's receives when a message
-    /// finds the SRQ empty (see [`crate::receive_fetch`]). False if one
-    /// was installed.
-    pub fn fetch_receives_with(&self, hook: impl Fn(&SharedReceiveQueue) + Send + Sync + 'static) -> bool {
-        self.fetch.install(hook)
+    /// Says that the program's receives are written where the SRQ cannot
+    /// see them (softrnicd's ring) and are posted here when the driver is
+    /// asked (see [`crate::fetch_on_demand`]).
+    pub fn fetch_on_demand(&self) {
+        self.on_demand.store(true, Ordering::Release);
     }
 
-    /// Whether a receive waits, fetched from the program's side if the
-    /// queue is empty.
+    pub(crate) fn fetched_on_demand(&self) -> bool {
+        self.on_demand.load(Ordering::Acquire)
+    }
+
+    /// Whether no receive waits.
     pub(crate) fn is_empty(&self) -> bool {
-        if !self.lock().wqes.is_empty() {
-            return false;
-        }
-        self.fetch.fetch(self);
         self.lock().wqes.is_empty()
     }
 
-    /// Takes the oldest receive (fetched from the program's side if the
-    /// queue is empty); raises the limit event when it leaves the queue
-    /// below an armed limit (which disarms it, as in verbs).
-    pub(crate) fn take(&self, events: &mut VecDeque<AsyncEvent>) -> Option<RecvWorkRequest> {
+    /// Takes the oldest receive; with it, whether the queue is now below
+    /// an armed limit (see [`SharedReceiveQueue::check_limit`]).
+    pub(crate) fn take(&self) -> Option<(RecvWorkRequest, bool)> {
         let mut srq = self.lock();
-        if srq.wqes.is_empty() {
-            srq = self.fetched(srq);
-        }
         let wr = srq.wqes.pop_front()?;
-        if below_limit(&srq) {
-            // The receives the program has written and this queue has not
-            // been given are posted too: they count against the limit.
-            srq = self.fetched(srq);
-            if below_limit(&srq) {
-                srq.attr.limit = 0;
-                events.push_back(AsyncEvent::SrqLimitReached { srq: self.id });
-            }
-        }
-        Some(wr)
+        Some((wr, below_limit(&srq)))
     }
 
-    /// Runs the fetch hook, which posts through the lock: `srq` is let go
-    /// meanwhile and taken again.
-    fn fetched<'a>(&'a self, srq: MutexGuard<'a, SrqState>) -> MutexGuard<'a, SrqState> {
-        drop(srq);
-        self.fetch.fetch(self);
-        self.lock()
+    /// Raises the limit event if the queue is below its armed limit, which
+    /// disarms it, as in verbs. A queue fetched on demand is asked first,
+    /// so that the receives the program wrote count.
+    pub(crate) fn check_limit(&self, events: &mut VecDeque<AsyncEvent>) {
+        let mut srq = self.lock();
+        if below_limit(&srq) {
+            srq.attr.limit = 0;
+            events.push_back(AsyncEvent::SrqLimitReached { srq: self.id });
+        }
     }
 }
 
@@ -171,7 +161,7 @@ impl SharedReceiveQueues {
             id,
             pd,
             state: Mutex::new(SrqState { attr, wqes: VecDeque::new() }),
-            fetch: ReceiveFetch::new(),
+            on_demand: AtomicBool::new(false),
         });
         self.queues.push(Some(Registered { queue: queue.clone(), users: 0 }));
         Ok(queue)

@@ -599,7 +599,7 @@ impl RxStage {
 
     /// Takes the program's receive `request`: posts a staging buffer for
     /// it to the QP through `post` (the processor's `ibv_post_recv` to the
-    /// engine, or the engine's fetch hook's), or keeps it until one frees;
+    /// engine, or the engine's fetch on demand's), or keeps it until one frees;
     /// in-cache, until a message arrives for it.
     pub fn post(
         &mut self,
@@ -624,7 +624,7 @@ impl RxStage {
         self.binds_at_arrival() && !self.waiting.is_empty()
     }
 
-    /// The engine's fetch hook, for a message that found no receive:
+    /// The engine's fetch on demand, for a message that found no receive:
     /// in-cache, the first waiting receive takes the pool's most recently
     /// freed buffer, for this message; with a ring of the QP's own, every
     /// waiting receive its free buffers allow is posted.
@@ -823,10 +823,9 @@ impl RxStage {
 
     /// Frees the QP's buffers (the QP is gone). Returns the registration,
     /// which the caller undoes once it has let the stage's lock go: the
-    /// engine's fetch hook waits for that lock while holding the QP's
-    /// shard, so no one calls into the engine under it beyond posting
-    /// receives (which takes the receive queue's own lock, never a
-    /// shard's).
+    /// engine's fetch on demand waits for that lock in whichever thread
+    /// drives the QP's shard, so no one calls into the engine under it
+    /// beyond posting receives (which never waits for a shard's pass).
     pub fn release(&mut self) -> Registration {
         self.reset();
         match &self.buffers {

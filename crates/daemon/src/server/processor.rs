@@ -63,7 +63,7 @@ pub struct ServedQp {
     pub caps: QpCaps,
     /// The offload designs' stages, where they copy ([`super::offload`]).
     tx: Option<TxStage>,
-    /// Shared with the engine's fetch hook.
+    /// Shared with the engine's fetch on demand.
     rx: Option<Arc<Mutex<RxStage>>>,
     pub send: SharedQueue,
     /// Without an SRQ: its receive ring, which the engine may read too.
@@ -112,21 +112,21 @@ impl ServedQp {
     }
 
     /// Lets the engine fetch this QP's receives when a message finds none
-    /// (a NIC's fetch on demand, [`softrnic_transport::receive_fetch`]),
+    /// (a NIC's fetch on demand, [`softrnic_transport::fetch_on_demand`]),
     /// so a receive the program posted just before the message is found
     /// rather than RNR NAKed until the processor's next pass. A receive
     /// stage, if the QP has one, pairs them with staging buffers as the
     /// processor would (in-cache, every message's receive is paired here).
-    /// The hook waits for the stage if the processor holds it: it holds
-    /// the QP's shard meanwhile, and no one calls into the engine under a
-    /// stage's lock beyond posting receives, which takes no shard's lock
-    /// ([`RxStage::release`]).
+    /// The engine runs this with none of its locks held; it waits for the
+    /// ring's cursor or the stage if the processor holds them, and the
+    /// processor calls into the engine under them only to post receives,
+    /// which never waits for a shard's pass.
     pub fn fetch_on_demand(&self) {
         let Some(ring) = self.recv.clone() else { return };
-        let (stage, counters) = (self.rx.clone(), self.device.offload.counters.clone());
-        self.posts.fetch_receives_with(move |posts| {
-            // Posted straight to the QP's queue, which the QP takes at
-            // once: its shard needs no telling.
+        let (posts, stage, counters) = (self.posts.clone(), self.rx.clone(), self.device.offload.counters.clone());
+        self.device.nic.fetch_receives_with(&self.posts, move || {
+            // Posted straight to the QP's queue, which the engine takes as
+            // it answers: its shard needs no telling.
             let mut post = |wr| posts.post_recv(wr).map(drop);
             let Some(stage) = &stage else { return ring.fetch(post) };
             let mut stage = stage.lock().unwrap_or_else(|e| e.into_inner());
@@ -370,7 +370,7 @@ struct ReceiveRing {
     max_sge: usize,
 }
 
-/// What the fetch hook answers for an entry it leaves in the ring: the
+/// What the fetch on demand answers for an entry it leaves in the ring: the
 /// processor takes it on its pass, and refuses it there if it is bad.
 fn left_for_the_processor() -> VerbsError {
     VerbsError::OutOfResources("left for the command processor".into())
@@ -381,14 +381,13 @@ impl ReceiveRing {
         ReceiveRing { ring, cursor: Mutex::new(Consumer::default()), max_sge: max_sge as usize }
     }
 
-    /// The engine's fetch hook: posts the receives the program has written
-    /// through `post`. It runs in an engine thread that holds the QP's
-    /// shard. It waits for the cursor if the processor holds it, which is
-    /// safe because nothing that holds a cursor calls into the engine
-    /// beyond posting receives (a fault is handled after the cursor is
-    /// let go), and it means that every receive the program wrote before
-    /// the message is found. An entry it cannot take (malformed, or
-    /// refused) stays for the processor, which moves the QP to error.
+    /// The engine's fetch: posts the receives the program has written
+    /// through `post`. It waits for the cursor if the processor holds it,
+    /// which is safe because nothing that holds a cursor calls into the
+    /// engine beyond posting receives (a fault is handled after the cursor
+    /// is let go), and it means that every receive the program wrote
+    /// before the message is found. An entry it cannot take (malformed,
+    /// or refused) stays for the processor, which moves the QP to error.
     fn fetch(&self, mut post: impl FnMut(RecvWorkRequest) -> Result<(), VerbsError>) {
         let mut cursor = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
         drain_ring(&self.ring, &mut cursor, false, |slot| {
@@ -408,10 +407,16 @@ pub struct ServedSrq {
 }
 
 impl ServedSrq {
-    pub fn new(tenant: u64, queue: Arc<SharedReceiveQueue>, ring: SharedQueue, max_sge: u32) -> ServedSrq {
+    pub fn new(
+        tenant: u64,
+        nic: &softrnic_engine::Nic,
+        queue: Arc<SharedReceiveQueue>,
+        ring: SharedQueue,
+        max_sge: u32,
+    ) -> ServedSrq {
         let ring = Arc::new(ReceiveRing::new(ring, max_sge));
-        let fetching = ring.clone();
-        queue.fetch_receives_with(move |srq| fetching.fetch(|wr| srq.post(wr)));
+        let (fetching, srq) = (ring.clone(), queue.clone());
+        nic.fetch_srq_receives_with(&queue, move || fetching.fetch(|wr| srq.post(wr)));
         ServedSrq { tenant, queue, ring, broken: AtomicBool::new(false) }
     }
 

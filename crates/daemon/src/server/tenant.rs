@@ -450,7 +450,7 @@ impl Tenant {
                 return Err(io(e));
             }
         };
-        let served = Arc::new(ServedSrq::new(self.id, queue, ring, max_sge));
+        let served = Arc::new(ServedSrq::new(self.id, &self.device.nic, queue, ring, max_sge));
         self.device.events.own(Element::Srq(srq), &self.events);
         self.srqs.insert(srq, served.clone());
         self.registry.update(|s| s.srqs.push(served));

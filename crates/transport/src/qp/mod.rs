@@ -49,13 +49,14 @@ use crate::congestion::{Choice, IntMark, RecvMeta};
 use crate::counters::Counters;
 use crate::error::Result;
 use crate::event::AsyncEvent;
+use crate::fetch_on_demand::ReceivesWanted;
 use crate::memory::MemoryTable;
-use crate::srq::SharedReceiveQueue;
+use crate::srq::{SharedReceiveQueue, SrqId};
 use crate::time::Instant;
 use crate::work_request::{RecvWorkRequest, SendWorkRequest};
 use congestion::{NotificationPoint, ReactionPoint};
 use requester::Requester;
-use responder::Responder;
+use responder::{Refusal, Responder};
 use send_queue::SendWqe;
 
 /// Everything a queue pair needs from its device for one event.
@@ -68,6 +69,14 @@ pub(crate) struct Ctx<'a> {
     pub fired_cqs: &'a mut VecDeque<CqId>,
     pub counters: &'a mut Counters,
     pub config: &'a TransportConfig,
+    /// Receives asked of the driver ([`crate::fetch_on_demand`]).
+    pub wanted: &'a mut VecDeque<ReceivesWanted>,
+    /// Whether a request that finds no receive may ask for them: not the
+    /// one handled again after its question was answered.
+    pub may_ask: bool,
+    /// Set when the request handled asked, and was not consumed: the
+    /// shard holds it until the answer.
+    pub held: bool,
 }
 
 /// A packet a queue pair wants sent: `len` bytes written to the caller's
@@ -423,43 +432,68 @@ impl QueuePair {
         }
         // Requests posted but not yet taken flush too, and so do the
         // receives the program wrote that the QP was not given, as a NIC
-        // flushes the WQEs in the program's ring: the fetch hook posts them
-        // (it sees the QP in error already).
-        self.posts.fetch_receives();
+        // flushes the WQEs in the program's ring: the driver is asked for
+        // them, and they flush as they arrive.
+        if self.queues.srq.is_none() && self.posts.fetched_on_demand() {
+            ctx.wanted.push_back(ReceivesWanted { qpn: self.qpn, srq: None });
+        }
         self.absorb_posts(ctx);
     }
 
     /// Takes the next receive work request: from the SRQ if the QP has one.
-    fn take_recv(&mut self, ctx: &mut Ctx) -> Option<RecvWorkRequest> {
+    /// None posted: the driver is asked, if it holds the program's
+    /// receives, and the request waits for them
+    /// ([`Refusal::AwaitingReceives`]); else the receiver is not ready.
+    fn take_recv(&mut self, ctx: &mut Ctx) -> std::result::Result<RecvWorkRequest, Refusal> {
         match &self.queues.srq {
-            Some(srq) => srq.take(ctx.events),
-            None => {
-                self.fetch_if_dry(ctx);
-                let recv = self.rq.pop_front()?;
-                self.posts.retire_recv();
-                Some(recv)
+            Some(srq) => {
+                let Some((recv, low)) = srq.take() else {
+                    let (id, on_demand) = (srq.id(), srq.fetched_on_demand());
+                    return Err(self.ask_for_receives(ctx, on_demand, Some(id)));
+                };
+                if low {
+                    // The receives not yet given to the SRQ count against
+                    // its limit: the shard checks it once they are.
+                    match srq.fetched_on_demand() {
+                        true => ctx.wanted.push_back(ReceivesWanted { qpn: self.qpn, srq: Some(srq.id()) }),
+                        false => srq.check_limit(ctx.events),
+                    }
+                }
+                Ok(recv)
             }
+            None => match self.rq.pop_front() {
+                Some(recv) => {
+                    self.posts.retire_recv();
+                    Ok(recv)
+                }
+                None => Err(self.ask_for_receives(ctx, self.posts.fetched_on_demand(), None)),
+            },
         }
     }
 
-    /// Is a receive work request waiting for this QP?
-    fn recv_available(&mut self, ctx: &mut Ctx) -> bool {
-        match &self.queues.srq {
-            Some(srq) => !srq.is_empty(),
-            None => {
-                self.fetch_if_dry(ctx);
-                !self.rq.is_empty()
-            }
+    /// Whether a receive work request waits for this QP; if not, as
+    /// [`QueuePair::take_recv`].
+    fn recv_available(&mut self, ctx: &mut Ctx) -> std::result::Result<(), Refusal> {
+        let (empty, on_demand, srq) = match &self.queues.srq {
+            Some(srq) => (srq.is_empty(), srq.fetched_on_demand(), Some(srq.id())),
+            None => (self.rq.is_empty(), self.posts.fetched_on_demand(), None),
+        };
+        match empty {
+            false => Ok(()),
+            true => Err(self.ask_for_receives(ctx, on_demand, srq)),
         }
     }
 
-    /// With no receive taken, asks the program's side for any it has
-    /// written that the QP has not been given ([`crate::receive_fetch`]),
-    /// and takes them.
-    fn fetch_if_dry(&mut self, ctx: &mut Ctx) {
-        if self.rq.is_empty() && self.posts.fetch_receives() {
-            self.absorb_posts(ctx);
+    /// A request found no receive: asks the driver for the program's, if
+    /// it holds them and may be asked, and the request waits.
+    fn ask_for_receives(&mut self, ctx: &mut Ctx, on_demand: bool, srq: Option<SrqId>) -> Refusal {
+        if !(on_demand && ctx.may_ask) {
+            return Refusal::ReceiverNotReady;
         }
+        ctx.counters.receive_fetches += 1;
+        ctx.wanted.push_back(ReceivesWanted { qpn: self.qpn, srq });
+        ctx.held = true;
+        Refusal::AwaitingReceives
     }
 
     /// Emits the completion of a send work request, if it generates one.
@@ -476,6 +510,11 @@ impl QueuePair {
 
     fn complete_recv(&self, ctx: &mut Ctx, completion: Completion) {
         deliver(ctx, &self.queues.recv_cq, completion);
+    }
+
+    /// The SRQ the QP takes its receives from, if any.
+    pub(crate) fn srq(&self) -> Option<&Arc<SharedReceiveQueue>> {
+        self.queues.srq.as_ref()
     }
 
     /// Number of send work requests not yet completed.

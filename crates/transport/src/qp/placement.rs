@@ -184,6 +184,8 @@ impl QueuePair {
         let arrived = if op.is_send() || op.is_write() {
             match self.place(ctx, packet) {
                 Ok(placed) => placed,
+                // Held by the shard until the driver answers.
+                Err(Refusal::AwaitingReceives) => return,
                 // No receive yet for a message ahead: it goes again when
                 // the requester repairs the gap.
                 Err(Refusal::ReceiverNotReady) if at > 0 => {
@@ -294,7 +296,7 @@ impl QueuePair {
             return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
         }
         while self.resp.ahead.claims.len() <= index {
-            let recv = self.take_recv(ctx).ok_or(Refusal::ReceiverNotReady)?;
+            let recv = self.take_recv(ctx)?;
             let capacity = validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE).ok();
             self.resp.ahead.claims.push_back(Claim { recv, capacity });
         }

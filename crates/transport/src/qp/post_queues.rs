@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 
 use super::{QpCaps, QpState, QpType};
 use crate::error::{Result, VerbsError};
-use crate::receive_fetch::ReceiveFetch;
 use crate::work_request::{Payload, RecvWorkRequest, SendWorkRequest};
 
 /// The program's end of one QP's queues; the QP holds the other.
@@ -43,8 +42,9 @@ pub struct PostQueues {
     /// Sends, and receives, were posted that the QP has not taken yet.
     sends_pending: AtomicBool,
     recvs_pending: AtomicBool,
-    /// Asked for the program's receives when a message finds none.
-    fetch: ReceiveFetch<PostQueues>,
+    /// The program's receives reach the QP only when its driver is asked
+    /// ([`crate::fetch_on_demand`]).
+    on_demand: AtomicBool,
 }
 
 /// What a successful post means for the shard that owns the QP.
@@ -71,7 +71,7 @@ impl PostQueues {
             recvs_held: AtomicU32::new(0),
             sends_pending: AtomicBool::new(false),
             recvs_pending: AtomicBool::new(false),
-            fetch: ReceiveFetch::new(),
+            on_demand: AtomicBool::new(false),
         }
     }
 
@@ -109,11 +109,17 @@ impl PostQueues {
         Ok(if self.recvs_pending.swap(true, Ordering::AcqRel) { Posted::Queued } else { Posted::Tell })
     }
 
-    /// Installs the hook that posts the program's receives when a message
-    /// finds none taken (see [`crate::receive_fetch`]): softrnicd's, which
-    /// reads the program's receive ring. False if one was installed.
-    pub fn fetch_receives_with(&self, hook: impl Fn(&PostQueues) + Send + Sync + 'static) -> bool {
-        self.fetch.install(hook)
+    /// Says that the program's receives are written where the QP cannot
+    /// see them (softrnicd's receive ring) and are posted here when the
+    /// driver is asked: a message that finds none is held and
+    /// [`ReceivesWanted`](crate::ReceivesWanted) raised, rather than
+    /// answered "receiver not ready" (see [`crate::fetch_on_demand`]).
+    pub fn fetch_on_demand(&self) {
+        self.on_demand.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn fetched_on_demand(&self) -> bool {
+        self.on_demand.load(Ordering::Acquire)
     }
 
     /// The QP's state as of its last change: what a front end that holds
@@ -151,12 +157,6 @@ impl PostQueues {
             took = true;
         }
         took
-    }
-
-    /// Asks the program's side for receives it has and the QP has not been
-    /// given; false if nothing can be asked.
-    pub(crate) fn fetch_receives(&self) -> bool {
-        self.fetch.fetch(self)
     }
 
     /// A send request left the QP (completed or flushed).

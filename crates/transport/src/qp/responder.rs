@@ -82,6 +82,9 @@ pub(super) enum Answer {
 pub(super) enum Refusal {
     /// No receive work request is posted: the requester should retry.
     ReceiverNotReady,
+    /// None is posted, and the driver was asked for the program's: the
+    /// shard holds the request and hands it over again with the answer.
+    AwaitingReceives,
     /// A fatal error: NAK with this code, and complete the current receive
     /// (if any) with this status.
     Fatal(NakCode, Option<WcStatus>),
@@ -221,6 +224,8 @@ impl QueuePair {
     /// the NAK of a fatal error and the error state.
     pub(super) fn refuse(&mut self, ctx: &mut Ctx, psn: Psn, refusal: Refusal) {
         match refusal {
+            // Nothing happened: the same request comes again.
+            Refusal::AwaitingReceives => debug_assert!(ctx.held),
             Refusal::ReceiverNotReady => {
                 ctx.counters.rnr_naks_sent += 1;
                 self.resp.nak_sent = true;
@@ -309,7 +314,7 @@ impl QueuePair {
             return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
         }
         if position.starts_message() {
-            let recv = self.take_recv(ctx).ok_or(Refusal::ReceiverNotReady)?;
+            let recv = self.take_recv(ctx)?;
             let capacity = match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE) {
                 Ok(capacity) => capacity,
                 Err(_) => {
@@ -345,8 +350,8 @@ impl QueuePair {
         let ext = &packet.headers.ext;
         // A WRITE with immediate consumes a receive; check before touching
         // memory so that the retry after an RNR NAK starts clean.
-        if ext.immediate.is_some() && !self.recv_available(ctx) {
-            return Err(Refusal::ReceiverNotReady);
+        if ext.immediate.is_some() {
+            self.recv_available(ctx)?;
         }
         if position.starts_message() {
             let reth = ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
@@ -374,7 +379,9 @@ impl QueuePair {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
             }
             if let Some(imm) = ext.immediate {
-                let recv = self.take_recv(ctx).expect("checked above");
+                // Checked above; but another shard's QP may have taken an
+                // SRQ's last receive since, and then this one is refused.
+                let recv = self.take_recv(ctx)?;
                 let mut completion =
                     Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
                 completion.byte_len = len as u32;

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use softrnic_wire::packet::{Extensions, Headers, PacketRepr};
 use softrnic_wire::{Opcode, bth, deth};
 
+use super::responder::Refusal;
 use super::{Ctx, QpState, QueuePair, Transmit};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::memory::{Access, gather, scatter, validate_list};
@@ -82,9 +83,14 @@ impl QueuePair {
             return;
         }
         // Datagrams that find no receive posted are dropped, as UD does.
-        let Some(recv) = self.take_recv(ctx) else {
-            ctx.counters.rx_no_receive_posted += 1;
-            return;
+        let recv = match self.take_recv(ctx) {
+            Ok(recv) => recv,
+            // Held by the shard until the driver answers.
+            Err(Refusal::AwaitingReceives) => return,
+            Err(_) => {
+                ctx.counters.rx_no_receive_posted += 1;
+                return;
+            }
         };
         let total = GRH_LEN + packet.payload.len();
         let mut completion = Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
