@@ -128,6 +128,17 @@ fn bad_input_gets_a_clear_error_and_no_hang() {
     fails_with(&["bench", "write_bw", "-m", "1500"], "not an IB MTU");
     fails_with(&["bench", "write_bw", "--loss", "1.5"], "from 0 to 1");
     fails_with(&["bench", "write_bw", "--addr", "192.0.2.1"], "not an address of this machine");
+    // A variable the engine reads, with a value it cannot take, is named.
+    for (name, value, needle) in [
+        ("SOFTRNIC_ECN", "maybe", "SOFTRNIC_ECN=maybe: give ect0, off or ce"),
+        ("SOFTRNIC_LOSS", "2", "SOFTRNIC_LOSS=2: 2 is not a probability"),
+        ("SOFTRNIC_PROGRESS", "eager", "SOFTRNIC_PROGRESS=eager: `eager` is not a progress mode"),
+        ("SOFTRNIC_ENGINE_THREADS", "999", "SOFTRNIC_ENGINE_THREADS=999: give a number of engine threads from 0 to 64"),
+    ] {
+        let out = softrnic().args(["bench", "write_bw", "--addr", "127.0.0.2"]).env(name, value).output().unwrap();
+        let t = text(&out);
+        assert!(!out.status.success() && t.contains(needle), "{name}={value}: expected {needle:?} in:\n{t}");
+    }
     // Nobody listens there: a clear timeout.
     let (client, server, port) = fresh();
     fails_with(

@@ -8,10 +8,9 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use softrnic_cc_wasm::WasmAlgorithm;
-use softrnic_transport::{AlgorithmSpec, Choice, CongestionConfig};
+use softrnic_transport::{AlgorithmSpec, Choice};
 
 /// The algorithm `name` with `params` (`key=value,...`): `None` for
 /// `none`, a module for a name that is a path (it has a `/` or ends in
@@ -37,65 +36,6 @@ pub fn from_spec(spec: &AlgorithmSpec) -> Result<Choice, String> {
         AlgorithmSpec::Module { name, bytes, params } => {
             Ok(Choice(Arc::new(WasmAlgorithm::from_bytes(name, bytes, params)?)))
         }
-    }
-}
-
-/// What the environment says of a device's congestion control:
-/// `SOFTRNIC_CC`, `SOFTRNIC_CC_PARAMS`, `SOFTRNIC_INT`,
-/// `SOFTRNIC_LINE_RATE` and `SOFTRNIC_BASE_RTT`; what is unset keeps its
-/// value.
-pub fn config_from_env(config: &mut CongestionConfig) -> Result<(), String> {
-    config.algorithm = from_env()?;
-    config.int = int_from_env()?;
-    if let Some(rate) = line_rate_from_env()? {
-        config.line_rate_bps = rate;
-    }
-    if let Some(rtt) = base_rtt_from_env()? {
-        config.base_rtt = rtt;
-    }
-    Ok(())
-}
-
-/// `SOFTRNIC_CC` and `SOFTRNIC_CC_PARAMS`; no algorithm when unset.
-fn from_env() -> Result<Option<Choice>, String> {
-    let params = std::env::var("SOFTRNIC_CC_PARAMS").unwrap_or_default();
-    match std::env::var("SOFTRNIC_CC") {
-        Ok(name) => choose(&name, &params).map_err(|e| format!("SOFTRNIC_CC={name}: {e}")),
-        Err(_) if params.is_empty() => Ok(None),
-        Err(_) => Err("SOFTRNIC_CC_PARAMS is set but SOFTRNIC_CC is not: name the algorithm too".to_string()),
-    }
-}
-
-/// `SOFTRNIC_INT`: `on` to carry in-band telemetry whatever the device's
-/// own algorithm (so a peer's HPCC sees this path), `off` (the default)
-/// unless the algorithm steers by it.
-fn int_from_env() -> Result<bool, String> {
-    match std::env::var("SOFTRNIC_INT").as_deref() {
-        Err(_) | Ok("off" | "0") => Ok(false),
-        Ok("on" | "1") => Ok(true),
-        Ok(other) => Err(format!("SOFTRNIC_INT={other}: give on or off")),
-    }
-}
-
-/// `SOFTRNIC_LINE_RATE` in Gb/s: the rate algorithms start from and never
-/// exceed (100 Gb/s when unset).
-fn line_rate_from_env() -> Result<Option<u64>, String> {
-    match std::env::var("SOFTRNIC_LINE_RATE") {
-        Err(_) => Ok(None),
-        Ok(text) => parse_gbps(&text).map(Some).map_err(|e| format!("SOFTRNIC_LINE_RATE={text}: {e}")),
-    }
-}
-
-/// `SOFTRNIC_BASE_RTT` in µs: the path's round trip without queues, which
-/// HPCC sizes its window by and Swift and TIMELY their delay targets (10 µs
-/// when unset, a data-centre hop; the lab's software switch takes longer).
-fn base_rtt_from_env() -> Result<Option<Duration>, String> {
-    match std::env::var("SOFTRNIC_BASE_RTT") {
-        Err(_) => Ok(None),
-        Ok(text) => match text.parse::<f64>() {
-            Ok(us) if us > 0.0 && us < 1e7 => Ok(Some(Duration::from_nanos((us * 1e3) as u64))),
-            _ => Err(format!("SOFTRNIC_BASE_RTT={text}: give the path's round trip in µs, e.g. 50")),
-        },
     }
 }
 

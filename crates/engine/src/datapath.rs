@@ -97,14 +97,6 @@ impl DatapathKind {
             other => Err(format!("`{other}` is not a datapath; give auto, udp or shm")),
         }
     }
-
-    /// `SOFTRNIC_DATAPATH`, `auto` when unset.
-    pub fn from_env() -> Result<DatapathKind, String> {
-        match std::env::var("SOFTRNIC_DATAPATH") {
-            Err(_) => Ok(DatapathKind::Auto),
-            Ok(text) => DatapathKind::parse(&text).map_err(|e| format!("SOFTRNIC_DATAPATH: {e}")),
-        }
-    }
 }
 
 /// The shard's UDP socket, and its socket on the INT port if the device

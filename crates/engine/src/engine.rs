@@ -32,13 +32,14 @@ use softrnic_transport::memory::{MemoryRegion, MemoryTable};
 use softrnic_transport::qp::QpAttributes;
 use softrnic_transport::{
     AsyncEvent, Choice, Completion, CompletionQueue, Control, CqId, Instant, MrKeys, PdId, PostQueues, Posted, QpAttr,
-    QpInitAttr, QpState, RecvWorkRequest, Registration, Result, Retransmission, SendPoster, SendWorkRequest, Shard,
-    SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, shard_of,
+    QpInitAttr, QpState, RecvWorkRequest, Registration, Result, SendPoster, SendWorkRequest, Shard, SharedReceiveQueue,
+    SrqAttr, SrqId, TransportConfig, shard_of,
 };
 use softrnic_wire::ROCEV2_UDP_PORT;
 use softrnic_wire::int::INT_UDP_PORT;
 
 use crate::datapath::{Datapath, DatapathKind, SharedMemory, Udp};
+use crate::environment;
 use crate::faults::{FaultConfig, FaultStats};
 use crate::progress::{self, Pass, ProgressMode};
 use crate::receive_sources::ReceiveSources;
@@ -110,30 +111,28 @@ impl EngineConfig {
         self
     }
 
-    /// [`EngineConfig::new`] with the engine threads `SOFTRNIC_ENGINE_THREADS`,
-    /// the datapath `SOFTRNIC_DATAPATH`, the progress `SOFTRNIC_PROGRESS` and
-    /// the retransmission timer `SOFTRNIC_RETRANSMISSION` ask for, if set
-    /// (and a check of `SOFTRNIC_SELECTIVE_REPEAT`).
+    /// [`EngineConfig::new`] with what the environment asks for
+    /// ([`crate::environment`]): engine threads, datapath, progress,
+    /// retransmission timer, congestion control and injected faults. Every
+    /// variable the engine reads is checked here, so a bad value is
+    /// refused before the device opens.
     pub fn from_env(addr: IpAddr) -> std::result::Result<EngineConfig, String> {
         let mut config = EngineConfig {
-            datapath: DatapathKind::from_env()?,
-            progress: ProgressMode::from_env()?,
+            datapath: environment::datapath()?,
+            progress: environment::progress()?,
+            faults: environment::faults()?,
             ..EngineConfig::new(addr)
         };
-        selective_repeat_from_env()?;
-        config.transport.retransmission = retransmission_from_env()?;
-        crate::congestion::config_from_env(&mut config.transport.congestion)?;
+        environment::selective_repeat()?;
+        environment::ecn()?;
+        config.transport.retransmission = environment::retransmission()?;
+        environment::congestion(&mut config.transport.congestion)?;
         // A UD message must fit one packet the link carries.
         config.transport.ud_mtu = crate::interface::active_mtu(addr);
-        match std::env::var("SOFTRNIC_ENGINE_THREADS") {
-            Err(_) => Ok(config),
-            Ok(text) => match text.parse::<usize>() {
-                Ok(n) if n <= MAX_SHARDS => Ok(config.with_threads(n, false)),
-                _ => Err(format!(
-                    "SOFTRNIC_ENGINE_THREADS={text}: give a number of engine threads from 0 to {MAX_SHARDS}"
-                )),
-            },
-        }
+        Ok(match environment::engine_threads(MAX_SHARDS)? {
+            Some(n) => config.with_threads(n, false),
+            None => config,
+        })
     }
 
     fn shards(&self) -> usize {
@@ -153,25 +152,6 @@ impl EngineConfig {
                 roles.iter().map(move |&role| (shard, role))
             })
             .collect()
-    }
-}
-
-/// `SOFTRNIC_RETRANSMISSION`, `fixed` when unset.
-pub fn retransmission_from_env() -> std::result::Result<Retransmission, String> {
-    match std::env::var("SOFTRNIC_RETRANSMISSION") {
-        Err(_) => Ok(Retransmission::Fixed),
-        Ok(text) => Retransmission::parse(&text).map_err(|e| format!("SOFTRNIC_RETRANSMISSION: {e}")),
-    }
-}
-
-/// `SOFTRNIC_SELECTIVE_REPEAT`: whether connections ask for selective
-/// repeat unless the program says (ECE, or the Rust API's connect
-/// options); off when unset.
-pub fn selective_repeat_from_env() -> std::result::Result<bool, String> {
-    match std::env::var("SOFTRNIC_SELECTIVE_REPEAT").as_deref() {
-        Err(_) | Ok("0") => Ok(false),
-        Ok("1") => Ok(true),
-        Ok(other) => Err(format!("SOFTRNIC_SELECTIVE_REPEAT={other}: give 1 (selective repeat) or 0 (go-back-N)")),
     }
 }
 
@@ -329,7 +309,7 @@ impl Nic {
             tx_dropped_by_kernel: AtomicU64::new(0),
             missteered: AtomicU64::new(0),
             longest_stall: AtomicU64::new(0),
-            tracer: std::env::var_os("SOFTRNIC_TRACE").map(|_| Tracer { local: config.addr, epoch }),
+            tracer: environment::trace().then_some(Tracer { local: config.addr, epoch }),
             published_at: AtomicU64::new(0),
             receive_sources: ReceiveSources::default(),
         });

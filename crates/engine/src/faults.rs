@@ -21,23 +21,6 @@ impl FaultConfig {
     pub fn is_none(&self) -> bool {
         self.loss == 0.0 && self.reorder == 0.0 && self.duplicate == 0.0 && self.corrupt == 0.0
     }
-
-    /// Reads `SOFTRNIC_LOSS` and friends; a value that is not a probability
-    /// is an error that names the variable.
-    pub fn from_env() -> Result<FaultConfig, String> {
-        let read = |name: &str| -> Result<f64, String> {
-            match std::env::var(name) {
-                Err(_) => Ok(0.0),
-                Ok(text) => parse_probability(&text).map_err(|e| format!("{name}: {e}")),
-            }
-        };
-        Ok(FaultConfig {
-            loss: read("SOFTRNIC_LOSS")?,
-            reorder: read("SOFTRNIC_REORDER")?,
-            duplicate: read("SOFTRNIC_DUPLICATE")?,
-            corrupt: read("SOFTRNIC_CORRUPT")?,
-        })
-    }
 }
 
 /// Parses a probability, with an error that says what a valid one is.

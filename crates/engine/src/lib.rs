@@ -7,6 +7,7 @@ pub mod congestion;
 pub mod counters_file;
 pub mod datapath;
 pub mod engine;
+pub mod environment;
 pub mod faults;
 pub mod int;
 pub mod interface;
@@ -18,10 +19,7 @@ pub mod socket;
 mod trace;
 
 pub use datapath::DatapathKind;
-pub use engine::{
-    EngineConfig, MAX_SHARDS, Nic, NicCounters, OpenError, Role, SendQueue, retransmission_from_env,
-    selective_repeat_from_env,
-};
+pub use engine::{EngineConfig, MAX_SHARDS, Nic, NicCounters, OpenError, Role, SendQueue};
 pub use faults::{FaultConfig, FaultStats};
 pub use progress::ProgressMode;
 pub use socket::BindError;

@@ -84,14 +84,6 @@ impl ProgressMode {
         }
     }
 
-    /// `SOFTRNIC_PROGRESS`, `auto` when unset.
-    pub fn from_env() -> Result<ProgressMode, String> {
-        match std::env::var("SOFTRNIC_PROGRESS") {
-            Err(_) => Ok(ProgressMode::Auto),
-            Ok(text) => ProgressMode::parse(&text).map_err(|e| format!("SOFTRNIC_PROGRESS: {e}")),
-        }
-    }
-
     /// Whether a device with `threads` engine threads on a machine with
     /// `cores` cores gets dedicated progress. A device without engine
     /// threads has only the application to drive it.

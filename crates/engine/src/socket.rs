@@ -42,6 +42,7 @@ use softrnic_transport::{MAX_DATAGRAM_LEN, shard_of};
 use softrnic_wire::ROCEV2_UDP_PORT;
 use softrnic_wire::opcode::Opcode;
 
+use crate::environment::{self, Ecn};
 use crate::int::{roce_offset, roce_packet};
 
 /// Datagrams moved per system call at most.
@@ -66,15 +67,14 @@ pub enum BindError {
 const ECT0: libc::c_int = 0b10;
 const CE: u8 = 0b11;
 
-/// The ECN field datagrams leave with: ECT(0) unless `SOFTRNIC_ECN=off`
-/// (Not-ECT); `SOFTRNIC_ECN=ce` marks every datagram CE as it leaves, as
-/// if a congested switch had, to drive a peer's notification point with
-/// no switch in between.
+/// The ECN field datagrams leave with (`SOFTRNIC_ECN`, which
+/// [`EngineConfig::from_env`](crate::EngineConfig::from_env) has checked:
+/// a value it refused is not met here).
 fn ecn_codepoint() -> libc::c_int {
-    match std::env::var("SOFTRNIC_ECN").as_deref() {
-        Ok("off" | "0") => 0,
-        Ok("ce") => libc::c_int::from(CE),
-        _ => ECT0,
+    match environment::ecn().unwrap_or(Ecn::Capable) {
+        Ecn::Off => 0,
+        Ecn::Capable => ECT0,
+        Ecn::Congested => libc::c_int::from(CE),
     }
 }
 
@@ -169,7 +169,7 @@ impl RoceSocket {
             _ => other(e),
         })?;
         // Offloads where the kernel has them; `SOFTRNIC_NO_GSO` turns them off.
-        let offload = std::env::var_os("SOFTRNIC_NO_GSO").is_none();
+        let offload = environment::offloads();
         let gso = offload && set_int(&socket, libc::SOL_UDP, UDP_SEGMENT, 0).is_ok();
         let gro = offload && set_int(&socket, libc::SOL_UDP, UDP_GRO, 1).is_ok();
         // Every receive then says how many datagrams the kernel dropped

@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::mem::offset_of;
 use std::sync::Arc;
 
-use softrnic_engine::{BindError, EngineConfig, FaultConfig, Nic, OpenError};
+use softrnic_engine::{BindError, EngineConfig, Nic, OpenError};
 use softrnic_event::EventFd;
 use softrnic_provider::Provider;
 use softrnic_transport::{AsyncEvent, CqId, PdId, SrqId};
@@ -136,9 +136,8 @@ pub unsafe extern "C" fn ibv_open_device(ibv_device: *mut ibv_device) -> *mut ib
             Err(e) => return refuse_null("ibv_open_device", e.raw_os_error().unwrap_or(libc::EMFILE), e),
         };
         let engine = || {
-            let faults = FaultConfig::from_env().map_err(OpenError::Config)?;
             let config = EngineConfig::from_env(device.addr).map_err(OpenError::Config)?;
-            engines::attach(device.addr, &events, || Nic::open(EngineConfig { faults, ..config }))
+            engines::attach(device.addr, &events, || Nic::open(config))
         };
         let provider = match Provider::open(device.addr, engine) {
             Ok(provider) => provider,

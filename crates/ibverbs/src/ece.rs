@@ -43,7 +43,7 @@ impl Ece {
     pub fn selective_repeat(self) -> bool {
         match self {
             // A bad value was reported when the device opened.
-            Ece::Offered => softrnic_engine::selective_repeat_from_env().unwrap_or(false),
+            Ece::Offered => softrnic_engine::environment::selective_repeat().unwrap_or(false),
             Ece::Agreed(options) => options & SELECTIVE_REPEAT != 0,
         }
     }

@@ -2,7 +2,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use softrnic_engine::{EngineConfig, FaultConfig, Nic, NicCounters, OpenError, ProgressMode};
+use softrnic_engine::{EngineConfig, Nic, NicCounters, OpenError, ProgressMode};
 use softrnic_provider::Provider;
 use softrnic_provider::client::Session;
 use softrnic_transport::Mtu;
@@ -27,11 +27,7 @@ impl Context {
     /// socket present and `SOFTRNIC_DAEMON` not `off`), the device is the
     /// daemon's instead, configured by the daemon's environment.
     pub fn open(addr: IpAddr) -> Result<Context, Error> {
-        let engine = || {
-            let faults = FaultConfig::from_env().map_err(OpenError::Config)?;
-            let config = EngineConfig::from_env(addr).map_err(OpenError::Config)?;
-            Nic::open(EngineConfig { faults, ..config })
-        };
+        let engine = || Nic::open(EngineConfig::from_env(addr).map_err(OpenError::Config)?);
         Ok(Context::over(Provider::open(addr, engine)?))
     }
 

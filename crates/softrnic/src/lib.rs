@@ -50,10 +50,7 @@ pub use pd::ProtectionDomain;
 pub use qp::{ConnectOptions, QueuePair};
 
 pub use softrnic_engine::congestion::choose as choose_congestion_control;
-pub use softrnic_engine::{
-    DatapathKind, EngineConfig, FaultConfig, NicCounters, ProgressMode, Role, retransmission_from_env,
-    selective_repeat_from_env,
-};
+pub use softrnic_engine::{DatapathKind, EngineConfig, FaultConfig, NicCounters, ProgressMode, Role, environment};
 /// The socket of the softrnicd that [`Context::open`] would use, if any.
 pub use softrnic_provider::socket_path::from_env as daemon_socket;
 pub use softrnic_transport::{

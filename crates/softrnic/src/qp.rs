@@ -53,7 +53,7 @@ impl Default for ConnectOptions {
             access: Access::REMOTE,
             qkey: 0x1111_1111,
             // A bad value is reported when the device opens.
-            selective_repeat: crate::selective_repeat_from_env().unwrap_or(false),
+            selective_repeat: crate::environment::selective_repeat().unwrap_or(false),
             congestion_control: None,
         }
     }

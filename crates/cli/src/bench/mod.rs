@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::time::Duration;
 
 use softrnic::exchange::Exchange;
-use softrnic::{Context, DatapathKind, EngineConfig, FaultConfig, ProgressMode};
+use softrnic::{Context, EngineConfig, FaultConfig};
 
 use params::{BenchArgs, Params};
 use report::Format;
@@ -98,29 +98,20 @@ fn open(config: EngineConfig) -> Result<Context, String> {
     .map_err(|e| e.to_string())
 }
 
+/// The environment's engine ([`EngineConfig::from_env`], every variable
+/// checked), then the flags over it.
 fn engine_config(args: &BenchArgs, addr: IpAddr) -> Result<EngineConfig, String> {
-    let env = FaultConfig::from_env()?;
-    let faults = FaultConfig {
+    let mut config = EngineConfig::from_env(addr)?;
+    let env = config.faults;
+    config.faults = FaultConfig {
         loss: args.loss.unwrap_or(env.loss),
         reorder: args.reorder.unwrap_or(env.reorder),
         duplicate: args.duplicate.unwrap_or(env.duplicate),
         corrupt: args.corrupt.unwrap_or(env.corrupt),
     };
-    let datapath = match args.datapath {
-        Some(kind) => kind,
-        None => DatapathKind::from_env()?,
-    };
-    let progress = match args.progress {
-        Some(mode) => mode,
-        None => ProgressMode::from_env()?,
-    };
-    let mut config = EngineConfig { faults, datapath, progress, ..EngineConfig::new(addr) };
-    config.transport.retransmission = match args.retransmission {
-        Some(mode) => mode,
-        None => softrnic::retransmission_from_env()?,
-    };
-    // The environment's congestion control, then the flags over it.
-    softrnic_engine::congestion::config_from_env(&mut config.transport.congestion)?;
+    config.datapath = args.datapath.unwrap_or(config.datapath);
+    config.progress = args.progress.unwrap_or(config.progress);
+    config.transport.retransmission = args.retransmission.unwrap_or(config.transport.retransmission);
     match &args.cc {
         Some(name) => {
             config.transport.congestion.algorithm = softrnic::choose_congestion_control(name, &args.cc_params.join(","))

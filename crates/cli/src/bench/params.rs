@@ -284,7 +284,7 @@ impl Params {
             mtu: a.mtu,
             bidirectional: a.bidirectional,
             verify: a.verify,
-            selective_repeat: a.selective_repeat || softrnic::selective_repeat_from_env()?,
+            selective_repeat: a.selective_repeat || softrnic::environment::selective_repeat()?,
         })
     }
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use rustix::net::SendFlags;
 use rustix::thread::LinkNameSpaceType;
 use softrnic_engine::shm::{Scope, this_netns};
-use softrnic_engine::{DatapathKind, EngineConfig, FaultConfig, Nic, OpenError, interface};
+use softrnic_engine::{DatapathKind, EngineConfig, Nic, OpenError, interface};
 use softrnic_transport::{AsyncEvent, CqId, SrqId};
 
 use super::copy_engine::CopyEngine;
@@ -93,9 +93,7 @@ impl Devices {
         if let Some(device) = open.get(&key).and_then(Weak::upgrade) {
             return Ok(device);
         }
-        let faults = FaultConfig::from_env()?;
-        let mut config =
-            EngineConfig { faults, ..EngineConfig::from_env(addr)? }.with_threads(self.engine_threads, false);
+        let mut config = EngineConfig::from_env(addr)?.with_threads(self.engine_threads, false);
         if let Some(switch) = self.switch {
             // One switch, one address space: a datagram for an address
             // must have one device to go to.
