@@ -303,6 +303,7 @@ impl QueuePair {
                             self.np.int_to_echo = meta.int;
                         }
                         self.respond(ctx, packet);
+                        self.assert_responder();
                     } else {
                         self.complete(ctx, packet);
                         self.assert_requester();

@@ -181,6 +181,21 @@ impl Responder {
 }
 
 impl QueuePair {
+    /// The responder's invariants, asserted after every request (TigerBeetle
+    /// style: the simulator's seeds run them): READs and ATOMICs hold no
+    /// more responder resources than the QP granted (`max_dest_rd_atomic`);
+    /// the receive queue, whose depth the AETH's credits advertise, holds
+    /// no more than `max_recv_wr`; selective repeat keeps nothing beyond
+    /// its window.
+    pub(super) fn assert_responder(&self) {
+        let resources = usize::from(self.attrs.max_dest_rd_atomic.max(1));
+        let held = self.resp.reads_and_atomics_pending();
+        assert!(held <= resources, "QP {}: {held} READs and ATOMICs held, {resources} granted", self.qpn);
+        let depth = self.init.caps.max_recv_wr as usize;
+        assert!(self.rq.len() <= depth, "QP {}: {} receives queued, room for {depth}", self.qpn, self.rq.len());
+        self.resp.ahead.assert_within_window(self.qpn);
+    }
+
     /// Consumes a request packet.
     pub(super) fn respond(&mut self, ctx: &mut Ctx, packet: &PacketRepr) {
         if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
