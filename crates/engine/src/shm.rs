@@ -58,8 +58,8 @@ const MAGIC: u64 = u64::from_le_bytes(*b"SRNICSHM");
 const VERSION: u32 = 2;
 /// Slots per ring: a power of two.
 pub const SLOTS: u32 = 512;
-/// Bytes of a slot: its 64-byte header, then the datagram.
-const SLOT_SIZE: usize = 64 + MAX_DATAGRAM_LEN.next_multiple_of(64);
+/// Bytes of a slot: its header, then the datagram.
+const SLOT_SIZE: usize = SLOT_DATA + MAX_DATAGRAM_LEN.next_multiple_of(64);
 /// A ring's own header: `tail` and `sleeping`, each on its own cache lines.
 const RING_HEADER: usize = 256;
 const FILE_HEADER: usize = 64;
@@ -75,22 +75,60 @@ const WAKE_MARK: u8 = 0xff;
 /// live device behind one) before looking again.
 const RECHECK: Duration = Duration::from_secs(1);
 
-// Offsets in the file header.
-const H_MAGIC: usize = 0;
-const H_VERSION: usize = 8;
-const H_SHARDS: usize = 12;
-const H_SLOTS: usize = 16;
-const H_SLOT_SIZE: usize = 20;
-// Offsets in a ring header.
-const R_TAIL: usize = 0;
-const R_SLEEPING: usize = 128;
-// Offsets in a slot.
-const S_SEQ: usize = 0;
-const S_LEN: usize = 8;
-/// The source port, then the address family (4 or 6).
-const S_PORT: usize = 12;
-const S_ADDR: usize = 16;
-const S_DATA: usize = 64;
+/// The inbox file's header. Every field is atomic: a peer reads it while
+/// its owner writes it.
+#[repr(C)]
+struct FileHeader {
+    /// [`MAGIC`], stored last: a peer trusts the rest once it reads it.
+    magic: AtomicU64,
+    version: AtomicU32,
+    shards: AtomicU32,
+    slots: AtomicU32,
+    slot_size: AtomicU32,
+}
+
+/// A ring's header: producers advance `tail`; the consumer says in
+/// `sleeping` that it blocks. Each has cache lines of its own.
+#[repr(C)]
+struct RingHeader {
+    tail: AtomicU64,
+    _tail_lines: [AtomicU64; 15],
+    sleeping: AtomicU64,
+}
+
+/// A slot's header, the datagram after it at [`SLOT_DATA`]. Never read
+/// through a reference (its bytes are copied, its words loaded): only its
+/// field offsets are used.
+#[repr(C)]
+struct SlotHeader {
+    /// The ring protocol's sequence number ([`softrnic_ring::mpsc`]).
+    seq: AtomicU64,
+    /// The datagram's length.
+    len: AtomicU32,
+    /// The source port (in this host's byte order: peers share a host),
+    /// the address family (4 or 6), 0.
+    port: [u8; 4],
+    /// The source address: 4 or 16 bytes.
+    addr: [u8; 16],
+}
+
+/// Where a slot's datagram starts: its own cache line.
+const SLOT_DATA: usize = 64;
+
+// The layout peers agree on, checked as the compiler lays it out.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(offset_of!(FileHeader, version) == 8 && offset_of!(FileHeader, slot_size) == 20);
+    assert!(size_of::<FileHeader>() <= FILE_HEADER);
+    assert!(offset_of!(RingHeader, sleeping) == 128 && size_of::<RingHeader>() <= RING_HEADER);
+    assert!(offset_of!(SlotHeader, len) == 8 && offset_of!(SlotHeader, port) == 12);
+    assert!(offset_of!(SlotHeader, addr) == 16 && size_of::<SlotHeader>() <= SLOT_DATA);
+    assert!(FILE_HEADER.is_multiple_of(64) && RING_HEADER.is_multiple_of(64) && SLOT_SIZE.is_multiple_of(64));
+};
+const S_SEQ: usize = std::mem::offset_of!(SlotHeader, seq);
+const S_LEN: usize = std::mem::offset_of!(SlotHeader, len);
+const S_PORT: usize = std::mem::offset_of!(SlotHeader, port);
+const S_ADDR: usize = std::mem::offset_of!(SlotHeader, addr);
 
 /// The network namespace of the calling thread, by its inode: a device
 /// belongs to the namespace of the thread that opened it (softrnicd opens
@@ -167,6 +205,21 @@ impl Mapping {
         unsafe { AtomicU32::from_ptr(self.map.as_mut_ptr().add(at).cast()) }
     }
 
+    fn header(&self) -> &FileHeader {
+        assert!(self.map.len() >= FILE_HEADER);
+        // SAFETY: in bounds (checked), aligned (the map is page-aligned),
+        // and every field atomic: it is only ever accessed atomically, by
+        // every process.
+        unsafe { &*self.map.as_mut_ptr().cast::<FileHeader>() }
+    }
+
+    fn ring_header(&self, shard: usize) -> &RingHeader {
+        let at = self.ring(shard);
+        assert!(at + RING_HEADER <= self.map.len());
+        // SAFETY: as in `header`; a ring starts on a 64-byte boundary.
+        unsafe { &*self.map.as_mut_ptr().add(at).cast::<RingHeader>() }
+    }
+
     fn ring(&self, shard: usize) -> usize {
         FILE_HEADER + shard * ring_len()
     }
@@ -176,11 +229,11 @@ impl Mapping {
     }
 
     fn tail(&self, shard: usize) -> &AtomicU64 {
-        self.word64(self.ring(shard) + R_TAIL)
+        &self.ring_header(shard).tail
     }
 
     fn sleeping(&self, shard: usize) -> &AtomicU64 {
-        self.word64(self.ring(shard) + R_SLEEPING)
+        &self.ring_header(shard).sleeping
     }
 }
 
@@ -286,12 +339,13 @@ impl Inbox {
                 mapping.word64(mapping.slot(shard, pos) + S_SEQ).store(pos, Ordering::Relaxed);
             }
         }
-        mapping.word32(H_VERSION).store(VERSION, Ordering::Relaxed);
-        mapping.word32(H_SHARDS).store(shards as u32, Ordering::Relaxed);
-        mapping.word32(H_SLOTS).store(SLOTS, Ordering::Relaxed);
-        mapping.word32(H_SLOT_SIZE).store(SLOT_SIZE as u32, Ordering::Relaxed);
+        let header = mapping.header();
+        header.version.store(VERSION, Ordering::Relaxed);
+        header.shards.store(shards as u32, Ordering::Relaxed);
+        header.slots.store(SLOTS, Ordering::Relaxed);
+        header.slot_size.store(SLOT_SIZE as u32, Ordering::Relaxed);
         // Published last: a sender that sees the magic sees a whole inbox.
-        mapping.word64(H_MAGIC).store(MAGIC, Ordering::Release);
+        header.magic.store(MAGIC, Ordering::Release);
         Ok(Inbox { path, scope, mapping, _alive: file })
     }
 
@@ -308,7 +362,7 @@ impl Inbox {
 impl Drop for Inbox {
     fn drop(&mut self) {
         // Senders that still map it see it closed and go back to UDP.
-        self.mapping.word64(H_MAGIC).store(0, Ordering::Release);
+        self.mapping.header().magic.store(0, Ordering::Release);
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -373,7 +427,7 @@ impl InboxRing {
             if len <= MAX_DATAGRAM_LEN.min(buf.len())
                 && let Some(source) = source
             {
-                m.bytes.read(slot + S_DATA, &mut buf[..len]);
+                m.bytes.read(slot + SLOT_DATA, &mut buf[..len]);
                 deliver(source, &buf[..len]);
             } else {
                 *malformed += 1;
@@ -479,12 +533,13 @@ impl PeerInbox {
         let map = MmapRaw::map_raw(&file).ok()?;
         let probe = Mapping::new(map, 0);
         // Check everything a broken peer could have written wrong.
-        let shards = probe.word32(H_SHARDS).load(Ordering::Relaxed) as usize;
-        let valid = probe.word64(H_MAGIC).load(Ordering::Acquire) == MAGIC
-            && probe.word32(H_VERSION).load(Ordering::Relaxed) == VERSION
+        let header = probe.header();
+        let shards = header.shards.load(Ordering::Relaxed) as usize;
+        let valid = header.magic.load(Ordering::Acquire) == MAGIC
+            && header.version.load(Ordering::Relaxed) == VERSION
             && (1..=crate::MAX_SHARDS).contains(&shards)
-            && probe.word32(H_SLOTS).load(Ordering::Relaxed) == SLOTS
-            && probe.word32(H_SLOT_SIZE).load(Ordering::Relaxed) as usize == SLOT_SIZE
+            && header.slots.load(Ordering::Relaxed) == SLOTS
+            && header.slot_size.load(Ordering::Relaxed) as usize == SLOT_SIZE
             && len >= file_len(shards);
         valid.then(|| PeerInbox { mapping: Mapping { shards, ..probe }, file })
     }
@@ -492,7 +547,7 @@ impl PeerInbox {
     /// Whether its device still runs: it closed the inbox neither cleanly
     /// nor by dying.
     fn open_still(&self, checked_at: &mut Instant) -> bool {
-        if self.mapping.word64(H_MAGIC).load(Ordering::Acquire) != MAGIC {
+        if self.mapping.header().magic.load(Ordering::Acquire) != MAGIC {
             return false;
         }
         if checked_at.elapsed() >= RECHECK {
@@ -513,7 +568,7 @@ impl PeerInbox {
         };
         let slot = m.slot(shard, pos);
         let len = datagram.len().min(MAX_DATAGRAM_LEN);
-        m.bytes.write(slot + S_DATA, &datagram[..len]);
+        m.bytes.write(slot + SLOT_DATA, &datagram[..len]);
         m.word32(slot + S_LEN).store(len as u32, Ordering::Relaxed);
         write_source(m, slot, source);
         // Refused only if the consumer gave the slot up meanwhile.

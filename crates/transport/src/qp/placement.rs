@@ -95,7 +95,11 @@ impl Ahead {
     /// beyond `WINDOW` PSNs of the expected one.
     pub(super) fn assert_within_window(&self, qpn: u32) {
         assert!(self.slots.len() <= WINDOW as usize, "QP {qpn}: {} slots kept past the window", self.slots.len());
-        assert!(self.claims.len() <= WINDOW as usize, "QP {qpn}: {} receives claimed past the window", self.claims.len());
+        assert!(
+            self.claims.len() <= WINDOW as usize,
+            "QP {qpn}: {} receives claimed past the window",
+            self.claims.len()
+        );
     }
 
     fn holds(&self, at: usize) -> bool {
