@@ -39,6 +39,19 @@ scripts/build-libibverbs.sh >/dev/null
 # third of CI's time). `cargo test` alone still uses the test profile.
 cargo test --workspace --locked --release
 
+# The README's main command exactly as it writes it: the first command of
+# its Quick start (it broke once, when a second binary joined the default
+# members, and nothing noticed).
+main_command=$(awk '/^## Quick start/ { quick = 1 } quick && /^```sh/ { block = 1; next }
+                    block && NF && !/^#/ { print; exit }' README.md)
+step "the README's main command, as written ($main_command)"
+main_output=$(eval "$main_command" 2>&1) || { echo "$main_output" >&2; exit 1; }
+echo "$main_output" | tail -n 3
+echo "$main_output" | grep -qE '^ 65536 +[0-9]+ +[0-9.]+ +[0-9.]+' || {
+    echo "the README's main command ran but printed no bandwidth line" >&2
+    exit 1
+}
+
 # The model checker over the shared-memory rings' index protocol, in a
 # target directory of its own (a different --cfg rebuilds everything, and
 # the ring's crate has no dependencies for that reason).

@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(
     name = "softrnic",
-    version,
+    version = env!("SOFTRNIC_VERSION"),
     about = "An RDMA NIC in software: RoCEv2 over UDP, the verbs API, no kernel module"
 )]
 struct Cli {

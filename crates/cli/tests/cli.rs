@@ -408,3 +408,14 @@ fn output_into_a_closed_pipe_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "ended by SIGPIPE, as a C tool is");
 }
+
+#[test]
+fn the_version_names_the_commit_it_was_built_from() {
+    let out = run(&["--version"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let rest =
+        t.trim().strip_prefix(&format!("softrnic {} (", env!("CARGO_PKG_VERSION"))).unwrap_or_else(|| panic!("{t}"));
+    let commit = rest.split([',', ')']).next().unwrap();
+    assert!(commit == "unknown commit" || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())), "{t}");
+}
