@@ -87,8 +87,14 @@ class Server:
         return self
 
     def __exit__(self, *exc):
-        self.proc.kill()
-        self.proc.wait()
+        # Asked first, so that a server that cleans up (softrnicd removes
+        # its socket) can; killed if it does not go.
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def softrnic(test, size, extra, env=None):

@@ -17,6 +17,7 @@ verbs-matrix.py runs libibverbs' own programs and perftest; this is its
 companion for what stands on top."""
 
 import argparse
+import atexit
 import importlib.util
 import os
 import re
@@ -40,6 +41,18 @@ TIMEOUT = 90
 # How long a server may take to listen on its TCP port (a loaded 2-core
 # machine has taken seconds).
 READY_WAIT = 30
+
+
+_scratch = []
+
+
+def scratch():
+    """The run's own temporary directory (programs built, launchers,
+    captures), removed when the script exits."""
+    if not _scratch:
+        _scratch.append(tempfile.mkdtemp(prefix="softrnic-stack-"))
+        atexit.register(shutil.rmtree, _scratch[0], True)
+    return _scratch[0]
 
 
 def softrnic_run(addr, argv):
@@ -246,7 +259,7 @@ MPI_CHECK = os.path.join(HERE, "programs", "mpi-check.c")
 
 def build_mpi_check():
     """Compiles scripts/programs/mpi-check.c with mpicc; returns the binary."""
-    out_dir = tempfile.mkdtemp(prefix="softrnic-mpi-")
+    out_dir = tempfile.mkdtemp(prefix="mpi-", dir=scratch())
     binary = os.path.join(out_dir, "mpi-check")
     built = subprocess.run(["mpicc", "-O2", "-o", binary, MPI_CHECK], capture_output=True, text=True)
     if built.returncode != 0:
@@ -272,7 +285,7 @@ def mpirun_over_softrnic(site, binary):
         for addr in [site.server_addr, site.client_addr]:
             contexts += [":", "-np", "1", "-x", f"SOFTRNIC_ADDR={addr}", binary]
         return site.command(None, softrnic_run(site.server_addr, ["mpirun", *MPI_OPTIONS, *contexts[1:]]))
-    agent = os.path.join(tempfile.mkdtemp(prefix="softrnic-mpi-"), "launch")
+    agent = os.path.join(tempfile.mkdtemp(prefix="mpi-", dir=scratch()), "launch")
     with open(agent, "w") as f:
         f.write(f"""#!/bin/sh
 # mpirun's launcher (plm_rsh_agent): HOST COMMAND..., run in HOST's namespace.
@@ -339,7 +352,7 @@ def cm_on_the_wire(libdir, site):
         return ("FAIL" if os.environ.get("CI") == "true" else "skip", "no tshark (apt-get install tshark)")
     if os.geteuid() != 0:
         return ("FAIL" if os.environ.get("CI") == "true" else "skip", "capturing packets needs root")
-    pcap = os.path.join(tempfile.mkdtemp(prefix="softrnic-cm-"), "cm.pcap")
+    pcap = os.path.join(tempfile.mkdtemp(prefix="cm-", dir=scratch()), "cm.pcap")
     capture = subprocess.Popen(["tshark", "-q", "-i", "lo", "-f", "udp port 4791", "-w", pcap],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -8,10 +8,31 @@ fn softrnic() -> Command {
     Command::new(env!("CARGO_BIN_EXE_softrnic"))
 }
 
-fn out_dir(name: &str) -> PathBuf {
+/// An experiment's output directory, removed when the test ends (kept
+/// when it fails, to be looked at).
+struct OutDir(PathBuf);
+
+impl std::ops::Deref for OutDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for OutDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the experiment's output is kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn out_dir(name: &str) -> OutDir {
     let dir = std::env::temp_dir().join(format!("softrnic-exp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    dir
+    OutDir(dir)
 }
 
 /// The CSV's header and rows.
@@ -79,7 +100,6 @@ fn e9_quick_compares_send_write_and_tcp() {
     assert!(rows.len() == 5 && rows.iter().all(|r| r.starts_with("tcp,")), "{rows:?}");
     assert_eq!(std::fs::read_dir(out.join("e9_logs")).unwrap().count(), 4, "the last sweep's logs only");
     assert_figure_parses(&out.join("e9_figure.svg"), &["medians of 2 runs"]);
-    std::fs::remove_dir_all(&out).unwrap();
 }
 
 /// E1 and E2 run rdma_bench over the drop-in library: a skip without it
@@ -126,7 +146,6 @@ fn e2_quick_measures_each_size_and_qp_count_with_verified_data() {
     assert_eq!(shape, expected, "{rows:?}");
     assert!(records.iter().all(|r| r[5] == "ok" && r[4].parse::<f64>().unwrap() > 0.0), "{rows:?}");
     assert_figure_parses(&out.join("e2_figure.svg"), &["qps=1,engines=1", "qps=2,engines=1", "Soft-RoCE"]);
-    std::fs::remove_dir_all(&out).unwrap();
 }
 
 #[test]
@@ -155,7 +174,6 @@ fn e1_quick_puts_softrnic_beside_raw_udp() {
     let udp: Vec<u64> = rows[..5].iter().map(|r| r.split(',').nth(3).unwrap().parse().unwrap()).collect();
     assert!(udp.windows(2).all(|w| w[0] <= w[1]), "{udp:?}");
     assert_figure_parses(&out.join("e1_figure.svg"), &["softrnic-udp", "softrnic-shm", "Soft-RoCE, mean"]);
-    std::fs::remove_dir_all(&out).unwrap();
 }
 
 #[test]
@@ -251,7 +269,6 @@ fn roles_die_with_a_killed_runner() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert!(roles.iter().all(|&p| !alive(p)), "roles outlived the runner: {roles:?}");
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// `exp fct --quick`: the fat tree in the simulator, a row per finished
@@ -286,7 +303,6 @@ fn fct_quick_writes_flows_buckets_and_the_figure() {
     assert_figure_parses(&dir.join("fct_figure.svg"), &["none hadoop load 0.3", "hpcc hadoop load 0.3"]);
     let refused = run(&["exp", "fct", "--load", "2"]);
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--load 2: give the offered load as a fraction"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// perftest (Debian's package) plays E11's and E12's instances: present
@@ -391,7 +407,6 @@ fn offload_quick(exp: &str, header: &str) -> Option<(Vec<Vec<String>>, String)> 
     let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
     assert_figure_parses(&figure, &names);
     assert!(rows.iter().all(|r| r[3].parse::<f64>().unwrap() > 0.0), "every point moved data: {rows:?}");
-    std::fs::remove_dir_all(&out).unwrap();
     Some((rows, String::from_utf8_lossy(&o.stdout).into_owned()))
 }
 

@@ -52,5 +52,7 @@ fn a_missing_daemon_program_is_named_in_the_error() {
     let socket = std::env::temp_dir().join(format!("softrnic-launch-missing-{}.sock", std::process::id()));
     let env = |key: &str| (key == BIN_ENV).then(|| OsString::from("/nonexistent/softrnicd"));
     let err = launch::ensure(&socket, env).unwrap_err();
+    // The log it opened for the daemon it could not start.
+    let _ = std::fs::remove_file(socket.with_extension("log"));
     assert!(err.contains("cannot start /nonexistent/softrnicd") && err.contains(BIN_ENV), "{err}");
 }

@@ -16,13 +16,23 @@ const ADDR: &str = "127.0.5.41";
 /// `ibv_wc_opcode`'s receive (verbs.h).
 const IBV_WC_RECV: c_int = 1 << 7;
 
+static DAEMON: OnceLock<Running> = OnceLock::new();
+
+extern "C" fn remove_socket() {
+    if let Some(daemon) = DAEMON.get() {
+        let _ = std::fs::remove_file(daemon.socket());
+    }
+}
+
 /// The daemon every test's contexts reach, started (and the environment
 /// pointed at it) by the first test that asks.
 fn daemon() -> &'static Running {
-    static DAEMON: OnceLock<Running> = OnceLock::new();
     DAEMON.get_or_init(|| {
         let socket = std::env::temp_dir().join(format!("softrnicd-ibverbs-{}.sock", std::process::id()));
         let daemon = Daemon::bind(DaemonOptions::at(socket)).unwrap().start().unwrap();
+        // A static is never dropped: its socket goes when the tests exit.
+        // SAFETY: registers a plain function of this file.
+        unsafe { libc::atexit(remove_socket) };
         // SAFETY: before any context is opened (every test opens its own
         // after this), and nothing else of this binary reads it meanwhile.
         unsafe {
