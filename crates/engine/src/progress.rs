@@ -154,31 +154,34 @@ impl Core {
     /// [`Core::drive`] at NIC time `now`, for a caller that has read the
     /// clock already (a read costs as much as an empty pass on a VM).
     fn drive_at(&self, shard: &EngineShard, mut wire: MutexGuard<'_, Wire>, pass: Pass, now: Instant) -> usize {
-        // Taken out, not borrowed: settling may drive a shard again (to
-        // send the answers to receives fetched on demand), and that pass
-        // then starts from an empty one.
-        let mut after = AFTERMATH.take();
-        let context = self.pass_context(now);
-        let mut moved = 0;
-        if pass.receive {
-            moved += shard.receive(wire.as_mut(), &context, &mut after);
+        let (moved, answered) = AFTERMATH.with_borrow_mut(|after| {
+            let context = self.pass_context(now);
+            let mut moved = 0;
+            if pass.receive {
+                moved += shard.receive(wire.as_mut(), &context, after);
+            }
+            if pass.transmit {
+                moved += shard.transmit(wire.as_mut(), &context, after);
+            }
+            drop(wire);
+            let answered = if after.is_empty() { 0 } else { self.settle(after) };
+            (moved, answered)
+        });
+        // Shards that took receives fetched on demand send what they now
+        // owe (the held messages' ACKs, or RNR NAKs): after the borrow,
+        // since that drives them again.
+        for shard in self.shards.iter().filter(|shard| answered & (1 << shard.index) != 0) {
+            self.ring_doorbell(shard);
         }
-        if pass.transmit {
-            moved += shard.transmit(wire.as_mut(), &context, &mut after);
-        }
-        drop(wire);
-        if !after.is_empty() {
-            self.settle(&mut after);
-        }
-        AFTERMATH.set(after);
         moved
     }
 
     /// Delivers what passes raised: datagrams the kernel steered to the
     /// wrong shard (UDP GRO on a real link can coalesce datagrams of
     /// several QPs), handed to their owners first; receives asked for;
-    /// then completion channels and asynchronous events.
-    fn settle(&self, after: &mut Aftermath) {
+    /// then completion channels and asynchronous events. Returns the
+    /// shards that took receives (a bit each), for their doorbells.
+    fn settle(&self, after: &mut Aftermath) -> u64 {
         if !after.foreign.is_empty() {
             self.missteered.fetch_add(after.foreign.len() as u64, Ordering::Relaxed);
             let now = self.now();
@@ -193,21 +196,22 @@ impl Core {
             // What their owners handled was theirs: none is foreign again.
             debug_assert!(after.foreign.is_empty());
         }
-        self.fetch_receives(after);
+        let answered = self.fetch_receives(after);
         for cq in after.fired_cqs.drain(..) {
             self.notify(cq);
         }
         for event in after.events.drain(..) {
             self.raise(event);
         }
+        answered
     }
 
     /// Answers the shards' questions ([`softrnic_transport::fetch_on_demand`]):
     /// each source posts what its program wrote, with no lock of the
     /// engine's held, then the shard takes the posts and hands its held
-    /// requests over again. What that raises is answered too, and the
-    /// shards send what they now owe (ACKs, or RNR NAKs).
-    fn fetch_receives(&self, after: &mut Aftermath) {
+    /// requests over again. What that raises is answered too. Returns the
+    /// shards answered, a bit each.
+    fn fetch_receives(&self, after: &mut Aftermath) -> u64 {
         let mut answered = 0u64;
         while !after.receives_wanted.is_empty() {
             let now = self.now();
@@ -220,9 +224,7 @@ impl Core {
                 answered |= 1 << shard.index;
             }
         }
-        for shard in self.shards.iter().filter(|shard| answered & (1 << shard.index) != 0) {
-            self.ring_doorbell(shard);
-        }
+        answered
     }
 
     /// The doorbell, rung after a post (with the state lock released).
