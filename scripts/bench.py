@@ -39,8 +39,15 @@ softrnic runs over its UDP datapath there. Other modes:
               simulator's speed on the fat tree (softrnic exp fct).
   --daemon    softrnic bench through softrnicd (queues shared with the
               daemon's engine) beside the engine in the process.
+  --against OTHER
+              this build's softrnic beside another build's (OTHER, the
+              path of its softrnic binary: a change before and after),
+              64 KiB write_bw and 64 B send_lat, each round running this
+              build twice and the other once in a shuffled order: the
+              second run of this build against the first is an A/A
+              control, the noise any difference must stand out from.
 
-    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --mpi | --switch | --daemon]
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --mpi | --switch | --daemon | --against OTHER]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -628,6 +635,41 @@ def port_rate_gbps(stats_csv, peer):
     return (b1 - b0) * 8 / (t1 - t0) / 1e9 if t1 > t0 else 0.0
 
 
+def against_main(a):
+    """This build beside another, in shuffled rounds with an A/A control."""
+    import random
+    other = os.path.abspath(a.against)
+    if not os.access(other, os.X_OK):
+        sys.exit(f"--against {a.against}: not an executable softrnic binary")
+    builds = {"this": SOFTRNIC, "this again": SOFTRNIC, "other": other}
+    tests = {"64 KiB write_bw (Gb/s)": ("write_bw", 65536, "bw_avg_gbps", 1),
+             "64 B send_lat p50 (µs)": ("send_lat", 64, "p50_ns", 1e-3)}
+    r = {(t, b): [] for t in tests for b in builds}
+    order = list(builds)
+    rng = random.Random(a.runs)
+    env = {**os.environ, "SOFTRNIC_DAEMON": "off"}
+    for run in range(a.runs):
+        print(f"round {run + 1}/{a.runs} ...", file=sys.stderr)
+        rng.shuffle(order)
+        for b in order:
+            for t, (test, size, key, scale) in tests.items():
+                out = sh([builds[b], "bench", test, "-s", str(size), "--json", "-n", "20000"], env=env)
+                if out.returncode != 0:
+                    sys.exit(f"{builds[b]} bench {test}: {out.stderr.strip()}")
+                r[(t, b)].append(json.loads(out.stdout.strip().splitlines()[-1])[key] * scale)
+    print(f"\n{a.runs} shuffled rounds, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; other: {other}\n")
+    print("| measure | this build | other build | this ÷ other (median of per-round ratios, range, rounds lower) | A/A control: this again ÷ this |")
+    print("| --- | --- | --- | --- | --- |")
+    for t in tests:
+        this, again, that = r[(t, "this")], r[(t, "this again")], r[(t, "other")]
+        ratios = [x / y for x, y in zip(this, that)]
+        control = [x / y for x, y in zip(again, this)]
+        print(f"| {t} | {median(this):.2f} | {median(that):.2f} | {median(ratios):.2f} ({min(ratios):.2f} to "
+              f"{max(ratios):.2f}, {sum(x < 1 for x in ratios)} of {a.runs}) | {median(control):.2f} "
+              f"({min(control):.2f} to {max(control):.2f}) |")
+    print("\nAll runs:", json.dumps({f"{t} {b}": [round(x, 3) for x in v] for (t, b), v in r.items()}))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -641,10 +683,13 @@ def main():
     parser.add_argument("--switch", action="store_true", help="the lab's switch beside the Linux bridge; port rate accuracy; simulator speed")
     parser.add_argument("--daemon", action="store_true", help="softrnic bench through softrnicd beside the engine in the process")
     parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
+    parser.add_argument("--against", metavar="OTHER", help="this build's softrnic beside OTHER, another build's, with an A/A control")
     a = parser.parse_args()
     if "SOFTRNIC_BIN" not in os.environ:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "softrnic-cli", "-p", "softrnic-daemon"], cwd=ROOT, check=True)
     extra = ["--engine-threads", str(a.engine_threads)]
+    if a.against:
+        return against_main(a)
     if a.switch:
         return switch_main(a)
     if a.daemon:

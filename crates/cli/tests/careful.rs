@@ -119,9 +119,11 @@ fn half_the_measured_round_trip_comes_off_a_delayed_link() {
         let t_d = round_bytes(size) * 8.0 / (mbps_d * 1e6);
         let grown = Duration::from_secs_f64((t_d - t_0).max(0.0));
         // Taking off half the round trip leaves one one-way delay; taking
-        // off none would leave two, taking off all of it none.
+        // off none would leave two, taking off all of it none. The bounds
+        // are the midpoints between those three (0.6 failed at 12.0 ms
+        // once, the machine busy with the rest of the tests).
         assert!(
-            grown > d.mul_f64(0.6) && grown < d.mul_f64(1.5),
+            grown > d.mul_f64(0.5) && grown < d.mul_f64(1.5),
             "size {size}: a round took {t_0:.4}s, then {t_d:.4}s behind a {d:?} delay line"
         );
     }
