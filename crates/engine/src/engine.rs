@@ -461,7 +461,9 @@ impl Nic {
     /// (softrnicd's shared ring): a message that finds none waits while
     /// `fetch` posts them ([`softrnic_transport::fetch_on_demand`]). It
     /// runs in whichever thread drives the QP's shard, with no lock of the
-    /// engine's held.
+    /// engine's held, as the pass settles: it posts to the QP's (or the
+    /// SRQ's) own queue and calls nothing else of the engine's, which
+    /// would drive a shard from inside that pass.
     pub fn fetch_receives_with(&self, qp: &PostQueues, fetch: impl Fn() + Send + Sync + 'static) {
         self.core.receive_sources.add_qp(qp.qpn(), Arc::new(fetch));
         qp.fetch_on_demand();
