@@ -13,16 +13,17 @@ fn main() {
     };
     // A build outside a clone (a source package) says so.
     let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown commit".into());
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-    let version = format!("{} ({commit}{})", env!("CARGO_PKG_VERSION"), if dirty { ", modified" } else { "" });
-    println!("cargo:rustc-env=SOFTRNIC_VERSION={version}");
-    // Again when HEAD moves (a commit, a checkout) or the index does.
+    println!("cargo:rustc-env=SOFTRNIC_VERSION={} ({commit})", env!("CARGO_PKG_VERSION"));
+    // Again when HEAD moves (a commit, a checkout), and only then: an
+    // edited tree is not named (watching the index would rebuild the
+    // command at every cargo run, as `git status` rewrites it).
     if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-        for file in ["HEAD", "index"] {
-            println!("cargo:rerun-if-changed={dir}/{file}");
-        }
-        if let Some(head) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={dir}/{head}");
+        println!("cargo:rerun-if-changed={dir}/HEAD");
+        // The branch's own file, where it has one (a packed ref has none,
+        // and a path that does not exist would rerun this every time).
+        let branch = git(&["symbolic-ref", "-q", "HEAD"]).map(|head| format!("{dir}/{head}"));
+        if let Some(branch) = branch.filter(|path| std::path::Path::new(path).exists()) {
+            println!("cargo:rerun-if-changed={branch}");
         }
     }
 }
