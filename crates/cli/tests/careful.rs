@@ -99,9 +99,13 @@ fn half_the_measured_round_trip_comes_off_a_delayed_link() {
     let d = Duration::from_millis(20);
     let (rtt_0, fast) = careful_through(Duration::ZERO, 1);
     let (rtt_d, slow) = careful_through(d, 2);
-    // The round trip it measures carries the injected delay both ways.
+    // The round trip it measures carries the injected delay both ways,
+    // give or take what the machine adds to either measurement (a busy
+    // one once measured 0.60 ms without the delay line and 40.59 ms
+    // with it: 39.98 ms added).
     let added = rtt_d.saturating_sub(rtt_0);
-    assert!(added >= d * 2 && added < d * 2 + Duration::from_millis(10), "rtt {rtt_0:?} then {rtt_d:?}");
+    let slack = Duration::from_millis(5);
+    assert!(added > d * 2 - slack && added < d * 2 + Duration::from_millis(10), "rtt {rtt_0:?} then {rtt_d:?}");
     // `--quick` rounds: 1 MiB at least, 200 messages at least.
     let round_bytes = |size: usize| (size as u64 * ((1u64 << 20) / size as u64).clamp(200, 20_000)) as f64;
     assert_eq!(fast.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 64, 1024, 16384, 65536]);
