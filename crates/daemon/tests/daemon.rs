@@ -6,13 +6,15 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use common::{PROCESSORS, REGION, Tenant, address, connect_qp, daemon, daemon_with, every_operation, pair, pattern};
+use common::{
+    PROCESSORS, REGION, Tenant, address, connect_qp, daemon, daemon_with, every_operation, pair, pattern, rc_init,
+};
 use softrnic_daemon::limits::DaemonConfig;
 use softrnic_daemon_protocol::shared_memory::SharedMapping;
 use softrnic_provider::client::{Channel, Cq, Qp, Srq};
 use softrnic_transport::{
-    Access, AlgorithmSpec, AsyncEvent, Completion, Payload, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
-    RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, SrqAttr, WcStatus, smallvec,
+    Access, AlgorithmSpec, AsyncEvent, Completion, Payload, QpAttr, QpInitAttr, QpState, RecvWorkRequest, RemoteAddr,
+    SendOp, SendWorkRequest, Sge, SrqAttr, WcStatus, smallvec,
 };
 
 #[test]
@@ -103,16 +105,7 @@ fn limits_refuse_what_exceeds_them() {
     let config = DaemonConfig::parse("[tenant]\nmax_qps = 1\nmax_srqs = 1\nmax_memory_mib = 1\n").unwrap();
     let daemon = daemon_with("limits", config);
     let t = Tenant::open(daemon.socket(), address());
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        pd: t.pd,
-        send_cq: t.cq.id,
-        recv_cq: t.cq.id,
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-        srq: None,
-    };
-    let e = t.session.create_qp(init).err().unwrap();
+    let e = t.session.create_qp(rc_init(t.pd, t.cq.id)).err().unwrap();
     assert!(e.to_string().contains("at most 1 QPs"), "{e}");
     let big = SharedMapping::create("big", 2 << 20).unwrap();
     let e = t.session.register_memory(t.pd, &big, 0, 2 << 20, 0, Access::LOCAL_WRITE).unwrap_err();
@@ -234,15 +227,7 @@ fn tenants_and_threads_at_once_disturb_nothing() {
 /// A QP of `receiver`'s that takes its receives from `srq` (completions
 /// on the receiver's CQ), connected both ways with `sender`'s QP.
 fn qp_on_srq(receiver: &Tenant, srq: &Srq, sender: &Tenant) -> Qp {
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        pd: receiver.pd,
-        send_cq: receiver.cq.id,
-        recv_cq: receiver.cq.id,
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-        srq: Some(srq.id),
-    };
+    let init = QpInitAttr { srq: Some(srq.id), ..rc_init(receiver.pd, receiver.cq.id) };
     let session = &receiver.session;
     let qp = session.create_qp(init).unwrap();
     connect_qp(session, &qp, receiver.psn, (sender.session.addr(), sender.qp.qpn, sender.psn), (14, 7));
@@ -399,15 +384,7 @@ fn receiver_with_channel(socket: &std::path::Path) -> (Tenant, Tenant, Channel, 
     let b = Tenant::open(socket, address());
     let channel = b.session.create_channel().unwrap();
     let cq = b.session.create_cq(16, Some(&channel)).unwrap();
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        pd: b.pd,
-        send_cq: b.cq.id,
-        recv_cq: cq.id,
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-        srq: None,
-    };
+    let init = QpInitAttr { recv_cq: cq.id, ..rc_init(b.pd, b.cq.id) };
     let qp = b.session.create_qp(init).unwrap();
     let b = Tenant { qp, ..b };
     let a = Tenant::open(socket, address());

@@ -57,7 +57,7 @@ fn still_serves(socket: &Path) {
 /// A QP of `qp_type` in `pd` whose sends and receives complete on `cq`,
 /// with the device's default capacities.
 fn qp_init(qp_type: QpType, pd: PdId, cq: CqId) -> QpInitAttr {
-    QpInitAttr { qp_type, pd, send_cq: cq, recv_cq: cq, caps: QpCaps::default(), sq_sig_all: false, srq: None }
+    QpInitAttr { qp_type, ..common::rc_init(pd, cq) }
 }
 
 #[test]

@@ -292,3 +292,23 @@ fn reset_discards_the_receives_the_stage_and_the_ring_hold() {
         assert_eq!(b.cq.poll(16, &mut more), 0, "{rx:?}: nothing of before the RESET: {more:?}");
     }
 }
+
+/// A QP that takes its receives from an SRQ gets no receive stage (they
+/// land directly): no staging buffers, and nothing registered for them
+/// that would outlive the QP. Before the stages were built per direction,
+/// one was made and dropped unreleased, its registration left behind.
+#[test]
+fn a_qp_on_an_srq_gets_no_receive_stage() {
+    use softrnic_transport::{QpInitAttr, SrqAttr};
+    for rx in [RxDesign::PerConnection, RxDesign::InCache] {
+        let daemon = designed(&format!("srq-{rx:?}"), TxDesign::HeaderOnly, rx);
+        let t = common::Tenant::open(daemon.socket(), common::address());
+        let before = daemon.offload_stats();
+        let srq = t.session.create_srq(t.pd, SrqAttr { max_wr: 64, max_sge: 1, limit: 0 }).unwrap();
+        let init = QpInitAttr { srq: Some(srq.id), ..common::rc_init(t.pd, t.cq.id) };
+        let qp = t.session.create_qp(init).unwrap();
+        assert_eq!(daemon.offload_stats(), before, "{rx:?}: no staging for a QP on an SRQ");
+        t.session.destroy_qp(qp.qpn).unwrap();
+        assert_eq!(daemon.offload_stats(), before, "{rx:?}");
+    }
+}

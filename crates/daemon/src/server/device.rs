@@ -22,7 +22,7 @@ use softrnic_engine::shm::{Scope, this_netns};
 use softrnic_engine::{DatapathKind, EngineConfig, Nic, OpenError, interface};
 use softrnic_transport::{AsyncEvent, CqId, SrqId};
 
-use super::copy_engine::CopyEngine;
+use super::offload::copy_engine::CopyEngine;
 use super::offload::{Offload, TxDesign};
 
 /// How long a device that is closing may keep its port from a new one.

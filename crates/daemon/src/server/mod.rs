@@ -2,7 +2,6 @@
 //! control verbs, and the command processors that serve the tenants'
 //! queues.
 
-pub mod copy_engine;
 pub mod device;
 pub mod offload;
 pub mod priority;

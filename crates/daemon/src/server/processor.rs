@@ -17,23 +17,24 @@
 //! ring index moves that QP to the error state (its requests flush) and the
 //! processor goes on with everyone else.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
+use softrnic_engine::Nic;
 use softrnic_event::{EventQueue, wait_readable};
 use softrnic_ring::spsc::{Consumer, Producer};
 use softrnic_ring::wakeup;
 use softrnic_transport::{
     Completion, CompletionQueue, CqId, Payload, PostQueues, QpAttr, QpCaps, QpState, RecvWorkRequest, SendOp,
-    SendWorkRequest, SgeList, SharedReceiveQueue, VerbsError,
+    SendWorkRequest, SgeList, SharedReceiveQueue, VerbsError, WcOpcode,
 };
 
 use super::device::Device;
-use super::offload::{self, Pull, RxStage, TxStage};
+use super::offload::{Moment, ReceiveStage, SendStage, Stages};
 use softrnic_daemon_protocol::doorbell::{self, DoorbellPage};
 use softrnic_daemon_protocol::protocol::RemoteError;
 use softrnic_daemon_protocol::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
@@ -61,10 +62,9 @@ pub struct ServedQp {
     pub device: Arc<Device>,
     pub posts: Arc<PostQueues>,
     pub caps: QpCaps,
-    /// The offload designs' stages, where they copy ([`super::offload`]).
-    tx: Option<TxStage>,
-    /// Shared with the engine's fetch on demand.
-    rx: Option<Arc<Mutex<RxStage>>>,
+    /// A copying receive design's stage ([`super::offload`]), shared with
+    /// the engine's fetch on demand.
+    rx: Option<Arc<Mutex<Box<dyn ReceiveStage>>>>,
     pub send: SharedQueue,
     /// Without an SRQ: its receive ring, which the engine may read too.
     recv: Option<Arc<ReceiveRing>>,
@@ -76,11 +76,8 @@ pub struct ServedQp {
 #[derive(Default)]
 struct Cursors {
     send: Consumer,
-    /// Sends the transmit stage staged (its next slot).
-    staged: u64,
-    /// `engine-copy`: sends whose payloads the copy engine is pulling, in
-    /// order.
-    pulls: VecDeque<Pull>,
+    /// A copying transmit design's stage ([`super::offload`]).
+    tx: Option<Box<dyn SendStage>>,
     /// A ring's index was scribbled: nothing more is read from it.
     broken: bool,
 }
@@ -92,7 +89,7 @@ impl ServedQp {
         device: Arc<Device>,
         posts: Arc<PostQueues>,
         caps: QpCaps,
-        (tx, rx): (Option<TxStage>, Option<RxStage>),
+        stages: Stages,
         send: SharedQueue,
         recv: Option<SharedQueue>,
     ) -> ServedQp {
@@ -102,11 +99,10 @@ impl ServedQp {
             device,
             posts,
             caps,
-            tx,
-            rx: rx.map(|stage| Arc::new(Mutex::new(stage))),
+            rx: stages.receive.map(|stage| Arc::new(Mutex::new(stage))),
             send,
             recv: recv.map(|ring| Arc::new(ReceiveRing::new(ring, caps.max_recv_sge))),
-            cursors: Mutex::new(Cursors::default()),
+            cursors: Mutex::new(Cursors { tx: stages.send, ..Cursors::default() }),
             refused: AtomicU64::new(0),
         }
     }
@@ -123,7 +119,7 @@ impl ServedQp {
     /// which never waits for a shard's pass.
     pub fn fetch_on_demand(&self) {
         let Some(ring) = self.recv.clone() else { return };
-        let (posts, stage, counters) = (self.posts.clone(), self.rx.clone(), self.device.offload.counters.clone());
+        let (posts, stage) = (self.posts.clone(), self.rx.clone());
         self.device.nic.fetch_receives_with(&self.posts, move || {
             // Posted straight to the QP's queue, which the engine takes as
             // it answers: its shard needs no telling.
@@ -131,14 +127,11 @@ impl ServedQp {
             let Some(stage) = &stage else { return ring.fetch(post) };
             let mut stage = stage.lock().unwrap_or_else(|e| e.into_inner());
             // Entering the error state: every receive flushes.
-            if posts.state() == QpState::Error {
-                ring.fetch(|wr| stage.post(&mut post, wr, &counters));
-                return stage.flush(&mut post);
+            let moment = if posts.state() == QpState::Error { Moment::Flush } else { Moment::Arrival };
+            if stage.wants_new_receives(moment) {
+                ring.fetch(|wr| stage.take(wr, &mut post));
             }
-            if !stage.has_a_receive_for_arrival() {
-                ring.fetch(|wr| stage.post(&mut post, wr, &counters));
-            }
-            stage.message_arrived(&mut post, &counters);
+            stage.settle(moment, &mut post);
         });
     }
 
@@ -156,96 +149,41 @@ impl ServedQp {
         moved
     }
 
+    /// Moves new send WQEs into the engine, through the transmit stage if
+    /// the QP has one.
     fn drain_send(&self, cursors: &mut Cursors) -> bool {
-        if let Some(stage) = self.tx.as_ref().filter(|s| s.pulls()) {
-            return self.drain_pulled(cursors, stage);
-        }
-        if cursors.send.slot(&self.send) == Ok(None) {
-            return false; // the common case: no lock taken
-        }
-        let (max_sge, max_inline) = (self.caps.max_send_sge as usize, self.caps.max_inline_data as usize);
-        let (nic, counters) = (&self.device.nic, &self.device.offload.counters);
-        // A copying design reads the program's memory with the checks a
-        // request gets, in the regions registered now.
-        let memory = self.tx.as_ref().map(|_| nic.memory());
-        // One lock and one doorbell for the batch; released before a
-        // fault moves the QP to error.
-        let mut queue = nic.send_queue(&self.posts);
-        let Cursors { send, staged, .. } = &mut *cursors;
-        let (moved, fault) = drain_ring(&self.send, send, true, |slot| {
-            let wr = wqe::parse_send(slot, max_sge, max_inline).map_err(|e| VerbsError::invalid(e.to_string()))?;
-            let (Some(stage), Some(memory)) = (&self.tx, &memory) else { return queue.post(wr) };
-            let (wr, copied) = stage.stage(wr, memory, *staged);
-            queue.post(wr)?;
-            *staged += u64::from(copied.is_some());
-            stage.posted(copied, counters);
-            Ok(())
-        });
-        drop(queue);
+        let Cursors { send, tx, .. } = &mut *cursors;
+        let mut sends = Sends { qp: self, cursor: send, fault: None };
+        let moved = match tx {
+            Some(stage) => stage.move_sends(&mut sends),
+            None => sends.post_all(),
+        };
+        let fault = sends.fault;
         self.handle_fault(cursors, fault);
-        moved > 0
+        moved
     }
 
-    /// `engine-copy`: new sends start their pulls, and those whose
-    /// payloads are in place go to the engine, in order. The copy engine
-    /// is driven (polled, posted to) with no lock of the QP's held: with
-    /// inline progress its calls drive the shard, which takes them.
-    fn drain_pulled(&self, cursors: &mut Cursors, stage: &TxStage) -> bool {
-        let (nic, counters) = (&self.device.nic, &self.device.offload.counters);
-        let pulling = !cursors.pulls.is_empty();
-        if !pulling && cursors.send.slot(&self.send) == Ok(None) {
-            return false;
-        }
-        let (max_sge, max_inline) = (self.caps.max_send_sge as usize, self.caps.max_inline_data as usize);
-        stage.collect_pulls(nic);
-        // Taken at the first new entry: most passes only finish pulls.
-        let mut memory = None;
-        let Cursors { send, staged, pulls, .. } = &mut *cursors;
-        let (moved, fault) = drain_ring(&self.send, send, true, |slot| {
-            let wr = wqe::parse_send(slot, max_sge, max_inline).map_err(|e| VerbsError::invalid(e.to_string()))?;
-            if pulls.len() >= offload::PULLS_PER_QP {
-                return Err(VerbsError::OutOfResources("the copy engine is pulling enough for this QP".into()));
-            }
-            let memory = memory.get_or_insert_with(|| nic.memory());
-            pulls.push_back(stage.pull(nic, wr, memory, *staged));
-            *staged += 1;
-            Ok(())
-        });
-        let mut queue = nic.send_queue(&self.posts);
-        let refused = stage.finish_pulls(pulls, &mut queue, counters);
-        drop(queue);
-        let fault = fault.or(refused.map(|(wr_id, e)| Fault::Entry {
-            wr_id,
-            send: true,
-            why: format!("send WQE refused: {e}"),
-        }));
-        self.handle_fault(cursors, fault);
-        // While pulls are under way the processor keeps looking (no
-        // sleep): their READs complete within microseconds.
-        moved > 0 || !cursors.pulls.is_empty()
-    }
-
+    /// Moves new receive WQEs into the engine, through the receive stage
+    /// if the QP has one.
     fn drain_recv(&self, cursors: &mut Cursors, recv: &ReceiveRing) -> bool {
-        let (nic, counters) = (&self.device.nic, &self.device.offload.counters);
+        let nic = &self.device.nic;
         let mut stage = self.rx.as_ref().map(|rx| rx.lock().unwrap_or_else(|e| e.into_inner()));
-        // Receives that waited for a staging buffer go first, in order.
         let mut post = |wr| nic.post_recv(&self.posts, wr);
-        let resumed = stage.as_mut().is_some_and(|s| s.post_waiting(&mut post, counters));
         let mut cursor = recv.cursor.lock().unwrap_or_else(|e| e.into_inner());
         let (moved, fault) = drain_ring(&recv.ring, &mut cursor, false, |slot| {
             let wr = wqe::parse_recv(slot, recv.max_sge).map_err(|e| VerbsError::invalid(e.to_string()))?;
             match stage.as_mut() {
-                Some(stage) => stage.post(&mut post, wr, counters),
+                Some(stage) => stage.take(wr, &mut post),
                 None => post(wr),
             }
         });
-        // Posted to a QP in error: they flush, in-cache ones too.
-        if let Some(stage) = stage.as_mut().filter(|_| self.posts.state() == QpState::Error) {
-            stage.flush(&mut post);
-        }
+        // Receives that waited for a staging buffer, in order; posted to a
+        // QP in error, they flush.
+        let moment = if self.posts.state() == QpState::Error { Moment::Flush } else { Moment::Pass };
+        let settled = stage.as_mut().is_some_and(|stage| stage.settle(moment, &mut post));
         drop((cursor, stage));
         self.handle_fault(cursors, fault);
-        resumed || moved > 0
+        moved > 0 || settled
     }
 
     /// RESET, which `reset_engine` applies to the engine's QP: what the
@@ -276,13 +214,13 @@ impl ServedQp {
     /// Frees what the offload stages hold (the QP is destroyed).
     pub fn release(&self) {
         let nic = &self.device.nic;
-        if let Some(tx) = &self.tx {
-            let pulls = std::mem::take(&mut self.cursors.lock().unwrap_or_else(|e| e.into_inner()).pulls);
-            tx.release(nic, pulls);
+        let tx = self.cursors.lock().unwrap_or_else(|e| e.into_inner()).tx.take();
+        if let Some(tx) = tx {
+            tx.release(nic);
         }
         if let Some(rx) = &self.rx {
-            let registration = rx.lock().unwrap_or_else(|e| e.into_inner()).release();
-            registration.undo(nic);
+            let undo = rx.lock().unwrap_or_else(|e| e.into_inner()).release();
+            undo(nic);
         }
     }
 
@@ -360,6 +298,64 @@ fn drain_ring(
     (moved, None)
 }
 
+/// A QP's send ring as a transmit stage sees it: the new WQEs, parsed
+/// and checked, and the engine's queue to post them to. The first bad
+/// entry (or a send the engine refused outright) is kept as the fault
+/// that moves the QP to error once the stage is done.
+pub struct Sends<'a> {
+    qp: &'a ServedQp,
+    cursor: &'a mut Consumer,
+    fault: Option<Fault>,
+}
+
+impl<'a> Sends<'a> {
+    pub fn nic(&self) -> &'a Nic {
+        &self.qp.device.nic
+    }
+
+    /// The QP's queues in the engine.
+    pub fn posts(&self) -> &'a PostQueues {
+        &self.qp.posts
+    }
+
+    /// Whether the ring holds no new WQE (told without a lock).
+    pub fn is_empty(&self) -> bool {
+        self.cursor.slot(&self.qp.send) == Ok(None)
+    }
+
+    /// Takes up to a batch of new WQEs through `take`, in order, stopping
+    /// at the first fault or at `OutOfResources`, which leaves that WQE in
+    /// the ring for the next pass. Returns how many it took.
+    pub fn take(&mut self, mut take: impl FnMut(SendWorkRequest) -> Result<(), VerbsError>) -> usize {
+        if self.fault.is_some() {
+            return 0;
+        }
+        let (max_sge, max_inline) = (self.qp.caps.max_send_sge as usize, self.qp.caps.max_inline_data as usize);
+        let (moved, fault) = drain_ring(&self.qp.send, self.cursor, true, |slot| {
+            take(wqe::parse_send(slot, max_sge, max_inline).map_err(|e| VerbsError::invalid(e.to_string()))?)
+        });
+        self.fault = fault;
+        moved
+    }
+
+    /// The engine refused send `wr_id` outright (not for want of room).
+    pub fn refuse(&mut self, wr_id: u64, e: VerbsError) {
+        self.fault.get_or_insert(Fault::Entry { wr_id, send: true, why: format!("send WQE refused: {e}") });
+    }
+
+    /// Without a stage: every new WQE straight to the engine, with one
+    /// lock and one doorbell for the batch (released before a fault moves
+    /// the QP to error).
+    fn post_all(&mut self) -> bool {
+        if self.is_empty() {
+            return false; // the common case: no lock taken
+        }
+        let (nic, posts) = (self.nic(), self.posts());
+        let mut queue = nic.send_queue(posts);
+        self.take(|wr| queue.post(wr)) > 0
+    }
+}
+
 /// A ring of receive WQEs (a QP's or an SRQ's) and the reader's place in
 /// it. Two read it: the processor on its passes, and the engine's fetch
 /// hook when a message finds no receive; the cursor's lock keeps the
@@ -407,13 +403,7 @@ pub struct ServedSrq {
 }
 
 impl ServedSrq {
-    pub fn new(
-        tenant: u64,
-        nic: &softrnic_engine::Nic,
-        queue: Arc<SharedReceiveQueue>,
-        ring: SharedQueue,
-        max_sge: u32,
-    ) -> ServedSrq {
+    pub fn new(tenant: u64, nic: &Nic, queue: Arc<SharedReceiveQueue>, ring: SharedQueue, max_sge: u32) -> ServedSrq {
         let ring = Arc::new(ReceiveRing::new(ring, max_sge));
         let (fetching, srq) = (ring.clone(), queue.clone());
         nic.fetch_srq_receives_with(&queue, move || fetching.fetch(|wr| srq.post(wr)));
@@ -589,11 +579,11 @@ impl ServedCq {
         }
         let device = Arc::as_ptr(&self.device) as usize;
         let mut memory = None;
-        for c in completions.iter_mut().filter(|c| offload::is_receive(c)) {
+        let receive = |c: &&mut Completion| matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        for c in completions.iter_mut().filter(receive) {
             let Some(rx) = staged.get(&(device, c.qp_num)).and_then(|qp| qp.rx.as_ref()) else { continue };
             let memory = memory.get_or_insert_with(|| self.device.nic.memory());
-            let counters = &self.device.offload.counters;
-            if !rx.lock().unwrap_or_else(|e| e.into_inner()).complete(c, memory, counters) {
+            if !rx.lock().unwrap_or_else(|e| e.into_inner()).complete(c, memory) {
                 let error = QpAttr { state: Some(QpState::Error), ..QpAttr::default() };
                 let _ = self.device.nic.modify_qp(c.qp_num, &error);
             }

@@ -29,6 +29,7 @@ use softrnic_transport::{
 use softrnic_wire::mad::GSI_QPN;
 
 use super::device::{Device, Devices, Element, NetNs};
+use super::offload::Stages;
 use super::processor::{Processors, Registry, ServedCq, ServedQp, ServedSrq};
 use crate::limits::{Accounts, Resource, Usage};
 use softrnic_daemon_protocol::doorbell::DoorbellPage;
@@ -539,16 +540,14 @@ impl Tenant {
         // The offload designs stage what the processor moves; a forwarding
         // tenant's requests go to the engine as they come.
         let stages = match self.forward {
-            true => Ok((None, None)),
+            true => Ok(Stages::default()),
             false => {
-                let depths = (caps.max_send_wr, caps.max_recv_wr);
+                // A QP's receives from an SRQ land directly: not staged.
+                let depths = (caps.max_send_wr, init.srq.is_none().then_some(caps.max_recv_wr));
                 self.device.offload.stages(nic, pd, depths, self.device.copy.as_ref())
             }
         };
         let stages = match stages {
-            // Receives staged from an SRQ are not built: an SRQ QP's land
-            // directly.
-            Ok((tx, _)) if init.srq.is_some() => (tx, None),
             Ok(stages) => stages,
             Err(e) => {
                 let _ = nic.destroy_qp(qpn);

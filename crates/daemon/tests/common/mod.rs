@@ -14,13 +14,27 @@ use softrnic_daemon::server::{Daemon, DaemonOptions, Running};
 use softrnic_daemon_protocol::shared_memory::SharedMapping;
 use softrnic_provider::client::{Cq, Qp, Session};
 use softrnic_transport::{
-    Access, Completion, MrKeys, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
+    Access, Completion, CqId, MrKeys, Mtu, Payload, PdId, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
     RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, WcOpcode, WcStatus, smallvec,
 };
 
 pub static NEXT: AtomicU8 = AtomicU8::new(10);
 
 /// A fresh loopback address per device, so tests run side by side.
+/// An RC QP of `pd` with both queues' completions on `cq`, default caps,
+/// its own receive queue.
+pub fn rc_init(pd: PdId, cq: CqId) -> QpInitAttr {
+    QpInitAttr {
+        qp_type: QpType::Rc,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+        srq: None,
+    }
+}
+
 pub fn address() -> IpAddr {
     IpAddr::from([127, 0, 9, NEXT.fetch_add(1, Ordering::Relaxed)])
 }
@@ -82,16 +96,7 @@ impl Tenant {
         let iova = memory.as_ptr() as u64;
         let keys = session.register_memory(pd, &memory, 0, REGION, iova, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
         let cq = session.create_cq(256, None).unwrap();
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            pd,
-            send_cq: cq.id,
-            recv_cq: cq.id,
-            caps: QpCaps::default(),
-            sq_sig_all: false,
-            srq: None,
-        };
-        let qp = session.create_qp(init).unwrap();
+        let qp = session.create_qp(rc_init(pd, cq.id)).unwrap();
         Tenant { session, pd, memory, keys, cq, qp, psn: Psn::new(fastrand_psn()) }
     }
 
