@@ -31,7 +31,7 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use softrnic_cc::IntHop;
 use softrnic_transport::{
-    Registration, Access, Choice, CongestionConfig, CqId, Device, DmaBuffer, Instant, IntRecords, MAX_DATAGRAM_LEN, Mtu, Payload,
+    Registration, Access, Choice, CongestionConfig, CqId, Device, DmaBuffer, Entropy, Instant, IntRecords, MAX_DATAGRAM_LEN, Mtu, Payload,
     Psn, QpCaps, QpInitAttr, QpType, RcConnection, RecvMeta, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge,
     TransportConfig, smallvec, ud_steps,
 };
@@ -71,7 +71,9 @@ fn setup(mode: u8) -> Target {
         int: algorithm == Some("hpcc"),
         ..CongestionConfig::default()
     };
-    let mut device = Device::new(TransportConfig { local_addr: LOCAL, congestion, ..TransportConfig::default() });
+    // Keys and QP numbers from a fixed seed: the same input replays.
+    let config = TransportConfig { local_addr: LOCAL, congestion, ..TransportConfig::default() };
+    let mut device = Device::new(config, Entropy::from_u64(0));
     let buffer = Arc::new(DmaBuffer::from_bytes(&vec![0x5a; LEN]));
     let pd = device.alloc_pd();
     let remote = device

@@ -31,9 +31,9 @@ use std::time::Duration;
 use softrnic_transport::memory::{MemoryRegion, MemoryTable};
 use softrnic_transport::qp::QpAttributes;
 use softrnic_transport::{
-    AsyncEvent, Choice, Completion, CompletionQueue, Control, CqId, Instant, MrKeys, PdId, PostQueues, Posted, QpAttr,
-    QpInitAttr, QpState, RecvWorkRequest, Registration, Result, SendPoster, SendWorkRequest, Shard, SharedReceiveQueue,
-    SrqAttr, SrqId, TransportConfig, shard_of,
+    AsyncEvent, Choice, Completion, CompletionQueue, Control, CqId, Entropy, Instant, MrKeys, PdId, PostQueues, Posted,
+    QpAttr, QpInitAttr, QpState, RecvWorkRequest, Registration, Result, SendPoster, SendWorkRequest, Shard,
+    SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, shard_of,
 };
 use softrnic_wire::ROCEV2_UDP_PORT;
 use softrnic_wire::int::INT_UDP_PORT;
@@ -274,7 +274,7 @@ impl Nic {
             }
             DatapathKind::Shm => Some(Arc::new(Inbox::create(config.addr, shards, scope()?)?)),
         };
-        let control = Control::new(transport.clone(), shards);
+        let control = Control::new(transport.clone(), shards, Entropy::from_seed(os_seed()?));
         let shards = sockets
             .into_iter()
             .zip(int_sockets.into_iter().map(Some).chain(std::iter::repeat_with(|| None)))
@@ -771,4 +771,12 @@ impl Core {
         let path = crate::counters_file::path(self.shards[0].socket().local_addr().ip());
         let _ = crate::counters_file::write(&path, &self.counters());
     }
+}
+
+/// 32 bytes from the operating system, the seed of a device's keys, QP
+/// numbers and PSNs ([`softrnic_transport::entropy`]).
+fn os_seed() -> std::io::Result<[u8; 32]> {
+    let mut seed = [0; 32];
+    getrandom::fill(&mut seed).map_err(|e| std::io::Error::other(format!("no seed from the operating system: {e}")))?;
+    Ok(seed)
 }

@@ -681,15 +681,16 @@ fn forget_conn(device: &CmDevice, id: &Id, conn: ConnId) {
     state.cm.forget(conn);
 }
 
-/// A random first PSN (24 bits).
+/// A random first PSN (24 bits), from the operating system's generator.
 pub fn random_psn() -> u32 {
-    let mut bytes = [0u8; 4];
-    // SAFETY: a 4-byte buffer.
-    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), 4, 0) };
-    if got != 4 {
-        bytes = std::process::id().to_le_bytes();
-    }
-    u32::from_le_bytes(bytes) & 0x00ff_ffff
+    // It fails only where the kernel has neither getrandom(2) nor
+    // /dev/urandom; the clock and the process then make PSNs at least
+    // differ between connections.
+    let random = getrandom::u32().unwrap_or_else(|_| {
+        let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        clock.subsec_nanos() ^ std::process::id().rotate_left(16)
+    });
+    random & 0x00ff_ffff
 }
 
 /// An accepted request's REP, or a SIDR_REP for a UD ID.

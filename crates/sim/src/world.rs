@@ -12,7 +12,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use softrnic_transport::{Device, Instant, MAX_DATAGRAM_LEN, SrqId, TransportConfig};
+use softrnic_transport::{Device, Entropy, Instant, MAX_DATAGRAM_LEN, SrqId, TransportConfig};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
 use crate::fabric::{Fabric, FabricSpec};
@@ -111,7 +111,9 @@ impl World {
         let hosts = (0..hosts)
             .map(|i| {
                 let ip = host_ip(i);
-                let device = Device::new(TransportConfig { local_addr: ip, ..config.clone() });
+                // Keys and QP numbers drawn from the run's seed: a run replays.
+                let entropy = Entropy::from_u64(seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
+                let device = Device::new(TransportConfig { local_addr: ip, ..config.clone() }, entropy);
                 Host {
                     device,
                     addr: SocketAddr::new(ip, ROCEV2_UDP_PORT),

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use softrnic_transport::{Access, DmaBuffer, PdId, QpCaps, QpInitAttr, QpType};
+use softrnic_transport::{Access, DmaBuffer, PdId, Psn, QpCaps, QpInitAttr, QpType, VerbsError};
 
 use crate::{CompletionQueue, Context, Error, MemoryRegion, QueuePair};
 
@@ -65,7 +65,11 @@ impl ProtectionDomain {
             sq_sig_all,
             srq: None,
         };
+        // A random initial PSN, as perftest picks one, drawn first: a QP
+        // made is not left behind by a failure.
+        let psn = getrandom::u32()
+            .map_err(|e| VerbsError::Device(format!("no random initial PSN from the operating system: {e}")))?;
         let qp = self.ctx.provider.create_qp(init)?;
-        Ok(QueuePair::new(self.clone(), qp, qp_type, [send_cq.handle(), recv_cq.handle()]))
+        Ok(QueuePair::new(self.clone(), qp, qp_type, Psn::new(psn), [send_cq.handle(), recv_cq.handle()]))
     }
 }

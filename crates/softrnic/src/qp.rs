@@ -75,9 +75,13 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
-    pub(crate) fn new(pd: ProtectionDomain, posts: DeviceQp, qp_type: QpType, cqs: [Arc<CqHandle>; 2]) -> QueuePair {
-        // A random initial PSN, as perftest picks one.
-        let psn = Psn::new(fastrand::u32(..));
+    pub(crate) fn new(
+        pd: ProtectionDomain,
+        posts: DeviceQp,
+        qp_type: QpType,
+        psn: Psn,
+        cqs: [Arc<CqHandle>; 2],
+    ) -> QueuePair {
         QueuePair { pd, qpn: posts.qpn(), posts, qp_type, psn, _cqs: cqs }
     }
 

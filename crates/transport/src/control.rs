@@ -11,8 +11,10 @@ use rustc_hash::FxHashSet;
 
 use crate::completion::{CompletionQueue, CompletionQueues, CqId};
 use crate::config::TransportConfig;
+use crate::entropy::{Entropy, Recent};
 use crate::error::{Result, VerbsError};
-use crate::memory::{MemoryTable, MrKeys, PdId, Registration};
+use crate::limits::MAX_QP;
+use crate::memory::{MemoryTable, MrKeys, PdId, ProtectionDomains, Registration};
 use crate::qp::{QpInitAttr, QpQueues, QpType, QueuePair};
 use crate::shard::shard_of;
 use crate::srq::{SharedReceiveQueue, SharedReceiveQueues, SrqAttr, SrqId};
@@ -21,6 +23,9 @@ use softrnic_wire::mad::GSI_QPN;
 /// The first QP number handed out; 0 and 1 are the special QPs of verbs.
 const FIRST_QPN: u32 = 0x11;
 const MAX_QPN: u32 = (1 << 24) - 1;
+/// Draws of a QP number that all find one taken before the space is
+/// called full (each does with a chance of a quarter at most).
+const DRAWS_BEFORE_GIVING_UP: usize = 64;
 
 /// The device-wide objects of one RNIC.
 #[derive(Debug)]
@@ -32,28 +37,36 @@ pub struct Control {
     /// the next one.
     memory: Arc<MemoryTable>,
     memory_changed: bool,
+    pds: ProtectionDomains,
     cqs: CompletionQueues,
     srqs: SharedReceiveQueues,
     /// QP numbers in use.
     qpns: FxHashSet<u32>,
-    /// Where the search for the next free QP number starts. QP numbers are
-    /// not reused until the space wraps, so a late packet for a destroyed
-    /// QP never lands on a new one.
-    next_qpn: u32,
+    /// Where keys and QP numbers are drawn from.
+    entropy: Entropy,
+    /// Keys and QP numbers of objects destroyed lately, not drawn again
+    /// for a while: a stale rkey never names a new region, and a late
+    /// packet for a destroyed QP never lands on a new one.
+    recent_keys: Recent,
+    recent_qpns: Recent,
 }
 
 impl Control {
-    /// The control plane of a device whose QPs are spread over `shards`.
-    pub fn new(config: TransportConfig, shards: usize) -> Control {
+    /// The control plane of a device whose QPs are spread over `shards`,
+    /// drawing its keys and QP numbers from `entropy`.
+    pub fn new(config: TransportConfig, shards: usize, entropy: Entropy) -> Control {
         Control {
             config,
             shards: shards.max(1),
             memory: Arc::new(MemoryTable::new()),
             memory_changed: false,
+            pds: ProtectionDomains::default(),
             cqs: CompletionQueues::default(),
             srqs: SharedReceiveQueues::default(),
             qpns: FxHashSet::default(),
-            next_qpn: FIRST_QPN,
+            entropy,
+            recent_keys: Recent::default(),
+            recent_qpns: Recent::default(),
         }
     }
 
@@ -84,25 +97,42 @@ impl Control {
     // ----- protection domains and memory regions -----
 
     pub fn alloc_pd(&mut self) -> PdId {
-        self.memory_mut().alloc_pd()
+        self.pds.alloc()
     }
 
     pub fn dealloc_pd(&mut self, pd: PdId) -> Result<()> {
-        self.memory_mut().dealloc_pd(pd)
+        self.pds.dealloc(pd)
     }
 
+    /// Registers `r` under two keys drawn at random (a peer that learns
+    /// one rkey can infer no other key), never one let go of lately.
     pub fn register_memory(&mut self, r: Registration) -> Result<MrKeys> {
-        self.memory_mut().register(r)
+        self.pds.check(r.pd)?;
+        let pd = r.pd;
+        let (entropy, recent) = (&mut self.entropy, &self.recent_keys);
+        let mut draw = || std::iter::repeat_with(|| entropy.u32()).find(|k| !recent.contains(*k)).unwrap();
+        self.memory_changed = true;
+        let keys = Arc::make_mut(&mut self.memory).register(r, &mut draw)?;
+        self.pds.add_users(pd, 1)?;
+        Ok(keys)
     }
 
     /// A new translation, PD or access for the region `lkey` names, under
     /// the same keys.
     pub fn reregister_memory(&mut self, lkey: u32, r: Registration) -> Result<MrKeys> {
-        self.memory_mut().reregister(lkey, r)
+        self.pds.check(r.pd)?;
+        let pd = r.pd;
+        let (keys, old_pd) = self.memory_mut().reregister(lkey, r)?;
+        self.pds.add_users(old_pd, -1)?;
+        self.pds.add_users(pd, 1)?;
+        Ok(keys)
     }
 
     pub fn deregister_memory(&mut self, lkey: u32) -> Result<()> {
-        self.memory_mut().deregister(lkey)
+        let region = self.memory_mut().deregister(lkey)?;
+        self.recent_keys.let_go(region.keys.lkey);
+        self.recent_keys.let_go(region.keys.rkey);
+        self.pds.add_users(region.pd, -1)
     }
 
     // ----- completion queues -----
@@ -122,11 +152,9 @@ impl Control {
     // ----- shared receive queues -----
 
     pub fn create_srq(&mut self, pd: PdId, attr: SrqAttr) -> Result<Arc<SharedReceiveQueue>> {
-        if !self.memory.pd_exists(pd) {
-            return Err(VerbsError::NotFound("protection domain"));
-        }
+        self.pds.check(pd)?;
         let srq = self.srqs.create(pd, attr)?;
-        self.memory_mut().pd_users(pd, 1)?;
+        self.pds.add_users(pd, 1)?;
         Ok(srq)
     }
 
@@ -137,7 +165,7 @@ impl Control {
     pub fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
         let pd = self.srqs.get(srq)?.pd();
         self.srqs.destroy(srq)?;
-        self.memory_mut().pd_users(pd, -1)
+        self.pds.add_users(pd, -1)
     }
 
     // ----- queue pairs -----
@@ -163,18 +191,19 @@ impl Control {
     }
 
     /// [`Control::create_qp`], with the number `qpn` if given (it is free
-    /// and belongs to `shard`) or else the next free one.
+    /// and belongs to `shard`) or else one drawn.
     fn create_numbered_qp(&mut self, init: QpInitAttr, shard: usize, qpn: Option<u32>) -> Result<QueuePair> {
         assert!(shard < self.shards, "shard {shard} of {}", self.shards);
-        if !self.memory.pd_exists(init.pd) {
-            return Err(VerbsError::NotFound("protection domain"));
-        }
+        self.pds.check(init.pd)?;
         let (Some(send_cq), Some(recv_cq)) = (self.cqs.get(init.send_cq), self.cqs.get(init.recv_cq)) else {
             return Err(VerbsError::NotFound("completion queue"));
         };
         let srq = init.srq.map(|srq| self.srqs.get(srq).cloned()).transpose()?;
         if init.caps.max_send_wr == 0 && init.caps.max_recv_wr == 0 && init.srq.is_none() {
             return Err(VerbsError::invalid("a QP needs a send or a receive queue"));
+        }
+        if self.qpns.len() >= MAX_QP as usize {
+            return Err(VerbsError::OutOfResources(format!("queue pairs: the device has {MAX_QP}")));
         }
         let queues = QpQueues { send_cq: send_cq.clone(), recv_cq: recv_cq.clone(), srq };
         let qpn = match qpn {
@@ -183,7 +212,7 @@ impl Control {
         };
         queues.send_cq.add_shard(shard);
         queues.recv_cq.add_shard(shard);
-        self.memory_mut().pd_users(init.pd, 1)?;
+        self.pds.add_users(init.pd, 1)?;
         self.cqs.add_user(init.send_cq, 1);
         self.cqs.add_user(init.recv_cq, 1);
         if let Some(srq) = init.srq {
@@ -193,27 +222,33 @@ impl Control {
         Ok(QueuePair::new(qpn, init, queues))
     }
 
-    /// The next free QP number that belongs to `shard`.
+    /// A QP number of `shard`'s set, drawn at random from those free and
+    /// not let go of lately, so that no one can guess a QP's number from
+    /// another's.
     fn allocate_qpn(&mut self, shard: usize) -> Result<u32> {
-        let start = self.next_qpn;
-        let mut qpn = start;
-        loop {
-            if shard_of(qpn, self.shards) == shard && !self.qpns.contains(&qpn) {
-                self.next_qpn = if qpn >= MAX_QPN { FIRST_QPN } else { qpn + 1 };
+        // The shard's set: every n in FIRST_QPN..=MAX_QPN with n % shards
+        // == shard, at least 2^24 / 64 numbers, of which the device's
+        // MAX_QP live and Recent::HELD held back use a quarter at most: a
+        // draw finds a free one in under two tries on average.
+        let shards = self.shards as u32;
+        let first = FIRST_QPN + (shard as u32 + shards - FIRST_QPN % shards) % shards;
+        let count = (MAX_QPN - first) / shards + 1;
+        for _ in 0..DRAWS_BEFORE_GIVING_UP {
+            let qpn = first + self.entropy.u32() % count * shards;
+            debug_assert_eq!(shard_of(qpn, self.shards), shard);
+            if !self.qpns.contains(&qpn) && !self.recent_qpns.contains(qpn) {
                 return Ok(qpn);
             }
-            qpn = if qpn >= MAX_QPN { FIRST_QPN } else { qpn + 1 };
-            if qpn == start {
-                return Err(VerbsError::OutOfResources("queue pair numbers".into()));
-            }
         }
+        Err(VerbsError::OutOfResources("queue pair numbers".into()))
     }
 
     /// Releases what a destroyed QP (taken back from its shard) held.
     pub fn destroy_qp(&mut self, qp: QueuePair) -> Result<()> {
         let init = *qp.init_attr();
         self.qpns.remove(&qp.qpn());
-        self.memory_mut().pd_users(init.pd, -1)?;
+        self.recent_qpns.let_go(qp.qpn());
+        self.pds.add_users(init.pd, -1)?;
         self.cqs.add_user(init.send_cq, -1);
         self.cqs.add_user(init.recv_cq, -1);
         if let Some(srq) = init.srq {
@@ -226,11 +261,12 @@ impl Control {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::Access;
     use crate::qp::{QpCaps, QpType};
 
     #[test]
     fn qp_numbers_land_on_the_shard_that_asked_and_are_not_reused_at_once() {
-        let mut control = Control::new(TransportConfig::default(), 4);
+        let mut control = Control::new(TransportConfig::default(), 4, Entropy::from_u64(4));
         let pd = control.alloc_pd();
         let cq = control.create_cq(16).id();
         let init = QpInitAttr {
@@ -253,12 +289,93 @@ mod tests {
         assert!(control.cq(cq).unwrap().shards() == 0b1111, "every shard posts to the CQ");
     }
 
+    /// A QP's number tells nothing of the next one's: numbers are drawn
+    /// over the whole of a shard's set, never repeat while in use or soon
+    /// after, and the device refuses QPs beyond its limit.
+    #[test]
+    fn qp_numbers_are_drawn_over_the_shards_set() {
+        let mut control = Control::new(TransportConfig::default(), 4, Entropy::from_u64(9));
+        let pd = control.alloc_pd();
+        let cq = control.create_cq(16).id();
+        let init = QpInitAttr {
+            qp_type: QpType::Rc,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        };
+        let qps: Vec<QueuePair> = (0..256).map(|_| control.create_qp(init, 2).unwrap()).collect();
+        let numbers: FxHashSet<u32> = qps.iter().map(|qp| qp.qpn()).collect();
+        assert_eq!(numbers.len(), 256);
+        assert!(numbers.iter().all(|&n| shard_of(n, 4) == 2 && (FIRST_QPN..=MAX_QPN).contains(&n)));
+        let (low, high) = (numbers.iter().min().unwrap(), numbers.iter().max().unwrap());
+        assert!(high - low > MAX_QPN / 2, "spread over the space: {low:#x}..{high:#x}");
+        // Destroyed and created again, many times over: a number let go
+        // of is not drawn again within the next Recent::HELD.
+        let mut history = Vec::new();
+        for qp in qps {
+            history.push(qp.qpn());
+            control.destroy_qp(qp).unwrap();
+        }
+        for _ in 0..Recent::HELD {
+            let qp = control.create_qp(init, 2).unwrap();
+            history.push(qp.qpn());
+            control.destroy_qp(qp).unwrap();
+        }
+        let window: FxHashSet<u32> = history[history.len() - Recent::HELD..].iter().copied().collect();
+        assert_eq!(window.len(), Recent::HELD, "no number twice among the last HELD");
+    }
+
+    #[test]
+    fn memory_keys_let_go_of_are_not_drawn_again_soon() {
+        let mut control = Control::new(TransportConfig::default(), 1, Entropy::from_u64(3));
+        let pd = control.alloc_pd();
+        let buffer = Arc::new(crate::DmaBuffer::new(8));
+        let r = || Registration { pd, buffer: buffer.clone(), offset: 0, len: 8, iova: 0, access: Access::REMOTE_READ };
+        let mut keys = Vec::new();
+        for _ in 0..Recent::HELD / 2 {
+            let k = control.register_memory(r()).unwrap();
+            assert_ne!(k.lkey, k.rkey);
+            keys.extend([k.lkey, k.rkey]);
+            control.deregister_memory(k.lkey).unwrap();
+        }
+        let distinct: FxHashSet<u32> = keys.iter().copied().collect();
+        assert_eq!(distinct.len(), keys.len(), "every key fresh");
+    }
+
+    /// A PD counts its regions, QPs and SRQs, wherever a reregistration
+    /// moves a region, and is not deallocated while one uses it.
+    #[test]
+    fn a_pd_in_use_stays() {
+        let mut control = Control::new(TransportConfig::default(), 1, Entropy::from_u64(5));
+        let (pd, other) = (control.alloc_pd(), control.alloc_pd());
+        let buffer = Arc::new(crate::DmaBuffer::new(8));
+        let r = |pd| Registration { pd, buffer: buffer.clone(), offset: 0, len: 8, iova: 0, access: Access::empty() };
+        let gone = PdId(9);
+        assert_eq!(control.register_memory(r(gone)).unwrap_err(), VerbsError::NotFound("protection domain"));
+        let keys = control.register_memory(r(pd)).unwrap();
+        assert_eq!(control.dealloc_pd(pd), Err(VerbsError::Busy("protection domain")));
+        assert_eq!(control.reregister_memory(keys.lkey, r(gone)), Err(VerbsError::NotFound("protection domain")));
+        assert_eq!(control.reregister_memory(keys.lkey, r(other)), Ok(keys));
+        assert_eq!(control.dealloc_pd(other), Err(VerbsError::Busy("protection domain")));
+        control.dealloc_pd(pd).unwrap();
+        control.deregister_memory(keys.lkey).unwrap();
+        control.dealloc_pd(other).unwrap();
+    }
+
     #[test]
     fn a_memory_change_is_handed_out_once() {
-        let mut control = Control::new(TransportConfig::default(), 1);
+        let mut control = Control::new(TransportConfig::default(), 1, Entropy::from_u64(1));
         assert!(control.take_memory_update().is_none());
         let before = control.memory().clone();
-        control.alloc_pd();
+        let pd = control.alloc_pd();
+        assert!(control.take_memory_update().is_none(), "a PD is the control plane's alone");
+        let buffer = Arc::new(crate::DmaBuffer::new(8));
+        control
+            .register_memory(Registration { pd, buffer, offset: 0, len: 8, iova: 0, access: Access::empty() })
+            .unwrap();
         let after = control.take_memory_update().expect("the table changed");
         assert!(!Arc::ptr_eq(&before, &after), "copy on write leaves the old snapshot intact");
         assert!(control.take_memory_update().is_none());

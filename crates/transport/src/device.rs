@@ -17,6 +17,7 @@ use crate::config::TransportConfig;
 use crate::congestion::RecvMeta;
 use crate::control::Control;
 use crate::counters::Counters;
+use crate::entropy::Entropy;
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::fetch_on_demand::ReceivesWanted;
@@ -35,8 +36,9 @@ pub struct Device {
 }
 
 impl Device {
-    pub fn new(config: TransportConfig) -> Device {
-        let control = Control::new(config.clone(), 1);
+    /// A device drawing its keys and QP numbers from `entropy`.
+    pub fn new(config: TransportConfig, entropy: Entropy) -> Device {
+        let control = Control::new(config.clone(), 1, entropy);
         let shard = Shard::new(0, config, control.memory().clone());
         Device { control, shard }
     }

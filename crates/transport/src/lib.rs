@@ -15,6 +15,7 @@ pub mod congestion;
 pub mod control;
 pub mod counters;
 pub mod device;
+pub mod entropy;
 pub mod error;
 pub mod event;
 pub mod fetch_on_demand;
@@ -32,6 +33,7 @@ pub use congestion::{AlgorithmSpec, Choice, CongestionConfig, IntMark, IntRecord
 pub use control::Control;
 pub use counters::Counters;
 pub use device::Device;
+pub use entropy::Entropy;
 pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
 pub use fetch_on_demand::ReceivesWanted;

@@ -3,11 +3,13 @@
 //! every access, local or remote, goes through.
 
 mod buffer;
+mod domains;
 mod region;
 mod scatter_gather;
 mod table;
 
 pub use buffer::DmaBuffer;
+pub use domains::ProtectionDomains;
 pub use region::{Access, MemoryRegion, MrKeys, PdId, Registration};
 pub(crate) use scatter_gather::{gather, scatter, validate_list};
 pub use table::{AccessFault, MemoryTable, MemoryView};

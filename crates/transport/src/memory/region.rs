@@ -27,7 +27,9 @@ impl Access {
     pub const REMOTE: Access = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
 }
 
-/// The keys of a registered region. softrnic uses one key for both.
+/// The keys of a registered region: the lkey names it in the device's own
+/// work requests, the rkey in a peer's. They differ, and neither tells
+/// the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct MrKeys {

@@ -73,17 +73,13 @@ mod tests {
     #[test]
     fn gathers_and_scatters_across_elements() {
         let mut table = MemoryTable::new();
-        let pd = table.alloc_pd();
+        let pd = PdId(0);
         let buffer = Arc::new(DmaBuffer::from_bytes(b"0123456789abcdef"));
         let keys = table
-            .register(Registration {
-                pd,
-                buffer: buffer.clone(),
-                offset: 0,
-                len: 16,
-                iova: 100,
-                access: Access::LOCAL_WRITE,
-            })
+            .register(
+                Registration { pd, buffer: buffer.clone(), offset: 0, len: 16, iova: 100, access: Access::LOCAL_WRITE },
+                &mut crate::entropy::Entropy::from_u64(1).into_draw(),
+            )
             .unwrap();
         let sges = [
             Sge { addr: 102, length: 3, lkey: keys.lkey }, // "234"

@@ -3,6 +3,8 @@
 
 use super::{Access, DmaBuffer, MemoryRegion, MrKeys, PdId, Registration};
 use crate::error::{Result, VerbsError};
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
 
 /// Why an access was refused. The transport turns each into the status or
 /// NAK that the IBTA prescribes for the side that made the access.
@@ -75,23 +77,37 @@ impl<'a> MemoryView<'a> {
     }
 }
 
-#[derive(Debug, Default, Clone)]
-struct Slot {
-    region: Option<MemoryRegion>,
-    /// Bumped on every reuse so that a stale key never names a new region.
-    generation: u8,
-}
-
-/// Protection domains and memory regions of one device.
+/// The memory regions of one device, by key: the snapshot every access,
+/// local or remote, is checked against.
+///
+/// A region has two keys, both drawn by the caller (the control plane,
+/// from its [`crate::entropy::Entropy`]) and neither derived from the
+/// other or from anything else: its lkey, for the device's own work
+/// requests, and its rkey, the only one a peer's request can name. So a
+/// peer that learns one key learns nothing of the others, nor of the same
+/// region's lkey.
+///
+/// The shards read the snapshot they were given while the control plane
+/// makes the next (copy on write), so the keys are spread over
+/// [`BUCKETS`] buckets by their top bits: a change copies the buckets it
+/// touches, a sixteenth of the table each, not the whole of it.
 #[derive(Debug, Default, Clone)]
 pub struct MemoryTable {
-    /// Objects (regions and QPs) that use each protection domain; `None`
-    /// once deallocated.
-    pds: Vec<Option<u32>>,
-    slots: Vec<Slot>,
-    free_slots: Vec<usize>,
+    buckets: [Arc<Bucket>; BUCKETS],
+    regions: usize,
 }
 
+/// The keys whose top bits name one bucket.
+#[derive(Debug, Default, Clone)]
+struct Bucket {
+    /// Each live region by its lkey.
+    regions: FxHashMap<u32, MemoryRegion>,
+    /// Each live region's lkey by its rkey.
+    rkeys: FxHashMap<u32, u32>,
+}
+
+const BUCKETS: usize = 16;
+const _: () = assert!(BUCKETS.is_power_of_two());
 const MAX_REGIONS: usize = 1 << 24;
 
 impl MemoryTable {
@@ -99,78 +115,63 @@ impl MemoryTable {
         MemoryTable::default()
     }
 
-    pub fn alloc_pd(&mut self) -> PdId {
-        self.pds.push(Some(0));
-        PdId(self.pds.len() as u32 - 1)
+    /// The bucket of `key`: its top bits, as the hash maps within use the
+    /// low ones.
+    fn bucket(&self, key: u32) -> &Bucket {
+        &self.buckets[(key >> (32 - BUCKETS.ilog2())) as usize]
     }
 
-    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<()> {
-        match self.pds.get_mut(pd.0 as usize) {
-            Some(slot @ Some(0)) => {
-                *slot = None;
-                Ok(())
-            }
-            Some(Some(_)) => Err(VerbsError::Busy("protection domain")),
-            _ => Err(VerbsError::NotFound("protection domain")),
+    fn bucket_mut(&mut self, key: u32) -> &mut Bucket {
+        Arc::make_mut(&mut self.buckets[(key >> (32 - BUCKETS.ilog2())) as usize])
+    }
+
+    /// Registers what `r` describes (its PD checked by the caller), under
+    /// two keys drawn from `draw`, which is asked again for any key that
+    /// is 0 or already names a region.
+    pub fn register(&mut self, r: Registration, draw: &mut impl FnMut() -> u32) -> Result<MrKeys> {
+        Self::validate(&r)?;
+        if self.regions >= MAX_REGIONS {
+            return Err(VerbsError::OutOfResources("memory regions".into()));
         }
-    }
-
-    pub fn pd_exists(&self, pd: PdId) -> bool {
-        matches!(self.pds.get(pd.0 as usize), Some(Some(_)))
-    }
-
-    /// Records that one more object uses `pd` (or one fewer).
-    pub(crate) fn pd_users(&mut self, pd: PdId, delta: i32) -> Result<()> {
-        match self.pds.get_mut(pd.0 as usize) {
-            Some(Some(users)) => {
-                *users = users.checked_add_signed(delta).expect("pd user count");
-                Ok(())
-            }
-            _ => Err(VerbsError::NotFound("protection domain")),
-        }
-    }
-
-    /// Registers what `r` describes.
-    pub fn register(&mut self, r: Registration) -> Result<MrKeys> {
-        self.validate(&r)?;
-        let index = match self.free_slots.pop() {
-            Some(index) => index,
-            None if self.slots.len() < MAX_REGIONS => {
-                self.slots.push(Slot::default());
-                self.slots.len() - 1
-            }
-            None => return Err(VerbsError::OutOfResources("memory regions".into())),
-        };
-        let slot = &mut self.slots[index];
-        slot.generation = slot.generation.wrapping_add(1);
-        let key = ((index as u32) << 8) | u32::from(slot.generation);
-        let keys = MrKeys { lkey: key, rkey: key };
-        let pd = r.pd;
-        slot.region = Some(MemoryRegion::of(r, keys));
-        self.pd_users(pd, 1)?;
+        let lkey = self.fresh_key(draw);
+        let rkey = std::iter::repeat_with(|| self.fresh_key(draw)).find(|&k| k != lkey).expect("an endless draw");
+        let keys = MrKeys { lkey, rkey };
+        self.bucket_mut(lkey).regions.insert(lkey, MemoryRegion::of(r, keys));
+        self.bucket_mut(rkey).rkeys.insert(rkey, lkey);
+        self.regions += 1;
         Ok(keys)
+    }
+
+    /// A key from `draw` that names nothing yet. 0 is never one, so that a
+    /// zeroed work request names no region.
+    fn fresh_key(&self, draw: &mut impl FnMut() -> u32) -> u32 {
+        loop {
+            let key = draw();
+            let bucket = self.bucket(key);
+            if key != 0 && !bucket.regions.contains_key(&key) && !bucket.rkeys.contains_key(&key) {
+                return key;
+            }
+        }
     }
 
     /// Gives the region `lkey` names a new translation, protection domain
-    /// or access (`ibv_rereg_mr`), under the same keys, as hardware keeps
-    /// them: a peer holding the rkey reaches the new memory.
-    pub fn reregister(&mut self, lkey: u32, r: Registration) -> Result<MrKeys> {
-        let old = self.lookup(lkey).ok_or(VerbsError::NotFound("memory region"))?;
-        let (old_pd, keys) = (old.pd, old.keys);
-        self.validate(&r)?;
-        let pd = r.pd;
-        self.slots[(lkey >> 8) as usize].region = Some(MemoryRegion::of(r, keys));
-        self.pd_users(old_pd, -1)?;
-        self.pd_users(pd, 1)?;
-        Ok(keys)
+    /// (checked by the caller) or access (`ibv_rereg_mr`), under the same
+    /// keys, as hardware keeps them: a peer holding the rkey reaches the
+    /// new memory. Returns the keys and the PD it had.
+    pub fn reregister(&mut self, lkey: u32, r: Registration) -> Result<(MrKeys, PdId)> {
+        Self::validate(&r)?;
+        if self.lookup(lkey).is_none() {
+            return Err(VerbsError::NotFound("memory region"));
+        }
+        let region = self.bucket_mut(lkey).regions.get_mut(&lkey).expect("looked up above");
+        let (old_pd, keys) = (region.pd, region.keys);
+        *region = MemoryRegion::of(r, keys);
+        Ok((keys, old_pd))
     }
 
     /// The checks every registration passes.
-    fn validate(&self, r: &Registration) -> Result<()> {
-        let Registration { pd, ref buffer, offset, len, iova, access } = *r;
-        if !self.pd_exists(pd) {
-            return Err(VerbsError::NotFound("protection domain"));
-        }
+    fn validate(r: &Registration) -> Result<()> {
+        let Registration { ref buffer, offset, len, iova, access, .. } = *r;
         if offset.checked_add(len).is_none_or(|end| end > buffer.len()) {
             return Err(VerbsError::invalid(format!(
                 "region {offset}+{len} does not fit its buffer of {} bytes",
@@ -187,28 +188,35 @@ impl MemoryTable {
         Ok(())
     }
 
-    pub fn deregister(&mut self, lkey: u32) -> Result<()> {
-        let index = (lkey >> 8) as usize;
-        let region = self.lookup(lkey).ok_or(VerbsError::NotFound("memory region"))?;
-        let pd = region.pd;
-        self.slots[index].region = None;
-        self.free_slots.push(index);
-        self.pd_users(pd, -1)
+    /// Deregisters the region `lkey` names. Returns it: its keys name
+    /// nothing from now on.
+    pub fn deregister(&mut self, lkey: u32) -> Result<MemoryRegion> {
+        if self.lookup(lkey).is_none() {
+            return Err(VerbsError::NotFound("memory region"));
+        }
+        let region = self.bucket_mut(lkey).regions.remove(&lkey).expect("looked up above");
+        self.bucket_mut(region.keys.rkey).rkeys.remove(&region.keys.rkey);
+        self.regions -= 1;
+        Ok(region)
     }
 
-    /// The region a key names, if it is live.
-    pub fn lookup(&self, key: u32) -> Option<&MemoryRegion> {
-        let slot = self.slots.get((key >> 8) as usize)?;
-        slot.region.as_ref().filter(|r| r.keys.lkey == key)
+    /// The region an lkey names, if it is live.
+    pub fn lookup(&self, lkey: u32) -> Option<&MemoryRegion> {
+        self.bucket(lkey).regions.get(&lkey)
     }
 
-    /// Checks that `key` allows `need` on `[addr, addr + len)` from `pd`
+    /// The region an rkey names, if it is live.
+    fn lookup_remote(&self, rkey: u32) -> Option<&MemoryRegion> {
+        self.lookup(*self.bucket(rkey).rkeys.get(&rkey)?)
+    }
+
+    /// Checks that `lkey` allows `need` on `[addr, addr + len)` from `pd`
     /// and returns that range. Zero-length accesses touch nothing and need
     /// no valid key, as in the IBTA (9.7.4.1.3).
     pub fn check(
         &self,
         pd: PdId,
-        key: u32,
+        lkey: u32,
         addr: u64,
         len: usize,
         need: Access,
@@ -216,7 +224,17 @@ impl MemoryTable {
         if len == 0 {
             return Ok(MemoryView::EMPTY);
         }
-        let region = self.lookup(key).ok_or(AccessFault::InvalidKey)?;
+        let region = self.lookup(lkey).ok_or(AccessFault::InvalidKey)?;
+        Self::check_region(region, pd, addr, len, need)
+    }
+
+    fn check_region(
+        region: &MemoryRegion,
+        pd: PdId,
+        addr: u64,
+        len: usize,
+        need: Access,
+    ) -> core::result::Result<MemoryView<'_>, AccessFault> {
         if region.pd != pd {
             return Err(AccessFault::WrongPd);
         }
@@ -231,8 +249,9 @@ impl MemoryTable {
         Ok(MemoryView { buffer: Some(&region.buffer), offset: region.offset + start as usize, len })
     }
 
-    /// Checks a remote access: like [`Self::check`], but a region registered
-    /// without any remote permission has no valid rkey at all.
+    /// Checks a remote access: like [`Self::check`], under the region's
+    /// rkey, and a region registered without any remote permission has no
+    /// valid rkey at all.
     pub fn check_remote(
         &self,
         pd: PdId,
@@ -241,23 +260,34 @@ impl MemoryTable {
         len: usize,
         need: Access,
     ) -> core::result::Result<MemoryView<'_>, AccessFault> {
-        if len > 0 && self.lookup(rkey).is_some_and(|r| !r.access.intersects(Access::REMOTE)) {
-            return Err(AccessFault::InvalidKey);
+        if len == 0 {
+            return Ok(MemoryView::EMPTY);
         }
-        self.check(pd, rkey, addr, len, need)
+        let region = self.lookup_remote(rkey).filter(|r| r.access.intersects(Access::REMOTE));
+        Self::check_region(region.ok_or(AccessFault::InvalidKey)?, pd, addr, len, need)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::entropy::Entropy;
     use std::sync::Arc;
+
+    /// Keys as the control plane draws them, each call from a stream of
+    /// its own.
+    fn draw() -> impl FnMut() -> u32 {
+        static STREAM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Entropy::from_u64(STREAM.fetch_add(1, std::sync::atomic::Ordering::Relaxed)).into_draw()
+    }
 
     fn table_with_region(access: Access) -> (MemoryTable, PdId, MrKeys) {
         let mut table = MemoryTable::new();
-        let pd = table.alloc_pd();
+        let pd = PdId(0);
         let buffer = Arc::new(DmaBuffer::new(64));
-        let keys = table.register(Registration { pd, buffer, offset: 16, len: 32, iova: 0x1000, access }).unwrap();
+        let keys = table
+            .register(Registration { pd, buffer, offset: 16, len: 32, iova: 0x1000, access }, &mut draw())
+            .unwrap();
         (table, pd, keys)
     }
 
@@ -266,12 +296,19 @@ mod tests {
         let (mut table, pd, keys) = table_with_region(Access::LOCAL_WRITE | Access::REMOTE_READ);
         assert!(table.check(pd, keys.lkey, 0x1000, 32, Access::empty()).is_ok());
         assert_eq!(table.check(pd, keys.lkey ^ 1, 0x1000, 1, Access::empty()).unwrap_err(), AccessFault::InvalidKey);
-        let other = table.alloc_pd();
+        let other = PdId(1);
         assert_eq!(table.check(other, keys.lkey, 0x1000, 1, Access::empty()).unwrap_err(), AccessFault::WrongPd);
         assert_eq!(table.check(pd, keys.lkey, 0xfff, 1, Access::empty()).unwrap_err(), AccessFault::OutOfBounds);
         assert_eq!(table.check(pd, keys.lkey, 0x1001, 32, Access::empty()).unwrap_err(), AccessFault::OutOfBounds);
         assert_eq!(table.check(pd, keys.lkey, u64::MAX, 2, Access::empty()).unwrap_err(), AccessFault::OutOfBounds);
-        assert_eq!(table.check(pd, keys.rkey, 0x1000, 8, Access::REMOTE_WRITE).unwrap_err(), AccessFault::NotPermitted);
+        let (rkey, lkey) = (keys.rkey, keys.lkey);
+        assert_eq!(
+            table.check_remote(pd, rkey, 0x1000, 8, Access::REMOTE_WRITE).unwrap_err(),
+            AccessFault::NotPermitted
+        );
+        assert!(table.check_remote(pd, rkey, 0x1000, 8, Access::REMOTE_READ).is_ok());
+        assert_eq!(table.check(pd, rkey, 0x1000, 1, Access::empty()).unwrap_err(), AccessFault::InvalidKey, "an rkey");
+        assert_eq!(table.check_remote(pd, lkey, 0x1000, 1, Access::REMOTE_READ).unwrap_err(), AccessFault::InvalidKey);
         assert!(table.check(pd, 0xdead, 0, 0, Access::REMOTE_WRITE).is_ok(), "zero length needs no key");
         table.deregister(keys.lkey).unwrap();
         assert_eq!(table.check(pd, keys.lkey, 0x1000, 1, Access::empty()).unwrap_err(), AccessFault::InvalidKey);
@@ -291,23 +328,51 @@ mod tests {
         let (mut table, pd, keys) = table_with_region(Access::LOCAL_WRITE);
         table.deregister(keys.lkey).unwrap();
         let again = table
-            .register(Registration {
-                pd,
-                buffer: Arc::new(DmaBuffer::new(8)),
-                offset: 0,
-                len: 8,
-                iova: 0,
-                access: Access::LOCAL_WRITE,
-            })
+            .register(
+                Registration {
+                    pd,
+                    buffer: Arc::new(DmaBuffer::new(8)),
+                    offset: 0,
+                    len: 8,
+                    iova: 0,
+                    access: Access::LOCAL_WRITE,
+                },
+                &mut draw(),
+            )
             .unwrap();
         assert_ne!(again.lkey, keys.lkey);
         assert!(table.lookup(keys.lkey).is_none());
     }
 
+    /// A key is drawn, not derived from where its region is kept: every
+    /// bit of the keys varies, the two keys of a region differ, and a key
+    /// that names a live region (or 0) is never handed out again.
     #[test]
-    fn reregistering_keeps_the_keys_and_moves_the_pd_count() {
+    fn keys_are_drawn_and_never_name_two_regions() {
+        let mut table = MemoryTable::new();
+        let pd = PdId(0);
+        let buffer = Arc::new(DmaBuffer::new(8));
+        let r = || Registration { pd, buffer: buffer.clone(), offset: 0, len: 8, iova: 0, access: Access::REMOTE_READ };
+        let mut draw = draw();
+        let keys: Vec<MrKeys> = (0..256).map(|_| table.register(r(), &mut draw).unwrap()).collect();
+        let (mut ones, mut zeros) = (0u32, 0u32);
+        for k in &keys {
+            assert_ne!(k.lkey, k.rkey);
+            (ones, zeros) = (ones | k.lkey | k.rkey, zeros | !k.lkey | !k.rkey);
+        }
+        assert_eq!((ones, zeros), (u32::MAX, u32::MAX), "every bit of a key is drawn");
+        // A source that repeats itself: live keys and 0 are drawn again.
+        let (live, fresh) = (keys[0], 0x5eed);
+        let mut repeats = [live.lkey, live.rkey, 0, keys[1].rkey, fresh, fresh + 1].into_iter();
+        let next = table.register(r(), &mut || repeats.next().unwrap()).unwrap();
+        assert_eq!(next, MrKeys { lkey: fresh, rkey: fresh + 1 });
+        assert_eq!(table.lookup(live.lkey).unwrap().keys, live, "the live region keeps its keys");
+    }
+
+    #[test]
+    fn reregistering_keeps_the_keys() {
         let (mut table, pd, keys) = table_with_region(Access::LOCAL_WRITE);
-        let other = table.alloc_pd();
+        let other = PdId(1);
         let buffer = Arc::new(DmaBuffer::new(16));
         // A bad request changes nothing.
         assert!(
@@ -332,12 +397,10 @@ mod tests {
                 Registration { pd: other, buffer, offset: 0, len: 16, iova: 0x9000, access: Access::LOCAL_WRITE },
             )
             .unwrap();
-        assert_eq!(again, keys);
+        assert_eq!(again, (keys, pd), "the keys, and the PD it had");
         assert!(table.check(other, keys.lkey, 0x9000, 16, Access::LOCAL_WRITE).is_ok());
         assert_eq!(table.check(pd, keys.lkey, 0x9000, 1, Access::empty()).unwrap_err(), AccessFault::WrongPd);
-        // The first PD has no user left; the second has the region.
-        assert!(table.dealloc_pd(pd).is_ok());
-        assert!(table.dealloc_pd(other).is_err());
+        assert!(table.check_remote(other, keys.rkey, 0x9000, 1, Access::empty()).is_err(), "no remote access now");
         assert!(
             table
                 .reregister(
@@ -358,49 +421,36 @@ mod tests {
     #[test]
     fn registration_rules() {
         let mut table = MemoryTable::new();
-        let pd = table.alloc_pd();
+        let pd = PdId(0);
         let buffer = Arc::new(DmaBuffer::new(8));
         assert!(
             table
-                .register(Registration {
-                    pd,
-                    buffer: buffer.clone(),
-                    offset: 4,
-                    len: 8,
-                    iova: 0,
-                    access: Access::empty()
-                })
+                .register(
+                    Registration { pd, buffer: buffer.clone(), offset: 4, len: 8, iova: 0, access: Access::empty() },
+                    &mut draw()
+                )
                 .is_err()
         );
         assert!(
             table
-                .register(Registration {
-                    pd,
-                    buffer: buffer.clone(),
-                    offset: 0,
-                    len: 8,
-                    iova: 0,
-                    access: Access::REMOTE_WRITE
-                })
+                .register(
+                    Registration {
+                        pd,
+                        buffer: buffer.clone(),
+                        offset: 0,
+                        len: 8,
+                        iova: 0,
+                        access: Access::REMOTE_WRITE
+                    },
+                    &mut draw()
+                )
                 .is_err()
         );
-        assert!(
-            table
-                .register(Registration {
-                    pd: PdId(9),
-                    buffer: buffer.clone(),
-                    offset: 0,
-                    len: 8,
-                    iova: 0,
-                    access: Access::empty()
-                })
-                .is_err()
-        );
-        let keys =
-            table.register(Registration { pd, buffer, offset: 0, len: 8, iova: 0, access: Access::empty() }).unwrap();
-        assert_eq!(table.dealloc_pd(pd), Err(VerbsError::Busy("protection domain")));
+        let keys = table
+            .register(Registration { pd, buffer, offset: 0, len: 8, iova: 0, access: Access::empty() }, &mut draw())
+            .unwrap();
         assert_eq!(table.check_remote(pd, keys.rkey, 0, 8, Access::empty()).unwrap_err(), AccessFault::InvalidKey);
-        table.deregister(keys.lkey).unwrap();
-        table.dealloc_pd(pd).unwrap();
+        assert_eq!(table.deregister(keys.lkey).unwrap().keys, keys);
+        assert_eq!(table.deregister(keys.lkey).unwrap_err(), VerbsError::NotFound("memory region"));
     }
 }

@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex};
 use softrnic_engine::Nic;
 use softrnic_transport::{
     Access, Completion, CompletionQueue, DmaBuffer, Mtu, Payload, PdId, PostQueues, Psn, QpAttr, QpCaps, QpInitAttr,
-    QpState, QpType, RcConnection, Registration, RemoteAddr, Result, SendOp, SendWorkRequest, Sge, SgeList, WcStatus,
+    QpState, QpType, RcConnection, Registration, RemoteAddr, Result, SendOp, SendWorkRequest, Sge, SgeList, VerbsError,
+    WcStatus,
 };
 
 /// READs the copy engine's QP holds at once (every program's together).
@@ -74,13 +75,15 @@ impl CopyEngine {
             sq_sig_all: false,
             srq: None,
         };
+        let psn = getrandom::u32()
+            .map_err(|e| VerbsError::Device(format!("no random PSN from the operating system: {e}")))?;
         let qp = nic.create_qp(init)?;
         let connection = RcConnection {
             access: Access::REMOTE_READ,
             remote_addr: nic.addr(),
             dest_qpn: qp.qpn(),
-            rq_psn: Psn::new(0),
-            sq_psn: Psn::new(0),
+            rq_psn: Psn::new(psn),
+            sq_psn: Psn::new(psn),
             mtu,
             max_dest_rd_atomic: READS_IN_FLIGHT,
             max_rd_atomic: READS_IN_FLIGHT,
