@@ -40,6 +40,13 @@ impl Side {
     }
 }
 
+/// The first PSN of the QP numbered `qpn` in a [`Pair`]: a function of the
+/// number, so that a test can forge a packet at a PSN the responder
+/// expects.
+pub fn first_psn(qpn: u32) -> Psn {
+    Psn::new(qpn.wrapping_mul(1000))
+}
+
 /// Two hosts with a connected pair of QPs.
 #[derive(Debug)]
 pub struct Pair {
@@ -156,8 +163,8 @@ impl Pair {
                     access: Access::REMOTE,
                     remote_addr: peer_ip,
                     dest_qpn: peer.qpn,
-                    rq_psn: Psn::new(peer.qpn * 1000),
-                    sq_psn: Psn::new(me.qpn * 1000),
+                    rq_psn: first_psn(peer.qpn),
+                    sq_psn: first_psn(me.qpn),
                     mtu: o.mtu,
                     max_dest_rd_atomic: 16,
                     max_rd_atomic: 16,

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use softrnic_sim::Faults;
-use softrnic_sim::harness::{IOVA, Pair, PairOptions, QKEY, connect_rc};
+use softrnic_sim::harness::{IOVA, Pair, PairOptions, QKEY, connect_rc, first_psn};
 use softrnic_transport::{
     MAX_DATAGRAM_LEN, Payload, Posted, Psn, QpAttr, QpState, QpType, ReceivesWanted, RecvMeta, RecvWorkRequest,
     RemoteAddr, SendOp, SendWorkRequest, UdDestination, WcOpcode, WcStatus,
@@ -150,7 +150,7 @@ fn send_with_invalidate_is_an_invalid_request() {
     let mut pair = Pair::new(PairOptions::default());
     pair.post_recv(1, 1, 0, 64);
     let headers = Headers {
-        bth: bth::Repr::new(Opcode::RcSendOnlyInv, pair.b.qpn, Psn::new(pair.a.qpn * 1000)),
+        bth: bth::Repr::new(Opcode::RcSendOnlyInv, pair.b.qpn, first_psn(pair.a.qpn)),
         ext: Extensions { invalidate_rkey: Some(pair.b.mr.rkey), ..Extensions::default() },
     };
     let mut buf = [0u8; 64];
@@ -616,7 +616,7 @@ fn a_stale_sequence_nak_does_not_skip_the_rest_of_a_message() {
     use softrnic_wire::{Opcode, ROCEV2_UDP_PORT, aeth, bth};
 
     let mut pair = Pair::new(PairOptions::default());
-    let first_psn = Psn::new(pair.a.qpn * 1000);
+    let first_psn = first_psn(pair.a.qpn);
     pair.post(
         0,
         1,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use softrnic_sim::harness::{IOVA, Pair, PairOptions};
+use softrnic_sim::harness::{IOVA, Pair, PairOptions, first_psn};
 use softrnic_transport::{
     Access, Completion, DmaBuffer, Payload, QpAttr, QpState, RecvWorkRequest, Registration, RemoteAddr, SendOp, Sge,
     WcStatus,
@@ -322,7 +322,7 @@ proptest! {
         // A second region without remote rights, which no packet may touch.
         let pd = pair.b.pd;
         pair.world.device(1).register_memory(Registration { pd, buffer: guard.clone(), offset: 0, len: 4096, iova: 0x9000_0000, access: Access::LOCAL_WRITE }).unwrap();
-        let (qpn, rkey, epsn) = (pair.b.qpn, pair.b.mr.rkey, Psn::new(pair.a.qpn * 1000));
+        let (qpn, rkey, epsn) = (pair.b.qpn, pair.b.mr.rkey, first_psn(pair.a.qpn));
         for ((opcode, psn_offset, right_key, va, relative, len, payload), (offset, receive_number)) in packets.into_iter().zip(claims) {
             let addr = if relative { IOVA.wrapping_add(va) } else { va };
             let key = if right_key { rkey } else { rkey ^ 0x300 };
@@ -375,4 +375,46 @@ fn requests_before_a_fatal_error_still_complete() {
     assert_eq!(statuses(&a), vec![(1, WcStatus::Success), (2, WcStatus::RemAccessErr)]);
     assert_eq!(&pair.a.buffer.to_vec()[100..108], b"readable");
     assert_eq!((pair.state(0), pair.state(1)), (QpState::Error, QpState::Error));
+}
+
+/// A repeated READ is answered only within a READ the responder executed
+/// and still keeps, as a NIC answers one from its responder resources: a
+/// READ request forged with a PSN from the past half window, or asking
+/// more, other bytes, other PSNs or another key than the original, gets
+/// no response at all (before, the first was answered with the whole
+/// region, 64 packets, and a region of a gigabyte would have been sent
+/// whole); a true repeat of the original's second half still gets it.
+#[test]
+fn a_repeated_read_is_held_to_the_original() {
+    let mut pair = pair();
+    let (_, other_rkey) = region_with(&mut pair, Access::LOCAL_WRITE | Access::REMOTE_READ);
+    let payload = pair.a.gather(0, 2048);
+    pair.post(0, 1, SendOp::Read { remote: remote(&pair, 0) }, payload);
+    let [a, _] = pair.settle();
+    assert_eq!(statuses(&a), vec![(1, WcStatus::Success)], "two response packets at MTU 1024");
+    let (first, rkey, qpn) = (first_psn(pair.a.qpn), pair.b.mr.rkey, pair.b.qpn);
+    let read = |psn: Psn, virtual_address: u64, dma_length: u32, rkey: u32| Headers {
+        bth: bth::Repr::new(Opcode::RcReadRequest, qpn, psn),
+        ext: Extensions { reth: Some(reth::Repr { virtual_address, rkey, dma_length }), ..Extensions::default() },
+    };
+    let sent = |pair: &mut Pair| pair.world.device(1).counters().tx_packets;
+    let forged = [
+        ("a PSN of the past half window", read(first.sub(100_000), IOVA, 64 * 1024, rkey)),
+        ("more than the original", read(first, IOVA, 4096, rkey)),
+        ("other bytes", read(first, IOVA + 4096, 1024, rkey)),
+        ("another region's key", read(first, 0x9000_0000, 2048, other_rkey)),
+        ("PSNs past the original", read(first.add(1), IOVA + 1024, 2048, rkey)),
+    ];
+    for (what, headers) in forged {
+        let (before, malformed) = (sent(&mut pair), pair.world.device(1).counters().rx_malformed);
+        inject(&mut pair, &headers, &[]);
+        pair.world.flush();
+        assert_eq!(sent(&mut pair), before, "{what}: answered");
+        assert_eq!(pair.world.device(1).counters().rx_malformed, malformed + 1, "{what}: not counted");
+    }
+    let before = sent(&mut pair);
+    inject(&mut pair, &read(first.add(1), IOVA + 1024, 1024, rkey), &[]);
+    pair.world.flush();
+    assert_eq!(sent(&mut pair), before + 1, "a true repeat of the second packet is answered");
+    assert_eq!(pair.state(1), QpState::Rts, "no request above was a fatal error");
 }

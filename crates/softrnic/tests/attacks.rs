@@ -34,7 +34,9 @@ fn connect(client: &Context, server_qp: &QueuePair, server_mr: &MemoryRegion) ->
     let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
     let cq = client.create_cq(16).unwrap();
     let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
-    let options = ConnectOptions { timeout: 8, retry_cnt: 1, ..ConnectOptions::default() };
+    // The default timeout and retries: a test run beside many others
+    // must not time out before the server's NAK arrives.
+    let options = ConnectOptions::default();
     qp.connect(&server_qp.endpoint(server_mr), &options).unwrap();
     server_qp.connect(&qp.endpoint(&mr), &options).unwrap();
     Client { mr, cq, qp }

@@ -264,20 +264,20 @@ mod tests {
     use crate::memory::Access;
     use crate::qp::{QpCaps, QpType};
 
-    #[test]
-    fn qp_numbers_land_on_the_shard_that_asked_and_are_not_reused_at_once() {
-        let mut control = Control::new(TransportConfig::default(), 4, Entropy::from_u64(4));
+    /// A control plane of `shards` seeded with `seed`, and what an RC QP
+    /// of its first PD, on its first CQ, is created with.
+    fn control_with_qp_init(shards: usize, seed: u64) -> (Control, QpInitAttr) {
+        let mut control = Control::new(TransportConfig::default(), shards, Entropy::from_u64(seed));
         let pd = control.alloc_pd();
         let cq = control.create_cq(16).id();
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            caps: QpCaps::default(),
-            sq_sig_all: false,
-        };
+        let caps = QpCaps::default();
+        (control, QpInitAttr { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, srq: None, caps, sq_sig_all: false })
+    }
+
+    #[test]
+    fn qp_numbers_land_on_the_shard_that_asked_and_are_not_reused_at_once() {
+        let (mut control, init) = control_with_qp_init(4, 4);
+        let cq = init.send_cq;
         let mut seen = Vec::new();
         for shard in [0, 3, 3, 1, 2, 0] {
             let qp = control.create_qp(init, shard).unwrap();
@@ -294,18 +294,7 @@ mod tests {
     /// after, and the device refuses QPs beyond its limit.
     #[test]
     fn qp_numbers_are_drawn_over_the_shards_set() {
-        let mut control = Control::new(TransportConfig::default(), 4, Entropy::from_u64(9));
-        let pd = control.alloc_pd();
-        let cq = control.create_cq(16).id();
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            caps: QpCaps::default(),
-            sq_sig_all: false,
-        };
+        let (mut control, init) = control_with_qp_init(4, 9);
         let qps: Vec<QueuePair> = (0..256).map(|_| control.create_qp(init, 2).unwrap()).collect();
         let numbers: FxHashSet<u32> = qps.iter().map(|qp| qp.qpn()).collect();
         assert_eq!(numbers.len(), 256);
@@ -326,6 +315,11 @@ mod tests {
         }
         let window: FxHashSet<u32> = history[history.len() - Recent::HELD..].iter().copied().collect();
         assert_eq!(window.len(), Recent::HELD, "no number twice among the last HELD");
+        // The device's limit, however the numbers fall.
+        let live: Vec<QueuePair> = (0..MAX_QP).map(|_| control.create_qp(init, 2).unwrap()).collect();
+        let refused = control.create_qp(init, 2).map(|_| ()).unwrap_err();
+        assert!(refused.to_string().contains("queue pairs"), "{refused}");
+        assert_eq!(live.iter().map(|qp| qp.qpn()).collect::<FxHashSet<_>>().len(), MAX_QP as usize);
     }
 
     #[test]

@@ -3,8 +3,13 @@
 //! It expects one PSN at a time (`epsn`). A request at `epsn` executes; one
 //! beyond it means packets were lost, answered by a single PSN-sequence NAK
 //! per gap; one before it is a duplicate: SEND and WRITE are acknowledged
-//! again without executing twice, READ is executed again, and ATOMIC is
-//! answered from a replay cache so it never executes twice (IBTA 9.7.5.1).
+//! again without executing twice, READ is executed again within what the
+//! original READ asked (the responder keeps its last [`MAX_RD_ATOMIC`], as
+//! a NIC keeps its responder resources), and ATOMIC is answered from a
+//! replay cache so it never executes twice (IBTA 9.7.5.1). A repeated READ
+//! that no kept READ covers is dropped: otherwise one forged packet with a
+//! PSN from the last half window could make the responder send up to 2^23
+//! packets from any region its key names.
 //!
 //! Answers leave in PSN order through one queue, so an ACK never overtakes
 //! the READ response it follows; consecutive ACKs coalesce into one.
@@ -42,6 +47,29 @@ pub(super) struct ReadResponse {
     /// Answers a duplicate request: it reuses the original's resource and
     /// does not count against `max_dest_rd_atomic`.
     replay: bool,
+}
+
+/// A READ that executed, kept so that a repeat of it (its responses were
+/// lost) can be told from a forged one, and held to what it asked.
+#[derive(Debug, Clone, Copy)]
+struct ExecutedRead {
+    first_psn: Psn,
+    count: u32,
+    va: u64,
+    rkey: u32,
+    len: u64,
+}
+
+impl ExecutedRead {
+    /// Whether a repeat from `psn` asking `reth` stays within this READ:
+    /// the same key, and bytes and PSNs that are its own.
+    fn allows(&self, psn: Psn, reth: &softrnic_wire::reth::Repr, count: u32) -> bool {
+        let offset = psn.distance_from(self.first_psn);
+        let within_psns = offset >= 0 && i64::from(offset) + i64::from(count) <= i64::from(self.count);
+        let within_bytes = self.va <= reth.virtual_address
+            && reth.virtual_address.saturating_add(u64::from(reth.dma_length)) <= self.va.saturating_add(self.len);
+        reth.rkey == self.rkey && within_bytes && within_psns
+    }
 }
 
 /// An answer waiting to be sent.
@@ -103,6 +131,8 @@ pub(super) struct Responder {
     pub(super) answers: VecDeque<Answer>,
     /// Original values of recent ATOMICs, by PSN, to answer duplicates.
     atomic_replay: VecDeque<(Psn, u64)>,
+    /// The last READs executed, oldest first, to answer duplicates.
+    reads: VecDeque<ExecutedRead>,
     /// After a fatal error the QP is in ERR, but the answers to requests
     /// that executed before it still go out, then the NAK.
     draining: bool,
@@ -170,6 +200,11 @@ impl Responder {
         self.draining = true;
     }
 
+    /// READ responses queued to answer repeats.
+    fn replays_queued(&self) -> usize {
+        self.answers.iter().filter(|a| matches!(a, Answer::Read(ReadResponse { replay: true, .. }))).count()
+    }
+
     fn reads_and_atomics_pending(&self) -> usize {
         self.answers
             .iter()
@@ -186,13 +221,17 @@ impl QueuePair {
     /// more responder resources than the QP granted (`max_dest_rd_atomic`);
     /// the receive queue, whose depth the AETH's credits advertise, holds
     /// no more than `max_recv_wr`; selective repeat keeps nothing beyond
-    /// its window.
+    /// its window; it keeps no more than [`MAX_RD_ATOMIC`] READs, and as many
+    /// repeats of them wait at most.
     pub(super) fn assert_responder(&self) {
         let resources = usize::from(self.attrs.max_dest_rd_atomic.max(1));
         let held = self.resp.reads_and_atomics_pending();
         assert!(held <= resources, "QP {}: {held} READs and ATOMICs held, {resources} granted", self.qpn);
         let depth = self.init.caps.max_recv_wr as usize;
         assert!(self.rq.len() <= depth, "QP {}: {} receives queued, room for {depth}", self.qpn, self.rq.len());
+        let (kept, replays) = (self.resp.reads.len(), self.resp.replays_queued());
+        assert!(kept <= usize::from(MAX_RD_ATOMIC), "QP {}: {kept} READs kept", self.qpn);
+        assert!(replays <= usize::from(MAX_RD_ATOMIC), "QP {}: {replays} repeated READs queued", self.qpn);
         self.resp.ahead.assert_within_window(self.qpn);
     }
 
@@ -415,6 +454,18 @@ impl QueuePair {
             return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
         }
         let response = self.read_response(ctx, packet.headers.bth.psn, reth)?;
+        let executed = ExecutedRead {
+            first_psn: response.first_psn,
+            count: response.count,
+            va: response.va,
+            rkey: response.rkey,
+            len: response.len,
+        };
+        let reads = &mut self.resp.reads;
+        reads.push_back(executed);
+        while reads.len() > usize::from(MAX_RD_ATOMIC) {
+            reads.pop_front();
+        }
         self.resp.answers.push_back(Answer::Read(response));
         self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
         Ok(response.count)
@@ -480,11 +531,14 @@ impl QueuePair {
                     return;
                 };
                 response.replay = true;
-                // A repeated READ may only cover PSNs of the original.
-                if self.resp.epsn.is_before(psn.add(response.count)) {
+                // A repeat asks for part of a READ this side executed and
+                // still keeps, with its key, its bytes and its PSNs only.
+                let original = self.resp.reads.iter().rev().find(|r| r.allows(psn, &reth, response.count));
+                if original.is_none() || self.resp.epsn.is_before(psn.add(response.count)) {
                     ctx.counters.rx_malformed += 1;
                     return;
                 }
+
                 // The requester has everything before `psn`: a response
                 // stream still queued for the same READ is replaced, not
                 // sent alongside.
@@ -496,6 +550,8 @@ impl QueuePair {
                 // the rest of the stream is still wanted.
                 match same_read {
                     Some(index) if !self.attrs.selective_repeat => self.resp.answers[index] = Answer::Read(response),
+                    // However many repeats arrive, a bounded number wait.
+                    _ if self.resp.replays_queued() >= usize::from(MAX_RD_ATOMIC) => {}
                     _ => self.resp.answers.push_back(Answer::Read(response)),
                 }
             }
