@@ -386,9 +386,9 @@ impl Nic {
         self.core.control(|c| c.deregister_memory(lkey))
     }
 
-    /// The region `key` names, if any.
-    pub fn memory_region(&self, key: u32) -> Option<MemoryRegion> {
-        self.core.control(|c| c.memory().lookup(key).cloned())
+    /// The region `lkey` names, if any (an rkey names none here).
+    pub fn memory_region(&self, lkey: u32) -> Option<MemoryRegion> {
+        self.core.control(|c| c.memory().lookup(lkey).cloned())
     }
 
     /// The memory table as it is now: a snapshot that later registrations

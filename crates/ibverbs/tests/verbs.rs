@@ -919,11 +919,11 @@ fn a_second_context_on_the_device_shares_its_engine_and_has_its_own_events() {
         // Closing the second context without destroying its objects takes
         // them out of the engine, which the first context keeps: no QP of
         // it answers, and no peer can write into its region any more.
-        let (qpn2, rkey2) = ((*qp2).qp_num, (*mr2).rkey);
+        let (qpn2, lkey2) = ((*qp2).qp_num, (*mr2).lkey);
         let engine = context::Context::from_ibv(ctx1).provider.engine_in_process().expect("an engine in the process");
-        assert!(engine.memory_region(rkey2).is_some() && engine.query_qp(qpn2).is_some());
+        assert!(engine.memory_region(lkey2).is_some() && engine.query_qp(qpn2).is_some());
         assert_eq!(context::ibv_close_device(ctx2), 0);
-        assert!(engine.memory_region(rkey2).is_none(), "the closed context's region is gone");
+        assert!(engine.memory_region(lkey2).is_none(), "the closed context's region is gone");
         assert!(engine.query_qp(qpn2).is_none(), "the closed context's QP is gone");
         assert_eq!(qp::ibv_destroy_qp(qp1), 0);
     }
