@@ -13,11 +13,22 @@ pub mod queue;
 pub mod shared_memory;
 pub mod wqe;
 
-/// Where softrnicd listens unless told otherwise:
-/// `$XDG_RUNTIME_DIR/softrnic/softrnicd.sock`, or under `/tmp/softrnic`
-/// without a runtime directory.
+/// Where softrnicd listens unless told otherwise: `softrnicd.sock` in the
+/// user's private runtime directory ([`softrnic_engine::runtime_dir`]),
+/// `$XDG_RUNTIME_DIR/softrnic` or `/tmp/softrnic-<uid>`.
 pub fn default_socket() -> std::path::PathBuf {
-    softrnic_engine::counters_file::runtime_dir().join("softrnicd.sock")
+    softrnic_engine::runtime_dir::path().join("softrnicd.sock")
+}
+
+/// Makes the directory `socket` lies in: the runtime directory private
+/// and checked ([`softrnic_engine::runtime_dir::make_private`]), any
+/// other directory as the user named it.
+pub fn make_socket_dir(socket: &std::path::Path) -> std::io::Result<()> {
+    let Some(dir) = socket.parent() else { return Ok(()) };
+    match dir == softrnic_engine::runtime_dir::path() {
+        true => softrnic_engine::runtime_dir::make_private(dir),
+        false => std::fs::create_dir_all(dir),
+    }
 }
 
 /// Nanoseconds since the Unix epoch, the clock both sides share: a

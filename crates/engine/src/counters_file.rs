@@ -15,16 +15,9 @@ use crate::NicCounters;
 /// spot when they wrote every 250 ms.
 pub const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Where softrnic keeps a user's run-time files (device counters, the
-/// daemon's socket): `$XDG_RUNTIME_DIR/softrnic`, or `/tmp/softrnic`.
-pub fn runtime_dir() -> PathBuf {
-    let base = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    base.join("softrnic")
-}
-
-/// `<runtime dir>/<addr>.counters`.
+/// `<runtime dir>/<addr>.counters` ([`crate::runtime_dir`]).
 pub fn path(addr: IpAddr) -> PathBuf {
-    runtime_dir().join(format!("{addr}.counters"))
+    crate::runtime_dir::path().join(format!("{addr}.counters"))
 }
 
 /// The counters as `name value` lines, in a fixed order.
@@ -75,9 +68,11 @@ pub fn render(c: &NicCounters) -> String {
     out
 }
 
+/// Writes the counters to `path`, in a directory made private first: a
+/// file there is no one else's to plant.
 pub fn write(path: &std::path::Path, counters: &NicCounters) -> io::Result<()> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        crate::runtime_dir::make_private(dir)?;
     }
     // Write then rename, so a reader never sees half a file.
     let tmp = path.with_extension("tmp");

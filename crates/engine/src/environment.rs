@@ -203,7 +203,7 @@ mod tests {
             }
             let text = std::fs::read_to_string(&path).unwrap();
             for line in text.lines().filter(|l| l.contains("env::var")) {
-                // The counters' directory follows XDG, not softrnic.
+                // The run-time directory follows XDG, not softrnic.
                 assert!(line.contains("XDG_RUNTIME_DIR"), "{}: reads the environment: {line}", path.display());
             }
         }

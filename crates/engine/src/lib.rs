@@ -13,6 +13,7 @@ pub mod int;
 pub mod interface;
 pub mod progress;
 mod receive_sources;
+pub mod runtime_dir;
 mod shard;
 pub mod shm;
 pub mod socket;

@@ -63,6 +63,25 @@ fn unexpected(response: Response) -> VerbsError {
     }
 }
 
+/// A program hands the daemon the memory behind its registrations, so the
+/// daemon must be its own user's or root's, as the kernel says of the
+/// process that listens (`SO_PEERCRED`), not whoever bound a socket where
+/// the program looked.
+fn check_daemon_user(fd: &OwnedFd, socket: &Path) -> Result<()> {
+    let daemon = rustix::net::sockopt::socket_peercred(fd).map_err(|e| lost(e.into()))?.uid;
+    let me = rustix::process::getuid();
+    if daemon == me || daemon.is_root() {
+        return Ok(());
+    }
+    Err(VerbsError::Device(format!(
+        "softrnicd at {} runs as uid {}, neither you (uid {}) nor root: it gets none of your memory; \
+         start your own (SOFTRNIC_DAEMON=start) or set SOFTRNIC_DAEMON=off",
+        socket.display(),
+        daemon.as_raw(),
+        me.as_raw()
+    )))
+}
+
 impl Session {
     /// Connects to the daemon at `socket` and opens its device on `addr`,
     /// forwarding data commands if [`FORWARD_ENV`] says so.
@@ -82,6 +101,7 @@ impl Session {
                 socket.display()
             ))
         })?;
+        check_daemon_user(&fd, socket)?;
         let open = Request::Open { version: PROTOCOL_VERSION, addr, forward };
         let (response, fds) = protocol::call(&fd, &open, &[]).map_err(lost)?;
         let Response::Opened(opened) = response else { return Err(unexpected(response)) };

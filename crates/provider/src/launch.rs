@@ -42,9 +42,7 @@ pub fn ensure(socket: &Path, env: impl Fn(&str) -> Option<OsString>) -> Result<(
     let program = daemon_program(&env)?;
     let idle = env(IDLE_ENV).and_then(|v| v.to_str()?.parse::<u64>().ok()).map_or(IDLE_EXIT, Duration::from_secs);
     let log_path = socket.with_extension("log");
-    if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    }
+    softrnic_daemon_protocol::make_socket_dir(socket).map_err(|e| e.to_string())?;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

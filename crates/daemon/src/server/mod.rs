@@ -94,9 +94,7 @@ impl Daemon {
     /// replaced; one a live daemon listens on is not.
     pub fn bind(options: DaemonOptions) -> io::Result<Daemon> {
         let path = &options.socket;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
+        softrnic_daemon_protocol::make_socket_dir(path)?;
         let addr = SocketAddrUnix::new(path.as_path())?;
         if path.exists() {
             let probe = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None)?;
