@@ -549,7 +549,14 @@ impl QueuePair {
                 // Under selective repeat it asks for a hole in what arrived:
                 // the rest of the stream is still wanted.
                 match same_read {
-                    Some(index) if !self.attrs.selective_repeat => self.resp.answers[index] = Answer::Read(response),
+                    // It takes the queued stream's place, and its resource:
+                    // an original's still counts against max_dest_rd_atomic.
+                    Some(index) if !self.attrs.selective_repeat => {
+                        if let Answer::Read(queued) = self.resp.answers[index] {
+                            response.replay = queued.replay;
+                        }
+                        self.resp.answers[index] = Answer::Read(response);
+                    }
                     // However many repeats arrive, a bounded number wait.
                     _ if self.resp.replays_queued() >= usize::from(MAX_RD_ATOMIC) => {}
                     _ => self.resp.answers.push_back(Answer::Read(response)),
