@@ -7,7 +7,9 @@ use std::sync::Arc;
 use softrnic_cc::guest::{ABI_VERSION, Io, MESSAGE_MAX, PARAMS_MAX};
 use softrnic_cc::{CongestionControl, Control, Dcqcn, Event, IntHop, MAX_HOPS, Path};
 use softrnic_transport::congestion::{Algorithm, AlgorithmSpec};
-use wasmtime::{Config, Engine, Instance, Memory, Module, Store, StoreLimits, StoreLimitsBuilder, TypedFunc};
+use wasmtime::{
+    Config, Engine, Instance, Memory, Module, Store, StoreLimits, StoreLimitsBuilder, TypedFunc, WasmFeatures,
+};
 
 /// Fuel one event may burn: a few thousand instructions, fifty times what
 /// DCQCN needs; a loop runs out of it in microseconds.
@@ -16,8 +18,48 @@ pub const FUEL_PER_EVENT: u64 = 100_000;
 /// any event, once.
 pub const FUEL_FOR_INIT: u64 = 10_000_000;
 /// Linear memory one instance may have: 64 pages (a Rust module starts
-/// with 17: a 1 MiB stack and its statics).
+/// with 17: a 1 MiB stack and its statics). It is also all the address
+/// space an instance reserves (wasmtime's default is 4 GiB and a guard,
+/// per instance, and every QP has one).
 pub const MEMORY_LIMIT: usize = 64 * 64 * 1024;
+/// Entries one instance's tables may hold: a Rust module's table of
+/// functions called indirectly has tens.
+pub const TABLE_LIMIT: usize = 10_000;
+/// The largest module compiled: 35 times a Rust DCQCN (30 KiB).
+pub const MODULE_LIMIT: usize = 1 << 20;
+
+/// What a module may use and reserve: fuel metering; only the proposals
+/// a module built for wasm32-unknown-unknown uses (no threads or shared
+/// memory, SIMD, GC, exceptions, tail calls, 64-bit or several memories,
+/// stack switching or components: less for a hostile module to reach);
+/// and an address-space reservation of [`MEMORY_LIMIT`], with bounds
+/// checked by the code rather than by guard pages.
+fn sandbox_config() -> Config {
+    let unneeded = WasmFeatures::THREADS
+        | WasmFeatures::SHARED_EVERYTHING_THREADS
+        | WasmFeatures::SIMD
+        | WasmFeatures::RELAXED_SIMD
+        | WasmFeatures::GC
+        | WasmFeatures::GC_TYPES
+        | WasmFeatures::FUNCTION_REFERENCES
+        | WasmFeatures::EXCEPTIONS
+        | WasmFeatures::LEGACY_EXCEPTIONS
+        | WasmFeatures::TAIL_CALL
+        | WasmFeatures::MEMORY64
+        | WasmFeatures::MULTI_MEMORY
+        | WasmFeatures::STACK_SWITCHING
+        | WasmFeatures::CUSTOM_PAGE_SIZES
+        | WasmFeatures::WIDE_ARITHMETIC
+        | WasmFeatures::COMPONENT_MODEL;
+    let mut config = Config::new();
+    config
+        .consume_fuel(true)
+        .wasm_features(unneeded, false)
+        .memory_reservation(MEMORY_LIMIT as u64)
+        .memory_reservation_for_growth(0)
+        .memory_guard_size(0);
+    config
+}
 
 /// The exports the interface needs, with their types, for the error that
 /// names what is missing.
@@ -65,9 +107,10 @@ impl WasmAlgorithm {
         if params.len() > PARAMS_MAX {
             return Err(fail(format!("parameters longer than {PARAMS_MAX} bytes")));
         }
-        let mut config = Config::new();
-        config.consume_fuel(true);
-        let engine = Engine::new(&config).map_err(|e| fail(e.to_string()))?;
+        if bytes.len() > MODULE_LIMIT {
+            return Err(fail(format!("{} bytes; a module may have {MODULE_LIMIT} at most", bytes.len())));
+        }
+        let engine = Engine::new(&sandbox_config()).map_err(|e| fail(e.to_string()))?;
         let module =
             Module::new(&engine, bytes).map_err(|e| fail(format!("not a WebAssembly module softrnic can run: {e}")))?;
         if let Some(import) = module.imports().next() {
@@ -102,7 +145,13 @@ impl WasmAlgorithm {
 
     /// A fresh instance for a QP on `path`, initialised.
     fn instantiate(&self, path: &Path) -> Result<Instance_, String> {
-        let limits = StoreLimitsBuilder::new().memory_size(MEMORY_LIMIT).instances(1).tables(1).memories(1).build();
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(MEMORY_LIMIT)
+            .table_elements(TABLE_LIMIT)
+            .instances(1)
+            .tables(1)
+            .memories(1)
+            .build();
         let mut store = Store::new(&self.engine, limits);
         store.limiter(|limits| limits);
         store.set_fuel(FUEL_PER_EVENT).map_err(|e| e.to_string())?;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use softrnic_cc::guest::Io;
 use softrnic_cc::{CongestionControl, Dcqcn, Event, FromParams, IntHop, Params, Path};
-use softrnic_cc_wasm::{WasmAlgorithm, build_module, target_installed};
+use softrnic_cc_wasm::{MODULE_LIMIT, TABLE_LIMIT, WasmAlgorithm, build_module, target_installed};
 use softrnic_transport::congestion::Algorithm;
 
 const PATH: Path = Path { line_rate_bps: 100_000_000_000, base_rtt_ns: 10_000, mtu: 4096 };
@@ -201,4 +201,72 @@ fn growing_memory_past_the_limit_fails_inside_the_module_only() {
         &wat_module("i32.const 1000 memory.grow drop i32.const 2000000 i64.const 1 i64.store", ""),
         "a memory bomb",
     );
+}
+
+/// A module past [`MODULE_LIMIT`] is not compiled, and one whose tables
+/// ask for more than [`TABLE_LIMIT`] entries cannot start: what a module
+/// may make the daemon or the engine allocate is bounded too.
+#[test]
+fn huge_modules_and_tables_are_refused() {
+    let refuse = |bytes: &[u8], expected: &str| {
+        let e = WasmAlgorithm::from_bytes("big.wasm", bytes, "").unwrap_err();
+        assert!(e.contains(expected), "{e}");
+    };
+    let mut padded = wat_module("", "").to_vec();
+    // A custom section of filler: a valid module, too large.
+    let filler = MODULE_LIMIT;
+    padded.push(0);
+    let mut size = filler + 2;
+    while size >= 0x80 {
+        padded.push((size as u8 & 0x7f) | 0x80);
+        size >>= 7;
+    }
+    padded.push(size as u8);
+    padded.extend([1, b'x']);
+    padded.resize(padded.len() + filler, 0);
+    refuse(&padded, &format!("a module may have {MODULE_LIMIT} at most"));
+    refuse(&wat_module("", &format!("(table {} funcref)", TABLE_LIMIT + 1)), "cannot start");
+    WasmAlgorithm::from_bytes("table.wasm", &wat_module("", "(table 100 funcref)"), "").expect("a small table");
+}
+
+/// Proposals a congestion-control module has no use for are off: shared
+/// memory (threads), SIMD, several memories.
+#[test]
+fn proposals_a_module_needs_no_are_refused() {
+    for (what, extra, body) in [
+        ("shared memory", "(memory 1 1 shared)", ""),
+        ("SIMD", "", "v128.const i64x2 0 0 drop"),
+        ("a second memory", "(memory 1)", ""),
+    ] {
+        let bytes = wat::parse_str(format!(
+            r#"(module
+                (memory (export "memory") 1)
+                (func (export "softrnic_cc_abi") (result i32) i32.const 1)
+                (func (export "softrnic_cc_io") (result i32) i32.const 1024)
+                (func (export "softrnic_cc_init") (result i32) i32.const 0)
+                (func (export "softrnic_cc_on_event") {body})
+                {extra})"#
+        ))
+        .unwrap();
+        let e = WasmAlgorithm::from_bytes("m.wasm", &bytes, "").unwrap_err();
+        assert!(e.contains("not a WebAssembly module softrnic can run"), "{what}: {e}");
+    }
+}
+
+/// Every QP has an instance, and each reserves no more address space than
+/// its memory may grow to (wasmtime's default was 4 GiB and a guard each:
+/// 64 QPs reserved over 256 GiB).
+#[test]
+fn an_instance_reserves_only_its_memory() {
+    let virtual_kib = || {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmSize:")).unwrap().to_string();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
+    };
+    let algorithm = WasmAlgorithm::from_bytes("small.wasm", &answering(PATH.line_rate_bps / 2), "").unwrap();
+    let before = virtual_kib();
+    let qps: Vec<_> = (0..64).map(|_| algorithm.build(&PATH)).collect();
+    let grown = virtual_kib().saturating_sub(before);
+    assert!(grown < 2 << 20, "64 instances reserved {} MiB", grown >> 10);
+    drop(qps);
 }
