@@ -238,16 +238,7 @@ fn proposals_a_module_needs_no_are_refused() {
         ("SIMD", "", "v128.const i64x2 0 0 drop"),
         ("a second memory", "(memory 1)", ""),
     ] {
-        let bytes = wat::parse_str(format!(
-            r#"(module
-                (memory (export "memory") 1)
-                (func (export "softrnic_cc_abi") (result i32) i32.const 1)
-                (func (export "softrnic_cc_io") (result i32) i32.const 1024)
-                (func (export "softrnic_cc_init") (result i32) i32.const 0)
-                (func (export "softrnic_cc_on_event") {body})
-                {extra})"#
-        ))
-        .unwrap();
+        let bytes = wat_module(body, extra);
         let e = WasmAlgorithm::from_bytes("m.wasm", &bytes, "").unwrap_err();
         assert!(e.contains("not a WebAssembly module softrnic can run"), "{what}: {e}");
     }
