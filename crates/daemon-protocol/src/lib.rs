@@ -8,6 +8,7 @@
 //! both build on this crate and on nothing of each other.
 
 pub mod doorbell;
+pub mod peer;
 pub mod protocol;
 pub mod queue;
 pub mod shared_memory;

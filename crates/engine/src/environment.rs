@@ -181,6 +181,12 @@ pub fn trace() -> bool {
     read(TRACE).is_some()
 }
 
+/// Whether this runs under CI (`CI=true`), where a test that needs root
+/// must run rather than skip (CI's variable, not one of softrnic's).
+pub fn under_ci() -> bool {
+    std::env::var("CI").as_deref() == Ok("true")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

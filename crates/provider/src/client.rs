@@ -68,40 +68,18 @@ fn unexpected(response: Response) -> VerbsError {
 /// process that listens (`SO_PEERCRED`), not whoever bound a socket where
 /// the program looked.
 fn check_daemon_user(fd: &OwnedFd, socket: &Path) -> Result<()> {
-    let daemon = peer_uid(fd).map_err(lost)?;
-    let me = rustix::process::getuid();
-    if daemon == me || daemon.is_root() {
+    let daemon = softrnic_daemon_protocol::peer::credentials(fd.as_fd()).map_err(lost)?.uid;
+    let me = rustix::process::getuid().as_raw();
+    if daemon == me || daemon == 0 {
         return Ok(());
     }
     Err(VerbsError::Device(format!(
         "softrnicd at {} runs as uid {}, neither you (uid {}) nor root: it gets none of your memory; \
          start your own (SOFTRNIC_DAEMON=start) or set SOFTRNIC_DAEMON=off",
         socket.display(),
-        daemon.as_raw(),
-        me.as_raw()
+        daemon,
+        me
     )))
-}
-
-/// The user of the process at the other end of `fd` (`SO_PEERCRED`).
-/// Read with libc rather than rustix's `socket_peercred`, whose `UCred`
-/// holds the pid as a non-zero type: a peer outside this process's pid
-/// namespace (a program in a container, softrnicd on the host) has pid 0
-/// there, which that type cannot hold.
-fn peer_uid(fd: &OwnedFd) -> io::Result<rustix::process::Uid> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` is a `ucred` of `len` bytes, which SO_PEERCRED fills
-    // (and says how much of in `len`); `fd` is an open socket.
-    let done = unsafe {
-        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len)
-    };
-    if done != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if len as usize != size_of::<libc::ucred>() {
-        return Err(io::Error::other(format!("SO_PEERCRED gave {len} bytes")));
-    }
-    Ok(rustix::process::Uid::from_raw(cred.uid))
 }
 
 impl Session {

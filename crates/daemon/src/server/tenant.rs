@@ -72,7 +72,12 @@ type Answer = Result<(Response, Vec<OwnedFd>), RemoteError>;
 
 /// Serves one connection until it closes.
 pub fn serve(id: u64, socket: OwnedFd, devices: &Devices, processors: &Processors, accounts: &Accounts) {
-    let peer = rustix::net::sockopt::socket_peercred(&socket).map(|c| c.pid.as_raw_nonzero().get()).unwrap_or(0);
+    // 0 where the kernel cannot say (the tenant lies outside this pid
+    // namespace).
+    let peer = softrnic_daemon_protocol::peer::credentials(socket.as_fd())
+        .ok()
+        .and_then(|p| p.pid)
+        .map_or(0, |pid| pid as i32);
     let mut tenant = match open(id, peer, &socket, devices, processors, accounts) {
         Ok(tenant) => tenant,
         Err(e) => {
