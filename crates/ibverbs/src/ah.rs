@@ -43,6 +43,9 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     crate::ffi::guard("ibv_destroy_ah", || {
+        if ah.is_null() {
+            return refuse("ibv_destroy_ah", libc::EINVAL, "NULL address handle");
+        }
         // SAFETY: boxed in `ibv_create_ah`, freed once here (caller).
         drop(unsafe { Box::from_raw(ah as *mut Ah) });
         0
@@ -68,6 +71,9 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     attr: *mut ibv_ah_attr,
 ) -> c_int {
     crate::ffi::guard("ibv_init_ah_from_wc", || {
+        if wc.is_null() || attr.is_null() {
+            return refuse("ibv_init_ah_from_wc", libc::EINVAL, "NULL completion or attributes");
+        }
         // SAFETY: a readable completion (caller).
         let wc = unsafe { &*wc };
         if wc.wc_flags & IBV_WC_GRH == 0 || grh.is_null() {
@@ -96,6 +102,9 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     port: u8,
 ) -> *mut ibv_ah {
     crate::ffi::guard("ibv_create_ah_from_wc", || {
+        if pd.is_null() {
+            return refuse_null("ibv_create_ah_from_wc", libc::EINVAL, "NULL PD");
+        }
         // SAFETY: all-zero is a valid `ibv_ah_attr`.
         let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
         // SAFETY: forwarded contract; a live PD.

@@ -521,11 +521,22 @@ pub unsafe fn sges(list: *const ibv_sge, n: c_int) -> SgeList {
 ///
 /// # Safety
 /// Each SGE's `[addr, addr + length)` must be readable.
+/// The bytes are copied through raw pointers, never viewed as a Rust
+/// slice: the program's memory is the program's, and a slice would
+/// promise that nothing changes it while the copy runs.
 pub unsafe fn inline_bytes(sges: &[Sge]) -> InlineData {
-    let mut bytes = InlineData::with_capacity(sges.iter().map(|s| s.length as usize).sum());
+    let total = sges.iter().map(|s| s.length as usize).sum();
+    let mut bytes = InlineData::with_capacity(total);
     for s in sges {
-        // SAFETY: caller's promise; inline data is read at post time.
-        bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) });
+        let (at, len) = (bytes.len(), s.length as usize);
+        // SAFETY: the source is readable for `len` bytes (caller's promise;
+        // inline data is read at post time), the destination is the
+        // vector's spare capacity, reserved above for every SGE, and the
+        // two cannot overlap; the first `at + len` bytes are then written.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.addr as *const u8, bytes.as_mut_ptr().add(at), len);
+            bytes.set_len(at + len);
+        }
     }
     bytes
 }

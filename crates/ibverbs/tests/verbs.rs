@@ -607,6 +607,15 @@ fn errors_follow_the_verbs_conventions() {
         ah_attr.port_num = 1;
         assert!(ah::ibv_create_ah(pd, &mut ah_attr).is_null());
         assert_eq!(errno(), libc::EINVAL);
+        // NULL where an object belongs is EINVAL, never a crash.
+        let mut wc: ibv_wc = std::mem::zeroed();
+        let mut grh = [0u8; 40];
+        let grh = grh.as_mut_ptr().cast::<ibv_grh>();
+        assert_eq!(ah::ibv_init_ah_from_wc(null_mut(), 1, null_mut(), grh, &mut ah_attr), libc::EINVAL);
+        assert_eq!(ah::ibv_init_ah_from_wc(null_mut(), 1, &mut wc, grh, null_mut()), libc::EINVAL);
+        assert!(ah::ibv_create_ah_from_wc(null_mut(), &mut wc, grh, 1).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(ah::ibv_destroy_ah(null_mut()), libc::EINVAL);
         // SEND with invalidate would need memory windows: refused, never
         // reported as an invalidation that did not happen.
         let mut sge: ibv_sge = std::mem::zeroed();
