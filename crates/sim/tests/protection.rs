@@ -289,9 +289,15 @@ fn rnr_with_no_receive_posted_and_no_retries() {
 
 /// Writes a hostile packet with a valid ICRC, as if from host 0, to host 1.
 fn inject(pair: &mut Pair, headers: &Headers, payload: &[u8]) {
+    let from = pair.world.hosts[0].addr;
+    inject_from(pair, from, headers, payload);
+}
+
+/// Writes a hostile packet with a valid ICRC, as if from `from`, to host 1.
+fn inject_from(pair: &mut Pair, from: std::net::SocketAddr, headers: &Headers, payload: &[u8]) {
     let mut buf = vec![0u8; headers.len() + payload.len() + 8];
     let len = headers.emit_packet(&mut buf, payload).unwrap();
-    let (from, to) = (pair.world.hosts[0].addr, pair.world.ip(1));
+    let to = pair.world.ip(1);
     UdpFlow { src: from.ip(), dst: to, src_port: from.port(), dst_port: ROCEV2_UDP_PORT }
         .seal(&mut buf[..len])
         .unwrap();
@@ -417,4 +423,23 @@ fn a_repeated_read_is_held_to_the_original() {
     pair.world.flush();
     assert_eq!(sent(&mut pair), before + 1, "a true repeat of the second packet is answered");
     assert_eq!(pair.state(1), QpState::Rts, "no request above was a fatal error");
+}
+
+/// Only the connected peer may slow a QP down with a CNP: one from any
+/// other address (who need only guess the QP's number) is dropped and
+/// counted; the peer's is taken.
+#[test]
+fn a_cnp_from_anyone_but_the_peer_is_dropped() {
+    let mut pair = pair();
+    let cnp = softrnic_wire::cnp::headers(pair.b.qpn, 0xffff);
+    let counters = |pair: &mut Pair| {
+        let c = pair.world.device(1).counters();
+        (c.rx_cnps, c.rx_dropped_foreign)
+    };
+    let before = counters(&mut pair);
+    inject_from(&mut pair, "127.0.0.99:4791".parse().unwrap(), &cnp, &[]);
+    assert_eq!(counters(&mut pair), (before.0, before.1 + 1), "a stranger's CNP");
+    let peer = pair.world.hosts[0].addr;
+    inject_from(&mut pair, peer, &cnp, &[]);
+    assert_eq!(counters(&mut pair), (before.0 + 1, before.1 + 1), "the peer's CNP");
 }

@@ -291,6 +291,12 @@ impl Shard {
         };
         let ctx = ctx!(self, now);
         if packet.headers.bth.opcode == Opcode::Cnp {
+            // Only the connected peer may slow a QP down: a CNP from
+            // anyone else (who need only guess the QP's number) is dropped.
+            if slot.qp.attributes().remote_addr != Some(from.ip()) {
+                ctx.counters.rx_dropped_foreign += 1;
+                return;
+            }
             ctx.counters.rx_cnps += 1;
             slot.qp.on_cnp(&ctx);
             self.reschedule(qpn);
