@@ -1,5 +1,5 @@
-//! Where the transport's unpredictable numbers come from: memory keys, QP
-//! numbers and starting PSNs. Whoever can predict them can forge requests
+//! Where the transport's unpredictable numbers come from: memory keys and
+//! QP numbers. Whoever can predict them can forge requests
 //! that pass a responder's checks (ReDMArk, USENIX Security 2021, did so
 //! against real RNICs, whose keys and QP numbers count up), and under
 //! softrnicd one device's numbers are shared by every tenant. So they are
@@ -15,7 +15,6 @@ use std::collections::VecDeque;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashSet;
-use softrnic_wire::Psn;
 
 /// A seeded source of unpredictable numbers.
 pub struct Entropy(StdRng);
@@ -36,14 +35,11 @@ impl Entropy {
         self.0.next_u32()
     }
 
-    /// A source of memory keys ([`crate::memory::MemoryTable::register`]).
-    pub fn into_draw(mut self) -> impl FnMut() -> u32 {
+    /// A source of memory keys ([`crate::memory::MemoryTable::register`])
+    /// for the tests of the table.
+    #[cfg(test)]
+    pub(crate) fn into_draw(mut self) -> impl FnMut() -> u32 {
         move || self.u32()
-    }
-
-    /// A starting PSN, uniform over the 24-bit space.
-    pub fn psn(&mut self) -> Psn {
-        Psn::new(self.u32())
     }
 }
 
@@ -100,14 +96,6 @@ mod tests {
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
         assert_eq!(format!("{:?}", Entropy::from_u64(7)), "Entropy(..)");
-    }
-
-    #[test]
-    fn psns_use_the_whole_24_bit_space() {
-        let mut e = Entropy::from_u64(1);
-        let psns: Vec<u32> = (0..1000).map(|_| e.psn().value()).collect();
-        assert!(psns.iter().all(|&p| p < 1 << 24));
-        assert!(psns.iter().any(|&p| p >= 1 << 23), "the top bit is drawn too");
     }
 
     #[test]
