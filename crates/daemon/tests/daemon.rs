@@ -594,17 +594,18 @@ fn a_qps_own_congestion_control_runs_in_the_daemon() {
 /// A daemon stopped under its tenants tears them down first, as a device
 /// removed under its programs: their posted receives flush, their next
 /// control verb fails, and their devices close with their shared-memory
-/// inboxes (a daemon that exited under its tenants left those in
-/// `/dev/shm` for the next one to sweep).
+/// inboxes (a daemon that exited under its tenants left those in its
+/// user's inbox directory for the next one to sweep).
 #[test]
 fn a_stopping_daemon_flushes_its_tenants_and_leaves_nothing_in_dev_shm() {
     let daemon = daemon("stopping");
     let (a, b) = pair(daemon.socket());
     b.session.post_recv(&b.qp, &RecvWorkRequest { wr_id: 7, sges: smallvec![] }).unwrap();
     let inboxes = |addr: std::net::IpAddr| -> Vec<String> {
-        let names = std::fs::read_dir("/dev/shm").unwrap().filter_map(|e| e.ok());
+        let dir = softrnic_engine::shm::inbox_dir().unwrap();
+        let names = std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok());
         let names = names.map(|e| e.file_name().to_string_lossy().into_owned());
-        names.filter(|n| n.starts_with("softrnic-") && n.ends_with(&format!("-{addr}"))).collect()
+        names.filter(|n| n.ends_with(&format!("-{addr}"))).collect()
     };
     let addrs = [a.session.addr(), b.session.addr()];
     assert!(addrs.iter().all(|&addr| inboxes(addr).len() == 1), "each device has its inbox while it runs");

@@ -4,16 +4,26 @@
 //! datagrams, ICRC included, so tracing, fault injection and the transport
 //! cannot tell the wires apart.
 //!
-//! Each device publishes an *inbox*: a file in `/dev/shm` named after its
-//! network namespace and address, holding one ring per shard. A sender
+//! Each device publishes an *inbox*: a file named after its network
+//! namespace and address, holding one ring per shard, in its user's
+//! private directory `/dev/shm/softrnic-<uid>` (mode 0700: another user
+//! can neither plant an inbox there nor read one). A sender
 //! that finds a peer's inbox writes into the ring of the shard that owns
 //! the destination QP; one that does not sends over UDP. The rings are
 //! bounded multi-producer, single-consumer queues ([`softrnic_ring::mpsc`], where
 //! the model checker runs their protocol): a producer claims a slot by
 //! advancing the shared `tail`, fills it, and publishes it by setting the
-//! slot's sequence number; the consumer (the shard) reads in order. Like the rxe driver's mmap'd queues, every
-//! index and length a peer wrote is checked before use: a peer is another
-//! process, and may be broken.
+//! slot's sequence number; the consumer (the shard) reads in order. Like
+//! the rxe driver's mmap'd queues, every index and length a peer wrote is
+//! checked before use: a peer is another process, and may be broken.
+//!
+//! Only the same user's devices meet here: a sender opens an inbox only
+//! from its own private directory, not through a symlink, and only a
+//! regular file of its own with no access for anyone else. Devices of
+//! different users on one host reach each other over UDP, where the
+//! kernel vouches for each datagram's source; a ring's source address is
+//! its writer's word, and only a process of the same user (which could
+//! read this one's memory anyway) or softrnicd writes it.
 //!
 //! ```text
 //!  inbox  | header: magic, version, shards, slots, slot size |
@@ -38,7 +48,7 @@ use std::fs::OpenOptions;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -158,13 +168,35 @@ impl Scope {
         this_netns().map(Scope::Netns)
     }
 
-    /// Where the inbox of `addr` lives.
-    fn inbox_path(self, addr: IpAddr) -> PathBuf {
+    /// Where the inbox of `addr` lives, in `dir` ([`inbox_dir`]).
+    fn inbox_path(self, dir: &Path, addr: IpAddr) -> PathBuf {
         match self {
-            Scope::Netns(netns) => PathBuf::from(format!("/dev/shm/softrnic-{netns}-{addr}")),
-            Scope::Switch(pid) => PathBuf::from(format!("/dev/shm/softrnic-switch{pid}-{addr}")),
+            Scope::Netns(netns) => dir.join(format!("netns{netns}-{addr}")),
+            Scope::Switch(pid) => dir.join(format!("switch{pid}-{addr}")),
         }
     }
+}
+
+/// This user's directory of inboxes, `/dev/shm/softrnic-<uid>`: created
+/// private (mode 0700) if missing, and refused with what is wrong if
+/// another user made it first or let others in.
+pub fn inbox_dir() -> io::Result<PathBuf> {
+    let dir = PathBuf::from(format!("/dev/shm/softrnic-{}", rustix::process::getuid().as_raw()));
+    crate::runtime_dir::make_private(&dir)?;
+    Ok(dir)
+}
+
+/// Opens an inbox file, never through a symlink, read and write.
+fn open_inbox(path: &Path) -> io::Result<std::fs::File> {
+    OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+/// Whether `file` is an inbox a device of this user made: a regular file
+/// of this user's that no one else may read or write (someone who could
+/// would see every datagram, or forge them).
+fn is_own_private_file(file: &std::fs::File) -> bool {
+    let Ok(meta) = file.metadata() else { return false };
+    meta.is_file() && meta.uid() == rustix::process::getuid().as_raw() && meta.mode() & 0o077 == 0
 }
 
 fn file_len(shards: usize) -> usize {
@@ -282,15 +314,15 @@ fn held(file: &std::fs::File) -> bool {
     !free
 }
 
-/// Removes the inboxes in `/dev/shm` that no live device holds: those of
+/// Removes this user's inboxes that no live device holds: those of
 /// devices that died (a killed daemon's, a program's that exited without
 /// closing its device). Returns how many it removed.
 pub fn remove_abandoned_inboxes() -> usize {
-    let Ok(entries) = std::fs::read_dir("/dev/shm") else { return 0 };
+    let Ok(entries) = inbox_dir().and_then(std::fs::read_dir) else { return 0 };
     let mut removed = 0;
     for entry in entries.flatten() {
         let is_inbox = entry.file_name().to_str().is_some_and(is_inbox_name);
-        let abandoned = is_inbox && std::fs::File::open(entry.path()).is_ok_and(|file| !held(&file));
+        let abandoned = is_inbox && open_inbox(&entry.path()).is_ok_and(|file| !held(&file));
         if abandoned && std::fs::remove_file(entry.path()).is_ok() {
             removed += 1;
         }
@@ -300,14 +332,13 @@ pub fn remove_abandoned_inboxes() -> usize {
 
 /// Whether `name` is one [`Scope::inbox_path`] gives.
 fn is_inbox_name(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix("softrnic-") else { return false };
-    let rest = rest.strip_prefix("switch").unwrap_or(rest);
+    let Some(rest) = name.strip_prefix("netns").or_else(|| name.strip_prefix("switch")) else { return false };
     rest.split_once('-').is_some_and(|(id, addr)| id.parse::<u64>().is_ok() && addr.parse::<IpAddr>().is_ok())
 }
 
 /// Why the shared-memory wire could not start.
 pub fn unavailable(e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("cannot create the shared-memory inbox in /dev/shm: {e}"))
+    io::Error::new(e.kind(), format!("cannot create the shared-memory inbox: {e}"))
 }
 
 impl Inbox {
@@ -315,8 +346,8 @@ impl Inbox {
     /// `scope`, replacing one a crashed device left behind; refused while
     /// another device of the scope has that address.
     pub fn create(addr: IpAddr, shards: usize, scope: Scope) -> io::Result<Inbox> {
-        let path = scope.inbox_path(addr);
-        if std::fs::File::open(&path).is_ok_and(|old| held(&old)) {
+        let path = scope.inbox_path(&inbox_dir().map_err(unavailable)?, addr);
+        if open_inbox(&path).is_ok_and(|old| held(&old)) {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
                 format!("another device on {addr} already has the shared-memory inbox {}", path.display()),
@@ -325,6 +356,8 @@ impl Inbox {
         // A fresh file, so senders holding the old one's mapping see it
         // closed rather than a reused ring.
         let _ = std::fs::remove_file(&path);
+        // `create_new` (O_EXCL) neither follows a symlink nor opens a file
+        // someone else made meanwhile.
         let file =
             OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path).map_err(unavailable)?;
         file.set_len(file_len(shards) as u64).map_err(unavailable)?;
@@ -520,9 +553,11 @@ pub enum Sent {
 }
 
 impl PeerInbox {
-    fn open(scope: Scope, addr: IpAddr) -> Option<PeerInbox> {
-        let path = scope.inbox_path(addr);
-        let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
+    fn open(scope: Scope, dir: &Path, addr: IpAddr) -> Option<PeerInbox> {
+        let file = open_inbox(&scope.inbox_path(dir, addr)).ok()?;
+        if !is_own_private_file(&file) {
+            return None;
+        }
         let len = file.metadata().ok()?.len() as usize;
         if len < FILE_HEADER {
             return None;
@@ -589,6 +624,9 @@ pub struct Peers {
     /// Whose devices are this shard's local peers: its own device's scope,
     /// whichever thread drives the shard.
     scope: Scope,
+    /// This user's [`inbox_dir`]; `None` if it is unusable (then every
+    /// peer is reached over UDP).
+    dir: Option<PathBuf>,
     known: FxHashMap<IpAddr, Peer>,
 }
 
@@ -601,7 +639,7 @@ enum Peer {
 
 impl Peers {
     pub fn new(scope: Scope) -> Peers {
-        Peers { scope, known: FxHashMap::default() }
+        Peers { scope, dir: inbox_dir().ok(), known: FxHashMap::default() }
     }
 
     /// Sends `datagram` from `source` to `dst` through shared memory if
@@ -614,7 +652,7 @@ impl Peers {
         };
         let peer = match live {
             Some(inbox) => inbox,
-            None => match PeerInbox::open(self.scope, dst) {
+            None => match self.dir.as_deref().and_then(|dir| PeerInbox::open(self.scope, dir, dst)) {
                 Some(inbox) => {
                     let inbox = Arc::new(inbox);
                     self.known.insert(dst, Peer::Local(inbox.clone(), Instant::now()));
@@ -666,6 +704,7 @@ pub fn wake_address(dst: IpAddr) -> SocketAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     /// Taken by the tests that leave an abandoned inbox behind on purpose,
     /// so that the sweep of one does not take the other's.
@@ -740,8 +779,8 @@ mod tests {
         assert!(remove_abandoned_inboxes() >= 1);
         assert!(!path.exists(), "the dead device's inbox is removed");
         assert!(kept.path.exists(), "the live one's stays");
-        assert!(is_inbox_name("softrnic-4026531840-10.0.0.1") && is_inbox_name("softrnic-switch42-fe80::1"));
-        assert!(!is_inbox_name("softrnic-mr") && !is_inbox_name("softrnic-switch-10.0.0.1"));
+        assert!(is_inbox_name("netns4026531840-10.0.0.1") && is_inbox_name("switch42-fe80::1"));
+        assert!(!is_inbox_name("softrnic-mr") && !is_inbox_name("switch-10.0.0.1"));
     }
 
     #[test]
@@ -829,5 +868,40 @@ mod tests {
         assert_eq!(peers.send(source, addr, &datagram(0x11, 10, 64)), Some(Sent::Delivered));
         ring.receive(8, &mut buf, &mut malformed, &mut |_, d| got_more.push(d[8]));
         assert_eq!(got_more, vec![10], "the ring goes on");
+    }
+
+    /// What another user (or a broken program) could leave for a sender:
+    /// an inbox others may write, a symlink to a live inbox, an inbox owned
+    /// by someone else. Each is passed over for UDP, as if no peer were
+    /// there; before, a sender wrote its datagrams into any of them.
+    #[test]
+    fn an_inbox_not_private_to_this_user_is_never_used() {
+        let source: SocketAddr = "127.0.9.17:4791".parse().unwrap();
+        let reaches = |addr: IpAddr| Peers::new(here()).send(source, addr, &datagram(0x11, 0, 20)).is_some();
+        let addr: IpAddr = "127.0.9.16".parse().unwrap();
+        let inbox = Inbox::create(addr, 1, here()).unwrap();
+        assert!(reaches(addr), "a private inbox of this user's is used");
+        let dir = inbox.path.parent().unwrap();
+        let dir_meta = std::fs::symlink_metadata(dir).unwrap();
+        assert!(dir_meta.is_dir() && dir_meta.mode() & 0o777 == 0o700, "the directory is private");
+
+        std::fs::set_permissions(&inbox.path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(!reaches(addr), "an inbox anyone may write is not used");
+        std::fs::set_permissions(&inbox.path, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+        let alias: IpAddr = "127.0.9.18".parse().unwrap();
+        let link = here().inbox_path(dir, alias);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&inbox.path, &link).unwrap();
+        assert!(!reaches(alias), "a symlink to a live inbox is not followed");
+        std::fs::remove_file(&link).unwrap();
+
+        if rustix::process::geteuid().is_root() {
+            std::os::unix::fs::chown(&inbox.path, Some(65534), None).unwrap();
+            assert!(!reaches(addr), "another user's inbox is not used");
+        } else {
+            assert!(!crate::environment::under_ci(), "CI runs as root and must check the owner");
+            eprintln!("the owner check skipped: giving a file to another user needs root");
+        }
     }
 }
