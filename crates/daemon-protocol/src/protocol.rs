@@ -290,6 +290,7 @@ pub enum ErrorKind {
     Busy,
     NotSupported,
     Device,
+    PermissionDenied,
 }
 
 impl From<VerbsError> for RemoteError {
@@ -301,12 +302,14 @@ impl From<VerbsError> for RemoteError {
             VerbsError::Busy(_) => ErrorKind::Busy,
             VerbsError::NotSupported(_) => ErrorKind::NotSupported,
             VerbsError::Device(_) => ErrorKind::Device,
+            VerbsError::PermissionDenied(_) => ErrorKind::PermissionDenied,
         };
         let message = match e {
             VerbsError::InvalidArgument(m)
             | VerbsError::OutOfResources(m)
             | VerbsError::NotSupported(m)
-            | VerbsError::Device(m) => m,
+            | VerbsError::Device(m)
+            | VerbsError::PermissionDenied(m) => m,
             VerbsError::NotFound(what) | VerbsError::Busy(what) => what.to_string(),
         };
         RemoteError { kind, message }
@@ -343,6 +346,7 @@ impl RemoteError {
             ErrorKind::Busy => VerbsError::Busy(object(&self.message)),
             ErrorKind::NotSupported => VerbsError::NotSupported(self.message),
             ErrorKind::Device => VerbsError::Device(self.message),
+            ErrorKind::PermissionDenied => VerbsError::PermissionDenied(self.message),
         }
     }
 }

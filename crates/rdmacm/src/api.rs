@@ -648,7 +648,7 @@ pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
 /// # Safety
 /// `id` live.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
     guard("rdma_listen", || {
         const VERB: &str = "rdma_listen";
         // SAFETY: forwarded contract.
@@ -659,7 +659,8 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
         };
         let service = service_id(id.public.ps, bound.port());
         let mut state = device.lock();
-        if let Err(why) = state.cm.listen(service) {
+        // 0 or less: the default, as the kernel's rdma_ucm takes it.
+        if let Err(why) = state.cm.listen(service, usize::try_from(backlog).unwrap_or(0)) {
             return fail(VERB, libc::EADDRINUSE, why);
         }
         state.listeners.insert(service, id as *mut Id as usize);

@@ -33,6 +33,10 @@ const SEND_SLOTS: usize = 128;
 const RECV_SLOT_LEN: usize = GRH_LEN + MAD_LEN;
 /// Marks the work request IDs of sends.
 const SEND_TAG: u64 = 1 << 63;
+/// The most address handles the agent keeps; when it needs another it
+/// destroys them all (a send copies its address when posted, so those in
+/// flight are not disturbed) and makes them again as peers speak.
+const MAX_AHS: usize = 256;
 
 /// What the protocol's state lock guards.
 pub struct CmState {
@@ -43,10 +47,12 @@ pub struct CmState {
     pub listeners: HashMap<ServiceId, usize>,
     /// Ports bound, per port space.
     pub ports: HashSet<(i32, u16)>,
-    /// MADs waiting for a free send slot.
+    /// MADs waiting for a free send slot: at most
+    /// [`MAX_TRANSMITS`](crate::protocol::MAX_TRANSMITS).
     backlog: VecDeque<Transmit>,
     free_send_slots: Vec<usize>,
-    /// An address handle per peer.
+    /// An address handle per peer: at most [`MAX_AHS`], since a stranger
+    /// who forges requests from many addresses earns each an answer.
     ahs: HashMap<IpAddr, usize>,
 }
 
@@ -209,7 +215,7 @@ impl CmDevice {
                 lkey: (*mr).lkey,
                 buffer,
                 state: Mutex::new(CmState {
-                    cm: Cm::new(first_comm_id()),
+                    cm: Cm::new(seed()?),
                     conns: HashMap::new(),
                     listeners: HashMap::new(),
                     ports: HashSet::new(),
@@ -306,7 +312,13 @@ impl CmDevice {
             return;
         }
         let slot = c.wr_id as usize;
-        if c.status == IBV_WC_SUCCESS && c.byte_len as usize >= GRH_LEN + MAD_LEN {
+        // CM MADs come from the peer's QP1, whose controlled Q_Key no
+        // other QP may take: one from any other QP is a forgery.
+        let from_gsi = c.src_qp == GSI_QPN;
+        if c.status == IBV_WC_SUCCESS && !from_gsi {
+            state.cm.dropped += 1;
+        }
+        if c.status == IBV_WC_SUCCESS && from_gsi && c.byte_len as usize >= GRH_LEN + MAD_LEN {
             let at = slot * RECV_SLOT_LEN;
             let grh = &self.buffer[at..at + GRH_LEN];
             // For RoCEv2 over IPv4 the GRH area holds the IPv4 header in its
@@ -348,7 +360,11 @@ impl CmDevice {
     /// (completions free slots, and wake the agent, which comes back).
     pub fn flush(&self, state: &mut CmState) {
         while let Some(t) = state.cm.poll_transmit() {
-            state.backlog.push_back(t);
+            if state.backlog.len() < crate::protocol::MAX_TRANSMITS {
+                state.backlog.push_back(t);
+            } else {
+                state.cm.transmits_dropped += 1;
+            }
         }
         while !state.backlog.is_empty() {
             let Some(slot) = state.free_send_slots.pop() else { break };
@@ -364,6 +380,13 @@ impl CmDevice {
         let ah = match state.ahs.get(&t.dst) {
             Some(&ah) => ah as *mut ibv_ah,
             None => {
+                if state.ahs.len() >= MAX_AHS {
+                    for (_, ah) in state.ahs.drain() {
+                        // SAFETY: an AH this agent made; posted sends hold
+                        // copies of its address, not the handle.
+                        unsafe { verbs::ibv_destroy_ah(ah as *mut ibv_ah) };
+                    }
+                }
                 // SAFETY: a C structure of integers and a union of bytes.
                 let mut attr: ibv_ah_attr = unsafe { zeroed() };
                 attr.is_global = 1;
@@ -410,9 +433,10 @@ pub(crate) unsafe fn zeroed<T>() -> T {
     unsafe { std::mem::zeroed() }
 }
 
-/// A communication ID to start from that a restarted process will not
-/// repeat soon.
-fn first_comm_id() -> u32 {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    nanos ^ std::process::id().rotate_left(16)
+/// The seed of the agent's communication IDs, from the operating system.
+fn seed() -> Result<[u8; 32], String> {
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed)
+        .map_err(|e| format!("softrnic librdmacm: no random numbers from the operating system for the CM: {e}"))?;
+    Ok(seed)
 }

@@ -16,11 +16,20 @@
 //! missed sent again. Messages for no connection are dropped (REQs for no
 //! listener are rejected), so a hostile MAD changes nothing it does not
 //! name.
+//!
+//! Anyone on the network can send a MAD to QP1, so nothing in one is
+//! believed that the connection does not confirm: a reply counts only from
+//! the connection's peer, naming both sides' communication IDs (drawn at
+//! random, so a stranger cannot guess them); a REQ waits for the program
+//! at most as long as its sender waits for the answer, and no more of them
+//! than the listener's backlog; MADs to send are bounded too.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::time::Duration;
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use softrnic_wire::cm::{
     self, Answered, CLASS_VERSION, Dreq, Ids, Message, PrivateData, Rej, Rep, Req, SidrRep, SidrReq, reject_reason,
 };
@@ -40,6 +49,21 @@ pub const TIME_WAIT: Duration = Duration::from_secs(2);
 
 /// How many refused-once requests an agent remembers.
 const MAX_UNCLAIMED: usize = 1024;
+
+/// How long a REQ waits for the program to accept or reject it: as long as
+/// its sender waits for an answer (every retry's response timeout), after
+/// which the sender has given up anyway.
+pub const REQ_PATIENCE: Duration = Duration::from_nanos((4096 << RESPONSE_TIMEOUT_EXP) * (MAX_RETRIES as u64 + 1));
+
+/// A listener's backlog when the program asks for none or for more: the
+/// Linux default of `net.rdma_ucm.max_backlog`.
+pub const MAX_BACKLOG: usize = 1024;
+
+/// How many MADs may wait to be sent: a flood of requests that each earn
+/// an answer (a REJ, a DREP) must not grow the queue without end. Those
+/// beyond are dropped, as a full MAD queue drops, and sent again where
+/// the protocol sends again.
+pub const MAX_TRANSMITS: usize = 1024;
 
 /// A connection, by this side's communication ID.
 pub type ConnId = u32;
@@ -101,6 +125,9 @@ enum State {
 struct Connection {
     state: State,
     peer: IpAddr,
+    /// The service a received request is for, while the program decides
+    /// (it counts against the listener's backlog).
+    pending_for: Option<ServiceId>,
     remote_comm_id: u32,
     /// The peer's QP (for a DREQ).
     remote_qpn: u32,
@@ -118,49 +145,71 @@ pub struct Cm {
     /// Passive connections by (peer, the peer's communication ID): how a
     /// duplicate REQ finds the connection it already made.
     by_peer: HashMap<(IpAddr, u32), ConnId>,
-    listeners: HashMap<ServiceId, ()>,
+    listeners: HashMap<ServiceId, Listener>,
     /// REQs and SIDR_REQs for no listener, seen once: refused only when
     /// they come again (see [`Cm::handle_mad`]).
     unclaimed: HashSet<(IpAddr, u32)>,
-    next_id: u32,
+    /// Where communication IDs are drawn from.
+    ids: StdRng,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
-    /// MADs dropped for naming nothing this agent knows, or not parsing.
+    /// MADs dropped for naming nothing this agent knows, for not coming
+    /// from the connection's peer, or for not parsing.
     pub dropped: u64,
+    /// REQs dropped because their listener's backlog was full (their
+    /// senders send them again).
+    pub over_backlog: u64,
+    /// MADs not sent because [`MAX_TRANSMITS`] were waiting.
+    pub transmits_dropped: u64,
+}
+
+/// A listening service.
+struct Listener {
+    /// How many requests may wait for the program at once.
+    backlog: usize,
+    /// How many do.
+    pending: usize,
 }
 
 impl Cm {
-    /// An agent whose communication IDs start at `first_id` (random, so a
-    /// restarted agent does not reuse its predecessor's).
-    pub fn new(first_id: u32) -> Cm {
+    /// An agent whose communication IDs are drawn from a generator seeded
+    /// with `seed` (from the operating system: a stranger who guessed one
+    /// could forge a DREQ for it).
+    pub fn new(seed: [u8; 32]) -> Cm {
         Cm {
             connections: HashMap::new(),
             by_peer: HashMap::new(),
             listeners: HashMap::new(),
             unclaimed: HashSet::new(),
-            next_id: first_id.max(1),
+            ids: StdRng::from_seed(seed),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             dropped: 0,
+            over_backlog: 0,
+            transmits_dropped: 0,
         }
     }
 
     fn allocate_id(&mut self) -> ConnId {
         loop {
-            let id = self.next_id;
-            self.next_id = self.next_id.wrapping_add(1).max(1);
-            if !self.connections.contains_key(&id) {
+            let id = self.ids.next_u32();
+            if id != 0 && !self.connections.contains_key(&id) {
                 return id;
             }
         }
     }
 
-    /// REQs and SIDR_REQs for `service` now come to this agent's program.
-    pub fn listen(&mut self, service: ServiceId) -> Result<(), &'static str> {
-        match self.listeners.insert(service, ()) {
-            None => Ok(()),
-            Some(()) => Err("another rdma_cm ID listens on this port already"),
+    /// REQs and SIDR_REQs for `service` now come to this agent's program,
+    /// at most `backlog` waiting for it at once (0: [`MAX_BACKLOG`], as is
+    /// more than that).
+    pub fn listen(&mut self, service: ServiceId, backlog: usize) -> Result<(), &'static str> {
+        if self.listeners.contains_key(&service) {
+            return Err("another rdma_cm ID listens on this port already");
         }
+        let backlog = if backlog == 0 { MAX_BACKLOG } else { backlog.min(MAX_BACKLOG) };
+        let pending = self.connections.values().filter(|c| c.pending_for == Some(service)).count();
+        self.listeners.insert(service, Listener { backlog, pending });
+        Ok(())
     }
 
     pub fn stop_listening(&mut self, service: ServiceId) {
@@ -191,8 +240,18 @@ impl Cm {
         let c = self.connection(conn, State::ReqReceived)?;
         let rep = Rep { local_comm_id: conn, remote_comm_id: c.remote_comm_id, ..rep };
         c.state = State::RepSent;
+        self.decided(conn);
         self.send_reliably(now, conn, Message::Rep(rep));
         Ok(())
+    }
+
+    /// The program has answered a request: it no longer counts against its
+    /// listener's backlog.
+    fn decided(&mut self, conn: ConnId) {
+        let Some(service) = self.connections.get_mut(&conn).and_then(|c| c.pending_for.take()) else { return };
+        if let Some(listener) = self.listeners.get_mut(&service) {
+            listener.pending = listener.pending.saturating_sub(1);
+        }
     }
 
     /// Refuses a REQ (or a SIDR_REQ) with the consumer-defined reason.
@@ -274,6 +333,7 @@ impl Cm {
 
     /// Forgets a connection whose program is done with it.
     pub fn forget(&mut self, conn: ConnId) {
+        self.decided(conn);
         if self.connections.remove(&conn).is_some() {
             self.by_peer.retain(|_, id| *id != conn);
         }
@@ -307,14 +367,14 @@ impl Cm {
             return;
         };
         let handled = match message {
-            Message::Req(req) => self.on_req(peer, header.transaction_id, req),
-            Message::SidrReq(req) => self.on_sidr_req(peer, header.transaction_id, req),
-            Message::Rep(rep) => self.on_rep(rep),
-            Message::Rej(rej) => self.on_rej(rej),
-            Message::Rtu(rtu) => self.on_rtu(rtu),
+            Message::Req(req) => self.on_req(now, peer, header.transaction_id, req),
+            Message::SidrReq(req) => self.on_sidr_req(now, peer, header.transaction_id, req),
+            Message::Rep(rep) => self.on_rep(peer, rep),
+            Message::Rej(rej) => self.on_rej(peer, rej),
+            Message::Rtu(rtu) => self.on_rtu(peer, rtu),
             Message::Dreq(dreq) => self.on_dreq(now, peer, header.transaction_id, dreq),
-            Message::Drep(drep) => self.on_drep(now, drep),
-            Message::SidrRep(rep) => self.on_sidr_rep(rep),
+            Message::Drep(drep) => self.on_drep(now, peer, drep),
+            Message::SidrRep(rep) => self.on_sidr_rep(peer, rep),
             // An MRA asks for patience: wait the full retry budget.
             Message::Mra(_) => true,
         };
@@ -323,7 +383,28 @@ impl Cm {
         }
     }
 
-    fn on_req(&mut self, peer: IpAddr, tid: u64, req: Req) -> bool {
+    /// The connection `conn` names, if `peer` is its peer and (once this
+    /// side knows it) `their_id` the peer's communication ID: how a reply
+    /// proves it belongs to the connection.
+    fn confirmed_by(&mut self, conn: ConnId, peer: IpAddr, their_id: u32) -> Option<&mut Connection> {
+        let c = self.connections.get_mut(&conn)?;
+        let known = c.remote_comm_id != 0;
+        (c.peer == peer && (!known || c.remote_comm_id == their_id)).then_some(c)
+    }
+
+    /// Whether `service`'s listener has room for one more request, taking
+    /// it if so.
+    fn admit(&mut self, service: ServiceId) -> bool {
+        let Some(listener) = self.listeners.get_mut(&service) else { return false };
+        if listener.pending >= listener.backlog {
+            self.over_backlog += 1;
+            return false;
+        }
+        listener.pending += 1;
+        true
+    }
+
+    fn on_req(&mut self, now: Duration, peer: IpAddr, tid: u64, req: Req) -> bool {
         if let Some(&conn) = self.by_peer.get(&(peer, req.local_comm_id)) {
             // A duplicate: the REP it missed goes again.
             if let Some(c) = self.connections.get(&conn)
@@ -348,8 +429,14 @@ impl Cm {
             self.send_once(peer, tid, Message::Rej(rej));
             return true;
         }
+        if !self.admit(req.service_id) {
+            return true; // its sender tries again a response timeout later
+        }
         let conn = self.allocate_id();
-        self.connections.insert(conn, Connection::new(State::ReqReceived, peer, req.local_comm_id, req.local_qpn, tid));
+        let mut c = Connection::new(State::ReqReceived, peer, req.local_comm_id, req.local_qpn, tid);
+        c.pending_for = Some(req.service_id);
+        c.deadline = Some(now + REQ_PATIENCE);
+        self.connections.insert(conn, c);
         self.by_peer.insert((peer, req.local_comm_id), conn);
         self.events.push_back(Event::ConnectRequest { service: req.service_id, conn, peer, req });
         true
@@ -368,7 +455,7 @@ impl Cm {
         true
     }
 
-    fn on_sidr_req(&mut self, peer: IpAddr, tid: u64, req: SidrReq) -> bool {
+    fn on_sidr_req(&mut self, now: Duration, peer: IpAddr, tid: u64, req: SidrReq) -> bool {
         if !self.listeners.contains_key(&req.service_id) {
             if self.first_sight(peer, req.request_id) {
                 return true;
@@ -387,15 +474,21 @@ impl Cm {
         if self.by_peer.contains_key(&(peer, req.request_id)) {
             return true;
         }
+        if !self.admit(req.service_id) {
+            return true;
+        }
         let conn = self.allocate_id();
-        self.connections.insert(conn, Connection::new(State::SidrReceived, peer, req.request_id, 0, tid));
+        let mut c = Connection::new(State::SidrReceived, peer, req.request_id, 0, tid);
+        c.pending_for = Some(req.service_id);
+        c.deadline = Some(now + REQ_PATIENCE);
+        self.connections.insert(conn, c);
         self.by_peer.insert((peer, req.request_id), conn);
         self.events.push_back(Event::SidrRequest { service: req.service_id, conn, peer, req });
         true
     }
 
-    fn on_rep(&mut self, rep: Rep) -> bool {
-        let Some(c) = self.connections.get_mut(&rep.remote_comm_id) else { return false };
+    fn on_rep(&mut self, peer: IpAddr, rep: Rep) -> bool {
+        let Some(c) = self.confirmed_by(rep.remote_comm_id, peer, rep.local_comm_id) else { return false };
         match c.state {
             State::ReqSent => {
                 c.state = State::RepReceived;
@@ -406,7 +499,7 @@ impl Cm {
                 self.events.push_back(Event::Reply { conn: rep.remote_comm_id, rep });
             }
             // The RTU was lost: send it again.
-            State::Established if c.remote_comm_id == rep.local_comm_id => {
+            State::Established => {
                 if let Some(rtu) = c.last {
                     let (peer, tid) = (c.peer, c.transaction_id);
                     self.send_once(peer, tid, rtu);
@@ -417,8 +510,9 @@ impl Cm {
         true
     }
 
-    fn on_rej(&mut self, rej: Rej) -> bool {
-        let Some(c) = self.connections.get(&rej.remote_comm_id) else { return false };
+    fn on_rej(&mut self, peer: IpAddr, rej: Rej) -> bool {
+        // A REJ for no listener names no connection of its sender's (0).
+        let Some(c) = self.confirmed_by(rej.remote_comm_id, peer, rej.local_comm_id) else { return false };
         if !matches!(c.state, State::ReqSent | State::RepSent) {
             return false;
         }
@@ -428,8 +522,8 @@ impl Cm {
         true
     }
 
-    fn on_rtu(&mut self, rtu: Ids) -> bool {
-        let Some(c) = self.connections.get_mut(&rtu.remote_comm_id) else { return false };
+    fn on_rtu(&mut self, peer: IpAddr, rtu: Ids) -> bool {
+        let Some(c) = self.confirmed_by(rtu.remote_comm_id, peer, rtu.local_comm_id) else { return false };
         if c.state != State::RepSent {
             return c.state == State::Established;
         }
@@ -442,13 +536,14 @@ impl Cm {
 
     fn on_dreq(&mut self, now: Duration, peer: IpAddr, tid: u64, dreq: Dreq) -> bool {
         let conn = dreq.remote_comm_id;
-        let Some(c) = self.connections.get_mut(&conn) else {
+        if !self.connections.contains_key(&conn) {
             // Forgotten already: answer anyway, so the peer stops asking.
             let drep =
                 Ids { local_comm_id: conn, remote_comm_id: dreq.local_comm_id, private_data: PrivateData::EMPTY };
             self.send_once(peer, tid, Message::Drep(drep));
             return true;
-        };
+        }
+        let Some(c) = self.confirmed_by(conn, peer, dreq.local_comm_id) else { return false };
         let drep = Message::Drep(Ids {
             local_comm_id: conn,
             remote_comm_id: c.remote_comm_id,
@@ -465,8 +560,8 @@ impl Cm {
         true
     }
 
-    fn on_drep(&mut self, now: Duration, drep: Ids) -> bool {
-        let Some(c) = self.connections.get_mut(&drep.remote_comm_id) else { return false };
+    fn on_drep(&mut self, now: Duration, peer: IpAddr, drep: Ids) -> bool {
+        let Some(c) = self.confirmed_by(drep.remote_comm_id, peer, drep.local_comm_id) else { return false };
         if c.state != State::DreqSent {
             return false;
         }
@@ -477,10 +572,10 @@ impl Cm {
         true
     }
 
-    fn on_sidr_rep(&mut self, rep: SidrRep) -> bool {
+    fn on_sidr_rep(&mut self, peer: IpAddr, rep: SidrRep) -> bool {
         let conn = rep.request_id;
         match self.connections.get(&conn) {
-            Some(c) if c.state == State::SidrSent => {
+            Some(c) if c.state == State::SidrSent && c.peer == peer => {
                 self.events.push_back(Event::SidrReply { conn, rep });
                 self.forget(conn);
                 true
@@ -502,6 +597,12 @@ impl Cm {
         for conn in due {
             let c = self.connections.get_mut(&conn).expect("listed");
             if c.state == State::TimeWait {
+                self.forget(conn);
+                continue;
+            }
+            if matches!(c.state, State::ReqReceived | State::SidrReceived) {
+                // The program never answered, and the sender has given
+                // up: a later accept finds no connection.
                 self.forget(conn);
                 continue;
             }
@@ -565,6 +666,10 @@ impl Cm {
             debug_assert!(false, "private data too long for {message:?}");
             return;
         }
+        if self.transmits.len() >= MAX_TRANSMITS {
+            self.transmits_dropped += 1;
+            return;
+        }
         self.transmits.push_back(Transmit { dst, mad });
     }
 }
@@ -574,6 +679,7 @@ impl Connection {
         Connection {
             state,
             peer,
+            pending_for: None,
             remote_comm_id,
             remote_qpn,
             transaction_id,
@@ -619,7 +725,7 @@ mod tests {
 
     impl Pair {
         fn new() -> Pair {
-            Pair { a: Cm::new(1000), b: Cm::new(5000), now: Duration::ZERO, drop_next: 0, carried: Vec::new() }
+            Pair { a: Cm::new([1; 32]), b: Cm::new([2; 32]), now: Duration::ZERO, drop_next: 0, carried: Vec::new() }
         }
 
         /// Moves every MAD until both are quiet.
@@ -680,7 +786,7 @@ mod tests {
     #[test]
     fn connect_and_disconnect() {
         let mut p = Pair::new();
-        p.b.listen(SERVICE).unwrap();
+        p.b.listen(SERVICE, 0).unwrap();
         let (a, b) = p.connect();
         assert_eq!(p.carried, [cm::attribute::REQ, cm::attribute::REP, cm::attribute::RTU]);
         p.a.disconnect(p.now, a).unwrap();
@@ -720,7 +826,7 @@ mod tests {
         let mut p = Pair::new();
         p.a.connect(p.now, B, req(0x11));
         p.settle();
-        p.b.listen(SERVICE).unwrap();
+        p.b.listen(SERVICE, 0).unwrap();
         p.tick();
         assert!(matches!(p.b.poll_event(), Some(Event::ConnectRequest { .. })));
         assert_eq!(p.a.poll_event(), None);
@@ -729,7 +835,7 @@ mod tests {
     #[test]
     fn a_consumer_reject_carries_private_data() {
         let mut p = Pair::new();
-        p.b.listen(SERVICE).unwrap();
+        p.b.listen(SERVICE, 0).unwrap();
         p.a.connect(p.now, B, req(0x11));
         p.settle();
         let Some(Event::ConnectRequest { conn, .. }) = p.b.poll_event() else { panic!() };
@@ -746,7 +852,7 @@ mod tests {
     fn each_lost_message_is_recovered() {
         for lost in 0..3 {
             let mut p = Pair::new();
-            p.b.listen(SERVICE).unwrap();
+            p.b.listen(SERVICE, 0).unwrap();
             let a = p.a.connect(p.now, B, req(0x11));
             if lost == 0 {
                 p.drop_next = 1;
@@ -800,7 +906,7 @@ mod tests {
     #[test]
     fn hostile_mads_change_nothing() {
         let mut p = Pair::new();
-        p.b.listen(SERVICE).unwrap();
+        p.b.listen(SERVICE, 0).unwrap();
         let (a, _) = p.connect();
         let mut rng = 0x2545_f491_4f6c_dd1du64;
         for _ in 0..2000 {
@@ -833,7 +939,7 @@ mod tests {
     #[test]
     fn sidr_resolves_a_service() {
         let mut p = Pair::new();
-        p.b.listen(SERVICE).unwrap();
+        p.b.listen(SERVICE, 0).unwrap();
         let sidr = SidrReq { request_id: 0, pkey: 0xffff, service_id: SERVICE, private_data: PrivateData::EMPTY };
         let a = p.a.sidr_request(p.now, B, sidr);
         p.settle();
@@ -851,5 +957,119 @@ mod tests {
         let Some(Event::SidrReply { conn, rep }) = p.a.poll_event() else { panic!() };
         assert_eq!((conn, rep.qpn, rep.qkey), (a, 0x33, 0x0123_4567));
         assert_eq!(p.a.poll_timeout(), None);
+    }
+
+    const C: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 4));
+
+    /// A MAD with `message`, as an agent would send it.
+    fn mad(message: Message) -> [u8; MAD_LEN] {
+        let mut forger = Cm::new([9; 32]);
+        forger.send_once(A, 7, message);
+        forger.poll_transmit().unwrap().mad
+    }
+
+    /// A stranger (C) who knows both sides' communication IDs, and the peer
+    /// itself naming the wrong ID, try to tear down, confirm or refuse
+    /// connections: nothing happens but the count of dropped MADs. Before,
+    /// a DREQ from anyone that named a connection took it down.
+    #[test]
+    fn replies_count_only_from_the_peer_naming_both_ids() {
+        let mut p = Pair::new();
+        p.b.listen(SERVICE, 0).unwrap();
+        let (a, b) = p.connect();
+        let ids =
+            |local, remote| Ids { local_comm_id: local, remote_comm_id: remote, private_data: PrivateData::EMPTY };
+        let dreq = |local| Dreq {
+            local_comm_id: local,
+            remote_comm_id: a,
+            remote_qpn: 0x11,
+            private_data: PrivateData::EMPTY,
+        };
+        p.a.handle_mad(p.now, C, &mad(Message::Dreq(dreq(b))));
+        p.a.handle_mad(p.now, B, &mad(Message::Dreq(dreq(b ^ 1))));
+        p.a.handle_mad(p.now, C, &mad(Message::Drep(ids(b, a))));
+        let rej = Rej {
+            local_comm_id: b,
+            remote_comm_id: a,
+            rejected: Answered::Rep,
+            reason: 1,
+            private_data: PrivateData::EMPTY,
+        };
+        p.a.handle_mad(p.now, C, &mad(Message::Rej(rej)));
+        assert_eq!((p.a.dropped, p.a.poll_event()), (4, None), "the connection stands");
+        assert!(p.a.poll_transmit().is_none(), "nothing answered");
+
+        // A REQ in flight: a stranger's REP or REJ does not answer it.
+        p.b.listen(SERVICE + 1, 0).unwrap();
+        let pending = p.a.connect(p.now, B, Req { service_id: SERVICE + 1, ..req(0x12) });
+        let forged = Rep { local_comm_id: 77, remote_comm_id: pending, ..rep(0x66) };
+        p.a.handle_mad(p.now, C, &mad(Message::Rep(forged)));
+        p.a.handle_mad(p.now, C, &mad(Message::Rej(Rej { remote_comm_id: pending, local_comm_id: 0, ..rej })));
+        assert_eq!((p.a.dropped, p.a.poll_event()), (6, None));
+        p.settle();
+        let Some(Event::ConnectRequest { conn, .. }) = p.b.poll_event() else { panic!("the real REQ arrives") };
+        p.b.accept(p.now, conn, rep(0x23)).unwrap();
+        p.settle();
+        let Some(Event::Reply { conn, rep }) = p.a.poll_event() else { panic!("the real REP arrives") };
+        assert_eq!((conn, rep.local_qpn), (pending, 0x23));
+    }
+
+    /// Communication IDs are drawn: neither consecutive nor the same for
+    /// two agents (one that counted up told a stranger every ID to come).
+    #[test]
+    fn communication_ids_are_drawn_not_counted() {
+        let (mut one, mut two) = (Cm::new([3; 32]), Cm::new([4; 32]));
+        let a: Vec<ConnId> = (0..64).map(|_| one.connect(Duration::ZERO, B, req(0x11))).collect();
+        let b: Vec<ConnId> = (0..64).map(|_| two.connect(Duration::ZERO, B, req(0x11))).collect();
+        assert!(a.windows(2).all(|w| w[1].wrapping_sub(w[0]) != 1), "{a:x?}");
+        assert!(a.iter().all(|id| *id != 0 && !b.contains(id)));
+    }
+
+    /// A flood of REQs from one address, each with its own communication
+    /// ID, at a listener whose backlog is 4: four reach the program, the
+    /// rest are dropped (their senders try again), and requests the
+    /// program never answers are forgotten once their senders have given
+    /// up, making room again. Before, each REQ made state that stayed.
+    #[test]
+    fn a_flood_of_reqs_is_held_to_the_backlog_and_forgotten_in_time() {
+        let mut b = Cm::new([5; 32]);
+        b.listen(SERVICE, 4).unwrap();
+        for id in 1..=100u32 {
+            b.handle_mad(Duration::ZERO, C, &mad(Message::Req(Req { local_comm_id: id, ..req(0x11) })));
+        }
+        let requests: Vec<ConnId> = std::iter::from_fn(|| b.poll_event())
+            .map(|e| match e {
+                Event::ConnectRequest { conn, .. } => conn,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!((requests.len(), b.over_backlog), (4, 96));
+        // The program accepts one; that makes room for one more.
+        b.accept(Duration::ZERO, requests[0], rep(0x22)).unwrap();
+        b.handle_mad(Duration::ZERO, C, &mad(Message::Req(Req { local_comm_id: 101, ..req(0x11) })));
+        assert!(matches!(b.poll_event(), Some(Event::ConnectRequest { .. })));
+        assert_eq!(b.over_backlog, 96);
+        // The rest are never answered.
+        b.handle_timeout(REQ_PATIENCE);
+        assert_eq!(b.accept(REQ_PATIENCE, requests[1], rep(0x22)), Err("no such connection"));
+        for id in 200..204u32 {
+            b.handle_mad(REQ_PATIENCE, C, &mad(Message::Req(Req { local_comm_id: id, ..req(0x11) })));
+        }
+        assert_eq!(std::iter::from_fn(|| b.poll_event()).count(), 4, "room for a whole backlog again");
+        assert_eq!(b.listen(SERVICE + 1, 1 << 20), Ok(()), "a larger backlog is taken as the most");
+        assert_eq!(b.listeners[&(SERVICE + 1)].backlog, MAX_BACKLOG);
+    }
+
+    /// DREQs for connections long gone, each of which earns a DREP, from a
+    /// sender faster than the agent sends: the queue of MADs stays bounded.
+    #[test]
+    fn the_queue_of_mads_to_send_is_bounded() {
+        let mut a = Cm::new([6; 32]);
+        for id in 1..=3000u32 {
+            let dreq = Dreq { local_comm_id: id, remote_comm_id: id, remote_qpn: 0, private_data: PrivateData::EMPTY };
+            a.handle_mad(Duration::ZERO, C, &mad(Message::Dreq(dreq)));
+        }
+        assert_eq!(std::iter::from_fn(|| a.poll_transmit()).count(), MAX_TRANSMITS);
+        assert_eq!(a.transmits_dropped, 3000 - MAX_TRANSMITS as u64);
     }
 }

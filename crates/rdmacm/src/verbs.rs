@@ -35,6 +35,7 @@ unsafe extern "C" {
     pub fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: std::ffi::c_uint);
     pub fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut std::ffi::c_void, length: usize, access: c_int) -> *mut ibv_mr;
     pub fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah;
+    pub fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int;
     pub fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
     pub fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int;
     pub fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int;

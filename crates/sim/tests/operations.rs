@@ -555,6 +555,26 @@ fn ud_drops_wrong_qkeys_and_unexpected_datagrams() {
     assert_eq!((counters.rx_no_receive_posted, counters.rx_qkey_violations), (1, 1));
 }
 
+/// A program's UD QP posing as a CM agent: it may not take the GSI's
+/// controlled Q_Key (EPERM, as Linux refuses it), and a send that names a
+/// controlled Q_Key goes out with its QP's own, so it never reaches a
+/// QP1 (here it reaches the peer, whose Q_Key is the QP's own).
+#[test]
+fn only_the_gsi_qp_takes_a_controlled_qkey() {
+    let mut pair = ud_pair();
+    let (now, qpn) = (pair.world.now, pair.a.qpn);
+    let gsi_qkey = softrnic_wire::mad::GSI_QKEY;
+    let refused = pair.world.device(0).modify_qp(now, qpn, &QpAttr { qkey: Some(gsi_qkey), ..QpAttr::default() });
+    let refused = refused.unwrap_err();
+    assert_eq!(refused.errno(), 1, "EPERM: {refused}");
+    assert!(refused.to_string().contains("controlled Q_Key"), "{refused}");
+    pair.post_recv(1, 1, 0, 40 + 64);
+    ud_send(&mut pair, 2, b"as QP1", gsi_qkey);
+    let [_, b] = pair.settle();
+    assert_eq!(b[0].status, WcStatus::Success, "sent with the QP's own Q_Key");
+    assert_eq!(pair.world.device(1).counters().rx_qkey_violations, 0);
+}
+
 #[test]
 fn ud_messages_longer_than_the_mtu_fail_locally() {
     let mut pair = ud_pair();

@@ -20,6 +20,9 @@ pub enum VerbsError {
     /// The operation is not supported on this object (EOPNOTSUPP).
     #[error("not supported: {0}")]
     NotSupported(String),
+    /// The caller may not do this (EPERM): it is the privileged QP's.
+    #[error("not permitted: {0}")]
+    PermissionDenied(String),
     /// The device itself failed: the daemon serving it went away.
     #[error("device error: {0}")]
     Device(String),
@@ -37,6 +40,7 @@ impl VerbsError {
             VerbsError::OutOfResources(_) => 12,                            // ENOMEM
             VerbsError::Busy(_) => 16,                                      // EBUSY
             VerbsError::NotSupported(_) => 95,                              // EOPNOTSUPP
+            VerbsError::PermissionDenied(_) => 1,                           // EPERM
             VerbsError::Device(_) => 5,                                     // EIO
         }
     }

@@ -213,6 +213,9 @@ impl QueuePair {
     /// Applies `ibv_modify_qp`.
     pub(crate) fn modify(&mut self, ctx: &mut Ctx, attr: &QpAttr) -> Result<()> {
         let to = attr.validate(self.init.qp_type, self.state)?;
+        if let Some(qkey) = attr.qkey {
+            ud::check_qkey(self.qpn, qkey)?;
+        }
         attr.apply(&mut self.attrs);
         let from = self.state;
         match to {

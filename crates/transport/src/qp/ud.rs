@@ -5,6 +5,7 @@
 
 use std::net::IpAddr;
 
+use softrnic_wire::mad::GSI_QPN;
 use softrnic_wire::packet::{Extensions, Headers, PacketRepr};
 use softrnic_wire::{Opcode, bth, deth};
 
@@ -13,11 +14,27 @@ use super::{Ctx, QpState, QueuePair, Transmit};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::memory::{Access, gather, scatter, validate_list};
 use crate::work_request::{Payload, SendOp};
+use crate::{Result, VerbsError};
 
 pub use softrnic_wire::GRH_LEN;
 
-/// A Q_Key with this bit set in a work request means "use the QP's own".
-const QKEY_FROM_QP: u32 = 0x8000_0000;
+/// The high bit of a Q_Key marks a *controlled* Q_Key (IBTA 10.2.4): only
+/// a privileged QP may take one (here the GSI QP, whose Q_Key 0x80010000
+/// CM MADs carry), and a work request that names one sends with its QP's
+/// own Q_Key instead. So no program's UD QP can pose as a CM agent.
+const CONTROLLED_QKEY: u32 = 0x8000_0000;
+
+/// Refuses a controlled Q_Key for any QP but the GSI QP, as Linux refuses
+/// it to unprivileged programs (EPERM).
+pub(super) fn check_qkey(qpn: u32, qkey: u32) -> Result<()> {
+    if qkey & CONTROLLED_QKEY != 0 && qpn != GSI_QPN {
+        return Err(VerbsError::PermissionDenied(format!(
+            "Q_Key {qkey:#x} has its high bit set: a controlled Q_Key, which only the GSI QP (QP1) may take; \
+             choose one below 0x80000000"
+        )));
+    }
+    Ok(())
+}
 
 impl QueuePair {
     pub(super) fn ud_transmit(&mut self, ctx: &mut Ctx, buf: &mut [u8]) -> Option<Transmit> {
@@ -27,7 +44,7 @@ impl QueuePair {
         let wqe = self.sq.front()?;
         let dest = wqe.wr.ud.expect("checked at post");
         let SendOp::Send { imm } = wqe.wr.op else { unreachable!("checked at post") };
-        let qkey = if dest.qkey & QKEY_FROM_QP != 0 { self.attrs.qkey } else { dest.qkey };
+        let qkey = if dest.qkey & CONTROLLED_QKEY != 0 { self.attrs.qkey } else { dest.qkey };
         let opcode = if imm.is_some() { Opcode::UdSendOnlyImm } else { Opcode::UdSendOnly };
         let psn = self.req.next_psn;
         let headers = Headers {
