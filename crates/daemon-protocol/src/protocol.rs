@@ -417,7 +417,16 @@ pub fn receive<T: for<'de> Deserialize<'de>>(socket: BorrowedFd<'_>) -> io::Resu
 
 /// A request and its answer, for the client: sends, then waits.
 pub fn call(socket: impl AsFd, request: &Request, fds: &[BorrowedFd<'_>]) -> io::Result<(Response, Vec<OwnedFd>)> {
-    send(socket.as_fd(), request, fds)?;
+    if let Err(e) = send(socket.as_fd(), request, fds) {
+        // A daemon that refuses a program says why and hangs up before its
+        // first request arrives: the answer may be waiting all the same
+        // (and with the connection closed, reading it cannot block).
+        let hung_up = matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset);
+        if hung_up && let Ok(Some(answer @ (Response::Error(_), _))) = receive(socket.as_fd()) {
+            return Ok(answer);
+        }
+        return Err(e);
+    }
     receive(socket.as_fd())?
         .ok_or_else(|| io::Error::new(io::ErrorKind::ConnectionAborted, "softrnicd closed the connection"))
 }

@@ -10,10 +10,17 @@
 //! max_srqs = 64          # shared receive queues
 //! max_memory_mib = 4096  # bytes registered, all regions together
 //! max_rate_gbps = 10.0   # each QP's send rate; absent: line rate
+//! max_channels = 1024    # completion channels
+//! max_connections = 256  # programs connected at once
+//!
+//! [daemon]
+//! max_connections = 1024 # programs connected at once, all tenants together
+//! allow_uids = [1000]    # users served besides the daemon's own and root
 //! ```
 //!
 //! A tenant at a limit has its verb refused with `ENOMEM`, as a device out
-//! of resources refuses it.
+//! of resources refuses it. Every connection is a thread of the daemon's,
+//! so connections are limited too, a tenant's and all together.
 //!
 //! A tenant is a process, or every process of a container together: the
 //! connections of programs in one network namespace other than the
@@ -38,6 +45,8 @@ pub struct TenantLimits {
     pub max_srqs: u32,
     pub max_memory_mib: u64,
     pub max_rate_gbps: Option<f64>,
+    pub max_channels: u32,
+    pub max_connections: u32,
 }
 
 impl Default for TenantLimits {
@@ -50,6 +59,8 @@ impl Default for TenantLimits {
             max_srqs: 1024,
             max_memory_mib: 64 * 1024,
             max_rate_gbps: None,
+            max_channels: 1024,
+            max_connections: 256,
         }
     }
 }
@@ -75,7 +86,14 @@ pub enum Resource {
     Srqs,
     /// Bytes registered.
     Memory,
+    /// Completion channels (a socket pair each).
+    Channels,
+    /// Connections to the daemon (a thread each).
+    Connections,
 }
+
+/// How many kinds of [`Resource`] there are.
+const RESOURCES: usize = Resource::Connections as usize + 1;
 
 /// One tenant's holdings (a process's, or a container's processes'
 /// together).
@@ -84,12 +102,12 @@ pub struct Usage {
     limits: TenantLimits,
     /// Whose: "this program", "this container".
     whose: &'static str,
-    held: Mutex<[u64; 6]>,
+    held: Mutex<[u64; RESOURCES]>,
 }
 
 impl Usage {
     pub fn new(limits: TenantLimits, whose: &'static str) -> Usage {
-        Usage { limits, whose, held: Mutex::new([0; 6]) }
+        Usage { limits, whose, held: Mutex::new([0; RESOURCES]) }
     }
 
     fn limit(&self, what: Resource) -> (u64, String) {
@@ -101,6 +119,10 @@ impl Usage {
             Resource::Pds => (u64::from(l.max_pds), format!("{} PDs", l.max_pds)),
             Resource::Srqs => (u64::from(l.max_srqs), format!("{} SRQs", l.max_srqs)),
             Resource::Memory => (l.max_memory_bytes(), format!("{} MiB registered", l.max_memory_mib)),
+            Resource::Channels => (u64::from(l.max_channels), format!("{} completion channels", l.max_channels)),
+            Resource::Connections => {
+                (u64::from(l.max_connections), format!("{} connections to softrnicd", l.max_connections))
+            }
         }
     }
 
@@ -189,11 +211,57 @@ impl Accounts {
     }
 }
 
+/// What the daemon admits, all tenants together (`[daemon]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DaemonLimits {
+    /// Programs connected at once.
+    pub max_connections: u32,
+    /// Users whose programs the daemon serves besides its own user and
+    /// root. Their programs share the daemon's devices of a namespace (and
+    /// so see one another's traffic in the device's counters, which are
+    /// then shown to none of them).
+    pub allow_uids: Vec<u32>,
+}
+
+impl Default for DaemonLimits {
+    fn default() -> Self {
+        DaemonLimits { max_connections: 1024, allow_uids: Vec::new() }
+    }
+}
+
+impl DaemonLimits {
+    /// Whether a program of `uid` may connect to a daemon running as
+    /// `daemon_uid`, and if not, why and how to allow it.
+    pub fn admit_user(&self, uid: u32, daemon_uid: u32) -> Result<(), String> {
+        if uid == daemon_uid || uid == 0 || self.allow_uids.contains(&uid) {
+            return Ok(());
+        }
+        Err(format!(
+            "softrnicd runs as uid {daemon_uid} and serves it, root and allow_uids; uid {uid} is none of them \
+             (add it to [daemon] allow_uids in softrnicd's --config file)"
+        ))
+    }
+
+    /// Whether one more program may connect while `connected` are.
+    pub fn admit_connection(&self, connected: usize) -> Result<(), String> {
+        if connected >= self.max_connections as usize {
+            return Err(format!(
+                "softrnicd serves at most {} programs at once ([daemon] max_connections); try again when one leaves",
+                self.max_connections
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DaemonConfig {
     #[serde(default)]
     pub tenant: TenantLimits,
+    #[serde(default)]
+    pub daemon: DaemonLimits,
 }
 
 impl DaemonConfig {
@@ -205,8 +273,11 @@ impl DaemonConfig {
         {
             return Err(format!("max_rate_gbps must be a positive number of Gb/s, not {rate}"));
         }
-        if t.max_qps == 0 || t.max_cqs == 0 || t.max_pds == 0 {
-            return Err("max_qps, max_cqs and max_pds must allow at least one".into());
+        if t.max_qps == 0 || t.max_cqs == 0 || t.max_pds == 0 || t.max_connections == 0 {
+            return Err("max_qps, max_cqs, max_pds and max_connections must allow at least one".into());
+        }
+        if config.daemon.max_connections == 0 {
+            return Err("[daemon] max_connections must allow at least one".into());
         }
         Ok(config)
     }
@@ -232,6 +303,20 @@ mod tests {
         assert!(DaemonConfig::parse("[tenant]\nmax_rate_gbps = -1\n").unwrap_err().contains("positive"));
         assert!(DaemonConfig::parse("[tenant]\nmax_pds = 0\n").is_err());
         assert_eq!(DaemonConfig::parse("").unwrap(), DaemonConfig::default());
+        let d = DaemonConfig::parse("[daemon]\nmax_connections = 2\nallow_uids = [1000]\n").unwrap().daemon;
+        assert_eq!((d.max_connections, d.allow_uids.as_slice()), (2, &[1000][..]));
+        assert!(DaemonConfig::parse("[daemon]\nmax_connections = 0\n").is_err());
+    }
+
+    #[test]
+    fn only_allowed_users_and_only_so_many_programs_are_admitted() {
+        let limits = DaemonLimits { max_connections: 2, allow_uids: vec![1000] };
+        assert!(limits.admit_user(1000, 1000).is_ok() && limits.admit_user(0, 1000).is_ok());
+        assert!(limits.admit_user(1000, 0).is_ok(), "allowed by the file");
+        let refused = limits.admit_user(1001, 0).unwrap_err();
+        assert!(refused.contains("uid 1001 is none of them") && refused.contains("allow_uids"), "{refused}");
+        assert!(limits.admit_connection(1).is_ok());
+        assert!(limits.admit_connection(2).unwrap_err().contains("at most 2 programs at once"));
     }
 
     #[test]

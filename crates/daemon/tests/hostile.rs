@@ -206,8 +206,22 @@ fn garbage_and_lies_on_the_socket_are_refused() {
             Request::RegisterMemory { pd, access: Access::empty(), translation: translation(u64::MAX, 2, one(8)) },
             &[small.fd()]
         )
-        .contains("overflow")
+        .contains("must start in its first segment's first page")
     );
+    // One byte over a sparse terabyte: charged a byte, it would have
+    // mapped the terabyte into the daemon.
+    let sparse =
+        rustix::fs::memfd_create("sparse", rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING)
+            .unwrap();
+    rustix::fs::ftruncate(&sparse, 1 << 40).unwrap();
+    rustix::fs::fcntl_add_seals(&sparse, rustix::fs::SealFlags::SHRINK).unwrap();
+    let sparse_byte = |lead| Request::RegisterMemory {
+        pd,
+        access: Access::LOCAL_WRITE,
+        translation: translation(lead, 1, one(1 << 40)),
+    };
+    assert!(refused(sparse_byte(0), &[sparse.as_fd()]).contains("cover no more than its pages"));
+    assert!(refused(sparse_byte((1 << 40) - 1), &[sparse.as_fd()]).contains("first page"));
     assert!(
         refused(
             Request::RegisterMemory {

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -42,6 +42,17 @@ pub struct Device {
     /// The command processor that serves every queue of the device
     /// ([`super::processor::Processors`]).
     pub processor: usize,
+    /// The user of each tenant that holds the device, by tenant: the
+    /// device's counters count every holder's traffic, so they are shown
+    /// only where all holders are one user.
+    pub holders: Mutex<HashMap<u64, u32>>,
+}
+
+impl Device {
+    /// Whether every tenant holding the device runs as `uid`.
+    pub fn held_only_by(&self, uid: u32) -> bool {
+        self.holders.lock().unwrap_or_else(|e| e.into_inner()).values().all(|&holder| holder == uid)
+    }
 }
 
 /// A network namespace, held open by a descriptor, named by its inode.
@@ -51,10 +62,23 @@ pub struct NetNs {
 }
 
 impl NetNs {
-    /// The network namespace of process `pid`, if it is not the daemon's.
-    pub fn of_process(pid: i32) -> Result<Option<NetNs>, String> {
+    /// The network namespace of the process at the other end of `socket`,
+    /// if it is not the daemon's.
+    ///
+    /// Read from `/proc/<pid>`, where the pid might by now name another
+    /// process (the program exited, and its pid went to a process in
+    /// another namespace): so the program is held by a pidfd the kernel
+    /// gave with the connection (`SO_PEERPIDFD`), and the namespace is
+    /// believed only if that process still lives after it was read: a live
+    /// process keeps its pid.
+    pub fn of_peer(socket: BorrowedFd<'_>, pid: u32) -> Result<Option<NetNs>, String> {
+        let pidfd =
+            softrnic_daemon_protocol::peer::pidfd(socket, pid).map_err(|e| format!("the program's pidfd: {e}"))?;
         let path = format!("/proc/{pid}/ns/net");
         let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+        if !softrnic_daemon_protocol::peer::alive(pidfd.as_fd()) {
+            return Err(format!("the program (pid {pid}) left before its network namespace could be read"));
+        }
         let inode = file.metadata().map_err(|e| format!("{path}: {e}"))?.ino();
         let ours = this_netns().map_err(|e| e.to_string())?;
         Ok((inode != ours).then(|| NetNs { fd: file.into(), inode }))
@@ -231,5 +255,13 @@ fn open_device(
     let events = Arc::new(EventRoutes::default());
     let routes = events.clone();
     nic.route_async_events(Box::new(move |event| routes.deliver(event)));
-    Ok(Device { nic, events, active_mtu: mtu.bytes(), offload: offload.clone(), copy, processor })
+    Ok(Device {
+        nic,
+        events,
+        active_mtu: mtu.bytes(),
+        offload: offload.clone(),
+        copy,
+        processor,
+        holders: Mutex::new(HashMap::new()),
+    })
 }

@@ -10,7 +10,7 @@ pub mod tenant;
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -21,9 +21,12 @@ use std::time::{Duration, Instant};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use softrnic_engine::shm::Scope;
 
-use crate::limits::{Accounts, DaemonConfig};
+use crate::limits::{Accounts, DaemonConfig, DaemonLimits};
 use device::Devices;
 use processor::Processors;
+use softrnic_daemon_protocol::peer::Peer;
+use softrnic_daemon_protocol::protocol::{self, RemoteError};
+use softrnic_transport::VerbsError;
 
 /// How to run the daemon.
 #[derive(Debug, Clone)]
@@ -157,8 +160,10 @@ impl Daemon {
             let (processors, stopping, tenants) = (processors.clone(), stopping.clone(), tenants.clone());
             let connections = connections.clone();
             let accounts = Arc::new(Accounts::new(options.config.tenant));
+            let admission = options.config.daemon.clone();
             std::thread::Builder::new().name("softrnicd-accept".into()).spawn(move || {
                 let next_tenant = AtomicU64::new(1);
+                let mut refused = std::collections::VecDeque::with_capacity(REFUSED_HELD);
                 loop {
                     let socket = match rustix::net::accept_with(&listener, SocketFlags::CLOEXEC) {
                         Ok(socket) => socket,
@@ -172,6 +177,21 @@ impl Daemon {
                     if stopping.load(Ordering::Acquire) {
                         return;
                     }
+                    let peer = match admit(&socket, &admission, tenants.load(Ordering::Acquire)) {
+                        Ok(peer) => peer,
+                        Err(refusal) => {
+                            eprintln!("softrnicd: refused a program: {}", refusal.message);
+                            let _ = protocol::send(socket.as_fd(), &protocol::Response::Error(refusal), &[]);
+                            // Held open a while: closed with the program's
+                            // first request unread, the kernel would reset
+                            // the connection and the answer with it.
+                            if refused.len() == REFUSED_HELD {
+                                refused.pop_front();
+                            }
+                            refused.push_back(socket);
+                            continue;
+                        }
+                    };
                     let id = next_tenant.fetch_add(1, Ordering::Relaxed);
                     let (devices, processors, count) = (devices.clone(), processors.clone(), tenants.clone());
                     let (accounts, ours) = (accounts.clone(), connections.clone());
@@ -180,7 +200,7 @@ impl Daemon {
                         ours.lock().unwrap_or_else(|e| e.into_inner()).insert(id, second);
                     }
                     let spawned = std::thread::Builder::new().name(format!("softrnicd-tenant-{id}")).spawn(move || {
-                        tenant::serve(id, socket, &devices, &processors, &accounts);
+                        tenant::serve(id, socket, peer, &devices, &processors, &accounts);
                         ours.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                         count.fetch_sub(1, Ordering::AcqRel);
                     });
@@ -203,6 +223,23 @@ impl Daemon {
             processor_threads,
         })
     }
+}
+
+/// How many refused connections the acceptor holds open until their
+/// programs have read why.
+const REFUSED_HELD: usize = 64;
+
+/// Whether the program that connected on `socket` is served, before it
+/// costs a thread: it runs as an allowed user, and fewer than the most
+/// programs are connected. Refused on the socket, in the answer to the
+/// program's first request.
+fn admit(socket: &OwnedFd, limits: &DaemonLimits, connected: usize) -> Result<Peer, RemoteError> {
+    let peer = softrnic_daemon_protocol::peer::credentials(socket.as_fd())
+        .map_err(|e| RemoteError::invalid(format!("who connected is unknown: {e}")))?;
+    let me = rustix::process::geteuid().as_raw();
+    limits.admit_user(peer.uid, me).map_err(|why| RemoteError::from(VerbsError::PermissionDenied(why)))?;
+    limits.admit_connection(connected).map_err(RemoteError::exhausted)?;
+    Ok(peer)
 }
 
 impl Running {

@@ -33,6 +33,7 @@ use super::offload::Stages;
 use super::processor::{Processors, Registry, ServedCq, ServedQp, ServedSrq};
 use crate::limits::{Accounts, Resource, Usage};
 use softrnic_daemon_protocol::doorbell::DoorbellPage;
+use softrnic_daemon_protocol::peer::Peer;
 use softrnic_daemon_protocol::protocol::{
     self, CqLayout, MAX_MODULE, Opened, PROTOCOL_VERSION, QpLayout, RemoteAlgorithm, RemoteError, Request, Response,
     SrqLayout, Translation,
@@ -43,6 +44,8 @@ use softrnic_daemon_protocol::wqe::{self, CQE_LEN};
 
 pub struct Tenant {
     id: u64,
+    /// The user its program runs as.
+    uid: u32,
     /// The tenant forwards its data commands over the socket: its queues
     /// are not the processor's.
     forward: bool,
@@ -70,14 +73,9 @@ pub struct Tenant {
 /// What an answer carries besides the message.
 type Answer = Result<(Response, Vec<OwnedFd>), RemoteError>;
 
-/// Serves one connection until it closes.
-pub fn serve(id: u64, socket: OwnedFd, devices: &Devices, processors: &Processors, accounts: &Accounts) {
-    // 0 where the kernel cannot say (the tenant lies outside this pid
-    // namespace).
-    let peer = softrnic_daemon_protocol::peer::credentials(socket.as_fd())
-        .ok()
-        .and_then(|p| p.pid)
-        .map_or(0, |pid| pid as i32);
+/// Serves one connection, whose program the kernel says is `peer`, until
+/// it closes.
+pub fn serve(id: u64, socket: OwnedFd, peer: Peer, devices: &Devices, processors: &Processors, accounts: &Accounts) {
     let mut tenant = match open(id, peer, &socket, devices, processors, accounts) {
         Ok(tenant) => tenant,
         Err(e) => {
@@ -85,7 +83,10 @@ pub fn serve(id: u64, socket: OwnedFd, devices: &Devices, processors: &Processor
             return;
         }
     };
-    eprintln!("softrnicd: tenant {id} (pid {peer}) opened the device on {}", tenant.device.nic.addr());
+    // 0 where the kernel cannot say (the tenant lies outside this pid
+    // namespace).
+    let pid = peer.pid.unwrap_or(0);
+    eprintln!("softrnicd: tenant {id} (pid {pid}) opened the device on {}", tenant.device.nic.addr());
     loop {
         let (request, fds) = match protocol::receive::<Request>(socket.as_fd()) {
             Ok(Some(message)) => message,
@@ -104,12 +105,12 @@ pub fn serve(id: u64, socket: OwnedFd, devices: &Devices, processors: &Processor
             break;
         }
     }
-    eprintln!("softrnicd: tenant {id} (pid {peer}) left; freeing what it held");
+    eprintln!("softrnicd: tenant {id} (pid {pid}) left; freeing what it held");
 }
 
 fn open(
     id: u64,
-    peer: i32,
+    peer: Peer,
     socket: &OwnedFd,
     devices: &Devices,
     processors: &Processors,
@@ -126,7 +127,12 @@ fn open(
     }
     // A program in a container opens a device of its own network
     // namespace; the daemon learns which from the socket's peer.
-    let netns = if peer > 0 { NetNs::of_process(peer).map_err(RemoteError::invalid)? } else { None };
+    let netns = match peer.pid {
+        Some(pid) => NetNs::of_peer(socket.as_fd(), pid).map_err(RemoteError::invalid)?,
+        None => None,
+    };
+    let usage = accounts.usage(netns.as_ref().map(|ns| ns.inode));
+    let connection = usage.reserve(Resource::Connections, 1)?;
     let device = devices.open(addr, netns.as_ref()).map_err(RemoteError::invalid)?;
     let registry = processors.of(&device);
     let doorbell = Arc::new(DoorbellPage::create().map_err(|e| RemoteError::exhausted(e.to_string()))?);
@@ -142,15 +148,23 @@ fn open(
     let (events, program_events) =
         rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
             .map_err(|e| RemoteError::exhausted(e.to_string()))?;
-    protocol::send(socket.as_fd(), &Response::Opened(opened), &[doorbell.fd(), wake.as_fd(), program_events.as_fd()])
-        .map_err(|e| RemoteError::invalid(e.to_string()))?;
+    // A holder before the program hears it holds the device.
+    let holders = || device.holders.lock().unwrap_or_else(|e| e.into_inner());
+    holders().insert(id, peer.uid);
+    let fds = [doorbell.fd(), wake.as_fd(), program_events.as_fd()];
+    if let Err(e) = protocol::send(socket.as_fd(), &Response::Opened(opened), &fds) {
+        holders().remove(&id);
+        return Err(RemoteError::invalid(e.to_string()));
+    }
     registry.update(|s| s.doorbells.push(doorbell.clone()));
+    connection.keep();
     Ok(Tenant {
         id,
+        uid: peer.uid,
         forward,
         device,
         registry,
-        usage: accounts.usage(netns.as_ref().map(|ns| ns.inode)),
+        usage,
         rate: accounts.limits().rate_bits_per_second(),
         doorbell,
         events: Arc::new(events),
@@ -210,6 +224,7 @@ impl Tenant {
                 )))
             }
             Request::CreateChannel => {
+                let held = self.usage.reserve(Resource::Channels, 1)?;
                 // The program's end blocks, as the kernel's event file does;
                 // ours never (a program that stops reading drops
                 // notifications, it does not stall the processor).
@@ -220,6 +235,7 @@ impl Tenant {
                 let id = self.next_channel;
                 self.next_channel += 1;
                 self.channels.insert(id, Arc::new(ours));
+                held.keep();
                 Ok((Response::Channel(id), vec![theirs]))
             }
             Request::DestroyChannel { channel } => {
@@ -231,6 +247,7 @@ impl Tenant {
                     return Err(RemoteError::from(softrnic_transport::VerbsError::Busy("completion channel")));
                 }
                 self.channels.remove(&channel);
+                self.usage.release(Resource::Channels, 1);
                 Ok((Response::Done, Vec::new()))
             }
             Request::CreateCq { capacity, channel } => self.create_cq(capacity, channel),
@@ -347,6 +364,13 @@ impl Tenant {
                     wqe::emit_completion(c, slot.try_into().expect("CQE_LEN bytes"));
                 }
                 Ok((Response::Completions(bytes), Vec::new()))
+            }
+            Request::Counters if !self.device.held_only_by(self.uid) => {
+                Err(RemoteError::from(VerbsError::PermissionDenied(format!(
+                    "the device's counters count the traffic of other users' programs on {} too, so none of them \
+                     is shown them; softrnicd's operator sees them",
+                    nic.addr()
+                ))))
             }
             Request::Counters => Ok((Response::Counters(Box::new(nic.counters())), Vec::new())),
             Request::DestroyQp { qpn } => {
@@ -666,6 +690,9 @@ impl Drop for Tenant {
         for pd in self.pds.drain() {
             let _ = nic.dealloc_pd(pd);
         }
+        self.usage.release(Resource::Channels, self.channels.len() as u64);
+        self.usage.release(Resource::Connections, 1);
+        device.holders.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
     }
 }
 
@@ -675,6 +702,20 @@ fn map_translation(translation: Translation, fds: Vec<OwnedFd>) -> Result<Arc<Dm
     let Translation { lead, len, segments, .. } = translation;
     if fds.len() != segments.len() {
         return Err(RemoteError::invalid(format!("{} segments came with {} memfds", segments.len(), fds.len())));
+    }
+    // The tenant is charged `len` bytes; what the daemon maps for them is
+    // bounded by that, give or take the pages the region starts and ends
+    // in. Otherwise one byte over a sparse terabyte memfd would take a
+    // terabyte of the daemon's address space for the charge of a byte.
+    let page = rustix::param::page_size() as u64;
+    let segments_len = segments.iter().try_fold(0u64, |sum, s| sum.checked_add(s.len));
+    let covering = lead.checked_add(len.max(1)).map(|end| end.next_multiple_of(page));
+    if lead >= page || segments_len.zip(covering).is_none_or(|(total, covering)| total > covering) {
+        return Err(RemoteError::invalid(format!(
+            "the region ({len} bytes from {lead}) must start in its first segment's first page and its segments \
+             ({} bytes) cover no more than its pages",
+            segments_len.map_or("too many".to_string(), |t| t.to_string())
+        )));
     }
     let mapping = SharedMapping::attach_segments(fds.into_iter().zip(segments).collect())
         .map_err(|e| RemoteError::invalid(e.to_string()))?;
