@@ -168,6 +168,70 @@ fn send_with_invalidate_is_an_invalid_request() {
     assert_eq!(pair.world.device(1).counters().fatal_naks_sent, 1);
 }
 
+/// A QP connected to itself (softrnicd's copy engine is one): its
+/// requests reach its own responder inside the device, never the wire,
+/// and a request from the wire for it, though from the device's own
+/// address and with the PSN it expects, is dropped: anyone on the host can
+/// send from that address. Before, the copy engine's QP answered any
+/// request that named it.
+#[test]
+fn a_qp_connected_to_itself_never_touches_the_wire() {
+    use softrnic_wire::icrc::UdpFlow;
+    use softrnic_wire::packet::{Extensions, Headers};
+    use softrnic_wire::{Opcode, ROCEV2_UDP_PORT, bth, reth};
+
+    let mut pair = Pair::new(PairOptions::default());
+    let (now, qpn, psn) = (pair.world.now, pair.a.qpn, Psn::new(77));
+    let device = pair.world.device(0);
+    device.modify_qp(now, qpn, &QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
+    let itself = softrnic_transport::RcConnection {
+        access: softrnic_transport::Access::REMOTE,
+        remote_addr: pair.world.ip(0),
+        dest_qpn: qpn,
+        rq_psn: psn,
+        sq_psn: psn,
+        mtu: softrnic_transport::Mtu::Mtu1024,
+        max_dest_rd_atomic: 4,
+        max_rd_atomic: 4,
+        min_rnr_timer: 1,
+        timeout: 10,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        selective_repeat: false,
+    };
+    for attr in itself.steps() {
+        pair.world.device(0).modify_qp(now, qpn, &attr).unwrap();
+    }
+    let data = pattern(5000, 3);
+    pair.a.buffer.write(0, &data);
+    pair.post(0, 1, SendOp::Read { remote: remote(&pair, 0, 0) }, pair.a.gather(8192, 5000));
+    let [a, _] = pair.settle();
+    assert_eq!(a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(1, WcStatus::Success)]);
+    assert_eq!(bytes(&pair, 0, 8192, 5000), data);
+    let counters = pair.world.device(0).counters();
+    assert_eq!((counters.tx_packets, counters.rx_packets), (0, 0), "nothing crossed the wire");
+
+    // The READ took PSNs 77 to 81: the responder expects 82 next.
+    let headers = Headers {
+        bth: bth::Repr::new(Opcode::RcWriteOnly, qpn, Psn::new(82)),
+        ext: Extensions {
+            reth: Some(reth::Repr { virtual_address: IOVA, rkey: pair.a.mr.rkey, dma_length: 4 }),
+            ..Extensions::default()
+        },
+    };
+    let mut buf = [0u8; 128];
+    let len = headers.emit_packet(&mut buf, b"evil").unwrap();
+    let from = std::net::SocketAddr::new(pair.world.ip(0), ROCEV2_UDP_PORT);
+    UdpFlow { src: from.ip(), dst: from.ip(), src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT }
+        .seal(&mut buf[..len])
+        .unwrap();
+    let now = pair.world.now;
+    pair.world.device(0).handle_datagram(now, from, Default::default(), &buf[..len]);
+    pair.settle();
+    assert_eq!(pair.world.device(0).counters().rx_dropped_foreign, 1);
+    assert_eq!(bytes(&pair, 0, 0, 4), data[..4], "nothing written");
+}
+
 #[test]
 fn unsignalled_requests_complete_silently_in_order() {
     let mut pair = Pair::new(PairOptions::default());

@@ -289,6 +289,12 @@ impl Shard {
             self.counters.rx_unknown_qp += 1;
             return;
         };
+        if is_looped_back(&slot.qp, self.config.local_addr) {
+            // Its peer is itself, whose packets never reach the wire: this
+            // one is a forgery from the device's own address.
+            self.counters.rx_dropped_foreign += 1;
+            return;
+        }
         let ctx = ctx!(self, now);
         if packet.headers.bth.opcode == Opcode::Cnp {
             // Only the connected peer may slow a QP down: a CNP from
@@ -412,7 +418,12 @@ impl Shard {
                 self.reschedule_timer(qpn);
                 continue;
             };
+            let looped_back = is_looped_back(&slot.qp, self.config.local_addr);
             self.reschedule(qpn);
+            if looped_back {
+                self.loop_back(now, qpn, &buf[..t.len]);
+                continue;
+            }
             let flow = UdpFlow {
                 src: self.config.local_addr,
                 dst: t.dst,
@@ -429,6 +440,24 @@ impl Shard {
             return Some(t);
         }
         None
+    }
+
+    /// Hands a looped-back QP's packet straight to itself, as a NIC's
+    /// loopback does, without the wire (nor its ICRC, nor its counters).
+    fn loop_back(&mut self, now: Instant, qpn: u32, datagram: &[u8]) {
+        let Ok(packet) = PacketRepr::parse(datagram) else { return };
+        let from = SocketAddr::new(self.config.local_addr, ROCEV2_UDP_PORT);
+        let meta = RecvMeta::default();
+        if self.held.holds(qpn) && self.qps.get(&qpn).is_some_and(|slot| waits_behind_held(&slot.qp, &packet)) {
+            if !self.held.push(qpn, HeldDatagram { from, meta, bytes: datagram.into() }) {
+                self.counters.rx_held_overflow += 1;
+            }
+            return;
+        }
+        if self.deliver(now, qpn, from, &meta, &packet, true) {
+            let first = HeldDatagram { from, meta, bytes: datagram.into() };
+            self.held.start(qpn, now + HOLD_FOR, VecDeque::from([first]));
+        }
     }
 
     /// Builds the next CNP the notification point owes.
@@ -523,6 +552,17 @@ impl Shard {
 
 /// Whether a packet for a QP that holds requests waits behind them: every
 /// request does (and every datagram of a UD QP), or it would overtake.
+/// Whether `qp` is connected to itself on this device (`local_addr`): a
+/// loopback QP, such as softrnicd's copy engine, whose packets go from
+/// its requester to its own responder inside the shard. None from the
+/// wire reaches it: anyone on the host can send from the device's
+/// address, and only its number (which they might guess) would be left
+/// to tell them apart.
+fn is_looped_back(qp: &QueuePair, local_addr: IpAddr) -> bool {
+    let attrs = qp.attributes();
+    qp.init_attr().qp_type == QpType::Rc && attrs.remote_addr == Some(local_addr) && attrs.dest_qpn == qp.qpn()
+}
+
 fn waits_behind_held(qp: &QueuePair, packet: &PacketRepr) -> bool {
     qp.init_attr().qp_type == QpType::Ud || packet.headers.bth.opcode.is_request()
 }

@@ -8,7 +8,10 @@
 //! The copy engine has a protection domain of its own. Every region a
 //! program registers gets a twin there (the same memory, readable
 //! remotely), and so does every staging area; no program holds a key of
-//! this domain, and a peer's QP, in another domain, is refused by it. A
+//! this domain, and a peer's QP, in another domain, is refused by it. Its
+//! QP, connected to itself, is looped back inside its shard: its packets
+//! never reach the wire, and the transport drops any from the wire that
+//! name it, so no tenant can reach the twins or flush the pulls. A
 //! READ whose region went away meanwhile fails, moving the QP to error;
 //! the copy engine then brings it back (its pending READs flush, and the
 //! sends behind them fall back to the engine's own gather).
