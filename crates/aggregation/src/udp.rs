@@ -182,7 +182,8 @@ impl Allreduce {
 }
 
 /// Runs a parameter server on `socket` until `stop` is set; `workers`
-/// are the job's workers' addresses, by index. `report` is called about
+/// are the job's workers' addresses, by index: a datagram counts only from
+/// one of them. `report` is called about
 /// once a second with the server's counters.
 pub fn serve(
     socket: &mut Socket,
@@ -194,7 +195,11 @@ pub fn serve(
     let mut last_report = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         socket
-            .recv(Duration::from_millis(50), |_, bytes, ce| server.handle_packet(bytes, ce))
+            .recv(Duration::from_millis(50), |from, bytes, ce| {
+                // Which worker sent it, by its address: no one else's counts.
+                let sender = workers.iter().position(|&w| w == from).and_then(|w| u8::try_from(w).ok());
+                server.handle_packet(sender, bytes, ce)
+            })
             .map_err(|e| format!("cannot receive: {e}"))?;
         while let Some((to, bytes)) = server.poll_transmit() {
             let index = match to {

@@ -110,7 +110,7 @@ fn server(a: &ServerArgs) -> Result<(), String> {
     );
     let stats = softrnic_aggregation::serve(&mut socket, ParameterServer::new(config), &addrs, &stop, |_| {})?;
     println!(
-        "job {} server: {} chunks ({} values) finished; summed here: {} collided, {} resent, {} partial sums, {} whole sums, {} bypassed; {} duplicates, {} overlapping, {} foreign",
+        "job {} server: {} chunks ({} values) finished; summed here: {} collided, {} resent, {} partial sums, {} whole sums, {} bypassed; {} duplicates, {} overlapping, {} foreign, {} impostors, {} crowded out",
         a.job,
         stats.chunks,
         stats.values,
@@ -121,7 +121,9 @@ fn server(a: &ServerArgs) -> Result<(), String> {
         stats.bypassed,
         stats.duplicates,
         stats.overlapping,
-        stats.foreign
+        stats.foreign,
+        stats.impostors,
+        stats.crowded
     );
     Ok(())
 }

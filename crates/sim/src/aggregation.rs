@@ -211,7 +211,9 @@ pub fn run(s: &Scenario) -> Result<Outcome, String> {
         while let Some(packet) = fabric.pop_due(instant(now)) {
             let (job, host) = locate(packet.to);
             if host == usize::from(s.workers) {
-                servers[job].handle_packet(&packet.bytes, packet.meta.ce);
+                let (from_job, from_host) = locate(packet.from);
+                let sender = (from_job == job).then(|| u8::try_from(from_host).ok()).flatten();
+                servers[job].handle_packet(sender, &packet.bytes, packet.meta.ce);
                 while let Some((to, bytes)) = servers[job].poll_transmit() {
                     let w = match to {
                         Destination::All => 0,

@@ -30,6 +30,15 @@
 //! whose addresses it learned from their chunks (as a learning switch
 //! learns MACs), so the server's link carries each result once.
 //!
+//! What it learns it keeps while the job is alive: a worker's address and
+//! the job's server (where its chunks go) are the first seen, and a chunk
+//! that names a learned worker from another address is dropped, as is
+//! every effect of an ACK that does not come from the job's server (it is
+//! forwarded as any packet). Otherwise anyone could redirect a job's
+//! answers, or make the switch copy a forged ACK to every worker. A job
+//! idle for [`AggregationConfig::reclaim_after`], holding no aggregator,
+//! is forgotten and learned anew.
+//!
 //! An aggregator untouched for [`AggregationConfig::reclaim_after`] may be
 //! claimed by another chunk (its job died, or lost every packet): its
 //! partial sum is dropped, and workers that are alive resend to the
@@ -146,12 +155,26 @@ pub struct Aggregator {
     config: AggregationConfig,
     slots: Vec<Slot>,
     jobs: BTreeMap<u16, JobCounters>,
-    /// Each job's workers' addresses, by worker index.
-    members: HashMap<u16, Vec<Option<IpAddr>>>,
+    /// Each job's server and workers, as learned.
+    members: HashMap<u16, Membership>,
     /// Aggregation packets that were not well formed: forwarded untouched.
     pub malformed: u64,
     /// ACK copies that could not be made: a worker not yet seen.
     pub unknown_members: u64,
+    /// Chunks from an address other than their worker's, and ACKs from
+    /// another than the job's server: no effect on the pool.
+    pub impostors: u64,
+}
+
+/// What the stage learned of a job.
+#[derive(Debug, Default)]
+struct Membership {
+    /// Where its chunks go.
+    server: Option<IpAddr>,
+    /// Its workers' addresses, by worker index.
+    workers: Vec<Option<IpAddr>>,
+    /// When a packet of the job last counted.
+    touched: Time,
 }
 
 impl Aggregator {
@@ -171,7 +194,15 @@ impl Aggregator {
                 values: Vec::new(),
             })
             .collect();
-        Aggregator { config, slots, jobs: BTreeMap::new(), members: HashMap::new(), malformed: 0, unknown_members: 0 }
+        Aggregator {
+            config,
+            slots,
+            jobs: BTreeMap::new(),
+            members: HashMap::new(),
+            malformed: 0,
+            unknown_members: 0,
+            impostors: 0,
+        }
     }
 
     pub fn config(&self) -> AggregationConfig {
@@ -210,6 +241,10 @@ impl Aggregator {
         }
         let (job, sequence) = (packet.job(), packet.sequence());
         if packet.has(FLAG_ACK) {
+            if self.members.get(&job).and_then(|m| m.server) != Some(src) {
+                self.impostors += 1;
+                return Verdict::Forward { ce: false };
+            }
             return self.acknowledged(now, job, sequence, dst, &packet);
         }
         let worker = packet.worker();
@@ -217,7 +252,10 @@ impl Aggregator {
             self.malformed += 1;
             return Verdict::Forward { ce: false };
         }
-        self.learn(job, packet.workers(), worker, src);
+        if !self.learn(now, job, packet.workers(), worker, src, dst) {
+            self.impostors += 1;
+            return Verdict::Consume;
+        }
         let counters = self.jobs.entry(job).or_default();
         if packet.has(FLAG_BYPASS) {
             counters.bypassed += 1;
@@ -350,20 +388,33 @@ impl Aggregator {
         if packet.worker() != ALL_WORKERS {
             return Verdict::Forward { ce: false };
         }
-        let members = self.members.get(&job).map(Vec::as_slice).unwrap_or_default();
+        let members = self.members.get(&job).map(|m| m.workers.as_slice()).unwrap_or_default();
         let missing = usize::from(packet.workers()).saturating_sub(members.iter().flatten().count());
         self.unknown_members += missing as u64;
         Verdict::Replicate(members.iter().flatten().copied().filter(|&a| a != dst).collect())
     }
 
-    fn learn(&mut self, job: u16, workers: u8, worker: u8, src: IpAddr) {
+    /// Learns that `worker` of `job` (of `workers`) sends from `src` to the
+    /// job's server at `dst`; false if the job learned otherwise already.
+    fn learn(&mut self, now: Time, job: u16, workers: u8, worker: u8, src: IpAddr, dst: IpAddr) -> bool {
+        let holding = self.jobs.get(&job).is_some_and(|j| j.held > 0);
         let members = self.members.entry(job).or_default();
-        if members.len() < usize::from(workers) {
-            members.resize(usize::from(workers), None);
+        if !holding && now.saturating_sub(members.touched) >= self.config.reclaim_after {
+            *members = Membership::default();
         }
-        if let Some(m) = members.get_mut(usize::from(worker)) {
-            *m = Some(src);
+        if *members.server.get_or_insert(dst) != dst {
+            return false;
         }
+        if members.workers.len() < usize::from(workers) {
+            members.workers.resize(usize::from(workers), None);
+        }
+        if let Some(known) = members.workers.get_mut(usize::from(worker))
+            && *known.get_or_insert(src) != src
+        {
+            return false;
+        }
+        members.touched = members.touched.max(now);
+        true
     }
 }
 
@@ -488,6 +539,50 @@ mod tests {
         // The pool is free for the next chunk.
         assert_eq!(send(&mut agg, 0, &mut chunk(5, 0, 2, 0, &[1])), Verdict::Consume);
         assert_eq!(agg.held(), 1);
+    }
+
+    /// A forger who knows the job: an ACK from anywhere but the job's
+    /// server neither frees the aggregator nor is copied to the workers,
+    /// and a chunk naming a learned worker from another address neither
+    /// adds to the sum nor moves where answers go. Before, the switch
+    /// copied any ACK to every worker, and learned any address.
+    #[test]
+    fn only_the_jobs_server_and_workers_count() {
+        const STRANGER: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 66));
+        let mut agg = Aggregator::new(AggregationConfig::new(1));
+        for w in 0..2 {
+            send(&mut agg, 0, &mut chunk(4, 9, 3, w, &[1]));
+        }
+        let mut forged = chunk(4, 9, 3, 1, &[1000]);
+        assert_eq!(agg.handle(Time::ZERO, STRANGER, PS, false, &mut forged), Verdict::Consume);
+        let slot = agg.slot_of(4, 9) as u16;
+        let ack = |values| {
+            let workers = 3;
+            Repr {
+                flags: FLAG_ACK,
+                job: 4,
+                sequence: 9,
+                bitmap: 0b111,
+                workers,
+                worker: ALL_WORKERS,
+                slot,
+                wait_us: 0,
+                values,
+            }
+            .to_bytes()
+        };
+        let verdict = agg.handle(Time::ZERO, STRANGER, worker_addr(0), false, &mut ack(vec![1000]));
+        assert_eq!(verdict, Verdict::Forward { ce: false }, "not copied to every worker");
+        assert_eq!((agg.impostors, agg.held()), (2, 1), "the aggregator still holds the chunk");
+        let mut last = chunk(4, 9, 3, 2, &[1]);
+        assert_eq!(send(&mut agg, 0, &mut last), Verdict::Forward { ce: false });
+        assert_eq!(Repr::parse(&last).unwrap().values, vec![3], "the workers' sum");
+        let verdict = agg.handle(Time::ZERO, PS, worker_addr(0), false, &mut ack(vec![3]));
+        assert_eq!(verdict, Verdict::Replicate(vec![worker_addr(1), worker_addr(2)]));
+        // Idle past the reclaim time, the job is learned anew.
+        let later = Time::ZERO + agg.config().reclaim_after;
+        assert_eq!(agg.handle(later, STRANGER, PS, false, &mut chunk(4, 10, 3, 2, &[1])), Verdict::Consume);
+        assert_eq!(agg.impostors, 2);
     }
 
     /// A resend is never summed twice: its first copy is in the
@@ -618,11 +713,12 @@ mod tests {
                     1 => resend(chunk(job, sequence, 4, worker, &values)),
                     _ => Repr { flags: FLAG_ACK, job, sequence, workers: 4, worker: ALL_WORKERS, slot: agg.slot_of(job, sequence) as u16, values, ..Repr::default() }.to_bytes(),
                 };
+                let (src, dst) = if kind == 2 { (PS, worker_addr(0)) } else { (worker_addr(worker), PS) };
                 if let Some((at, byte)) = flip {
                     let len = bytes.len();
                     bytes[at % len] ^= byte;
                 }
-                let _ = agg.handle(Time::from_millis(at_ms), worker_addr(worker), PS, false, &mut bytes);
+                let _ = agg.handle(Time::from_millis(at_ms), src, dst, false, &mut bytes);
                 for (job, counters) in agg.jobs() {
                     let holding = agg.slots.iter().filter(|s| s.holder.is_some_and(|(j, _)| j == *job)).count();
                     proptest::prop_assert_eq!(counters.held, holding as u64, "job {}", job);
