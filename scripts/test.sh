@@ -6,7 +6,7 @@
 # fuzzing run when cargo-fuzz is installed.
 #
 #   SOFTRNIC_SIM_SEEDS=N   simulation seeds (default 2000)
-#   SOFTRNIC_FUZZ_SECONDS  length of the fuzzing run (default 30; 0 skips it)
+#   SOFTRNIC_FUZZ_SECONDS  seconds each fuzz target runs (default 10; 0 skips fuzzing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -99,29 +99,11 @@ else
     step "the Python allreduce skipped: needs root (network namespaces) and NumPy (apt-get install python3-numpy)"
 fi
 
-fuzz_seconds=${SOFTRNIC_FUZZ_SECONDS:-30}
+fuzz_seconds=${SOFTRNIC_FUZZ_SECONDS:-10}
 if [ "$fuzz_seconds" -gt 0 ]; then
     if cargo fuzz --version >/dev/null 2>&1 && cargo +nightly --version >/dev/null 2>&1; then
-        step "building the fuzz targets"
-        (cd fuzz && cargo +nightly fuzz build)
-        # A run prints its last line when it passes and all of its report
-        # (the input, the panic, the backtrace) when it finds something.
-        fuzz() {
-            local log
-            log=$(mktemp)
-            if (cd fuzz && cargo +nightly fuzz run "$1" -- -max_total_time="$fuzz_seconds") >"$log" 2>&1; then
-                tail -n 1 "$log"
-                rm -f "$log"
-            else
-                grep -v '^".*# Uses:' "$log" | tail -n 80
-                rm -f "$log"
-                return 1
-            fi
-        }
-        step "fuzzing the packet parser for ${fuzz_seconds}s"
-        fuzz parse_packet
-        step "fuzzing the responder and completer of live QPs (with ECN, CNPs and INT) for ${fuzz_seconds}s"
-        fuzz respond
+        step "fuzzing every parser for ${fuzz_seconds}s each: packets, responder, CM, aggregation, INT, inbox, daemon protocol, lab frames (scripts/fuzz.sh)"
+        scripts/fuzz.sh "$fuzz_seconds"
     else
         if [ "${CI:-}" = true ]; then
             echo "fuzzing needs cargo-fuzz and a nightly toolchain, and CI must run it (.ci/run installs both)" >&2

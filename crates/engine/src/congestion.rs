@@ -7,9 +7,7 @@
 //! echoes it).
 
 use std::path::Path;
-use std::sync::Arc;
 
-use softrnic_cc_wasm::WasmAlgorithm;
 use softrnic_transport::{AlgorithmSpec, Choice};
 
 /// The algorithm `name` with `params` (`key=value,...`): `None` for
@@ -20,7 +18,7 @@ pub fn choose(name: &str, params: &str) -> Result<Option<Choice>, String> {
         "none" if params.is_empty() => return Ok(None),
         "none" => return Err("`none` takes no parameters".to_string()),
         _ if name.contains('/') || name.ends_with(".wasm") => {
-            Choice(Arc::new(WasmAlgorithm::load(Path::new(name), params)?))
+            module(name, ModuleSource::File(Path::new(name)), params)?
         }
         _ => Choice::builtin(name, params)?,
     };
@@ -33,10 +31,36 @@ pub fn choose(name: &str, params: &str) -> Result<Option<Choice>, String> {
 pub fn from_spec(spec: &AlgorithmSpec) -> Result<Choice, String> {
     match spec {
         AlgorithmSpec::Builtin { name, params } => Choice::builtin(name, params),
-        AlgorithmSpec::Module { name, bytes, params } => {
-            Ok(Choice(Arc::new(WasmAlgorithm::from_bytes(name, bytes, params)?)))
-        }
+        AlgorithmSpec::Module { name, bytes, params } => module(name, ModuleSource::Bytes(bytes), params),
     }
+}
+
+/// Where a module's code comes from.
+#[cfg_attr(not(feature = "wasm"), allow(dead_code))]
+enum ModuleSource<'a> {
+    File(&'a Path),
+    Bytes(&'a [u8]),
+}
+
+/// A WebAssembly module compiled into the sandbox.
+#[cfg(feature = "wasm")]
+fn module(name: &str, source: ModuleSource<'_>, params: &str) -> Result<Choice, String> {
+    use softrnic_cc_wasm::WasmAlgorithm;
+    use std::sync::Arc;
+    let algorithm = match source {
+        ModuleSource::File(path) => WasmAlgorithm::load(path, params)?,
+        ModuleSource::Bytes(bytes) => WasmAlgorithm::from_bytes(name, bytes, params)?,
+    };
+    Ok(Choice(Arc::new(algorithm)))
+}
+
+/// Without the `wasm` feature (the fuzzing build leaves the sandbox out):
+/// refused, saying so.
+#[cfg(not(feature = "wasm"))]
+fn module(name: &str, _source: ModuleSource<'_>, _params: &str) -> Result<Choice, String> {
+    Err(format!(
+        "{name}: this build of softrnic runs no WebAssembly modules (built without the engine's `wasm` feature)"
+    ))
 }
 
 /// A rate in Gb/s, as bits per second.

@@ -701,6 +701,47 @@ pub fn wake_address(dst: IpAddr) -> SocketAddr {
     SocketAddr::new(dst, ROCEV2_UDP_PORT)
 }
 
+/// What the fuzz targets drive (`fuzz/fuzz_targets/shm_inbox.rs`).
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    use super::*;
+
+    /// Writes `scribble` over an inbox's first ring (its header, then its
+    /// slots), as a broken or hostile peer could, and lets the consumer
+    /// read it twice, the second time after an abandoned slot is given
+    /// up on. Returns how many datagrams it delivered; every one is
+    /// checked to fit a datagram. The inbox is made once and made whole
+    /// again after each input.
+    pub fn consume_scribbled(scribble: &[u8]) -> usize {
+        static INBOX: std::sync::OnceLock<Arc<Inbox>> = std::sync::OnceLock::new();
+        let inbox = INBOX.get_or_init(|| {
+            let scope = Scope::Switch(u32::MAX - std::process::id());
+            Arc::new(Inbox::create("127.0.99.1".parse().expect("an address"), 1, scope).expect("an inbox"))
+        });
+        let m = &inbox.mapping;
+        let ring = m.ring(0);
+        let len = scribble.len().min(ring_len());
+        m.bytes.write(ring, &scribble[..len]);
+        let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
+        let (mut delivered, mut malformed) = (0, 0);
+        let mut deliver = |_: SocketAddr, datagram: &[u8]| {
+            assert!(datagram.len() <= MAX_DATAGRAM_LEN);
+            delivered += 1;
+        };
+        let mut consumer = inbox.ring(0);
+        consumer.receive(SLOTS as usize, &mut buf, &mut malformed, &mut deliver);
+        consumer.stuck_since = consumer.stuck_since.map(|_| Instant::now() - ABANDONED_AFTER);
+        consumer.receive(SLOTS as usize, &mut buf, &mut malformed, &mut deliver);
+        // Whole again for the next input: every slot free, nothing claimed.
+        m.tail(0).store(0, Ordering::Relaxed);
+        m.sleeping(0).store(0, Ordering::Relaxed);
+        for pos in 0..u64::from(SLOTS) {
+            m.word64(m.slot(0, pos) + S_SEQ).store(pos, Ordering::Relaxed);
+        }
+        delivered
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
