@@ -3,8 +3,8 @@
 
 use super::{Access, DmaBuffer, MemoryRegion, MrKeys, PdId, Registration};
 use crate::error::{Result, VerbsError};
-use rustc_hash::FxHashMap;
-use std::sync::Arc;
+use imbl::shared_ptr::DefaultSharedPtr;
+use rustc_hash::FxBuildHasher;
 
 /// Why an access was refused. The transport turns each into the status or
 /// NAK that the IBTA prescribes for the side that made the access.
@@ -88,26 +88,21 @@ impl<'a> MemoryView<'a> {
 /// region's lkey.
 ///
 /// The shards read the snapshot they were given while the control plane
-/// makes the next (copy on write), so the keys are spread over
-/// [`BUCKETS`] buckets by their top bits: a change copies the buckets it
-/// touches, a sixteenth of the table each, not the whole of it.
+/// makes the next, so the table is persistent (a hash array mapped trie,
+/// `imbl`): a snapshot costs a pointer, and a change copies the few nodes
+/// on its key's path, however many regions the table holds. (A plain map
+/// copied whole made each registration cost a copy of every region.)
 #[derive(Debug, Default, Clone)]
 pub struct MemoryTable {
-    buckets: [Arc<Bucket>; BUCKETS],
-    regions: usize,
-}
-
-/// The keys whose top bits name one bucket.
-#[derive(Debug, Default, Clone)]
-struct Bucket {
     /// Each live region by its lkey.
-    regions: FxHashMap<u32, MemoryRegion>,
+    regions: Map<MemoryRegion>,
     /// Each live region's lkey by its rkey.
-    rkeys: FxHashMap<u32, u32>,
+    rkeys: Map<u32>,
 }
 
-const BUCKETS: usize = 16;
-const _: () = assert!(BUCKETS.is_power_of_two());
+/// A persistent map by key, hashed as the rest of the transport hashes.
+type Map<V> = imbl::GenericHashMap<u32, V, FxBuildHasher, DefaultSharedPtr>;
+
 const MAX_REGIONS: usize = 1 << 24;
 
 impl MemoryTable {
@@ -115,30 +110,19 @@ impl MemoryTable {
         MemoryTable::default()
     }
 
-    /// The bucket of `key`: its top bits, as the hash maps within use the
-    /// low ones.
-    fn bucket(&self, key: u32) -> &Bucket {
-        &self.buckets[(key >> (32 - BUCKETS.ilog2())) as usize]
-    }
-
-    fn bucket_mut(&mut self, key: u32) -> &mut Bucket {
-        Arc::make_mut(&mut self.buckets[(key >> (32 - BUCKETS.ilog2())) as usize])
-    }
-
     /// Registers what `r` describes (its PD checked by the caller), under
     /// two keys drawn from `draw`, which is asked again for any key that
     /// is 0 or already names a region.
     pub fn register(&mut self, r: Registration, draw: &mut impl FnMut() -> u32) -> Result<MrKeys> {
         Self::validate(&r)?;
-        if self.regions >= MAX_REGIONS {
+        if self.regions.len() >= MAX_REGIONS {
             return Err(VerbsError::OutOfResources("memory regions".into()));
         }
         let lkey = self.fresh_key(draw);
         let rkey = std::iter::repeat_with(|| self.fresh_key(draw)).find(|&k| k != lkey).expect("an endless draw");
         let keys = MrKeys { lkey, rkey };
-        self.bucket_mut(lkey).regions.insert(lkey, MemoryRegion::of(r, keys));
-        self.bucket_mut(rkey).rkeys.insert(rkey, lkey);
-        self.regions += 1;
+        self.regions.insert(lkey, MemoryRegion::of(r, keys));
+        self.rkeys.insert(rkey, lkey);
         Ok(keys)
     }
 
@@ -147,8 +131,7 @@ impl MemoryTable {
     fn fresh_key(&self, draw: &mut impl FnMut() -> u32) -> u32 {
         loop {
             let key = draw();
-            let bucket = self.bucket(key);
-            if key != 0 && !bucket.regions.contains_key(&key) && !bucket.rkeys.contains_key(&key) {
+            if key != 0 && !self.regions.contains_key(&key) && !self.rkeys.contains_key(&key) {
                 return key;
             }
         }
@@ -163,7 +146,7 @@ impl MemoryTable {
         if self.lookup(lkey).is_none() {
             return Err(VerbsError::NotFound("memory region"));
         }
-        let region = self.bucket_mut(lkey).regions.get_mut(&lkey).expect("looked up above");
+        let region = self.regions.get_mut(&lkey).expect("looked up above");
         let (old_pd, keys) = (region.pd, region.keys);
         *region = MemoryRegion::of(r, keys);
         Ok((keys, old_pd))
@@ -194,20 +177,19 @@ impl MemoryTable {
         if self.lookup(lkey).is_none() {
             return Err(VerbsError::NotFound("memory region"));
         }
-        let region = self.bucket_mut(lkey).regions.remove(&lkey).expect("looked up above");
-        self.bucket_mut(region.keys.rkey).rkeys.remove(&region.keys.rkey);
-        self.regions -= 1;
+        let region = self.regions.remove(&lkey).expect("looked up above");
+        self.rkeys.remove(&region.keys.rkey);
         Ok(region)
     }
 
     /// The region an lkey names, if it is live.
     pub fn lookup(&self, lkey: u32) -> Option<&MemoryRegion> {
-        self.bucket(lkey).regions.get(&lkey)
+        self.regions.get(&lkey)
     }
 
     /// The region an rkey names, if it is live.
     fn lookup_remote(&self, rkey: u32) -> Option<&MemoryRegion> {
-        self.lookup(*self.bucket(rkey).rkeys.get(&rkey)?)
+        self.lookup(*self.rkeys.get(&rkey)?)
     }
 
     /// Checks that `lkey` allows `need` on `[addr, addr + len)` from `pd`
