@@ -106,6 +106,7 @@ fn fuzz(daemon: &Running) {
             retry_cnt: 0,
             rnr_retry: 0,
             selective_repeat: false,
+            authenticate: false,
         }
         .steps();
         for attr in &steps {

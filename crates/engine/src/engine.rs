@@ -125,6 +125,7 @@ impl EngineConfig {
         };
         environment::selective_repeat()?;
         environment::ecn()?;
+        config.transport.auth_key = environment::auth_key()?;
         config.transport.retransmission = environment::retransmission()?;
         environment::congestion(&mut config.transport.congestion)?;
         // A UD message must fit one packet the link carries.

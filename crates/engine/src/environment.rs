@@ -36,6 +36,7 @@ pub const VARIABLES: &[&str] = &[
     ECN,
     NO_GSO,
     TRACE,
+    AUTH_KEY,
 ];
 
 const ENGINE_THREADS: &str = "SOFTRNIC_ENGINE_THREADS";
@@ -43,6 +44,7 @@ const DATAPATH: &str = "SOFTRNIC_DATAPATH";
 const PROGRESS: &str = "SOFTRNIC_PROGRESS";
 const RETRANSMISSION: &str = "SOFTRNIC_RETRANSMISSION";
 const SELECTIVE_REPEAT: &str = "SOFTRNIC_SELECTIVE_REPEAT";
+const AUTH_KEY: &str = "SOFTRNIC_AUTH_KEY";
 const CC: &str = "SOFTRNIC_CC";
 const CC_PARAMS: &str = "SOFTRNIC_CC_PARAMS";
 const INT: &str = "SOFTRNIC_INT";
@@ -101,6 +103,17 @@ pub fn selective_repeat() -> Result<bool, String> {
         _ => Err("give 1 (selective repeat) or 0 (go-back-N)".to_string()),
     })?
     .unwrap_or(false))
+}
+
+/// `SOFTRNIC_AUTH_KEY`: the secret the hosts share for packet
+/// authentication ([`softrnic_transport::auth`]), at least 16 bytes. Set,
+/// connections authenticate their packets where both ends offer it (ECE,
+/// or the Rust API's connect options); unset, none does. The error never
+/// repeats the secret.
+pub fn auth_key() -> Result<Option<softrnic_transport::AuthKey>, String> {
+    read(AUTH_KEY)
+        .map(|secret| softrnic_transport::AuthKey::from_secret(&secret).map_err(|why| format!("{AUTH_KEY}: {why}")))
+        .transpose()
 }
 
 /// What the environment says of a device's congestion control:

@@ -5,7 +5,8 @@
 //! only if both ends have them. The flow (rdma_cm's, or a program's own
 //! exchange): each end queries its QP's options and sends them to the
 //! other; each sets what the other sent; the QP then uses what both
-//! offer. softrnic offers one option, [`SELECTIVE_REPEAT`]. A peer of
+//! offer. softrnic offers [`SELECTIVE_REPEAT`], and [`AUTHENTICATE`] where
+//! the process holds the shared secret (`SOFTRNIC_AUTH_KEY`). A peer of
 //! another vendor (a real NIC, Soft-RoCE) offers none of softrnic's, and
 //! the connection stays plain RoCEv2 go-back-N, exactly as a program that
 //! never calls ECE gets unless `SOFTRNIC_SELECTIVE_REPEAT=1`.
@@ -25,8 +26,15 @@ use crate::qp::Qp;
 /// valid with its vendor ID).
 pub const SELECTIVE_REPEAT: u32 = 1 << 0;
 
-/// Every option softrnic offers.
-const SUPPORTED: u32 = SELECTIVE_REPEAT;
+/// The ECE option bit for packet authentication
+/// (`softrnic_transport::auth`): offered only with `SOFTRNIC_AUTH_KEY`.
+pub const AUTHENTICATE: u32 = 1 << 1;
+
+/// Every option this process offers.
+fn supported() -> u32 {
+    let authenticate = softrnic_engine::environment::auth_key().is_ok_and(|key| key.is_some());
+    SELECTIVE_REPEAT | if authenticate { AUTHENTICATE } else { 0 }
+}
 
 /// What a QP offers before `ibv_set_ece`, and what it agreed after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +55,16 @@ impl Ece {
             Ece::Agreed(options) => options & SELECTIVE_REPEAT != 0,
         }
     }
+
+    /// Whether the connection authenticates its packets: both ends agreed,
+    /// or (no ECE) this process holds the shared secret, which the peer
+    /// must hold too, as with `SOFTRNIC_SELECTIVE_REPEAT`.
+    pub fn authenticate(self) -> bool {
+        match self {
+            Ece::Offered => supported() & AUTHENTICATE != 0,
+            Ece::Agreed(options) => options & AUTHENTICATE != 0,
+        }
+    }
 }
 
 /// # Safety
@@ -60,7 +78,7 @@ pub unsafe extern "C" fn ibv_query_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_
         // SAFETY: a live QP (caller).
         let q = unsafe { Qp::from_ibv(qp) };
         let options = match *q.ece.lock().unwrap_or_else(|e| e.into_inner()) {
-            Ece::Offered if q.qp_type == QpType::Rc => SUPPORTED,
+            Ece::Offered if q.qp_type == QpType::Rc => supported(),
             Ece::Offered => 0,
             Ece::Agreed(options) => options,
         };
@@ -102,7 +120,7 @@ pub unsafe extern "C" fn ibv_set_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_in
                 format!("vendor {:#x} is not softrnic's: no options agreed", peer.vendor_id),
             );
         }
-        let ours = if q.qp_type == QpType::Rc { SUPPORTED } else { 0 };
+        let ours = if q.qp_type == QpType::Rc { supported() } else { 0 };
         *agreed = Ece::Agreed(peer.options & ours);
         0
     })

@@ -419,10 +419,12 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             Ok(c) => c,
             Err(e) => return e,
         };
-        // An RC connection's recovery is fixed as it starts to receive:
-        // what ECE agreed, else SOFTRNIC_SELECTIVE_REPEAT.
+        // An RC connection's recovery and authentication are fixed as it
+        // starts to receive: what ECE agreed, else the environment.
         if q.qp_type == QpType::Rc && converted.state == Some(QpState::Rtr) {
-            converted.selective_repeat = Some(q.ece.lock().unwrap_or_else(|e| e.into_inner()).selective_repeat());
+            let ece = *q.ece.lock().unwrap_or_else(|e| e.into_inner());
+            converted.selective_repeat = Some(ece.selective_repeat());
+            converted.authenticate = Some(ece.authenticate());
         }
         let qpn = q.qpn();
         let provider = &q.context().provider;

@@ -72,6 +72,7 @@ pub fn connect(world: &mut World, hosts: &[Host], (src, dst): (usize, usize), mt
             retry_cnt: 7,
             rnr_retry: 7,
             selective_repeat: false,
+            authenticate: false,
         };
         for attr in connection.steps() {
             world.device(host).modify_qp(now, ends[side], &attr).expect("modify_qp");

@@ -73,6 +73,8 @@ pub struct PairOptions {
     pub srq: bool,
     /// Recover by selective repeat rather than go-back-N.
     pub selective_repeat: bool,
+    /// Authenticate every packet (the config must hold the shared secret).
+    pub authenticate: bool,
 }
 
 impl Default for PairOptions {
@@ -91,6 +93,7 @@ impl Default for PairOptions {
             config: TransportConfig::default(),
             srq: false,
             selective_repeat: false,
+            authenticate: false,
         }
     }
 }
@@ -112,6 +115,7 @@ pub fn connect_rc(world: &mut World, host: usize, qpn: u32, dest_qpn: u32, psn: 
         retry_cnt: 7,
         rnr_retry: 7,
         selective_repeat: false,
+        authenticate: false,
     };
     let now = world.now;
     for attr in connection.steps() {
@@ -173,6 +177,7 @@ impl Pair {
                     retry_cnt: o.retry_cnt,
                     rnr_retry: o.rnr_retry,
                     selective_repeat: o.selective_repeat,
+                    authenticate: o.authenticate,
                 }
                 .steps(),
                 QpType::Ud => ud_steps(QKEY, Psn::new(0)),

@@ -320,6 +320,7 @@ fn connect(
         retry_cnt: 7,
         rnr_retry: 7,
         selective_repeat,
+        authenticate: false,
     };
     let now = world.now;
     for attr in connection.steps() {

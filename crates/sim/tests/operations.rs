@@ -198,6 +198,7 @@ fn a_qp_connected_to_itself_never_touches_the_wire() {
         retry_cnt: 7,
         rnr_retry: 7,
         selective_repeat: false,
+        authenticate: false,
     };
     for attr in itself.steps() {
         pair.world.device(0).modify_qp(now, qpn, &attr).unwrap();
@@ -230,6 +231,77 @@ fn a_qp_connected_to_itself_never_touches_the_wire() {
     pair.settle();
     assert_eq!(pair.world.device(0).counters().rx_dropped_foreign, 1);
     assert_eq!(bytes(&pair, 0, 0, 4), data[..4], "nothing written");
+}
+
+/// A WRITE forged from the peer's address, with the QP number and the
+/// very PSN the responder expects next: accepted by a plain RoCE
+/// connection, as by any RNIC; dropped and counted by one that
+/// authenticates its packets, whose own traffic carries on.
+#[test]
+fn an_authenticated_connection_drops_what_its_key_did_not_seal() {
+    use softrnic_wire::icrc::UdpFlow;
+    use softrnic_wire::packet::{Extensions, Headers};
+    use softrnic_wire::{Opcode, ROCEV2_UDP_PORT, bth, reth};
+
+    let key = softrnic_transport::AuthKey::from_secret("the secret both hosts of the test share").unwrap();
+    for authenticate in [false, true] {
+        let config = softrnic_transport::TransportConfig { auth_key: Some(key), ..Default::default() };
+        let mut pair = Pair::new(PairOptions { config, authenticate, ..PairOptions::default() });
+        let data = pattern(3000, 5);
+        pair.a.buffer.write(0, &data);
+        pair.post(0, 1, SendOp::Write { remote: remote(&pair, 1, 0), imm: None }, pair.a.gather(0, 3000));
+        let [a, _] = pair.settle();
+        assert_eq!(a[0].status, WcStatus::Success, "authenticate {authenticate}");
+        assert_eq!(bytes(&pair, 1, 0, 3000), data);
+        // The WRITE took three PSNs from the first.
+        let next = Psn::new(first_psn(pair.a.qpn).value() + 3);
+        let headers = Headers {
+            bth: bth::Repr::new(Opcode::RcWriteOnly, pair.b.qpn, next),
+            ext: Extensions {
+                reth: Some(reth::Repr { virtual_address: IOVA, rkey: pair.b.mr.rkey, dma_length: 4 }),
+                ..Extensions::default()
+            },
+        };
+        let mut buf = [0u8; 128];
+        let len = headers.emit_packet(&mut buf, b"evil").unwrap();
+        let from = pair.world.hosts[0].addr;
+        UdpFlow { src: from.ip(), dst: pair.world.ip(1), src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT }
+            .seal(&mut buf[..len])
+            .unwrap();
+        let now = pair.world.now;
+        pair.world.device(1).handle_datagram(now, from, Default::default(), &buf[..len]);
+        pair.settle();
+        let written = bytes(&pair, 1, 0, 4) == b"evil";
+        assert_eq!(written, !authenticate, "authenticate {authenticate}: the forgery took");
+        assert_eq!(pair.world.device(1).counters().rx_auth_failures, u64::from(authenticate));
+        // The connection's own traffic goes on.
+        pair.post(0, 2, SendOp::Write { remote: remote(&pair, 1, 100), imm: None }, pair.a.gather(0, 64));
+        let [a, _] = pair.settle();
+        let status = a.iter().find(|c| c.wr_id == 2).map(|c| c.status);
+        if authenticate {
+            assert_eq!(status, Some(WcStatus::Success));
+        }
+    }
+}
+
+/// Both ends must hold the secret: a QP told to authenticate without it
+/// is refused, saying what to set.
+#[test]
+fn authentication_without_the_secret_is_refused() {
+    let mut pair = Pair::new(PairOptions::default());
+    let (now, qpn) = (pair.world.now, pair.a.qpn);
+    let device = pair.world.device(0);
+    device.modify_qp(now, qpn, &QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
+    let init = QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(1),
+        access: Some(softrnic_transport::Access::REMOTE),
+        authenticate: Some(true),
+        ..QpAttr::default()
+    };
+    let refused = device.modify_qp(now, qpn, &init).unwrap_err().to_string();
+    assert!(refused.contains("SOFTRNIC_AUTH_KEY"), "{refused}");
 }
 
 #[test]

@@ -34,19 +34,22 @@ pub struct Endpoint {
     pub len: u64,
     /// This end can recover from loss by selective repeat.
     pub selective_repeat: bool,
+    /// This end can authenticate packets (it holds the shared secret).
+    pub authenticate: bool,
 }
 
 impl Endpoint {
     pub fn to_line(&self) -> String {
         format!(
-            "SOFTRNIC gid={} qpn={:#x} psn={:#x} rkey={:#x} addr={:#x} len={} sr={}\n",
+            "SOFTRNIC gid={} qpn={:#x} psn={:#x} rkey={:#x} addr={:#x} len={} sr={} auth={}\n",
             self.gid,
             self.qpn,
             self.psn.value(),
             self.rkey,
             self.addr,
             self.len,
-            u8::from(self.selective_repeat)
+            u8::from(self.selective_repeat),
+            u8::from(self.authenticate)
         )
     }
 
@@ -57,7 +60,7 @@ impl Endpoint {
             return Err(bad("not a softrnic peer (no SOFTRNIC tag)"));
         }
         let (mut gid, mut qpn, mut psn, mut rkey, mut addr, mut len) = (None, None, None, None, None, None);
-        let mut selective_repeat = false;
+        let (mut selective_repeat, mut authenticate) = (false, false);
         for word in words {
             let (key, value) = word.split_once('=').ok_or_else(|| bad("a word without '='"))?;
             let hex = |v: &str| u64::from_str_radix(v.trim_start_matches("0x"), 16).map_err(|_| bad(key));
@@ -69,6 +72,7 @@ impl Endpoint {
                 "addr" => addr = Some(hex(value)?),
                 "len" => len = Some(value.parse::<u64>().map_err(|_| bad("len"))?),
                 "sr" => selective_repeat = value == "1",
+                "auth" => authenticate = value == "1",
                 _ => {}
             }
         }
@@ -80,6 +84,7 @@ impl Endpoint {
             addr: addr.unwrap_or(0),
             len: len.unwrap_or(0),
             selective_repeat,
+            authenticate,
         })
     }
 }
@@ -202,11 +207,12 @@ mod tests {
             addr: 0x7f00_0000_1000,
             len: 65536,
             selective_repeat: true,
+            authenticate: true,
         };
         assert_eq!(Endpoint::parse(&e.to_line()).unwrap(), e);
         // An older peer's line, without `sr`, offers no selective repeat.
         let old = Endpoint::parse("SOFTRNIC gid=127.0.0.2 qpn=0x11 psn=0x1 rkey=0x1 addr=0x0 len=0").unwrap();
-        assert!(!old.selective_repeat);
+        assert!(!old.selective_repeat && !old.authenticate);
         assert!(Endpoint::parse("HELLO gid=1.2.3.4").is_err());
         assert!(Endpoint::parse("SOFTRNIC gid=nope qpn=1 psn=2").is_err());
     }

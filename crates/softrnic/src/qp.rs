@@ -33,6 +33,10 @@ pub struct ConnectOptions {
     /// selective-repeat responder). `SOFTRNIC_SELECTIVE_REPEAT=1` turns it
     /// on by default.
     pub selective_repeat: bool,
+    /// Authenticate every packet with a keyed MAC (`softrnic_transport::auth`):
+    /// used when the peer's endpoint offers it too, and both devices hold
+    /// the same `SOFTRNIC_AUTH_KEY`, whose presence turns it on by default.
+    pub authenticate: bool,
     /// The congestion control this QP runs, in place of the device's
     /// (`SOFTRNIC_CC`, none by default): [`choose_congestion_control`]
     /// names one as `--cc` does.
@@ -54,6 +58,7 @@ impl Default for ConnectOptions {
             qkey: 0x1111_1111,
             // A bad value is reported when the device opens.
             selective_repeat: crate::environment::selective_repeat().unwrap_or(false),
+            authenticate: auth_offered(),
             congestion_control: None,
         }
     }
@@ -104,12 +109,20 @@ impl QueuePair {
             addr: mr.iova(),
             len: mr.len() as u64,
             selective_repeat: self.qp_type == QpType::Rc,
+            authenticate: self.qp_type == QpType::Rc && auth_offered(),
         }
     }
 
     pub fn state(&self) -> QpState {
         let qpn = self.qpn;
         self.pd.ctx.provider.query_qp(qpn).map_or(QpState::Error, |(state, _)| state)
+    }
+
+    /// Whether the connection authenticates its packets (both ends asked
+    /// for it and offered it).
+    pub fn authenticates(&self) -> bool {
+        let qpn = self.qpn;
+        self.pd.ctx.provider.query_qp(qpn).is_some_and(|(_, attrs)| attrs.authenticate)
     }
 
     /// Whether the connection recovers from loss by selective repeat (both
@@ -142,6 +155,7 @@ impl QueuePair {
                 retry_cnt: o.retry_cnt,
                 rnr_retry: o.rnr_retry,
                 selective_repeat: o.selective_repeat && remote.selective_repeat,
+                authenticate: o.authenticate && remote.authenticate,
             }
             .steps(),
             QpType::Ud => ud_steps(o.qkey, self.psn),
@@ -182,4 +196,11 @@ impl Drop for QueuePair {
         let qpn = self.qpn;
         let _ = self.pd.ctx.provider.destroy_qp(qpn);
     }
+}
+
+/// Whether this process offers packet authentication: it has the shared
+/// secret (`SOFTRNIC_AUTH_KEY`; a bad value is reported when the device
+/// opens).
+fn auth_offered() -> bool {
+    crate::environment::auth_key().is_ok_and(|key| key.is_some())
 }

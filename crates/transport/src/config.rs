@@ -2,6 +2,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use crate::auth::AuthKey;
 use crate::congestion::CongestionConfig;
 use crate::qp::{Mtu, Retransmission};
 
@@ -22,6 +23,9 @@ pub struct TransportConfig {
     pub retransmission: Retransmission,
     /// Congestion control: the algorithm, the notification point, INT.
     pub congestion: CongestionConfig,
+    /// The secret the hosts share for packet authentication
+    /// (`SOFTRNIC_AUTH_KEY`); without it no QP may authenticate.
+    pub auth_key: Option<AuthKey>,
 }
 
 impl Default for TransportConfig {
@@ -33,6 +37,7 @@ impl Default for TransportConfig {
             ud_mtu: Mtu::Mtu4096,
             retransmission: Retransmission::Fixed,
             congestion: CongestionConfig::default(),
+            auth_key: None,
         }
     }
 }

@@ -24,6 +24,9 @@ pub struct Counters {
     pub rx_unknown_qp: u64,
     /// Packets from a peer or of a kind the QP does not talk to.
     pub rx_dropped_foreign: u64,
+    /// Packets for an authenticating QP whose MAC did not verify: forged,
+    /// replayed into another connection, or changed on the way.
+    pub rx_auth_failures: u64,
     pub rx_out_of_sequence: u64,
     pub rx_duplicate_requests: u64,
     pub rx_duplicate_responses: u64,
@@ -70,6 +73,7 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.rx_malformed += other.rx_malformed;
         self.rx_unknown_qp += other.rx_unknown_qp;
         self.rx_dropped_foreign += other.rx_dropped_foreign;
+        self.rx_auth_failures += other.rx_auth_failures;
         self.rx_out_of_sequence += other.rx_out_of_sequence;
         self.rx_duplicate_requests += other.rx_duplicate_requests;
         self.rx_duplicate_responses += other.rx_duplicate_responses;

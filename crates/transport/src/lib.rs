@@ -9,6 +9,7 @@
 //! the engine (or the simulator) hands it datagrams and the time, and takes
 //! datagrams, completions and deadlines out.
 
+pub mod auth;
 pub mod completion;
 pub mod config;
 pub mod congestion;
@@ -27,6 +28,7 @@ pub mod srq;
 pub mod time;
 pub mod work_request;
 
+pub use auth::{AuthKey, MAC_LEN, PacketAuth};
 pub use completion::{Completion, CompletionQueue, CqId, WcOpcode, WcStatus};
 pub use config::TransportConfig;
 pub use congestion::{AlgorithmSpec, Choice, CongestionConfig, IntMark, IntRecords, RecvMeta};

@@ -43,7 +43,7 @@ use crate::work_request::{RecvWorkRequest, SendWorkRequest};
 
 /// Bytes a datagram buffer passed to [`Shard::poll_transmit`] must hold:
 /// a 4096-byte payload and the largest set of headers, pad and ICRC.
-pub const MAX_DATAGRAM_LEN: usize = 4096 + 64;
+pub const MAX_DATAGRAM_LEN: usize = 4096 + 64 + crate::auth::MAC_LEN;
 
 /// The shard that owns queue pair `qpn` among `shards`: the one fact the
 /// QPN allocator, the kernel's steering program and the engine's fallback
@@ -280,11 +280,10 @@ impl Shard {
             self.counters.rx_icrc_errors += 1;
             return;
         }
-        let Ok(packet) = PacketRepr::parse(datagram) else {
+        let Some(qpn) = dest_qpn(datagram) else {
             self.counters.rx_malformed += 1;
             return;
         };
-        let qpn = packet.headers.bth.dest_qpn;
         let Some(slot) = self.qps.get_mut(&qpn) else {
             self.counters.rx_unknown_qp += 1;
             return;
@@ -295,8 +294,27 @@ impl Shard {
             self.counters.rx_dropped_foreign += 1;
             return;
         }
-        let ctx = ctx!(self, now);
+        // An authenticating QP takes only what its connection's key
+        // sealed, and the packet without its MAC. (CNPs carry none: they
+        // come from the network's notification point, and may only slow
+        // the QP, which their own check below keeps to the peer.)
+        let cnp = Opcode::try_from(datagram[0]) == Ok(Opcode::Cnp);
+        let datagram = match slot.qp.authenticator().filter(|_| !cnp) {
+            None => datagram,
+            Some(auth) => match auth.open(from.ip(), self.config.local_addr, datagram) {
+                Some(opened) => opened,
+                None => {
+                    self.counters.rx_auth_failures += 1;
+                    return;
+                }
+            },
+        };
+        let Ok(packet) = PacketRepr::parse(datagram) else {
+            self.counters.rx_malformed += 1;
+            return;
+        };
         if packet.headers.bth.opcode == Opcode::Cnp {
+            let ctx = ctx!(self, now);
             // Only the connected peer may slow a QP down: a CNP from
             // anyone else (who need only guess the QP's number) is dropped.
             if slot.qp.attributes().remote_addr != Some(from.ip()) {
@@ -308,6 +326,7 @@ impl Shard {
             self.reschedule(qpn);
             return;
         }
+        let ctx = ctx!(self, now);
         let meta = if ctx.config.congestion.int { meta } else { RecvMeta { int: None, ..meta } };
         if meta.ce
             && ctx.config.congestion.notification_point
@@ -419,11 +438,16 @@ impl Shard {
                 continue;
             };
             let looped_back = is_looped_back(&slot.qp, self.config.local_addr);
+            let auth = slot.qp.authenticator().cloned();
             self.reschedule(qpn);
             if looped_back {
                 self.loop_back(now, qpn, &buf[..t.len]);
                 continue;
             }
+            let t = match auth {
+                Some(auth) => Transmit { len: auth.seal(self.config.local_addr, t.dst, buf, t.len), ..t },
+                None => t,
+            };
             let flow = UdpFlow {
                 src: self.config.local_addr,
                 dst: t.dst,

@@ -201,6 +201,12 @@ pub struct BenchArgs {
     /// as RoCE does.
     #[arg(long)]
     pub selective_repeat: bool,
+    /// Authenticate every packet with a keyed MAC (softrnic's extension,
+    /// as sRDMA proposes; negotiated with the server). Both ends need the
+    /// same secret in SOFTRNIC_AUTH_KEY, whose presence also turns this
+    /// on. Default: off.
+    #[arg(long)]
+    pub auth: bool,
     /// Congestion control for this end's QPs: dcqcn, dctcp, timely, hpcc
     /// or swift (built in), the path of a WebAssembly module, or none.
     /// hpcc steers by INT: the peer must carry it too (SOFTRNIC_INT=on).
@@ -244,6 +250,8 @@ pub struct Params {
     pub verify: bool,
     /// Connections recover by selective repeat.
     pub selective_repeat: bool,
+    /// Connections authenticate their packets.
+    pub authenticate: bool,
 }
 
 impl Params {
@@ -285,6 +293,15 @@ impl Params {
             bidirectional: a.bidirectional,
             verify: a.verify,
             selective_repeat: a.selective_repeat || softrnic::environment::selective_repeat()?,
+            authenticate: match softrnic::environment::auth_key()? {
+                Some(_) => true,
+                None if a.auth => {
+                    return Err("--auth needs the secret both ends share: set SOFTRNIC_AUTH_KEY (16 bytes or more, \
+                                the same at both ends)"
+                        .into());
+                }
+                None => false,
+            },
         })
     }
 
@@ -292,7 +309,7 @@ impl Params {
     pub fn to_line(&self) -> String {
         let sizes: Vec<String> = self.sizes.iter().map(usize::to_string).collect();
         format!(
-            "PARAMS test={} sizes={} iters={} duration={} qps={} depth={} mtu={} bidir={} verify={} sr={}",
+            "PARAMS test={} sizes={} iters={} duration={} qps={} depth={} mtu={} bidir={} verify={} sr={} auth={}",
             self.test,
             sizes.join(","),
             self.iters,
@@ -302,7 +319,8 @@ impl Params {
             self.mtu.bytes(),
             self.bidirectional,
             self.verify,
-            self.selective_repeat
+            self.selective_repeat,
+            self.authenticate
         )
     }
 
@@ -323,6 +341,7 @@ impl Params {
             bidirectional: false,
             verify: false,
             selective_repeat: false,
+            authenticate: false,
         };
         for word in words {
             let (k, v) = word.split_once('=').ok_or_else(|| bad("word"))?;
@@ -342,6 +361,7 @@ impl Params {
                 "bidir" => p.bidirectional = v == "true",
                 "verify" => p.verify = v == "true",
                 "sr" => p.selective_repeat = v == "true",
+                "auth" => p.authenticate = v == "true",
                 _ => {}
             }
         }

@@ -75,6 +75,7 @@ impl Session {
         let options = ConnectOptions {
             mtu: params.mtu,
             selective_repeat: params.selective_repeat,
+            authenticate: params.authenticate,
             timeout: qp_timeout,
             ..ConnectOptions::default()
         };

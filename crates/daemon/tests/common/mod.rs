@@ -167,6 +167,7 @@ pub fn connect_qp(session: &Session, qp: &Qp, sq_psn: Psn, peer: (IpAddr, u32, P
         retry_cnt,
         rnr_retry: 7,
         selective_repeat: false,
+        authenticate: false,
     }
     .steps();
     for attr in &steps {

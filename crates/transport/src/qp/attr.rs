@@ -130,6 +130,10 @@ pub struct QpAttr {
     /// negotiated (ECE, or the Rust API's connect options), before the QP
     /// receives: up to INIT -> RTR.
     pub selective_repeat: Option<bool>,
+    /// Authenticate every packet with the connection's key
+    /// ([`crate::auth`]). Both ends must agree, as on selective repeat, and
+    /// the device must have the shared secret.
+    pub authenticate: Option<bool>,
 }
 
 /// The attributes in force (`ibv_query_qp`).
@@ -152,6 +156,7 @@ pub struct QpAttributes {
     pub retry_cnt: u8,
     pub rnr_retry: u8,
     pub selective_repeat: bool,
+    pub authenticate: bool,
 }
 
 impl Default for QpAttributes {
@@ -173,6 +178,7 @@ impl Default for QpAttributes {
             retry_cnt: 7,
             rnr_retry: 7,
             selective_repeat: false,
+            authenticate: false,
         }
     }
 }
@@ -198,6 +204,8 @@ pub struct RcConnection {
     pub rnr_retry: u8,
     /// Both ends agreed on selective repeat.
     pub selective_repeat: bool,
+    /// Both ends agreed to authenticate packets.
+    pub authenticate: bool,
 }
 
 impl RcConnection {
@@ -220,6 +228,7 @@ impl RcConnection {
                 max_dest_rd_atomic: Some(self.max_dest_rd_atomic),
                 min_rnr_timer: Some(self.min_rnr_timer),
                 selective_repeat: Some(self.selective_repeat),
+                authenticate: Some(self.authenticate),
                 ..QpAttr::default()
             },
             QpAttr {
@@ -321,6 +330,14 @@ impl QpAttr {
         if self.selective_repeat == Some(true) && qp_type != QpType::Rc {
             return Err(VerbsError::invalid("selective repeat is a reliable-connection recovery; a UD QP has none"));
         }
+        if self.authenticate.is_some() && !matches!((from, to), (Reset | Init, Init) | (Init, Rtr)) {
+            return Err(VerbsError::invalid(
+                "packet authentication is agreed before the QP receives: set it up to INIT -> RTR",
+            ));
+        }
+        if self.authenticate == Some(true) && qp_type != QpType::Rc {
+            return Err(VerbsError::invalid("packet authentication is for reliable connections, not UD"));
+        }
         Ok(to)
     }
 
@@ -331,6 +348,7 @@ impl QpAttr {
         }
         copy!(access, pkey_index, port, qkey, path_mtu, dest_qpn, rq_psn, sq_psn);
         copy!(max_dest_rd_atomic, max_rd_atomic, min_rnr_timer, timeout, retry_cnt, rnr_retry, selective_repeat);
+        copy!(authenticate);
         if self.remote_addr.is_some() {
             attrs.remote_addr = self.remote_addr;
         }

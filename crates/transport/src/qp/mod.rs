@@ -43,11 +43,12 @@ pub use post_queues::{PostQueues, Posted, SendPoster, check_recv, check_send};
 pub use rto::Retransmission;
 use softrnic_wire::packet::PacketRepr;
 
+use crate::auth::PacketAuth;
 use crate::completion::{Completion, CompletionQueue, CqId, Pushed, WcOpcode, WcStatus};
 use crate::config::TransportConfig;
 use crate::congestion::{Choice, IntMark, RecvMeta};
 use crate::counters::Counters;
-use crate::error::Result;
+use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::fetch_on_demand::ReceivesWanted;
 use crate::memory::MemoryTable;
@@ -140,6 +141,9 @@ pub struct QueuePair {
     /// Set while the pacer, and nothing else, holds a request back: when
     /// it may go.
     paced_until: Option<Instant>,
+    /// The connection's key, where both ends authenticate packets
+    /// ([`crate::auth`]): made at INIT -> RTR, when the peer is known.
+    auth: Option<PacketAuth>,
 }
 
 impl QueuePair {
@@ -164,7 +168,20 @@ impl QueuePair {
             rp: None,
             np: NotificationPoint::default(),
             paced_until: None,
+            auth: None,
         }
+    }
+
+    /// The key of this QP's connection, if it authenticates packets.
+    fn connection_key(&self, ctx: &Ctx) -> Option<PacketAuth> {
+        let key = ctx.config.auth_key.as_ref().filter(|_| self.attrs.authenticate)?;
+        let remote = (self.attrs.remote_addr?, self.attrs.dest_qpn);
+        Some(key.connection((ctx.config.local_addr, self.qpn), remote))
+    }
+
+    /// The connection's packet authentication, if both ends agreed on it.
+    pub fn authenticator(&self) -> Option<&PacketAuth> {
+        self.auth.as_ref()
     }
 
     /// Limits the rate of this QP's requests, in bits per second; `None`
@@ -216,6 +233,11 @@ impl QueuePair {
         if let Some(qkey) = attr.qkey {
             ud::check_qkey(self.qpn, qkey)?;
         }
+        if attr.authenticate == Some(true) && ctx.config.auth_key.is_none() {
+            return Err(VerbsError::invalid(
+                "packet authentication needs the secret both hosts share: set SOFTRNIC_AUTH_KEY (the same at both ends)",
+            ));
+        }
         attr.apply(&mut self.attrs);
         let from = self.state;
         match to {
@@ -231,6 +253,7 @@ impl QueuePair {
                 self.resp = Responder::default();
                 self.rp = None;
                 self.np = NotificationPoint::default();
+                self.auth = None;
                 self.set_state(QpState::Reset);
             }
             QpState::Error => self.enter_error(ctx),
@@ -238,6 +261,7 @@ impl QueuePair {
                 self.set_state(to);
                 if from == QpState::Init && to == QpState::Rtr {
                     self.resp.start(self.attrs.rq_psn);
+                    self.auth = self.connection_key(ctx);
                 }
                 if from == QpState::Rtr && to == QpState::Rts {
                     self.req.start(&self.attrs);

@@ -95,6 +95,8 @@ impl CopyEngine {
             retry_cnt: 7,
             rnr_retry: 7,
             selective_repeat: false,
+            // Looped back inside the device: nothing to authenticate.
+            authenticate: false,
         }
         .steps();
         let engine = CopyEngine {
