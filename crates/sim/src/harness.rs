@@ -101,9 +101,15 @@ impl Default for PairOptions {
 /// Connects QP `qpn` of `host` to `dest_qpn` on the other host, both
 /// starting at PSN `psn`, with the harness's usual limits and timers.
 pub fn connect_rc(world: &mut World, host: usize, qpn: u32, dest_qpn: u32, psn: Psn, mtu: Mtu) {
+    connect_rc_to(world, host, qpn, 1 - host, dest_qpn, psn, mtu);
+}
+
+/// [`connect_rc`] to `dest_qpn` on `remote_host`, which may be `host`
+/// itself (a QP connected to itself, as softrnicd's copy engine is).
+pub fn connect_rc_to(world: &mut World, host: usize, qpn: u32, remote_host: usize, dest_qpn: u32, psn: Psn, mtu: Mtu) {
     let connection = RcConnection {
         access: Access::REMOTE,
-        remote_addr: world.ip(1 - host),
+        remote_addr: world.ip(remote_host),
         dest_qpn,
         rq_psn: psn,
         sq_psn: psn,

@@ -184,25 +184,7 @@ fn a_qp_connected_to_itself_never_touches_the_wire() {
     let (now, qpn, psn) = (pair.world.now, pair.a.qpn, Psn::new(77));
     let device = pair.world.device(0);
     device.modify_qp(now, qpn, &QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
-    let itself = softrnic_transport::RcConnection {
-        access: softrnic_transport::Access::REMOTE,
-        remote_addr: pair.world.ip(0),
-        dest_qpn: qpn,
-        rq_psn: psn,
-        sq_psn: psn,
-        mtu: softrnic_transport::Mtu::Mtu1024,
-        max_dest_rd_atomic: 4,
-        max_rd_atomic: 4,
-        min_rnr_timer: 1,
-        timeout: 10,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        selective_repeat: false,
-        authenticate: false,
-    };
-    for attr in itself.steps() {
-        pair.world.device(0).modify_qp(now, qpn, &attr).unwrap();
-    }
+    softrnic_sim::harness::connect_rc_to(&mut pair.world, 0, qpn, 0, qpn, psn, softrnic_transport::Mtu::Mtu1024);
     let data = pattern(5000, 3);
     pair.a.buffer.write(0, &data);
     pair.post(0, 1, SendOp::Read { remote: remote(&pair, 0, 0) }, pair.a.gather(8192, 5000));
