@@ -37,6 +37,9 @@ softrnic runs over its UDP datapath there. Other modes:
               the load, and bmv2's published ~80 kpps / 1 Gb/s; the rate
               accuracy of a 1 and a 10 Gb/s port under TCP; and the
               simulator's speed on the fat tree (softrnic exp fct).
+  --auth      packet authentication's cost: 64 B send_lat p50 and 64 KiB
+              write_bw with a keyed MAC per packet (--auth) and without,
+              over UDP and over the shared-memory wire, same run;
   --daemon    softrnic bench through softrnicd (queues shared with the
               daemon's engine) beside the engine in the process.
   --against OTHER
@@ -231,6 +234,32 @@ def daemon_main(a):
     print(f"| 64 B send_lat p50 | {m['d_lat']:.2f} µs | {m['lat']:.2f} µs | {ratio('d_lat', 'lat'):.2f}× |")
     print(f"| 64 B send_bw message rate | {m['d_rate'] / 1e6:.3f} M/s | {m['rate'] / 1e6:.3f} M/s | {ratio('d_rate', 'rate'):.2f}× |")
     print(f"| 64 KiB write_bw | {m['d_bw']:.2f} Gb/s | {m['bw']:.2f} Gb/s | {ratio('d_bw', 'bw'):.2f}× |")
+    print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
+
+
+def auth_main(a, extra):
+    """Packet authentication on and off, alternating in each run, on each
+    wire."""
+    plain = {**os.environ}
+    plain.pop("SOFTRNIC_AUTH_KEY", None)
+    keyed = {**plain, "SOFTRNIC_AUTH_KEY": "the benchmark's shared secret"}
+    wires = ["udp", "shm"]
+    r = {f"{w}_{k}": [] for w in wires for k in ["lat", "a_lat", "bw", "a_bw"]}
+    for run in range(a.runs):
+        print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+        for wire in wires:
+            for key, env, flag in [("", plain, []), ("a_", keyed, ["--auth"])]:
+                at = extra + ["--datapath", wire, *flag]
+                r[f"{wire}_{key}lat"].append(softrnic("send_lat", 64, ["-n", "20000", *at], env)["p50_ns"] / 1000)
+                r[f"{wire}_{key}bw"].append(softrnic("write_bw", 65536, ["-n", "20000", *at], env)["bw_avg_gbps"])
+    m = {k: median(v) for k, v in r.items()}
+    ratio = lambda a, b: per_run_ratio(r[a], r[b])
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores:\n")
+    print("| wire | measure | authenticated | plain | ratio (median of per-run ratios) |")
+    print("| --- | --- | --- | --- | --- |")
+    for w in wires:
+        print(f"| {w} | 64 B send_lat p50 | {m[w + '_a_lat']:.2f} µs | {m[w + '_lat']:.2f} µs | {ratio(w + '_a_lat', w + '_lat'):.2f}× |")
+        print(f"| {w} | 64 KiB write_bw | {m[w + '_a_bw']:.2f} Gb/s | {m[w + '_bw']:.2f} Gb/s | {ratio(w + '_a_bw', w + '_bw'):.2f}× |")
     print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
 
 
@@ -686,6 +715,7 @@ def main():
     parser.add_argument("--mpi", action="store_true", help="Open MPI over softrnic beside Open MPI over TCP")
     parser.add_argument("--switch", action="store_true", help="the lab's switch beside the Linux bridge; port rate accuracy; simulator speed")
     parser.add_argument("--daemon", action="store_true", help="softrnic bench through softrnicd beside the engine in the process")
+    parser.add_argument("--auth", action="store_true", help="packet authentication on and off, over UDP and shared memory")
     parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
     parser.add_argument("--against", metavar="OTHER", help="this build's softrnic beside OTHER, another build's, with an A/A control")
     a = parser.parse_args()
@@ -698,6 +728,8 @@ def main():
         return switch_main(a)
     if a.daemon:
         return daemon_main(a)
+    if a.auth:
+        return auth_main(a, extra)
     if a.cm:
         return cm_main(a)
     if a.mpi:

@@ -336,16 +336,20 @@ impl Shard {
         {
             self.cnps.push_back((from.ip(), peer_qpn));
         }
-        // Behind a request held for receives, requests wait their turn;
-        // answers to the QP's own requests do not.
-        if self.held.holds(qpn) && waits_behind_held(&slot.qp, &packet) {
-            let datagram = HeldDatagram { from, meta, bytes: datagram.into() };
-            if !self.held.push(qpn, datagram) {
+        self.take(now, qpn, from, meta, &packet, datagram);
+    }
+
+    /// Hands a packet to its QP, or holds it behind the requests the QP
+    /// holds for receives: requests wait their turn there; answers to the
+    /// QP's own requests do not.
+    fn take(&mut self, now: Instant, qpn: u32, from: SocketAddr, meta: RecvMeta, packet: &PacketRepr, datagram: &[u8]) {
+        if self.held.holds(qpn) && self.qps.get(&qpn).is_some_and(|slot| waits_behind_held(&slot.qp, packet)) {
+            if !self.held.push(qpn, HeldDatagram { from, meta, bytes: datagram.into() }) {
                 self.counters.rx_held_overflow += 1;
             }
             return;
         }
-        if self.deliver(now, qpn, from, &meta, &packet, true) {
+        if self.deliver(now, qpn, from, &meta, packet, true) {
             let first = HeldDatagram { from, meta, bytes: datagram.into() };
             self.held.start(qpn, now + HOLD_FOR, VecDeque::from([first]));
         }
@@ -471,17 +475,7 @@ impl Shard {
     fn loop_back(&mut self, now: Instant, qpn: u32, datagram: &[u8]) {
         let Ok(packet) = PacketRepr::parse(datagram) else { return };
         let from = SocketAddr::new(self.config.local_addr, ROCEV2_UDP_PORT);
-        let meta = RecvMeta::default();
-        if self.held.holds(qpn) && self.qps.get(&qpn).is_some_and(|slot| waits_behind_held(&slot.qp, &packet)) {
-            if !self.held.push(qpn, HeldDatagram { from, meta, bytes: datagram.into() }) {
-                self.counters.rx_held_overflow += 1;
-            }
-            return;
-        }
-        if self.deliver(now, qpn, from, &meta, &packet, true) {
-            let first = HeldDatagram { from, meta, bytes: datagram.into() };
-            self.held.start(qpn, now + HOLD_FOR, VecDeque::from([first]));
-        }
+        self.take(now, qpn, from, RecvMeta::default(), &packet, datagram);
     }
 
     /// Builds the next CNP the notification point owes.
@@ -574,8 +568,6 @@ impl Shard {
     }
 }
 
-/// Whether a packet for a QP that holds requests waits behind them: every
-/// request does (and every datagram of a UD QP), or it would overtake.
 /// Whether `qp` is connected to itself on this device (`local_addr`): a
 /// loopback QP, such as softrnicd's copy engine, whose packets go from
 /// its requester to its own responder inside the shard. None from the
@@ -587,6 +579,8 @@ fn is_looped_back(qp: &QueuePair, local_addr: IpAddr) -> bool {
     qp.init_attr().qp_type == QpType::Rc && attrs.remote_addr == Some(local_addr) && attrs.dest_qpn == qp.qpn()
 }
 
+/// Whether a packet for a QP that holds requests waits behind them: every
+/// request does (and every datagram of a UD QP), or it would overtake.
 fn waits_behind_held(qp: &QueuePair, packet: &PacketRepr) -> bool {
     qp.init_attr().qp_type == QpType::Ud || packet.headers.bth.opcode.is_request()
 }
