@@ -24,8 +24,9 @@ trap 'rm -rf "$logs"' EXIT
 cargo +nightly fuzz build >"$logs/build" 2>&1 || { cat "$logs/build"; exit 1; }
 
 run() {
-    cargo +nightly fuzz run "$1" -- -max_total_time="$seconds" -print_final_stats=1 >"$logs/$1" 2>&1
-    echo $? >"$logs/$1.rc"
+    local rc=0
+    cargo +nightly fuzz run "$1" -- -max_total_time="$seconds" -print_final_stats=1 >"$logs/$1" 2>&1 || rc=$?
+    echo "$rc" >"$logs/$1.rc"
 }
 
 # Two at a time: CI's machines and most laptops have at least two cores.

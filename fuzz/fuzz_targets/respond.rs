@@ -14,7 +14,9 @@
 //! address and key sit where a RETH's would when no other header precedes
 //! it) and whose next two bits pick the device's congestion control (none,
 //! DCQCN, HPCC with INT accepted, TIMELY), so that CE marks, CNPs and INT
-//! echoes reach the notification and reaction points; then frames of a
+//! echoes reach the notification and reaction points, and whose fourth bit
+//! makes the RC connection authenticate its packets (no fuzzer forges a
+//! MAC: what it reaches then is the opening of every packet); then frames of a
 //! selector byte (which QP, which peer, whether time passes, whether a
 //! RETH-shaped field gets one of the device's real keys and addresses,
 //! whether the datagram arrives CE-marked or with an INT record), a length
@@ -31,7 +33,7 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use softrnic_cc::IntHop;
 use softrnic_transport::{
-    Registration, Access, Choice, CongestionConfig, CqId, Device, DmaBuffer, Entropy, Instant, IntRecords, MAX_DATAGRAM_LEN, Mtu, Payload,
+    Registration, Access, AuthKey, Choice, CongestionConfig, CqId, Device, DmaBuffer, Entropy, Instant, IntRecords, MAX_DATAGRAM_LEN, Mtu, Payload,
     Psn, QpCaps, QpInitAttr, QpType, RcConnection, RecvMeta, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge,
     TransportConfig, smallvec, ud_steps,
 };
@@ -65,6 +67,9 @@ struct Target {
 
 fn setup(mode: u8) -> Target {
     let selective_repeat = mode & 1 != 0;
+    // With authentication the fuzzer cannot forge a MAC, so what it
+    // reaches is the opening of every packet: short, changed, forged.
+    let authenticate = mode & 8 != 0;
     let algorithm = [None, Some("dcqcn"), Some("hpcc"), Some("timely")][usize::from(mode >> 1 & 3)];
     let congestion = CongestionConfig {
         algorithm: algorithm.map(|name| Choice::builtin(name, "").expect("a built-in")),
@@ -72,7 +77,8 @@ fn setup(mode: u8) -> Target {
         ..CongestionConfig::default()
     };
     // Keys and QP numbers from a fixed seed: the same input replays.
-    let config = TransportConfig { local_addr: LOCAL, congestion, ..TransportConfig::default() };
+    let auth_key = Some(AuthKey::from_secret("the fuzzer's shared secret").expect("16 bytes"));
+    let config = TransportConfig { local_addr: LOCAL, congestion, auth_key, ..TransportConfig::default() };
     let mut device = Device::new(config, Entropy::from_u64(0));
     let buffer = Arc::new(DmaBuffer::from_bytes(&vec![0x5a; LEN]));
     let pd = device.alloc_pd();
@@ -118,6 +124,7 @@ fn setup(mode: u8) -> Target {
         retry_cnt: 7,
         rnr_retry: 7,
         selective_repeat,
+        authenticate,
     };
     for attr in connection.steps() {
         device.modify_qp(now, rc, &attr).expect("modify rc");
