@@ -301,7 +301,7 @@ impl Shard {
         let cnp = Opcode::try_from(datagram[0]) == Ok(Opcode::Cnp);
         let datagram = match slot.qp.authenticator().filter(|_| !cnp) {
             None => datagram,
-            Some(auth) => match auth.open(from.ip(), self.config.local_addr, datagram) {
+            Some(auth) => match auth.open(datagram) {
                 Some(opened) => opened,
                 None => {
                     self.counters.rx_auth_failures += 1;
@@ -449,7 +449,7 @@ impl Shard {
                 continue;
             }
             let t = match auth {
-                Some(auth) => Transmit { len: auth.seal(self.config.local_addr, t.dst, buf, t.len), ..t },
+                Some(auth) => Transmit { len: auth.seal(buf, t.len), ..t },
                 None => t,
             };
             let flow = UdpFlow {
