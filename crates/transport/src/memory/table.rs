@@ -91,13 +91,21 @@ impl<'a> MemoryView<'a> {
 /// makes the next, so the table is persistent (a hash array mapped trie,
 /// `imbl`): a snapshot costs a pointer, and a change copies the few nodes
 /// on its key's path, however many regions the table holds. (A plain map
-/// copied whole made each registration cost a copy of every region.)
+/// copied whole made each registration cost a copy of every region.) Both
+/// keys of a region live in the one trie, so that a registration, which
+/// adds both, copies the nodes the snapshot shares once, not once a map.
 #[derive(Debug, Default, Clone)]
 pub struct MemoryTable {
-    /// Each live region by its lkey.
-    regions: Map<MemoryRegion>,
-    /// Each live region's lkey by its rkey.
-    rkeys: Map<u32>,
+    keys: Map<Key>,
+}
+
+/// What a key names.
+#[derive(Debug, Clone)]
+enum Key {
+    /// A live region: this is its lkey.
+    Local(MemoryRegion),
+    /// A live region's rkey, and the region's lkey.
+    Remote(u32),
 }
 
 /// A persistent map by key, hashed as the rest of the transport hashes.
@@ -115,14 +123,14 @@ impl MemoryTable {
     /// is 0 or already names a region.
     pub fn register(&mut self, r: Registration, draw: &mut impl FnMut() -> u32) -> Result<MrKeys> {
         Self::validate(&r)?;
-        if self.regions.len() >= MAX_REGIONS {
+        if self.keys.len() >= 2 * MAX_REGIONS {
             return Err(VerbsError::OutOfResources("memory regions".into()));
         }
         let lkey = self.fresh_key(draw);
         let rkey = std::iter::repeat_with(|| self.fresh_key(draw)).find(|&k| k != lkey).expect("an endless draw");
         let keys = MrKeys { lkey, rkey };
-        self.regions.insert(lkey, MemoryRegion::of(r, keys));
-        self.rkeys.insert(rkey, lkey);
+        self.keys.insert(lkey, Key::Local(MemoryRegion::of(r, keys)));
+        self.keys.insert(rkey, Key::Remote(lkey));
         Ok(keys)
     }
 
@@ -131,7 +139,7 @@ impl MemoryTable {
     fn fresh_key(&self, draw: &mut impl FnMut() -> u32) -> u32 {
         loop {
             let key = draw();
-            if key != 0 && !self.regions.contains_key(&key) && !self.rkeys.contains_key(&key) {
+            if key != 0 && !self.keys.contains_key(&key) {
                 return key;
             }
         }
@@ -146,7 +154,7 @@ impl MemoryTable {
         if self.lookup(lkey).is_none() {
             return Err(VerbsError::NotFound("memory region"));
         }
-        let region = self.regions.get_mut(&lkey).expect("looked up above");
+        let Some(Key::Local(region)) = self.keys.get_mut(&lkey) else { unreachable!("looked up above") };
         let (old_pd, keys) = (region.pd, region.keys);
         *region = MemoryRegion::of(r, keys);
         Ok((keys, old_pd))
@@ -177,19 +185,25 @@ impl MemoryTable {
         if self.lookup(lkey).is_none() {
             return Err(VerbsError::NotFound("memory region"));
         }
-        let region = self.regions.remove(&lkey).expect("looked up above");
-        self.rkeys.remove(&region.keys.rkey);
+        let Some(Key::Local(region)) = self.keys.remove(&lkey) else { unreachable!("looked up above") };
+        self.keys.remove(&region.keys.rkey);
         Ok(region)
     }
 
     /// The region an lkey names, if it is live.
     pub fn lookup(&self, lkey: u32) -> Option<&MemoryRegion> {
-        self.regions.get(&lkey)
+        match self.keys.get(&lkey)? {
+            Key::Local(region) => Some(region),
+            Key::Remote(_) => None,
+        }
     }
 
     /// The region an rkey names, if it is live.
     fn lookup_remote(&self, rkey: u32) -> Option<&MemoryRegion> {
-        self.lookup(*self.rkeys.get(&rkey)?)
+        match self.keys.get(&rkey)? {
+            Key::Remote(lkey) => self.lookup(*lkey),
+            Key::Local(_) => None,
+        }
     }
 
     /// Checks that `lkey` allows `need` on `[addr, addr + len)` from `pd`
