@@ -53,7 +53,7 @@ const MAX_UNCLAIMED: usize = 1024;
 /// How long a REQ waits for the program to accept or reject it: as long as
 /// its sender waits for an answer (every retry's response timeout), after
 /// which the sender has given up anyway.
-pub const REQ_PATIENCE: Duration = Duration::from_nanos((4096 << RESPONSE_TIMEOUT_EXP) * (MAX_RETRIES as u64 + 1));
+pub const REQ_PATIENCE: Duration = RESPONSE_TIMEOUT.saturating_mul(MAX_RETRIES as u32 + 1);
 
 /// A listener's backlog when the program asks for none or for more: the
 /// Linux default of `net.rdma_ucm.max_backlog`.
