@@ -298,8 +298,8 @@ impl Shard {
         // sealed, and the packet without its MAC. (CNPs carry none: they
         // come from the network's notification point, and may only slow
         // the QP, which their own check below keeps to the peer.)
-        let cnp = Opcode::try_from(datagram[0]) == Ok(Opcode::Cnp);
-        let datagram = match slot.qp.authenticator().filter(|_| !cnp) {
+        let is_cnp = || Opcode::try_from(datagram[0]) == Ok(Opcode::Cnp);
+        let datagram = match slot.qp.authenticator().filter(|_| !is_cnp()) {
             None => datagram,
             Some(auth) => match auth.open(datagram) {
                 Some(opened) => opened,
@@ -442,16 +442,17 @@ impl Shard {
                 continue;
             };
             let looped_back = is_looped_back(&slot.qp, self.config.local_addr);
-            let auth = slot.qp.authenticator().cloned();
+            // Sealed while the QP is at hand (a looped-back QP has nothing
+            // to authenticate: it never meets the wire).
+            let t = match slot.qp.authenticator().filter(|_| !looped_back) {
+                Some(auth) => Transmit { len: auth.seal(buf, t.len), ..t },
+                None => t,
+            };
             self.reschedule(qpn);
             if looped_back {
                 self.loop_back(now, qpn, &buf[..t.len]);
                 continue;
             }
-            let t = match auth {
-                Some(auth) => Transmit { len: auth.seal(buf, t.len), ..t },
-                None => t,
-            };
             let flow = UdpFlow {
                 src: self.config.local_addr,
                 dst: t.dst,
