@@ -419,3 +419,30 @@ fn the_version_names_the_commit_it_was_built_from() {
     let commit = rest.split([',', ')']).next().unwrap();
     assert!(commit == "unknown commit" || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())), "{t}");
 }
+
+/// `--account` counts what the datapath really did. Over UDP a 64-byte
+/// round trip (both ends in this process) sends and receives at least its
+/// request and its response, each copied out of and into a region and run
+/// through the ICRC at both ends; a 64 KiB WRITE crosses the kernel whole.
+/// Over shared memory nothing goes through a socket but wake-ups.
+#[test]
+fn the_account_counts_what_the_datapath_did() {
+    let account = |test: &str, size: &str, datapath: &str| {
+        let rows = verified_run(test, &["-s", size, "-n", "400", "--account", "--datapath", datapath]);
+        let account = rows[0]["account"].clone();
+        assert_eq!(account["ends"], "both ends", "{account}");
+        let cost = |name: &str| account["costs"][name].as_f64().unwrap_or_else(|| panic!("{name} in {account}"));
+        (account.clone(), cost("datagrams_sent"), cost("datagrams_received"), cost("bytes_copied"), cost("icrc_bytes"))
+    };
+    let (udp, sent, received, copied, icrc) = account("send_lat", "64", "udp");
+    assert_eq!(udp["per"], "round trip");
+    assert!(sent >= 2.0 && received >= 2.0, "{udp}");
+    assert!(udp["costs"]["send_calls"].as_f64().unwrap() >= 1.0, "{udp}");
+    assert!(copied >= 2.0 * 2.0 * 64.0, "request and response, out and in: {udp}");
+    assert!(icrc >= 2.0 * 2.0 * 64.0, "computed and checked, both ways: {udp}");
+    let (bw, _, _, _, _) = account("write_bw", "65536", "udp");
+    assert!(bw["costs"]["bytes_to_kernel"].as_f64().unwrap() >= 65536.0, "{bw}");
+    let (shm, sent, received, copied, _) = account("send_lat", "64", "shm");
+    assert_eq!((sent, received), (0.0, 0.0), "the ring, not the socket: {shm}");
+    assert!(copied >= 2.0 * 2.0 * 64.0, "{shm}");
+}

@@ -269,6 +269,7 @@ impl Datapath for SharedMemory {
             taken += self.udp.send(&remote[..n_remote]);
         }
         for &(shard, ip) in &wakes[..n_wakes] {
+            softrnic_account::one(softrnic_account::Cost::WakeDatagrams);
             let wake = shm::wake_up(shard);
             let packet = [(shm::wake_address(ip), &wake[..])];
             // Lost only if the consumer's socket buffer is full: then it

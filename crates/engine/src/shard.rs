@@ -21,6 +21,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
+use softrnic_account::{self as account, Cost};
 use softrnic_transport::{AsyncEvent, CqId, Instant, MAX_DATAGRAM_LEN, ReceivesWanted, RecvMeta, Shard};
 
 use crate::datapath::Datapath;
@@ -193,13 +194,19 @@ impl EngineShard {
 
     /// The state lock.
     pub fn lock(&self) -> MutexGuard<'_, ShardState> {
-        for _ in 0..LOCK_SPINS {
+        account::one(Cost::Locks);
+        for spin in 0..LOCK_SPINS {
             match self.state.try_lock() {
                 Ok(guard) => return guard,
                 // A panic elsewhere must not wedge the NIC: the shard's
                 // state is consistent between calls.
                 Err(TryLockError::Poisoned(e)) => return e.into_inner(),
-                Err(TryLockError::WouldBlock) => (0..4).for_each(|_| std::hint::spin_loop()),
+                Err(TryLockError::WouldBlock) => {
+                    if spin == 0 {
+                        account::one(Cost::LocksContended);
+                    }
+                    (0..4).for_each(|_| std::hint::spin_loop())
+                }
             }
         }
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -208,16 +215,28 @@ impl EngineShard {
     /// The wire lock: the right to drive the shard. Never taken while
     /// holding the state lock.
     pub fn lock_wire(&self) -> MutexGuard<'_, Wire> {
-        self.wire.lock().unwrap_or_else(|e| e.into_inner())
+        account::one(Cost::Locks);
+        match self.wire.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                account::one(Cost::LocksContended);
+                self.wire.lock().unwrap_or_else(|e| e.into_inner())
+            }
+        }
     }
 
     /// The wire lock, unless another thread is driving the shard right now
     /// (and so making the progress the caller wanted).
     pub fn try_lock_wire(&self) -> Option<MutexGuard<'_, Wire>> {
+        account::one(Cost::Locks);
         match self.wire.try_lock() {
             Ok(guard) => Some(guard),
             Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
+            Err(TryLockError::WouldBlock) => {
+                account::one(Cost::LocksContended);
+                None
+            }
         }
     }
 

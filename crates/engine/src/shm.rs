@@ -461,6 +461,7 @@ impl InboxRing {
                 && let Some(source) = source
             {
                 m.bytes.read(slot + SLOT_DATA, &mut buf[..len]);
+                softrnic_account::add(softrnic_account::Cost::BytesCopied, len as u64);
                 deliver(source, &buf[..len]);
             } else {
                 *malformed += 1;
@@ -604,6 +605,7 @@ impl PeerInbox {
         let slot = m.slot(shard, pos);
         let len = datagram.len().min(MAX_DATAGRAM_LEN);
         m.bytes.write(slot + SLOT_DATA, &datagram[..len]);
+        softrnic_account::add(softrnic_account::Cost::BytesCopied, len as u64);
         m.word32(slot + S_LEN).store(len as u32, Ordering::Relaxed);
         write_source(m, slot, source);
         // Refused only if the consumer gave the slot up meanwhile.

@@ -38,6 +38,7 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 
 use socket2::{Domain, Protocol, SockAddr, SockAddrStorage, Socket, Type};
+use softrnic_account::{self as account, Cost};
 use softrnic_transport::{MAX_DATAGRAM_LEN, shard_of};
 use softrnic_wire::ROCEV2_UDP_PORT;
 use softrnic_wire::opcode::Opcode;
@@ -287,6 +288,7 @@ impl RoceSocket {
         // point into `packets`, and control buffers, all of which outlive
         // the call; the kernel only reads them.
         let sent = unsafe { libc::sendmmsg(self.fd(), headers.as_mut_ptr(), messages as u32, libc::MSG_DONTWAIT) };
+        account::one(Cost::SendCalls);
         if sent < 0 {
             let e = io::Error::last_os_error();
             return match e.kind() {
@@ -299,7 +301,10 @@ impl RoceSocket {
                 _ => Err(e),
             };
         }
-        Ok(counts[..sent as usize].iter().sum())
+        let datagrams: usize = counts[..sent as usize].iter().sum();
+        account::add(Cost::DatagramsSent, datagrams as u64);
+        account::add(Cost::BytesToKernel, packets[..datagrams].iter().map(|(_, bytes)| bytes.len() as u64).sum());
+        Ok(datagrams)
     }
 
     /// Receives up to [`BATCH`] messages into `batch` without blocking;
@@ -327,6 +332,10 @@ impl RoceSocket {
             libc::recvmmsg(self.fd(), headers.as_mut_ptr(), BATCH as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
         };
         batch.datagrams.clear();
+        account::one(Cost::ReceiveCalls);
+        if n <= 0 {
+            account::one(Cost::EmptyReceives);
+        }
         if n < 0 {
             let e = io::Error::last_os_error();
             return match e.kind() {
@@ -336,6 +345,7 @@ impl RoceSocket {
         }
         for (i, header) in headers.iter_mut().enumerate().take(n as usize) {
             let len = header.msg_len as usize;
+            account::add(Cost::BytesFromKernel, len as u64);
             // SAFETY: the kernel wrote a socket address of `msg_namelen`
             // bytes into the storage.
             let addr = unsafe {
@@ -380,6 +390,7 @@ impl RoceSocket {
                 offset += size;
             }
         }
+        account::add(Cost::DatagramsReceived, batch.datagrams.len() as u64);
         Ok(batch.datagrams.len())
     }
 

@@ -41,6 +41,7 @@ impl EventFd {
     /// with `alarm(2)` and expect `ibv_get_cq_event` to return (qperf).
     pub fn take_one(&self) -> io::Result<()> {
         let mut count: u64 = 0;
+        softrnic_account::one(softrnic_account::Cost::WakeReads);
         // SAFETY: reads at most 8 bytes into `count`.
         let n = unsafe { libc::read(self.fd.as_raw_fd(), &mut count as *mut u64 as *mut libc::c_void, 8) };
         match n {
@@ -52,6 +53,7 @@ impl EventFd {
     /// Adds one to the counter, making the fd readable.
     pub fn signal(&self) {
         let one: u64 = 1;
+        softrnic_account::one(softrnic_account::Cost::WakeSignals);
         // SAFETY: writes the 8 bytes of `one` to our own descriptor. A full
         // counter (EAGAIN) already means "readable", so the result is moot.
         unsafe { libc::write(self.fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
@@ -60,6 +62,7 @@ impl EventFd {
     /// Reads and clears the counter; returns how many signals it held.
     pub fn drain(&self) -> u64 {
         let mut count: u64 = 0;
+        softrnic_account::one(softrnic_account::Cost::WakeReads);
         // SAFETY: reads at most 8 bytes into `count`.
         let n = unsafe { libc::read(self.fd.as_raw_fd(), &mut count as *mut u64 as *mut libc::c_void, 8) };
         if n == 8 { count } else { 0 }
@@ -85,6 +88,7 @@ pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> io::Result<()> {
         tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
+    softrnic_account::one(softrnic_account::Cost::Sleeps);
     // SAFETY: the array and the timespec live across the call, and the
     // length passed is the number of entries filled in.
     let rc = unsafe { libc::ppoll(pollfds.as_mut_ptr(), fds.len() as libc::nfds_t, &timeout, std::ptr::null()) };

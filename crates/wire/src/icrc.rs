@@ -36,6 +36,7 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> 
     if udp_header.len() != UDP_HEADER_LEN || roce.len() < 12 || ip_header.is_empty() {
         return Err(Error::Truncated);
     }
+    softrnic_account::add(softrnic_account::Cost::IcrcBytes, roce.len() as u64);
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&LRH_PLACEHOLDER);
     match ip_header[0] >> 4 {

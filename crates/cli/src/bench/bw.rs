@@ -330,5 +330,6 @@ pub fn result(test: Test, s: &Session, size: usize, o: &BwOutcome, verified: Opt
         verified,
         retransmitted: counters.retransmitted_packets,
         timeouts: counters.timeouts,
+        account: None,
     }
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use softrnic::{Completion, InlineData, Payload, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode, WcStatus};
 
+use super::account::{Account, Meter};
 use super::params::Test;
 use super::report::new_histogram;
 use super::session::{Session, pattern};
@@ -141,7 +142,7 @@ impl Schedule {
 }
 
 /// The client's side; returns the latencies and a verification verdict.
-pub fn client(s: &mut Session, size: usize) -> Result<(Histogram<u64>, Option<String>), String> {
+pub fn client(s: &mut Session, size: usize) -> Result<(Histogram<u64>, Option<String>, Account), String> {
     let test = s.params.test;
     let verify = s.params.verify;
     let slot = slots(s, size);
@@ -156,9 +157,11 @@ pub fn client(s: &mut Session, size: usize) -> Result<(Histogram<u64>, Option<St
     s.exchange.barrier().map_err(|e| e.to_string())?;
     let mut i = 0u64;
     let mut timed_start = None;
+    let mut meter = Meter::start();
     while schedule.more(i, timed_start) {
         if i == schedule.warmup {
             timed_start = Some(Instant::now());
+            meter = Meter::start();
         }
         if verify {
             pattern(&mut out_bytes, i);
@@ -231,6 +234,7 @@ pub fn client(s: &mut Session, size: usize) -> Result<(Histogram<u64>, Option<St
         }
         i += 1;
     }
+    let account = meter.per_op(histogram.len(), "round trip");
     // Tell the server to stop, in band where it is listening in band, and
     // wait until it has the message. (READ and ATOMIC servers listen on
     // the exchange only: nothing is in flight to wait for.)
@@ -250,7 +254,7 @@ pub fn client(s: &mut Session, size: usize) -> Result<(Histogram<u64>, Option<St
     if let Some(reason) = verdict.strip_prefix("failed ") {
         failure.get_or_insert_with(|| reason.to_string());
     }
-    Ok((histogram, failure))
+    Ok((histogram, failure, account))
 }
 
 /// The bytes read_lat reads.

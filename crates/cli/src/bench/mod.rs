@@ -4,6 +4,7 @@
 //! its own loopback address (127.0.0.2 and 127.0.0.3), connected through
 //! the same TCP exchange two hosts would use.
 
+pub mod account;
 mod bw;
 mod lat;
 pub mod params;
@@ -51,7 +52,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
             let addr = local_addr(args, Some(peer))?;
             let ctx = open(engine_config(args, addr)?)?;
             let exchange = Exchange::connect(SocketAddr::new(peer, args.port), timeout).map_err(|e| e.to_string())?;
-            client(exchange, ctx, params, timeout, format, args.qp_timeout)
+            client(exchange, ctx, params, timeout, format, args.qp_timeout, Accounting::of(args, false))
         }
         (false, None) => {
             let client_addr = args.addr.unwrap_or(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
@@ -69,10 +70,29 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             let exchange = Exchange::connect(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port), timeout)
                 .map_err(|e| e.to_string())?;
-            let result = client(exchange, client_ctx, params, timeout, format, args.qp_timeout);
+            let accounting = Accounting::of(args, true);
+            let result = client(exchange, client_ctx, params, timeout, format, args.qp_timeout, accounting);
             let server_result = server.join().map_err(|_| "the server thread panicked".to_string())?;
             result.and(server_result)
         }
+    }
+}
+
+/// Whether the results carry an account of their costs (`--account`),
+/// and whose costs the process's are.
+#[derive(Clone, Copy)]
+struct Accounting {
+    wanted: bool,
+    loopback: bool,
+}
+
+impl Accounting {
+    fn of(args: &BenchArgs, loopback: bool) -> Accounting {
+        Accounting { wanted: args.account, loopback }
+    }
+
+    fn keep(self, account: account::Account) -> Option<account::Account> {
+        self.wanted.then(|| account.ends(self.loopback))
     }
 }
 
@@ -138,6 +158,7 @@ fn client(
     timeout: Duration,
     format: Format,
     qp_timeout: u8,
+    accounting: Accounting,
 ) -> Result<(), String> {
     // The MTU the connections will use (and the report shows): -m, or the
     // link's if that is smaller.
@@ -150,17 +171,18 @@ fn client(
     for &size in &params.sizes {
         s.exchange.barrier().map_err(|e| e.to_string())?;
         if params.test.is_latency() {
-            let (histogram, failure) = lat::client(&mut s, size)?;
+            let (histogram, failure, account) = lat::client(&mut s, size)?;
             let verified = params.verify.then_some(failure.is_none());
             failures.extend(failure);
-            report::print_lat(
-                &report::LatResult::new(params.test, size, params.mtu.bytes(), histogram, verified),
-                format,
-            );
+            let mut result = report::LatResult::new(params.test, size, params.mtu.bytes(), histogram, verified);
+            result.account = accounting.keep(account);
+            report::print_lat(&result, format);
         } else {
             bw::prepare_target(&s, size);
             let duties = bw::Duties { send: true, receive: params.bidirectional && params.test == Test::SendBw };
+            let meter = account::Meter::start();
             let outcome = bw::run(&mut s, size, duties)?;
+            let account = meter.per_op(outcome.sent + outcome.received, "message");
             let mut failure = outcome.verify_failure.clone();
             if params.verify {
                 failure = failure.or_else(|| bw::verify_after(&s, size, outcome.peer_sent, true));
@@ -173,7 +195,9 @@ fn client(
             }
             let verified = params.verify.then_some(failure.is_none());
             failures.extend(failure);
-            report::print_bw(&bw::result(params.test, &s, size, &outcome, verified), format);
+            let mut result = bw::result(params.test, &s, size, &outcome, verified);
+            result.account = accounting.keep(account);
+            report::print_bw(&result, format);
         }
     }
     report::footer(format);

@@ -152,6 +152,12 @@ pub struct BenchArgs {
     /// Print one JSON object per test (schema in BENCHMARKS.md).
     #[arg(long)]
     pub json: bool,
+    /// Account for where the time goes: per round trip or message, the
+    /// system calls by kind, context switches, CPU time, wake-ups, bytes
+    /// copied and run through the ICRC, and locks (both ends in a
+    /// loopback run; this end otherwise).
+    #[arg(long)]
+    pub account: bool,
     /// Accepted for perftest compatibility: bandwidth is always in Gb/s.
     #[arg(long = "report-gbits", alias = "report_gbits", short = 'R')]
     pub report_gbits: bool,

@@ -5,6 +5,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use softrnic::Context;
 
+use super::account::Account;
 use super::params::{Params, Test};
 
 /// Significant figures of the latency histogram.
@@ -29,6 +30,9 @@ pub struct BwResult {
     /// expiries since its device opened: what loss recovery cost.
     pub retransmitted: u64,
     pub timeouts: u64,
+    /// Where the time went (`--account`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account: Option<Account>,
 }
 
 /// One size of a latency test.
@@ -50,6 +54,9 @@ pub struct LatResult {
     pub stddev_ns: f64,
     pub max_ns: f64,
     pub verified: Option<bool>,
+    /// Where the time went (`--account`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account: Option<Account>,
     #[serde(skip)]
     pub histogram: Histogram<u64>,
 }
@@ -74,6 +81,7 @@ impl LatResult {
             stddev_ns: histogram.stdev(),
             max_ns: histogram.max() as f64,
             verified,
+            account: None,
             histogram,
         }
     }
@@ -150,10 +158,15 @@ fn verified(v: Option<bool>) -> &'static str {
 
 pub fn print_bw(r: &BwResult, format: Format) {
     match format {
-        Format::Table => println!(
-            " {:<10} {:<10}       {:<10.2}         {:<10.2}           {:.6}",
-            r.size, r.iters, r.bw_peak_gbps, r.bw_avg_gbps, r.msg_rate_mpps
-        ),
+        Format::Table => {
+            println!(
+                " {:<10} {:<10}       {:<10.2}         {:<10.2}           {:.6}",
+                r.size, r.iters, r.bw_peak_gbps, r.bw_avg_gbps, r.msg_rate_mpps
+            );
+            if let Some(account) = &r.account {
+                super::account::print(account);
+            }
+        }
         Format::Csv => println!(
             "{},{},{},{},{},{},{:.4},{:.4},{:.6},{:.6},{}",
             r.test,
@@ -189,6 +202,9 @@ pub fn print_lat(r: &LatResult, format: Format) {
                 us(r.p999_ns)
             );
             print_percentile_block(&r.histogram);
+            if let Some(account) = &r.account {
+                super::account::print(account);
+            }
         }
         Format::Csv => println!(
             "{},{},{},{},{:.0},{:.0},{:.0},{:.0},{:.0},{:.0},{:.0},{:.0},{:.3},{:.3},{:.0},{}",

@@ -5,6 +5,7 @@ use super::{Access, DmaBuffer, MemoryRegion, MrKeys, PdId, Registration};
 use crate::error::{Result, VerbsError};
 use imbl::shared_ptr::DefaultSharedPtr;
 use rustc_hash::FxBuildHasher;
+use softrnic_account::{self as account, Cost};
 
 /// Why an access was refused. The transport turns each into the status or
 /// NAK that the IBTA prescribes for the side that made the access.
@@ -42,6 +43,7 @@ impl<'a> MemoryView<'a> {
     /// Copies the first `dst.len()` bytes of the view (at most its length).
     pub fn read(&self, dst: &mut [u8]) {
         assert!(dst.len() <= self.len);
+        account::add(Cost::BytesCopied, dst.len() as u64);
         if let Some(buffer) = self.buffer {
             buffer.read(self.offset, dst);
         }
@@ -50,6 +52,7 @@ impl<'a> MemoryView<'a> {
     /// Copies `src` to the start of the view (at most its length).
     pub fn write(&self, src: &[u8]) {
         assert!(src.len() <= self.len);
+        account::add(Cost::BytesCopied, src.len() as u64);
         if let Some(buffer) = self.buffer {
             buffer.write(self.offset, src);
         }
@@ -57,6 +60,8 @@ impl<'a> MemoryView<'a> {
 
     /// Copies the whole view into `dst` from `at` on.
     pub fn copy_to(&self, dst: &DmaBuffer, at: usize) {
+        // One copy, however the bounce splits it.
+        account::add(Cost::BytesCopied, self.len as u64);
         if let Some(buffer) = self.buffer {
             dst.copy_from(at, buffer, self.offset, self.len);
         }
@@ -64,6 +69,7 @@ impl<'a> MemoryView<'a> {
 
     /// Fills the whole view from `src`, starting at `at`.
     pub fn copy_from(&self, src: &DmaBuffer, at: usize) {
+        account::add(Cost::BytesCopied, self.len as u64);
         if let Some(buffer) = self.buffer {
             buffer.copy_from(self.offset, src, at, self.len);
         }

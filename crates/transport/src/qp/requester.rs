@@ -387,7 +387,10 @@ impl QueuePair {
         let start = headers.len();
         let body = buf.get_mut(start..start + payload_len).ok_or(WcStatus::LocLenErr)?;
         match &wqe.wr.payload {
-            Payload::Inline(bytes) => body.copy_from_slice(&bytes[offset as usize..offset as usize + payload_len]),
+            Payload::Inline(bytes) => {
+                softrnic_account::add(softrnic_account::Cost::BytesCopied, payload_len as u64);
+                body.copy_from_slice(&bytes[offset as usize..offset as usize + payload_len])
+            }
             Payload::Gather(sges) => {
                 gather(ctx.memory, self.init.pd, sges, offset, body).map_err(|_| WcStatus::LocProtErr)?
             }

@@ -62,6 +62,7 @@ impl QueuePair {
         } else {
             match &wqe.wr.payload {
                 Payload::Inline(bytes) => {
+                    softrnic_account::add(softrnic_account::Cost::BytesCopied, len as u64);
                     buf[start..start + len].copy_from_slice(bytes);
                     Ok(())
                 }
