@@ -42,6 +42,13 @@ softrnic runs over its UDP datapath there. Other modes:
               over UDP and over the shared-memory wire, same run;
   --daemon    softrnic bench through softrnicd (queues shared with the
               daemon's engine) beside the engine in the process.
+  --account   where the time goes: per 64 B round trip and per 64 KiB
+              message, the system calls by kind, context switches and CPU
+              time of softrnic (UDP and the shared-memory wire), sockperf
+              and UCX (tcp and posix), each process counted by `perf stat`
+              alike, beside softrnic's own account (`softrnic bench
+              --account`: empty receives, wake-ups, bytes copied, ICRC
+              bytes, locks);
   --against OTHER
               this build's softrnic beside another build's (OTHER, the
               path of its softrnic binary: a change before and after),
@@ -50,7 +57,7 @@ softrnic runs over its UDP datapath there. Other modes:
               second run of this build against the first is an A/A
               control, the noise any difference must stand out from.
 
-    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --mpi | --switch | --daemon | --against OTHER]
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --mpi | --switch | --daemon | --auth | --account | --against OTHER]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -69,7 +76,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # SOFTRNIC_BIN runs a binary built elsewhere (on a machine without cargo).
 SOFTRNIC = os.environ.get("SOFTRNIC_BIN") or os.path.join(ROOT, "target", "release", "softrnic")
-PEERS = {"sockperf": "sockperf", "iperf3": "iperf3", "ucx_perftest": "ucx-utils"}
+PEERS = {"sockperf": "sockperf", "iperf3": "iperf3", "ucx_perftest": "ucx-utils", "perf": "linux-perf"}
 
 
 def sh(args, env=None, timeout=120):
@@ -205,6 +212,161 @@ def shm_main(a, extra):
     print(f"| 64 KiB write_bw | {m['bw']:.2f} Gb/s | UCX posix ucp_put_bw | {m['ucx_put']:.2f} Gb/s | {ratio('bw', 'ucx_put'):.2f}× | ≥ 0.5× |")
     print(f"| 1 KiB send_lat mean (E1) | {m['lat_1k_mean']:.2f} µs | Soft-RoCE, published | 24.07 µs | {m['lat_1k_mean'] / 24.07:.2f}× | |")
     print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
+
+
+# The system calls `perf stat` counts by name (tracepoints); the rest are
+# "other". Together: every kind a datapath makes per message.
+SYSCALL_KINDS = {
+    "send": ["sendto", "sendmsg", "sendmmsg", "write", "writev"],
+    "receive": ["recvfrom", "recvmsg", "recvmmsg", "read", "readv"],
+    "poll": ["poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait"],
+    "futex": ["futex"],
+}
+PERF_EVENTS = ["raw_syscalls:sys_enter", "context-switches", "task-clock"] + [
+    f"syscalls:sys_enter_{name}" for names in SYSCALL_KINDS.values() for name in names
+]
+
+
+class Counted:
+    """A program under `perf stat` (every thread, the kernel's view), its
+    counts read when it ends; `stop()` ends a server, and perf reports."""
+
+    def __init__(self, args, env=None, out=None):
+        self.out = f"/tmp/softrnic-account-{os.getpid()}-{time.monotonic_ns()}.csv"
+        self.proc = subprocess.Popen(
+            ["perf", "stat", "-x,", "-o", self.out, "-e", ",".join(PERF_EVENTS), "--", *args],
+            stdout=out or subprocess.DEVNULL, stderr=subprocess.STDOUT if out else subprocess.DEVNULL, text=True, env=env)
+
+    def stop(self):
+        # The program stops and perf, seeing it go, reports.
+        subprocess.run(["pkill", "-TERM", "-P", str(self.proc.pid)])
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.counts()
+
+    def counts(self):
+        counts = {}
+        with open(self.out) as f:
+            for line in f:
+                fields = line.strip().split(",")
+                if len(fields) > 2 and fields[0] and not line.startswith("#"):
+                    try:
+                        counts[fields[2]] = float(fields[0])
+                    except ValueError:
+                        counts[fields[2]] = 0.0  # <not counted>
+        os.remove(self.out)
+        return counts
+
+
+def per_op(counts, ops):
+    """perf's counts of one or more processes, per operation, by kind."""
+    total = lambda event: sum(c.get(event, 0.0) for c in counts)
+    out = {"syscalls": total("raw_syscalls:sys_enter") / ops,
+           "context_switches": total("context-switches") / ops,
+           "cpu_us": total("task-clock") * 1000 / ops}  # task-clock is in ms
+    named = 0.0
+    for kind, names in SYSCALL_KINDS.items():
+        n = sum(total(f"syscalls:sys_enter_{name}") for name in names)
+        out[kind] = n / ops
+        named += n
+    out["other"] = out["syscalls"] - named / ops
+    return out
+
+
+def marginal(run, small, large):
+    """What one operation costs, without the set-up: a program run twice,
+    for `small` and `large` operations, under perf; the difference of the
+    counts over the difference of the operations. `run(n)` returns the
+    counts of every process and the operations it did."""
+    (c1, n1), (c2, n2) = run(small), run(large)
+    diff = [{k: b.get(k, 0.0) - a.get(k, 0.0) for k in b} for a, b in zip(c1, c2)]
+    return per_op(diff, n2 - n1)
+
+
+def counted_softrnic(test, size, iters, extra):
+    """softrnic bench (both ends in one process) under perf, and its own
+    account of the measured loop."""
+    rows = []
+
+    def run(n):
+        with open(f"/tmp/softrnic-account-{os.getpid()}.out", "w+") as out:
+            bench = Counted([SOFTRNIC, "bench", test, "-s", str(size), "-n", str(n), "--json", "--account", *extra], out=out)
+            bench.proc.wait(timeout=300)
+            out.seek(0)
+            rows.append(json.loads([l for l in out.read().splitlines() if l.startswith("{")][-1]))
+        return [bench.counts()], n
+
+    return marginal(run, iters // 4, iters), rows[-1]["account"]
+
+
+def counted_sockperf(size):
+    """sockperf's ping-pong as fast as it goes, both sides under perf."""
+    def run(seconds):
+        server = Counted(["sockperf", "server", "-i", "127.0.0.20", "-p", "11112", "--nonblocked"])
+        time.sleep(0.5)
+        with open(f"/tmp/softrnic-account-{os.getpid()}.out", "w+") as out:
+            client = Counted(["sockperf", "ping-pong", "-i", "127.0.0.20", "-p", "11112", "-m", str(size), "-t",
+                              str(seconds), "--nonblocked", "--mps=max"], out=out)
+            client.proc.wait(timeout=60)
+            out.seek(0)
+            trips = int(re.search(r"\[Total Run\].*ReceivedMessages=(\d+)", out.read()).group(1))
+        return [client.counts(), server.stop()], trips
+
+    return marginal(run, 1, 3)
+
+
+def counted_ucx(test, size, iters, port, tls):
+    env = {**os.environ, "UCX_TLS": tls}
+
+    def run(n):
+        server = Counted(["ucx_perftest", "-p", str(port)], env=env)
+        time.sleep(1.0)
+        client = Counted(["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size), "-n", str(n)], env=env)
+        client.proc.wait(timeout=120)
+        return [client.counts(), server.stop()], n
+
+    return marginal(run, iters // 4, iters)
+
+
+def account_main(a):
+    """Where the time goes: softrnic's account beside perf's count of every
+    program, per 64 B round trip and per 64 KiB message."""
+    install_peers()
+    if shutil.which("perf") is None:
+        sys.exit("--account needs perf: sudo apt-get install linux-perf")
+    lat_n, bw_n = 50000, 20000
+    columns = {}
+    runs = {}
+    for run in range(a.runs):
+        print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+        for wire in ["udp", "shm"]:
+            runs.setdefault(f"softrnic {wire}, 64 B send_lat", []).append(counted_softrnic("send_lat", 64, lat_n, ["--datapath", wire]))
+            runs.setdefault(f"softrnic {wire}, 64 KiB write_bw", []).append(counted_softrnic("write_bw", 65536, bw_n, ["--datapath", wire]))
+        runs.setdefault("sockperf, 64 B ping-pong", []).append((counted_sockperf(64), None))
+        for tls in ["tcp", "posix"]:
+            # As many operations as take about a second each.
+            lat_ops, bw_ops = (2_000_000, 400_000) if tls == "posix" else (100_000, 100_000)
+            runs.setdefault(f"UCX {tls}, 64 B tag_lat", []).append((counted_ucx("tag_lat", 64, lat_ops, 15337 + run, f"{tls},self"), None))
+            runs.setdefault(f"UCX {tls}, 64 KiB ucp_put_bw", []).append((counted_ucx("ucp_put_bw", 65536, bw_ops, 15437 + run, f"{tls},self"), None))
+    kinds = ["syscalls", "send", "receive", "poll", "futex", "other", "context_switches", "cpu_us"]
+    own = ["empty_receives", "sleeps", "wake_signals", "wake_reads", "wake_datagrams", "bytes_copied", "icrc_bytes", "locks", "locks_contended"]
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; per round trip (latency) or "
+          "message (bandwidth), both ends; system calls, context switches and CPU time counted by perf stat for every "
+          "program alike, as the difference between a short and a long run (set-up cancels out):\n")
+    print("| program | " + " | ".join(kinds) + " |")
+    print("| --- |" + " --- |" * len(kinds))
+    for name, rs in runs.items():
+        print(f"| {name} | " + " | ".join(f"{median([r[0][k] for r in rs]):.2f}" for k in kinds) + " |")
+    print("\nsoftrnic's own account (`softrnic bench --account`), the same runs:\n")
+    print("| program | " + " | ".join(own) + " |")
+    print("| --- |" + " --- |" * len(own))
+    for name, rs in runs.items():
+        if rs[0][1] is not None:
+            print(f"| {name} | " + " | ".join(f"{median([r[1]['costs'][k] for r in rs]):.2f}" for k in own) + " |")
+    print("\nAll runs:", json.dumps({name: [r[0] for r in rs] for name, rs in runs.items()}))
 
 
 def daemon_main(a):
@@ -716,6 +878,7 @@ def main():
     parser.add_argument("--switch", action="store_true", help="the lab's switch beside the Linux bridge; port rate accuracy; simulator speed")
     parser.add_argument("--daemon", action="store_true", help="softrnic bench through softrnicd beside the engine in the process")
     parser.add_argument("--auth", action="store_true", help="packet authentication on and off, over UDP and shared memory")
+    parser.add_argument("--account", action="store_true", help="where the time goes: system calls, switches, copies per message, beside sockperf and UCX")
     parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
     parser.add_argument("--against", metavar="OTHER", help="this build's softrnic beside OTHER, another build's, with an A/A control")
     a = parser.parse_args()
@@ -730,6 +893,8 @@ def main():
         return daemon_main(a)
     if a.auth:
         return auth_main(a, extra)
+    if a.account:
+        return account_main(a)
     if a.cm:
         return cm_main(a)
     if a.mpi:
