@@ -5,7 +5,9 @@
 //! ICRC, a lock taken or waited for) is counted where it is paid, with
 //! [`add`]. `softrnic bench --account` reads the sum ([`snapshot`]) before
 //! and after its measured loop and divides by the operations in between:
-//! the costs of one round trip, or of one message.
+//! the costs of one round trip, or of one message. Time spent in system
+//! calls and in passes is counted too, while [`set_timing`] asks for it
+//! (clock reads are not free on a VM).
 //!
 //! Counting must cost less than what it counts, on any number of cores:
 //! each thread counts into its own cache line ([`add`] is a load and a
@@ -15,8 +17,9 @@
 //! counted is lost and the list of lines stays as long as the threads
 //! alive.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 /// One kind of cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +54,16 @@ pub enum Cost {
     /// thread (a wait, or a pass left to that thread).
     Locks,
     LocksContended,
+    /// Time (ns), counted only while [`timing`] is on: in send calls, in
+    /// receive calls that brought something and in those that found
+    /// nothing; in receive passes and transmit passes that moved
+    /// something (their system calls included: the rest is softrnic's own
+    /// work on the packets).
+    SendNanos,
+    ReceiveNanos,
+    EmptyReceiveNanos,
+    ReceivePassNanos,
+    TransmitPassNanos,
 }
 
 impl Cost {
@@ -71,6 +84,11 @@ impl Cost {
         Cost::IcrcBytes,
         Cost::Locks,
         Cost::LocksContended,
+        Cost::SendNanos,
+        Cost::ReceiveNanos,
+        Cost::EmptyReceiveNanos,
+        Cost::ReceivePassNanos,
+        Cost::TransmitPassNanos,
     ];
 
     /// The name the account prints (`softrnic bench --json`'s keys).
@@ -91,12 +109,17 @@ impl Cost {
             Cost::IcrcBytes => "icrc_bytes",
             Cost::Locks => "locks",
             Cost::LocksContended => "locks_contended",
+            Cost::SendNanos => "send_ns",
+            Cost::ReceiveNanos => "receive_ns",
+            Cost::EmptyReceiveNanos => "empty_receive_ns",
+            Cost::ReceivePassNanos => "receive_pass_ns",
+            Cost::TransmitPassNanos => "transmit_pass_ns",
         }
     }
 }
 
 /// How many kinds of cost there are.
-pub const COSTS: usize = 15;
+pub const COSTS: usize = 20;
 
 /// The counts of every cost.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -185,6 +208,37 @@ pub fn one(cost: Cost) {
     add(cost, 1)
 }
 
+/// Whether time is counted: two clock reads per system call and pass,
+/// which the datapath pays only while someone asks (`softrnic bench
+/// --account`).
+static TIMING: AtomicBool = AtomicBool::new(false);
+
+/// Turns the counting of time on or off for the whole process.
+pub fn set_timing(on: bool) {
+    TIMING.store(on, Ordering::Relaxed);
+}
+
+/// A stretch of time to count, started only while timing is on.
+#[must_use = "a timer counts when it stops"]
+pub struct Timer(Option<Instant>);
+
+/// Starts timing a stretch (nothing, unless [`set_timing`] turned timing
+/// on).
+#[inline]
+pub fn timing() -> Timer {
+    Timer(TIMING.load(Ordering::Relaxed).then(Instant::now))
+}
+
+impl Timer {
+    /// Counts the time since the timer started as `cost`.
+    #[inline]
+    pub fn stop(self, cost: Cost) {
+        if let Some(start) = self.0 {
+            add(cost, start.elapsed().as_nanos() as u64);
+        }
+    }
+}
+
 /// Everything counted in this process so far, by every thread.
 pub fn snapshot() -> Tally {
     let ledger = ledger();
@@ -255,6 +309,22 @@ mod tests {
         reader.join().unwrap();
         assert_eq!(snapshot().get(Cost::LocksContended) - before, THREADS * EACH);
         assert!(ledger().living.len() < 4, "exited threads' lines are dropped");
+    }
+
+    /// Time is counted only while timing is on.
+    #[test]
+    fn time_counts_only_while_timing_is_on() {
+        let before = snapshot().get(Cost::TransmitPassNanos);
+        let timer = timing();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        timer.stop(Cost::TransmitPassNanos);
+        assert_eq!(snapshot().get(Cost::TransmitPassNanos), before, "off by default");
+        set_timing(true);
+        let timer = timing();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        timer.stop(Cost::TransmitPassNanos);
+        set_timing(false);
+        assert!(snapshot().get(Cost::TransmitPassNanos) - before >= 2_000_000);
     }
 
     #[test]

@@ -420,7 +420,8 @@ fn the_version_names_the_commit_it_was_built_from() {
     assert!(commit == "unknown commit" || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())), "{t}");
 }
 
-/// `--account` counts what the datapath really did. Over UDP a 64-byte
+/// `--account` counts what the datapath really did (and the time it
+/// took). Over UDP a 64-byte
 /// round trip (both ends in this process) sends and receives at least its
 /// request and its response, each copied out of and into a region and run
 /// through the ICRC at both ends; a 64 KiB WRITE crosses the kernel whole.
@@ -438,6 +439,9 @@ fn the_account_counts_what_the_datapath_did() {
     assert_eq!(udp["per"], "round trip");
     assert!(sent >= 2.0 && received >= 2.0, "{udp}");
     assert!(udp["costs"]["send_calls"].as_f64().unwrap() >= 1.0, "{udp}");
+    // --account times the calls and the passes too.
+    assert!(udp["costs"]["send_ns"].as_f64().unwrap() > 0.0, "{udp}");
+    assert!(udp["costs"]["transmit_pass_ns"].as_f64().unwrap() >= udp["costs"]["send_ns"].as_f64().unwrap(), "{udp}");
     assert!(copied >= 2.0 * 2.0 * 64.0, "request and response, out and in: {udp}");
     assert!(icrc >= 2.0 * 2.0 * 64.0, "computed and checked, both ways: {udp}");
     let (bw, _, _, _, _) = account("write_bw", "65536", "udp");

@@ -54,6 +54,7 @@ use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use softrnic_account::{self as account, Cost};
 use softrnic_transport::{Completion, CompletionQueue, Instant};
 
 use crate::engine::{Core, Role};
@@ -158,10 +159,20 @@ impl Core {
             let context = self.pass_context(now);
             let mut moved = 0;
             if pass.receive {
-                moved += shard.receive(wire.as_mut(), &context, after);
+                let timer = account::timing();
+                let received = shard.receive(wire.as_mut(), &context, after);
+                if received > 0 {
+                    timer.stop(Cost::ReceivePassNanos);
+                }
+                moved += received;
             }
             if pass.transmit {
-                moved += shard.transmit(wire.as_mut(), &context, after);
+                let timer = account::timing();
+                let sent = shard.transmit(wire.as_mut(), &context, after);
+                if sent > 0 {
+                    timer.stop(Cost::TransmitPassNanos);
+                }
+                moved += sent;
             }
             drop(wire);
             let answered = if after.is_empty() { 0 } else { self.settle(after) };

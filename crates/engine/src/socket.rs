@@ -287,7 +287,9 @@ impl RoceSocket {
         // SAFETY: `headers[..messages]` point at live addresses, iovecs that
         // point into `packets`, and control buffers, all of which outlive
         // the call; the kernel only reads them.
+        let timer = account::timing();
         let sent = unsafe { libc::sendmmsg(self.fd(), headers.as_mut_ptr(), messages as u32, libc::MSG_DONTWAIT) };
+        timer.stop(Cost::SendNanos);
         account::one(Cost::SendCalls);
         if sent < 0 {
             let e = io::Error::last_os_error();
@@ -328,13 +330,17 @@ impl RoceSocket {
         // SAFETY: every header points at a buffer, an address slot and a
         // control buffer of `batch` that live across the call and are as
         // long as declared.
+        let timer = account::timing();
         let n = unsafe {
             libc::recvmmsg(self.fd(), headers.as_mut_ptr(), BATCH as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
         };
         batch.datagrams.clear();
         account::one(Cost::ReceiveCalls);
         if n <= 0 {
+            timer.stop(Cost::EmptyReceiveNanos);
             account::one(Cost::EmptyReceives);
+        } else {
+            timer.stop(Cost::ReceiveNanos);
         }
         if n < 0 {
             let e = io::Error::last_os_error();

@@ -5,6 +5,10 @@
 //! by the operations in it: per round trip for latency tests, per message
 //! for bandwidth tests.
 //!
+//! Time is counted too (`softrnic_account::set_timing`): in system calls
+//! by kind, and in the passes that moved data, whose difference is
+//! softrnic's own work on the packets.
+//!
 //! Both are the process's: a loopback run's account holds both ends, a
 //! run against another process this end's only (the report says which).
 
@@ -117,6 +121,18 @@ pub fn print(account: &Account) {
         c("wake_signals"),
         c("wake_reads"),
         c("wake_datagrams")
+    );
+    let us = |name: &str| c(name) / 1000.0;
+    println!(
+        "   time: {:.2} us in send calls, {:.2} us in receive calls that brought data, {:.2} us in empty ones",
+        us("send_ns"),
+        us("receive_ns"),
+        us("empty_receive_ns")
+    );
+    println!(
+        "         {:.2} us of softrnic's own work sending, {:.2} us receiving (passes that moved data, less their calls)",
+        (us("transmit_pass_ns") - us("send_ns")).max(0.0),
+        (us("receive_pass_ns") - us("receive_ns")).max(0.0)
     );
     println!(
         "   bytes copied by softrnic {:.0}, through the ICRC {:.0}; shard locks {:.2} ({:.2} found held)",

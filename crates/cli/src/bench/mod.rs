@@ -26,6 +26,8 @@ pub use params::Test;
 /// Runs `softrnic bench` as its flags say.
 pub fn run(args: &BenchArgs) -> Result<(), String> {
     let params = Params::from_args(args)?;
+    // Clock reads in the datapath only when the account is asked for.
+    softrnic_account::set_timing(args.account);
     let format = if args.json {
         Format::Json
     } else if args.csv {
