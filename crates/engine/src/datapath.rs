@@ -24,6 +24,18 @@ use crate::socket::{BATCH, RecvBatch, RoceSocket};
 /// drops: about what a 4 MiB UDP receive buffer holds of small ones.
 const MAX_HELD: usize = 8192;
 
+/// Held beyond this many datagrams, the shared-memory wire pushes back:
+/// its shard takes nothing more from its QPs until the rings drain, as a
+/// link paused by PFC holds its sender's queues. Unsent, a request's
+/// timer does not run, so a burst of any size waits without loss.
+const BACKLOG: usize = 2 * BATCH;
+
+/// A peer whose ring has taken nothing for this long is not slow but
+/// stuck (stopped, or gone without closing its inbox): the wire stops
+/// pushing back for it, and what it cannot hold beyond [`MAX_HELD`] is
+/// lost, as to a dead link, rather than stalling every other peer.
+const PATIENCE: Duration = Duration::from_millis(20);
+
 /// How a shard moves datagrams. Called with the shard's wire lock held, so
 /// one thread at a time.
 pub trait Datapath: Send {
@@ -51,6 +63,12 @@ pub trait Datapath: Send {
     /// (a full shared-memory ring): the next pass must call `send` again,
     /// even with nothing new.
     fn holds_back(&self) -> bool {
+        false
+    }
+
+    /// Whether the wire holds so much that its shard must send nothing new
+    /// until it drains (a lossless link's pause).
+    fn pushes_back(&self) -> bool {
         false
     }
 
@@ -199,6 +217,8 @@ pub struct SharedMemory {
     /// lossless link holds them, rather than dropped (a UD datagram dropped
     /// between two processes on one host would be lost for good).
     held: VecDeque<(SocketAddr, Box<[u8]>)>,
+    /// When a held datagram last went into a ring (or the first was held).
+    held_moved_at: Instant,
     /// Until when UDP counts as carrying traffic.
     udp_busy_until: Instant,
     /// When an idle socket is next looked at.
@@ -214,6 +234,7 @@ impl SharedMemory {
             buf: vec![0u8; MAX_DATAGRAM_LEN].into_boxed_slice(),
             malformed: 0,
             held: VecDeque::new(),
+            held_moved_at: Instant::now(),
             udp_busy_until: Instant::now(),
             udp_next_look: Instant::now(),
         }
@@ -239,6 +260,7 @@ impl Datapath for SharedMemory {
                 _ => {}
             }
             self.held.pop_front();
+            self.held_moved_at = Instant::now();
         }
         for &(dst, datagram) in packets.iter().take(BATCH) {
             // The ring crosses no switch: INT has no path to record on it.
@@ -258,6 +280,9 @@ impl Datapath for SharedMemory {
                 // Held behind what is held already; past the bound, lost
                 // as on a full link (and counted by the caller).
                 Some(Sent::Full) if self.held.len() < MAX_HELD => {
+                    if self.held.is_empty() {
+                        self.held_moved_at = Instant::now();
+                    }
                     self.held.push_back((dst, bytes.into()));
                     taken += 1;
                 }
@@ -309,6 +334,10 @@ impl Datapath for SharedMemory {
 
     fn holds_back(&self) -> bool {
         !self.held.is_empty()
+    }
+
+    fn pushes_back(&self) -> bool {
+        self.held.len() >= BACKLOG && self.held_moved_at.elapsed() < PATIENCE
     }
 
     fn awake(&mut self) {
@@ -364,6 +393,7 @@ mod tests {
             assert_eq!(wire.send(&packets), chunk.len(), "taken, not dropped");
         }
         assert!(wire.holds_back(), "the ring holds {SLOTS}; the rest waits");
+        assert!(wire.pushes_back(), "{} held: the shard must send nothing new", datagrams.len() - SLOTS as usize);
         assert!(!wire.prepare_to_sleep(), "a wire holding datagrams must not sleep");
         let (mut got, mut buf, mut malformed) = (Vec::new(), vec![0u8; MAX_DATAGRAM_LEN], 0);
         for _ in 0..100 {
@@ -376,5 +406,28 @@ mod tests {
         assert_eq!((got.len(), malformed), (datagrams.len(), 0));
         assert!(got == datagrams, "in order, byte for byte");
         assert!(!wire.holds_back());
+        assert!(!wire.pushes_back(), "drained: the shard sends again");
+    }
+
+    /// A peer whose ring takes nothing for [`PATIENCE`] is stuck, not
+    /// slow: its wire stops pushing back, so that the shard's other peers
+    /// are not stalled behind it for ever.
+    #[test]
+    fn a_stuck_peer_is_pushed_back_for_only_so_long() {
+        let (here, there): (IpAddr, IpAddr) = ("127.0.9.22".parse().unwrap(), "127.0.9.23".parse().unwrap());
+        let scope = Scope::this_netns().unwrap();
+        let own = Arc::new(Inbox::create(here, 1, scope).unwrap());
+        let mut wire = SharedMemory::new(Udp::new(Arc::new(RoceSocket::bind(here).unwrap()), None), own.ring(0));
+        let _peer = Arc::new(Inbox::create(there, 1, scope).unwrap());
+        let to = SocketAddr::new(there, softrnic_wire::ROCEV2_UDP_PORT);
+        let datagram = [0u8; 64];
+        for _ in 0..(SLOTS as usize + BACKLOG).div_ceil(BATCH) {
+            wire.send(&[(to, &datagram[..]); BATCH]);
+        }
+        assert!(wire.pushes_back());
+        std::thread::sleep(PATIENCE + Duration::from_millis(5));
+        wire.send(&[]);
+        assert!(wire.holds_back(), "still held: the ring may yet drain");
+        assert!(!wire.pushes_back(), "but the shard may send to others again");
     }
 }

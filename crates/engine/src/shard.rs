@@ -337,6 +337,14 @@ impl EngineShard {
         SCRATCH.with_borrow_mut(|scratch| {
             let mut total = 0;
             loop {
+                if wire.pushes_back() {
+                    // What the wire holds goes first; nothing new joins it
+                    // until it has drained (posts wait in their queues).
+                    wire.send(&[]);
+                    if wire.pushes_back() {
+                        break;
+                    }
+                }
                 std::mem::swap(&mut *self.told.lock().unwrap_or_else(|e| e.into_inner()), &mut scratch.told);
                 let mut state = self.lock();
                 for qpn in scratch.told.drain(..) {

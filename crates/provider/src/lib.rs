@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod launch;
+mod pin;
 pub mod provider;
 pub mod remap;
 pub mod socket_path;

@@ -392,6 +392,7 @@ impl<E: EngineHolder> Provider<E> {
         match &self.0 {
             Device::Engine(_) => {
                 let buffer = Arc::new(DmaBuffer::new(len));
+                crate::pin::pin(buffer.as_ptr(), len, access);
                 let iova = iova_of(buffer.as_ptr());
                 let keys = self.register_buffer(pd, buffer.clone(), iova, access)?;
                 Ok((buffer, keys, iova))
@@ -399,6 +400,8 @@ impl<E: EngineHolder> Provider<E> {
             Device::Daemon(session) => {
                 let memory = SharedMapping::create("softrnic-mr", len.max(1))
                     .map_err(|e| VerbsError::OutOfResources(format!("shared memory for a region: {e}")))?;
+                // Faulted in by this program, whose memory it is.
+                crate::pin::pin(memory.as_ptr(), len, access);
                 let iova = iova_of(memory.as_ptr());
                 let keys = session.register_memory(pd, &memory, 0, len, iova, access)?;
                 Ok((Arc::new(memory.into_buffer(0, len)), keys, iova))
@@ -433,6 +436,7 @@ impl<E: EngineHolder> Provider<E> {
     ) -> Result<MrKeys> {
         match &self.0 {
             Device::Engine(e) => {
+                crate::pin::pin(addr, len, access);
                 // SAFETY: the caller's promise; the engine stops reaching
                 // the region when it is deregistered.
                 let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr, len) });
