@@ -353,6 +353,15 @@ def account_main(a):
             runs.setdefault(f"UCX {tls}, 64 KiB ucp_put_bw", []).append((counted_ucx("ucp_put_bw", 65536, bw_ops, 15437 + run, f"{tls},self"), None))
     kinds = ["syscalls", "send", "receive", "poll", "futex", "other", "context_switches", "cpu_us"]
     own = ["empty_receives", "sleeps", "wake_signals", "wake_reads", "wake_datagrams", "bytes_copied", "icrc_bytes", "locks", "locks_contended"]
+    # Time (µs): in each kind of call, and softrnic's own work in the
+    # passes that moved data (the pass less its calls).
+    timed = {
+        "send calls": lambda c: c["send_ns"],
+        "receive calls": lambda c: c["receive_ns"],
+        "empty receives": lambda c: c["empty_receive_ns"],
+        "own work sending": lambda c: max(c["transmit_pass_ns"] - c["send_ns"], 0),
+        "own work receiving": lambda c: max(c["receive_pass_ns"] - c["receive_ns"], 0),
+    }
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; per round trip (latency) or "
           "message (bandwidth), both ends; system calls, context switches and CPU time counted by perf stat for every "
           "program alike, as the difference between a short and a long run (set-up cancels out):\n")
@@ -366,6 +375,12 @@ def account_main(a):
     for name, rs in runs.items():
         if rs[0][1] is not None:
             print(f"| {name} | " + " | ".join(f"{median([r[1]['costs'][k] for r in rs]):.2f}" for k in own) + " |")
+    print("\nTime in µs, from the same account:\n")
+    print("| program | " + " | ".join(timed) + " |")
+    print("| --- |" + " --- |" * len(timed))
+    for name, rs in runs.items():
+        if rs[0][1] is not None:
+            print(f"| {name} | " + " | ".join(f"{median([f(r[1]['costs']) for r in rs]) / 1000:.2f}" for f in timed.values()) + " |")
     print("\nAll runs:", json.dumps({name: [r[0] for r in rs] for name, rs in runs.items()}))
 
 
