@@ -352,7 +352,7 @@ def account_main(a):
             runs.setdefault(f"UCX {tls}, 64 B tag_lat", []).append((counted_ucx("tag_lat", 64, lat_ops, 15337 + run, f"{tls},self"), None))
             runs.setdefault(f"UCX {tls}, 64 KiB ucp_put_bw", []).append((counted_ucx("ucp_put_bw", 65536, bw_ops, 15437 + run, f"{tls},self"), None))
     kinds = ["syscalls", "send", "receive", "poll", "futex", "other", "context_switches", "cpu_us"]
-    own = ["empty_receives", "sleeps", "wake_signals", "wake_reads", "wake_datagrams", "bytes_copied", "icrc_bytes", "locks", "locks_contended"]
+    own = ["empty_receives", "sleeps", "wake_signals", "wake_reads", "doorbells", "bytes_copied", "icrc_bytes", "locks", "locks_contended"]
     # Time (µs): in each kind of call, and softrnic's own work in the
     # passes that moved data (the pass less its calls).
     timed = {

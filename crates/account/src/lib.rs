@@ -39,10 +39,10 @@ pub enum Cost {
     BytesFromKernel,
     /// Threads that blocked in `poll(2)` (a sleep, and a wake-up after it).
     Sleeps,
-    /// Wake-ups sent: an eventfd written, a datagram sent only to wake a
-    /// peer.
+    /// Wake-ups sent: an eventfd written, a peer's shared-memory doorbell
+    /// rung.
     WakeSignals,
-    WakeDatagrams,
+    Doorbells,
     /// eventfd reads.
     WakeReads,
     /// Payload bytes copied by softrnic's own code: out of or into a
@@ -78,7 +78,7 @@ impl Cost {
         Cost::BytesFromKernel,
         Cost::Sleeps,
         Cost::WakeSignals,
-        Cost::WakeDatagrams,
+        Cost::Doorbells,
         Cost::WakeReads,
         Cost::BytesCopied,
         Cost::IcrcBytes,
@@ -103,7 +103,7 @@ impl Cost {
             Cost::BytesFromKernel => "bytes_from_kernel",
             Cost::Sleeps => "sleeps",
             Cost::WakeSignals => "wake_signals",
-            Cost::WakeDatagrams => "wake_datagrams",
+            Cost::Doorbells => "doorbells",
             Cost::WakeReads => "wake_reads",
             Cost::BytesCopied => "bytes_copied",
             Cost::IcrcBytes => "icrc_bytes",

@@ -11,13 +11,14 @@
 //! Which one a device uses is [`DatapathKind`] (`SOFTRNIC_DATAPATH`).
 
 use std::collections::VecDeque;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use softrnic_transport::{MAX_DATAGRAM_LEN, RecvMeta};
 
-use crate::shm::{self, InboxRing, Peers, Sent};
+use crate::shm::{InboxRing, Peers, Sent};
 use crate::socket::{BATCH, RecvBatch, RoceSocket};
 
 /// The most datagrams a shared-memory wire holds for full rings before it
@@ -50,10 +51,16 @@ pub trait Datapath: Send {
     fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize;
 
     /// Before the shard's engine thread blocks in `poll(2)` on the UDP
-    /// socket: arranges to be woken through it. False if work arrived
-    /// meanwhile (do not block).
+    /// socket (and the [`Datapath::doorbell`]): arranges to be woken
+    /// through them. False if work arrived meanwhile (do not block).
     fn prepare_to_sleep(&mut self) -> bool {
         true
+    }
+
+    /// What else the engine thread blocks on while it sleeps: the
+    /// doorbell peers ring (shared memory).
+    fn doorbell(&self) -> Option<RawFd> {
+        None
     }
 
     /// After the engine thread wakes.
@@ -156,9 +163,7 @@ impl Datapath for Udp {
         }
         let mut delivered = 0;
         for i in 0..n {
-            if let Some((from, tos, bytes)) = self.rx.get(i)
-                && !shm::is_wake_up(bytes)
-            {
+            if let Some((from, tos, bytes)) = self.rx.get(i) {
                 deliver(from, RecvMeta { ce: tos.ce(), int: None }, bytes);
                 delivered += 1;
             }
@@ -245,19 +250,13 @@ impl Datapath for SharedMemory {
     fn send(&mut self, packets: &[(SocketAddr, &[u8])]) -> usize {
         let source = self.udp.socket.local_addr();
         let mut remote = [(source, &[][..]); BATCH];
-        let mut wakes: [(usize, IpAddr); 2 * BATCH] = [(0, source.ip()); 2 * BATCH];
-        let (mut n_remote, mut n_wakes, mut taken) = (0, 0, 0);
+        let (mut n_remote, mut taken) = (0, 0);
         // What was held goes first, in order, as far as the rings take it.
         while let Some((dst, bytes)) = self.held.front() {
-            match self.peers.send(source, dst.ip(), bytes) {
-                Some(Sent::Full) => break,
-                Some(Sent::DeliveredWake(shard)) if n_wakes < wakes.len() => {
-                    wakes[n_wakes] = (shard, dst.ip());
-                    n_wakes += 1;
-                }
-                // Delivered, or the peer is gone (its datagrams are lost,
-                // as to a host that went away).
-                _ => {}
+            // Delivered, or the peer is gone (its datagrams are lost, as
+            // to a host that went away): either way, no longer held.
+            if self.peers.send(source, dst.ip(), bytes) == Some(Sent::Full) {
+                break;
             }
             self.held.pop_front();
             self.held_moved_at = Instant::now();
@@ -271,12 +270,7 @@ impl Datapath for SharedMemory {
                     remote[n_remote] = (dst, datagram);
                     n_remote += 1;
                 }
-                Some(Sent::Delivered) => taken += 1,
-                Some(Sent::DeliveredWake(shard)) => {
-                    taken += 1;
-                    wakes[n_wakes] = (shard, dst.ip());
-                    n_wakes += 1;
-                }
+                Some(Sent::Delivered | Sent::DeliveredRang) => taken += 1,
                 // Held behind what is held already; past the bound, lost
                 // as on a full link (and counted by the caller).
                 Some(Sent::Full) if self.held.len() < MAX_HELD => {
@@ -292,21 +286,6 @@ impl Datapath for SharedMemory {
         if n_remote > 0 {
             self.udp_busy_until = Instant::now() + UDP_BUSY;
             taken += self.udp.send(&remote[..n_remote]);
-        }
-        for &(shard, ip) in &wakes[..n_wakes] {
-            softrnic_account::one(softrnic_account::Cost::WakeDatagrams);
-            let wake = shm::wake_up(shard);
-            let packet = [(shm::wake_address(ip), &wake[..])];
-            // Lost only if the consumer's socket buffer is full: then it
-            // has work to wake for anyway.
-            match self.peers.doorbell(ip) {
-                Some(socket) => {
-                    let _ = socket.send_batch(&packet);
-                }
-                None => {
-                    self.udp.send(&packet);
-                }
-            }
         }
         taken
     }
@@ -330,6 +309,10 @@ impl Datapath for SharedMemory {
 
     fn prepare_to_sleep(&mut self) -> bool {
         self.held.is_empty() && self.inbox.prepare_to_sleep()
+    }
+
+    fn doorbell(&self) -> Option<RawFd> {
+        Some(self.inbox.doorbell())
     }
 
     fn holds_back(&self) -> bool {
@@ -365,6 +348,8 @@ impl Datapath for SharedMemory {
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
     use crate::shm::{Inbox, SLOTS, Scope};
 
@@ -407,6 +392,39 @@ mod tests {
         assert!(got == datagrams, "in order, byte for byte");
         assert!(!wire.holds_back());
         assert!(!wire.pushes_back(), "drained: the shard sends again");
+    }
+
+    /// A peer's engine thread asleep on its socket and its doorbell is
+    /// woken by the doorbell: nothing but RoCEv2 ever goes to its UDP
+    /// port 4791 (an 8-byte wake-up datagram once did, which any capture
+    /// of loopback showed as a malformed RoCEv2 packet).
+    #[test]
+    fn a_sleeping_peer_is_woken_by_its_doorbell_not_a_datagram() {
+        let (here, there): (IpAddr, IpAddr) = ("127.0.9.24".parse().unwrap(), "127.0.9.25".parse().unwrap());
+        let scope = Scope::this_netns().unwrap();
+        let own = Arc::new(Inbox::create(here, 1, scope).unwrap());
+        let mut wire = SharedMemory::new(Udp::new(Arc::new(RoceSocket::bind(here).unwrap()), None), own.ring(0));
+        let peer_socket = Arc::new(RoceSocket::bind(there).unwrap());
+        let peer_inbox = Arc::new(Inbox::create(there, 1, scope).unwrap());
+        let mut peer = SharedMemory::new(Udp::new(peer_socket.clone(), None), peer_inbox.ring(0));
+        let readable = |fd: RawFd| {
+            let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one pollfd, ours, for the length of the call.
+            unsafe { libc::poll(&mut poll, 1, 0) == 1 }
+        };
+        assert!(peer.prepare_to_sleep());
+        let doorbell = peer.doorbell().expect("a shared-memory wire has a doorbell");
+        let mut request = vec![0u8; 64];
+        request[5..8].copy_from_slice(&[0, 0, 0x11]);
+        let to = SocketAddr::new(there, softrnic_wire::ROCEV2_UDP_PORT);
+        assert_eq!(wire.send(&[(to, &request[..])]), 1);
+        assert!(readable(doorbell), "the sleeper's doorbell rang");
+        assert!(!readable(peer_socket.fd()), "and nothing reached its UDP socket");
+        peer.awake();
+        let mut got = Vec::new();
+        peer.receive(&mut |_, _, bytes| got.push(bytes.to_vec()));
+        assert_eq!(got, vec![request]);
+        assert!(!readable(doorbell), "silenced on waking");
     }
 
     /// A peer whose ring takes nothing for [`PATIENCE`] is stuck, not

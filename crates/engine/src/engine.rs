@@ -44,7 +44,7 @@ use crate::faults::{FaultConfig, FaultStats};
 use crate::progress::{self, Pass, ProgressMode};
 use crate::receive_sources::ReceiveSources;
 use crate::shard::{EngineShard, PassContext};
-use crate::shm::{self, Inbox, Scope};
+use crate::shm::{Inbox, Scope};
 use crate::socket::{BindError, RoceSocket};
 use crate::trace::Tracer;
 use softrnic_event::EventQueue;
@@ -283,9 +283,6 @@ impl Nic {
             .map(|(i, (socket, int_socket))| {
                 let shard = Shard::new(i, transport.clone(), control.memory().clone());
                 let socket = Arc::new(socket);
-                if let (0, Some(inbox)) = (i, &inbox) {
-                    shm::install_doorbell(inbox.scope(), config.addr, &socket);
-                }
                 let int_socket = int_socket.map(Arc::new);
                 let udp = Udp::new(socket.clone(), int_socket.clone());
                 let wire: Box<dyn Datapath> = match &inbox {

@@ -523,9 +523,13 @@ fn sleep(core: &Core, shard: &EngineShard, role: Role) -> Duration {
                 let _ = wait_readable(&[waker], timeout);
             }
             Role::Both | Role::Rx => {
-                // Shared-memory peers must know to ring the socket.
-                if shard.lock_wire().prepare_to_sleep() {
-                    let (fds, n) = shard.wait_fds(waker);
+                // Shared-memory peers must know to ring the doorbell.
+                let doorbell = {
+                    let mut wire = shard.lock_wire();
+                    wire.prepare_to_sleep().then(|| wire.doorbell())
+                };
+                if let Some(doorbell) = doorbell {
+                    let (fds, n) = shard.wait_fds(doorbell, waker);
                     let _ = wait_readable(&fds[..n], timeout);
                 }
                 shard.lock_wire().awake();

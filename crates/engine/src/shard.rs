@@ -183,13 +183,17 @@ impl EngineShard {
         &self.socket
     }
 
-    /// The descriptors its engine thread blocks on: the sockets', then
-    /// `waker`; and how many of them there are.
-    pub fn wait_fds(&self, waker: RawFd) -> ([RawFd; 3], usize) {
-        match &self.int_socket {
-            Some(int) => ([self.socket.fd(), int.fd(), waker], 3),
-            None => ([self.socket.fd(), waker, waker], 2),
+    /// The descriptors its engine thread blocks on: the sockets', the
+    /// wire's doorbell if it has one, then `waker`; and how many of them
+    /// there are.
+    pub fn wait_fds(&self, doorbell: Option<RawFd>, waker: RawFd) -> ([RawFd; 4], usize) {
+        let mut fds = [self.socket.fd(); 4];
+        let mut n = 1;
+        for fd in [self.int_socket.as_ref().map(|int| int.fd()), doorbell, Some(waker)].into_iter().flatten() {
+            fds[n] = fd;
+            n += 1;
         }
+        (fds, n)
     }
 
     /// The state lock.

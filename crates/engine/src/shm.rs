@@ -32,40 +32,43 @@
 //! ```
 //!
 //! A consumer that blocks says so in its ring's `sleeping` word; the
-//! producer that finds it set sends a small wake-up datagram to the
-//! consumer's UDP socket, which the shard's engine thread is blocked on.
-//! The word follows [`softrnic_ring::wakeup`]'s protocol (a fence between
-//! each side's store and its load), so that a datagram published as the
-//! consumer decides to sleep is either found by it or wakes it.
+//! producer that finds it set rings the ring's doorbell: a byte to a unix
+//! datagram socket beside the inbox (`<inbox>.bell<shard>`, in the same
+//! private directory), which the shard's engine thread is blocked on with
+//! its UDP socket. The word follows [`softrnic_ring::wakeup`]'s protocol
+//! (a fence between each side's store and its load), so that a datagram
+//! published as the consumer decides to sleep is either found by it or
+//! wakes it. Nothing but RoCEv2 goes to UDP port 4791: a capture of the
+//! host's loopback shows no wake-ups (they were 8-byte datagrams there
+//! once), and a doorbell needs no route, so it rings across the network
+//! namespaces of one softrnicd's embedded switch as well.
 //!
 //! The devices that find each other's inboxes are those of one [`Scope`]:
 //! one network namespace, or every device of one softrnicd (its embedded
-//! switch). Within a switch a wake-up goes out of the consumer's own
-//! socket to itself ([`Peers::doorbell`]), so it needs no route between
-//! the two devices' namespaces.
+//! switch).
 
 use std::fs::OpenOptions;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
 use rustc_hash::FxHashMap;
 use softrnic_transport::{DmaBuffer, MAX_DATAGRAM_LEN, shard_of};
-use softrnic_wire::ROCEV2_UDP_PORT;
 
 use softrnic_ring::mpsc::{self as ring, Head, Ring};
 use softrnic_ring::wakeup;
 
-use crate::socket::RoceSocket;
-
 const MAGIC: u64 = u64::from_le_bytes(*b"SRNICSHM");
 /// 2: the `sleeping` word is 64 bits, for the wake-up protocol.
-const VERSION: u32 = 2;
+/// 3: a sleeping consumer is woken by its ring's doorbell, not a datagram.
+const VERSION: u32 = 3;
 /// Slots per ring: a power of two.
 pub const SLOTS: u32 = 512;
 /// Bytes of a slot: its header, then the datagram.
@@ -76,11 +79,6 @@ const FILE_HEADER: usize = 64;
 /// How long a claimed slot may stay unpublished before the consumer gives
 /// up on it (its producer died or hangs); the ring must not stall.
 const ABANDONED_AFTER: Duration = Duration::from_millis(20);
-/// A wake-up datagram: shorter than any RoCEv2 packet, with the shard's
-/// number where the BTH keeps the destination QP, so the kernel's steering
-/// program hands it to that shard's socket.
-pub const WAKE_LEN: usize = 8;
-const WAKE_MARK: u8 = 0xff;
 /// How long a sender trusts what it found about a peer (no inbox, or a
 /// live device behind one) before looking again.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -175,6 +173,13 @@ impl Scope {
             Scope::Switch(pid) => dir.join(format!("switch{pid}-{addr}")),
         }
     }
+}
+
+/// Where the doorbell of shard `shard`'s ring of the inbox at `inbox` is.
+fn bell_path(inbox: &Path, shard: usize) -> PathBuf {
+    let mut path = inbox.as_os_str().to_owned();
+    path.push(format!(".bell{shard}"));
+    PathBuf::from(path)
 }
 
 /// This user's directory of inboxes, `/dev/shm/softrnic-<uid>`: created
@@ -296,6 +301,9 @@ pub struct Inbox {
     path: PathBuf,
     scope: Scope,
     mapping: Mapping,
+    /// Each ring's doorbell: what a producer rings to wake its sleeping
+    /// consumer.
+    bells: Box<[UnixDatagram]>,
     /// Held open with a shared lock for the inbox's life: a sender that
     /// can take the lock exclusively knows the device is gone (it may have
     /// crashed and left the file behind).
@@ -325,6 +333,9 @@ pub fn remove_abandoned_inboxes() -> usize {
         let abandoned = is_inbox && open_inbox(&entry.path()).is_ok_and(|file| !held(&file));
         if abandoned && std::fs::remove_file(entry.path()).is_ok() {
             removed += 1;
+            for shard in 0..crate::MAX_SHARDS {
+                let _ = std::fs::remove_file(bell_path(&entry.path(), shard));
+            }
         }
     }
     removed
@@ -367,6 +378,18 @@ impl Inbox {
         }
         let map = MmapRaw::map_raw(&file).map_err(unavailable)?;
         let mapping = Mapping::new(map, shards);
+        let bells = (0..shards)
+            .map(|shard| {
+                let bell = bell_path(&path, shard);
+                // A crashed device's bell is in the way; a live one's
+                // inbox would have refused us above.
+                let _ = std::fs::remove_file(&bell);
+                let socket = UnixDatagram::bind(&bell)?;
+                socket.set_nonblocking(true)?;
+                Ok(socket)
+            })
+            .collect::<io::Result<Box<[_]>>>()
+            .map_err(unavailable)?;
         for shard in 0..shards {
             for pos in 0..u64::from(SLOTS) {
                 mapping.word64(mapping.slot(shard, pos) + S_SEQ).store(pos, Ordering::Relaxed);
@@ -379,7 +402,7 @@ impl Inbox {
         header.slot_size.store(SLOT_SIZE as u32, Ordering::Relaxed);
         // Published last: a sender that sees the magic sees a whole inbox.
         header.magic.store(MAGIC, Ordering::Release);
-        Ok(Inbox { path, scope, mapping, _alive: file })
+        Ok(Inbox { path, scope, mapping, bells, _alive: file })
     }
 
     pub fn scope(&self) -> Scope {
@@ -397,6 +420,9 @@ impl Drop for Inbox {
         // Senders that still map it see it closed and go back to UDP.
         self.mapping.header().magic.store(0, Ordering::Release);
         let _ = std::fs::remove_file(&self.path);
+        for shard in 0..self.bells.len() {
+            let _ = std::fs::remove_file(bell_path(&self.path, shard));
+        }
     }
 }
 
@@ -478,8 +504,8 @@ impl InboxRing {
         self.stuck_since = None;
     }
 
-    /// Before blocking: asks producers for a wake-up datagram. Returns
-    /// false (and asks nothing) if a datagram arrived meanwhile.
+    /// Before blocking: asks producers to ring the doorbell. Returns false
+    /// (and asks nothing) if a datagram arrived meanwhile.
     pub fn prepare_to_sleep(&self) -> bool {
         let m = &self.inbox.mapping;
         wakeup::request(m.sleeping(self.shard), 1);
@@ -490,9 +516,20 @@ impl InboxRing {
         true
     }
 
-    /// After waking.
+    /// After waking: withdraws the request and silences the doorbell.
     pub fn awake(&self) {
         wakeup::withdraw(self.inbox.mapping.sleeping(self.shard));
+        let mut rung = [0u8; 8];
+        while self.bell().recv(&mut rung).is_ok() {}
+    }
+
+    /// What the consumer blocks on, beside its UDP socket.
+    pub fn doorbell(&self) -> RawFd {
+        self.bell().as_raw_fd()
+    }
+
+    fn bell(&self) -> &UnixDatagram {
+        &self.inbox.bells[self.shard]
     }
 }
 
@@ -524,21 +561,14 @@ fn write_source(m: &Mapping, slot: usize, source: SocketAddr) {
     m.bytes.write(slot + S_PORT, &[port[0], port[1], family, 0]);
 }
 
-/// Is this datagram a wake-up from a producer (not RoCEv2 to handle)?
-pub fn is_wake_up(datagram: &[u8]) -> bool {
-    datagram.len() == WAKE_LEN && datagram[0] == WAKE_MARK
-}
-
-/// The wake-up datagram for shard `shard`.
-pub fn wake_up(shard: usize) -> [u8; WAKE_LEN] {
-    let qpn = (shard as u32).to_be_bytes();
-    [WAKE_MARK, 0, 0, 0, 0, qpn[1], qpn[2], qpn[3]]
-}
-
 /// A peer's inbox, as a sender maps it.
 struct PeerInbox {
     mapping: Mapping,
     file: std::fs::File,
+    path: PathBuf,
+    /// A socket connected to each ring's doorbell, once first rung
+    /// (`None`: it could not be, and the bell stays silent).
+    bells: Box<[OnceLock<Option<UnixDatagram>>]>,
 }
 
 /// What a producer's attempt came to.
@@ -546,16 +576,16 @@ struct PeerInbox {
 pub enum Sent {
     /// In the ring.
     Delivered,
-    /// In the ring, and its consumer sleeps: send it a wake-up datagram
-    /// for this shard.
-    DeliveredWake(usize),
+    /// In the ring, and its consumer slept: its doorbell was rung.
+    DeliveredRang,
     /// The ring is full: dropped, as a full link drops.
     Full,
 }
 
 impl PeerInbox {
     fn open(scope: Scope, dir: &Path, addr: IpAddr) -> Option<PeerInbox> {
-        let file = open_inbox(&scope.inbox_path(dir, addr)).ok()?;
+        let path = scope.inbox_path(dir, addr);
+        let file = open_inbox(&path).ok()?;
         if !is_own_private_file(&file) {
             return None;
         }
@@ -577,7 +607,8 @@ impl PeerInbox {
             && header.slots.load(Ordering::Relaxed) == SLOTS
             && header.slot_size.load(Ordering::Relaxed) as usize == SLOT_SIZE
             && len >= file_len(shards);
-        valid.then(|| PeerInbox { mapping: Mapping { shards, ..probe }, file })
+        let bells = (0..shards).map(|_| OnceLock::new()).collect();
+        valid.then(|| PeerInbox { mapping: Mapping { shards, ..probe }, file, path, bells })
     }
 
     /// Whether its device still runs: it closed the inbox neither cleanly
@@ -613,9 +644,27 @@ impl PeerInbox {
             return Sent::Full;
         }
         if wakeup::requested(m.sleeping(shard)) != 0 && wakeup::take(m.sleeping(shard)) != 0 {
-            Sent::DeliveredWake(shard)
+            self.ring_bell(shard);
+            Sent::DeliveredRang
         } else {
             Sent::Delivered
+        }
+    }
+
+    /// Wakes the consumer of shard `shard`'s ring. A bell that will not
+    /// ring (its device going away, its socket's queue full of rings not
+    /// yet heard) needs no second: the consumer has work to wake for, or
+    /// none to miss.
+    fn ring_bell(&self, shard: usize) {
+        softrnic_account::one(softrnic_account::Cost::Doorbells);
+        let bell = self.bells[shard].get_or_init(|| {
+            let socket = UnixDatagram::unbound().ok()?;
+            socket.set_nonblocking(true).ok()?;
+            socket.connect(bell_path(&self.path, shard)).ok()?;
+            Some(socket)
+        });
+        if let Some(bell) = bell {
+            let _ = bell.send(&[1]);
         }
     }
 }
@@ -670,39 +719,6 @@ impl Peers {
     }
 }
 
-/// The doorbells of this process's switches: for each device of one, its
-/// first shard's socket, which lives in the device's own namespace. A
-/// switch is one process's, so the table is the process's.
-static DOORBELLS: LazyLock<Mutex<Doorbells>> = LazyLock::new(Default::default);
-
-/// Each device's socket, by its switch and address.
-type Doorbells = FxHashMap<(u32, IpAddr), Weak<RoceSocket>>;
-
-/// Makes `socket` the doorbell of the device on `addr` in `scope`, if the
-/// scope is a switch (within a namespace the network carries wake-ups).
-pub fn install_doorbell(scope: Scope, addr: IpAddr, socket: &Arc<RoceSocket>) {
-    if let Scope::Switch(switch) = scope {
-        let mut doorbells = DOORBELLS.lock().unwrap_or_else(|e| e.into_inner());
-        doorbells.retain(|_, socket| socket.strong_count() > 0);
-        doorbells.insert((switch, addr), Arc::downgrade(socket));
-    }
-}
-
-impl Peers {
-    /// The socket through which to wake the device on `dst` when it is a
-    /// device of this shard's switch; `None`: send it the wake-up over
-    /// the network.
-    pub fn doorbell(&self, dst: IpAddr) -> Option<Arc<RoceSocket>> {
-        let Scope::Switch(switch) = self.scope else { return None };
-        DOORBELLS.lock().unwrap_or_else(|e| e.into_inner()).get(&(switch, dst)).and_then(Weak::upgrade)
-    }
-}
-
-/// The address a wake-up goes to.
-pub fn wake_address(dst: IpAddr) -> SocketAddr {
-    SocketAddr::new(dst, ROCEV2_UDP_PORT)
-}
-
 /// What the fuzz targets drive (`fuzz/fuzz_targets/shm_inbox.rs`).
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing {
@@ -751,10 +767,17 @@ mod tests {
 
     /// Taken by the tests that leave an abandoned inbox behind on purpose,
     /// so that the sweep of one does not take the other's.
-    static ABANDONING: Mutex<()> = Mutex::new(());
+    static ABANDONING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     fn here() -> Scope {
         Scope::this_netns().unwrap()
+    }
+
+    /// Whether `fd` has something to read, without waiting.
+    fn readable(fd: RawFd) -> bool {
+        let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd, ours, for the length of the call.
+        unsafe { libc::poll(&mut poll, 1, 0) == 1 }
     }
 
     fn datagram(qpn: u32, fill: u8, len: usize) -> Vec<u8> {
@@ -864,8 +887,12 @@ mod tests {
         let source: SocketAddr = "127.0.9.5:4791".parse().unwrap();
         let mut ring = inbox.ring(0);
         assert!(ring.prepare_to_sleep());
-        assert_eq!(peers.send(source, addr, &datagram(0x11, 1, 64)), Some(Sent::DeliveredWake(0)));
+        assert!(!readable(ring.doorbell()), "silent until rung");
+        assert_eq!(peers.send(source, addr, &datagram(0x11, 1, 64)), Some(Sent::DeliveredRang));
+        assert!(readable(ring.doorbell()), "the sleeper's doorbell rang");
         assert_eq!(peers.send(source, addr, &datagram(0x11, 2, 64)), Some(Sent::Delivered), "woken once");
+        ring.awake();
+        assert!(!readable(ring.doorbell()), "silenced on waking");
         assert!(!ring.prepare_to_sleep(), "work is waiting");
         for _ in 2..SLOTS {
             assert_eq!(peers.send(source, addr, &datagram(0x11, 3, 64)), Some(Sent::Delivered));

@@ -117,10 +117,10 @@ pub fn print(account: &Account) {
         c("sleeps")
     );
     println!(
-        "   wake-ups: {:.2} eventfd writes, {:.2} eventfd reads, {:.2} wake datagrams",
+        "   wake-ups: {:.2} eventfd writes, {:.2} eventfd reads, {:.2} doorbells rung",
         c("wake_signals"),
         c("wake_reads"),
-        c("wake_datagrams")
+        c("doorbells")
     );
     let us = |name: &str| c(name) / 1000.0;
     println!(
@@ -151,11 +151,11 @@ mod tests {
     /// The account divides what was counted in its loop, and only that.
     #[test]
     fn the_account_divides_what_its_loop_counted() {
-        softrnic_account::add(Cost::WakeDatagrams, 1000);
+        softrnic_account::add(Cost::Doorbells, 1000);
         let meter = Meter::start();
-        softrnic_account::add(Cost::WakeDatagrams, 40);
+        softrnic_account::add(Cost::Doorbells, 40);
         let account = meter.per_op(20, "message");
-        assert_eq!(account.costs["wake_datagrams"], 2.0);
+        assert_eq!(account.costs["doorbells"], 2.0);
         assert_eq!(account.costs.len(), softrnic_account::COSTS);
         assert!(account.cpu_us >= 0.0);
     }
