@@ -265,11 +265,14 @@ impl Core {
         if n > 0 {
             return n;
         }
+        // One clock read for the whole poll: on a VM it costs as much as
+        // the rest of an empty pass.
+        let now = self.now();
         let mut received = 0;
         for shard in self.shards_in(feeders) {
             // A shard another thread drives is making progress already.
             if let Some(guard) = shard.try_lock_wire() {
-                received += self.drive(shard, guard, Pass::RECEIVE);
+                received += self.drive_at(shard, guard, Pass::RECEIVE, now);
             }
         }
         if received > 0 {
@@ -279,16 +282,17 @@ impl Core {
             }
         }
         for shard in self.shards_in(feeders) {
-            self.transmit_when_idle(shard);
+            self.transmit_when_idle(shard, now);
         }
         0
     }
 
-    /// The transmit pass for a poll that found nothing: at most every
-    /// [`IDLE_TRANSMIT`], so a spinning poll loop spends its time watching
-    /// the socket. Timers and deferred ACKs lose no more than that.
-    fn transmit_when_idle(&self, shard: &EngineShard) {
-        let now = self.now().as_nanos();
+    /// The transmit pass for a poll that found nothing (at `now`): at most
+    /// every [`IDLE_TRANSMIT`], so a spinning poll loop spends its time
+    /// watching the socket. Timers and deferred ACKs lose no more than
+    /// that.
+    fn transmit_when_idle(&self, shard: &EngineShard, now: Instant) {
+        let now = now.as_nanos();
         let last = shard.idle_transmit_at.load(Ordering::Relaxed);
         if now.saturating_sub(last) < IDLE_TRANSMIT.as_nanos() as u64 {
             return;

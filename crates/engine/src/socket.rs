@@ -207,11 +207,12 @@ impl RoceSocket {
         if n == 0 {
             return Ok(0);
         }
+        // Only the entries a call uses are written (most sends are one or
+        // two datagrams; zeroing every entry was 4 KiB a call).
         let mut names: [MaybeUninit<SockAddr>; BATCH] = [const { MaybeUninit::uninit() }; BATCH];
-        let mut iovecs: [libc::iovec; BATCH] = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
-        let mut controls = [[0u64; CONTROL_LEN / 8]; BATCH];
-        // SAFETY: mmsghdr is plain data; all-zero is a valid empty value.
-        let mut headers: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+        let mut iovecs: [MaybeUninit<libc::iovec>; BATCH] = [const { MaybeUninit::uninit() }; BATCH];
+        let mut controls: [MaybeUninit<[u64; CONTROL_LEN / 8]>; BATCH] = [const { MaybeUninit::uninit() }; BATCH];
+        let mut headers: [MaybeUninit<libc::mmsghdr>; BATCH] = [const { MaybeUninit::uninit() }; BATCH];
         // Datagrams in each message, to turn messages sent into datagrams.
         let mut counts = [0usize; BATCH];
         let mut messages = 0;
@@ -238,17 +239,18 @@ impl RoceSocket {
                 }
             }
             for (j, (_, bytes)) in packets[i..end].iter().enumerate() {
-                iovecs[i + j] = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
+                iovecs[i + j].write(libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() });
             }
             let name = names[messages].write(SockAddr::from(dst));
-            let h = &mut headers[messages].msg_hdr;
+            // SAFETY: mmsghdr is plain data; all-zero is a valid empty value.
+            let h = &mut headers[messages].write(unsafe { zeroed() }).msg_hdr;
             h.msg_name = name.as_ptr() as *mut _;
             h.msg_namelen = name.len();
-            h.msg_iov = &mut iovecs[i];
+            h.msg_iov = iovecs[i].as_mut_ptr();
             h.msg_iovlen = end - i;
             let segment = (end - i > 1).then_some(first.len() as u16);
             if segment.is_some() || tos.is_some() {
-                let control = &mut controls[messages];
+                let control = controls[messages].write([0; CONTROL_LEN / 8]);
                 h.msg_control = control.as_mut_ptr() as *mut _;
                 h.msg_controllen = CONTROL_LEN;
                 // SAFETY: the control buffer is CONTROL_LEN bytes, aligned
@@ -284,11 +286,13 @@ impl RoceSocket {
             messages += 1;
             i = end;
         }
-        // SAFETY: `headers[..messages]` point at live addresses, iovecs that
-        // point into `packets`, and control buffers, all of which outlive
-        // the call; the kernel only reads them.
         let timer = account::timing();
-        let sent = unsafe { libc::sendmmsg(self.fd(), headers.as_mut_ptr(), messages as u32, libc::MSG_DONTWAIT) };
+        // SAFETY: `headers[..messages]` are written, and point at live
+        // addresses, written iovecs that point into `packets`, and written
+        // control buffers, all of which outlive the call; the kernel reads
+        // only those `messages` headers and what they point at.
+        let sent =
+            unsafe { libc::sendmmsg(self.fd(), headers.as_mut_ptr().cast(), messages as u32, libc::MSG_DONTWAIT) };
         timer.stop(Cost::SendNanos);
         account::one(Cost::SendCalls);
         if sent < 0 {
@@ -327,10 +331,10 @@ impl RoceSocket {
             h.msg_control = batch.controls[i].as_mut_ptr() as *mut _;
             h.msg_controllen = CONTROL_LEN;
         }
+        let timer = account::timing();
         // SAFETY: every header points at a buffer, an address slot and a
         // control buffer of `batch` that live across the call and are as
         // long as declared.
-        let timer = account::timing();
         let n = unsafe {
             libc::recvmmsg(self.fd(), headers.as_mut_ptr(), BATCH as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
         };
