@@ -79,6 +79,13 @@ pub trait Datapath: Send {
         false
     }
 
+    /// Whether datagrams are known to wait, found without a system call
+    /// (a shared-memory ring's head); `false` where only a receive can
+    /// tell (a socket).
+    fn has_arrivals(&self) -> bool {
+        false
+    }
+
     /// Datagrams dropped on arrival for want of buffer space.
     fn receive_drops(&self) -> u64;
 
@@ -321,6 +328,10 @@ impl Datapath for SharedMemory {
 
     fn pushes_back(&self) -> bool {
         self.held.len() >= BACKLOG && self.held_moved_at.elapsed() < PATIENCE
+    }
+
+    fn has_arrivals(&self) -> bool {
+        self.inbox.has_arrivals()
     }
 
     fn awake(&mut self) {

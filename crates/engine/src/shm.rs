@@ -504,6 +504,12 @@ impl InboxRing {
         self.stuck_since = None;
     }
 
+    /// Whether a datagram waits at the head of the ring (no system call).
+    pub fn has_arrivals(&self) -> bool {
+        let ring = RingView { mapping: &self.inbox.mapping, shard: self.shard };
+        ring::peek(&ring, self.head) == Head::Ready
+    }
+
     /// Before blocking: asks producers to ring the doorbell. Returns false
     /// (and asks nothing) if a datagram arrived meanwhile.
     pub fn prepare_to_sleep(&self) -> bool {
@@ -886,6 +892,7 @@ mod tests {
         let mut peers = Peers::new(here());
         let source: SocketAddr = "127.0.9.5:4791".parse().unwrap();
         let mut ring = inbox.ring(0);
+        assert!(!ring.has_arrivals());
         assert!(ring.prepare_to_sleep());
         assert!(!readable(ring.doorbell()), "silent until rung");
         assert_eq!(peers.send(source, addr, &datagram(0x11, 1, 64)), Some(Sent::DeliveredRang));
@@ -900,8 +907,10 @@ mod tests {
         assert_eq!(peers.send(source, addr, &datagram(0x11, 4, 64)), Some(Sent::Full));
         let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
         let mut malformed = 0;
+        assert!(ring.has_arrivals());
         let n = ring.receive(usize::MAX, &mut buf, &mut malformed, &mut |_, _| {});
         assert_eq!((n, malformed), (SLOTS as usize, 0));
+        assert!(!ring.has_arrivals());
         assert_eq!(peers.send(source, addr, &datagram(0x11, 5, 64)), Some(Sent::Delivered), "room again");
     }
 
