@@ -12,7 +12,10 @@
 //!   receive, handle, poll again. A thread that spins on its CQ never pays
 //!   for waking another one (about 23 µs on a VM, against about 3 µs for a
 //!   spin). ACKs the poll produced leave with the next post (one system
-//!   call for both), or within [`IDLE_TRANSMIT`] if nothing is posted.
+//!   call for both), or within [`IDLE_TRANSMIT`] if nothing is posted. A
+//!   poll that finds completions still takes what the wire knows waits
+//!   without a system call (a shared-memory ring): the ACKs a busy program
+//!   needs must not wait for its CQ to run dry.
 //! - **An engine thread per shard** covers what the application does not
 //!   drive: one-sided operations at a target that never polls, a program
 //!   spinning on memory (`ib_write_lat`), timers. While the application
