@@ -54,9 +54,15 @@ fn roce(here: IpAddr, there: IpAddr) -> f64 {
     p50(samples)
 }
 
-fn plain(here: IpAddr, there: IpAddr) -> f64 {
+/// std's sockets, unconnected (a route looked up per send, as softrnic's
+/// shared socket must) or connected to their peer.
+fn plain(here: IpAddr, there: IpAddr, connected: bool) -> f64 {
     let a = UdpSocket::bind(SocketAddr::new(here, 0)).unwrap();
     let b = UdpSocket::bind(SocketAddr::new(there, 0)).unwrap();
+    if connected {
+        a.connect(b.local_addr().unwrap()).unwrap();
+        b.connect(a.local_addr().unwrap()).unwrap();
+    }
     a.set_nonblocking(true).unwrap();
     b.set_nonblocking(true).unwrap();
     let (to_a, to_b) = (a.local_addr().unwrap(), b.local_addr().unwrap());
@@ -67,7 +73,11 @@ fn plain(here: IpAddr, there: IpAddr) -> f64 {
             let mut buf = [0u8; 2048];
             while !stop.load(Ordering::Relaxed) {
                 if b.recv_from(&mut buf).is_ok() {
-                    b.send_to(&buf[..64], to_a).unwrap();
+                    if connected {
+                        b.send(&buf[..64]).unwrap()
+                    } else {
+                        b.send_to(&buf[..64], to_a).unwrap()
+                    };
                 }
             }
         })
@@ -76,7 +86,11 @@ fn plain(here: IpAddr, there: IpAddr) -> f64 {
     let mut samples = Vec::with_capacity(TRIPS);
     for _ in 0..TRIPS {
         let t = Instant::now();
-        a.send_to(&[0u8; 64], to_b).unwrap();
+        if connected {
+            a.send(&[0u8; 64]).unwrap()
+        } else {
+            a.send_to(&[0u8; 64], to_b).unwrap()
+        };
         while a.recv_from(&mut buf).is_err() {}
         samples.push(t.elapsed());
     }
@@ -87,10 +101,11 @@ fn plain(here: IpAddr, there: IpAddr) -> f64 {
 
 fn main() {
     let (here, there): (IpAddr, IpAddr) = ("127.0.8.40".parse().unwrap(), "127.0.8.41".parse().unwrap());
-    let (mut ours, mut std) = (Vec::new(), Vec::new());
+    let (mut ours, mut std, mut connected) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         ours.push(roce(here, there));
-        std.push(plain(here, there));
+        std.push(plain(here, there, false));
+        connected.push(plain(here, there, true));
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -100,5 +115,6 @@ fn main() {
     println!("64 B one-way p50, medians of {ROUNDS} rounds of {TRIPS} round trips:");
     println!("  RoceSocket (sendmmsg/recvmmsg, GSO/GRO, ECN): {:.2} us", median(&mut ours.clone()));
     println!("  std UdpSocket (sendto/recvfrom):               {:.2} us", median(&mut std.clone()));
+    println!("  std UdpSocket, connected (send/recvfrom):      {:.2} us", median(&mut connected.clone()));
     println!("  ratio: {:.2}x (per round: {:?})", median(&mut ratios.clone()), ratios);
 }
