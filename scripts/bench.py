@@ -365,22 +365,18 @@ def account_main(a):
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; per round trip (latency) or "
           "message (bandwidth), both ends; system calls, context switches and CPU time counted by perf stat for every "
           "program alike, as the difference between a short and a long run (set-up cancels out):\n")
-    print("| program | " + " | ".join(kinds) + " |")
-    print("| --- |" + " --- |" * len(kinds))
-    for name, rs in runs.items():
-        print(f"| {name} | " + " | ".join(f"{median([r[0][k] for r in rs]):.2f}" for k in kinds) + " |")
+    def table(columns, cell, own_only=False):
+        print("| program | " + " | ".join(columns) + " |")
+        print("| --- |" + " --- |" * len(columns))
+        for name, rs in runs.items():
+            if not own_only or rs[0][1] is not None:
+                print(f"| {name} | " + " | ".join(f"{median([cell(r, c) for r in rs]):.2f}" for c in columns) + " |")
+
+    table(kinds, lambda r, k: r[0][k])
     print("\nsoftrnic's own account (`softrnic bench --account`), the same runs:\n")
-    print("| program | " + " | ".join(own) + " |")
-    print("| --- |" + " --- |" * len(own))
-    for name, rs in runs.items():
-        if rs[0][1] is not None:
-            print(f"| {name} | " + " | ".join(f"{median([r[1]['costs'][k] for r in rs]):.2f}" for k in own) + " |")
+    table(own, lambda r, k: r[1]["costs"][k], own_only=True)
     print("\nTime in µs, from the same account:\n")
-    print("| program | " + " | ".join(timed) + " |")
-    print("| --- |" + " --- |" * len(timed))
-    for name, rs in runs.items():
-        if rs[0][1] is not None:
-            print(f"| {name} | " + " | ".join(f"{median([f(r[1]['costs']) for r in rs]) / 1000:.2f}" for f in timed.values()) + " |")
+    table(list(timed), lambda r, k: timed[k](r[1]["costs"]) / 1000, own_only=True)
     print("\nAll runs:", json.dumps({name: [r[0] for r in rs] for name, rs in runs.items()}))
 
 

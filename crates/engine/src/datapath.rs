@@ -364,15 +364,23 @@ mod tests {
     use super::*;
     use crate::shm::{Inbox, SLOTS, Scope};
 
+    /// A shared-memory wire of a device on `here` with one shard, and its
+    /// inbox.
+    fn wire_on(here: &str) -> (Arc<Inbox>, SharedMemory) {
+        let here: IpAddr = here.parse().unwrap();
+        let inbox = Arc::new(Inbox::create(here, 1, Scope::this_netns().unwrap()).unwrap());
+        let wire = SharedMemory::new(Udp::new(Arc::new(RoceSocket::bind(here).unwrap()), None), inbox.ring(0));
+        (inbox, wire)
+    }
+
     /// A burst larger than the peer's ring while the peer does not drain
     /// it: the wire takes all of it, holds what the ring refuses, and
     /// passes it on, in order, as the ring drains. Nothing is lost.
     #[test]
     fn a_full_ring_holds_datagrams_in_order_until_it_drains() {
-        let (here, there): (IpAddr, IpAddr) = ("127.0.9.20".parse().unwrap(), "127.0.9.21".parse().unwrap());
+        let (_own, mut wire) = wire_on("127.0.9.20");
+        let there: IpAddr = "127.0.9.21".parse().unwrap();
         let scope = Scope::this_netns().unwrap();
-        let own = Arc::new(Inbox::create(here, 1, scope).unwrap());
-        let mut wire = SharedMemory::new(Udp::new(Arc::new(RoceSocket::bind(here).unwrap()), None), own.ring(0));
         let peer = Arc::new(Inbox::create(there, 1, scope).unwrap());
         let mut ring = peer.ring(0);
         let to = SocketAddr::new(there, softrnic_wire::ROCEV2_UDP_PORT);
@@ -411,12 +419,10 @@ mod tests {
     /// of loopback showed as a malformed RoCEv2 packet).
     #[test]
     fn a_sleeping_peer_is_woken_by_its_doorbell_not_a_datagram() {
-        let (here, there): (IpAddr, IpAddr) = ("127.0.9.24".parse().unwrap(), "127.0.9.25".parse().unwrap());
-        let scope = Scope::this_netns().unwrap();
-        let own = Arc::new(Inbox::create(here, 1, scope).unwrap());
-        let mut wire = SharedMemory::new(Udp::new(Arc::new(RoceSocket::bind(here).unwrap()), None), own.ring(0));
+        let (_own, mut wire) = wire_on("127.0.9.24");
+        let there: IpAddr = "127.0.9.25".parse().unwrap();
         let peer_socket = Arc::new(RoceSocket::bind(there).unwrap());
-        let peer_inbox = Arc::new(Inbox::create(there, 1, scope).unwrap());
+        let peer_inbox = Arc::new(Inbox::create(there, 1, Scope::this_netns().unwrap()).unwrap());
         let mut peer = SharedMemory::new(Udp::new(peer_socket.clone(), None), peer_inbox.ring(0));
         let readable = |fd: RawFd| {
             let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
@@ -443,10 +449,9 @@ mod tests {
     /// are not stalled behind it for ever.
     #[test]
     fn a_stuck_peer_is_pushed_back_for_only_so_long() {
-        let (here, there): (IpAddr, IpAddr) = ("127.0.9.22".parse().unwrap(), "127.0.9.23".parse().unwrap());
+        let (_own, mut wire) = wire_on("127.0.9.22");
+        let there: IpAddr = "127.0.9.23".parse().unwrap();
         let scope = Scope::this_netns().unwrap();
-        let own = Arc::new(Inbox::create(here, 1, scope).unwrap());
-        let mut wire = SharedMemory::new(Udp::new(Arc::new(RoceSocket::bind(here).unwrap()), None), own.ring(0));
         let _peer = Arc::new(Inbox::create(there, 1, scope).unwrap());
         let to = SocketAddr::new(there, softrnic_wire::ROCEV2_UDP_PORT);
         let datagram = [0u8; 64];
