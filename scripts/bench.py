@@ -44,8 +44,9 @@ softrnic runs over its UDP datapath there. Other modes:
               daemon's engine) beside the engine in the process.
   --account   where the time goes: per 64 B round trip and per 64 KiB
               message, the system calls by kind, context switches and CPU
-              time of softrnic (UDP and the shared-memory wire), sockperf
-              and UCX (tcp and posix), each process counted by `perf stat`
+              time of softrnic (UDP, the shared-memory wire, and through
+              softrnicd), sockperf and UCX (tcp and posix), each process
+              counted by `perf stat`
               alike, beside softrnic's own account (`softrnic bench
               --account`: empty receives, wake-ups, bytes copied, ICRC
               bytes, locks);
@@ -221,6 +222,7 @@ SYSCALL_KINDS = {
     "receive": ["recvfrom", "recvmsg", "recvmmsg", "read", "readv"],
     "poll": ["poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait"],
     "futex": ["futex"],
+    "yield": ["sched_yield"],
 }
 PERF_EVENTS = ["raw_syscalls:sys_enter", "context-switches", "task-clock"] + [
     f"syscalls:sys_enter_{name}" for names in SYSCALL_KINDS.values() for name in names
@@ -286,20 +288,30 @@ def marginal(run, small, large):
     return per_op(diff, n2 - n1)
 
 
-def counted_softrnic(test, size, iters, extra):
+def counted_softrnic(test, size, iters, extra, daemon=False):
     """softrnic bench (both ends in one process) under perf, and its own
-    account of the measured loop."""
+    account of the measured loop; or, with `daemon`, through a softrnicd
+    of its own, both processes under perf (the account is then the
+    program's side only, and not returned)."""
     rows = []
+    softrnicd = os.path.join(os.path.dirname(SOFTRNIC), "softrnicd")
+    socket = f"/tmp/softrnicd-account-{os.getpid()}.sock"
 
     def run(n):
+        env = {**os.environ, "SOFTRNIC_DAEMON": socket if daemon else "off"}
+        served = Counted([softrnicd, "--socket", socket]) if daemon else None
+        if served:
+            time.sleep(0.5)
         with open(f"/tmp/softrnic-account-{os.getpid()}.out", "w+") as out:
-            bench = Counted([SOFTRNIC, "bench", test, "-s", str(size), "-n", str(n), "--json", "--account", *extra], out=out)
+            bench = Counted([SOFTRNIC, "bench", test, "-s", str(size), "-n", str(n), "--json", "--account", *extra],
+                            env=env, out=out)
             bench.proc.wait(timeout=300)
             out.seek(0)
             rows.append(json.loads([l for l in out.read().splitlines() if l.startswith("{")][-1]))
-        return [bench.counts()], n
+        return [bench.counts()] + ([served.stop()] if served else []), n
 
-    return marginal(run, iters // 4, iters), rows[-1]["account"]
+    counts = marginal(run, iters // 4, iters)
+    return counts, None if daemon else rows[-1]["account"]
 
 
 def counted_sockperf(size):
@@ -345,13 +357,16 @@ def account_main(a):
         for wire in ["udp", "shm"]:
             runs.setdefault(f"softrnic {wire}, 64 B send_lat", []).append(counted_softrnic("send_lat", 64, lat_n, ["--datapath", wire]))
             runs.setdefault(f"softrnic {wire}, 64 KiB write_bw", []).append(counted_softrnic("write_bw", 65536, bw_n, ["--datapath", wire]))
+        # Through softrnicd: the program and the daemon, both counted.
+        runs.setdefault("softrnic through softrnicd, 64 B send_lat", []).append(counted_softrnic("send_lat", 64, lat_n, [], daemon=True))
+        runs.setdefault("softrnic through softrnicd, 64 KiB write_bw", []).append(counted_softrnic("write_bw", 65536, bw_n, [], daemon=True))
         runs.setdefault("sockperf, 64 B ping-pong", []).append((counted_sockperf(64), None))
         for tls in ["tcp", "posix"]:
             # As many operations as take about a second each.
             lat_ops, bw_ops = (2_000_000, 400_000) if tls == "posix" else (100_000, 100_000)
             runs.setdefault(f"UCX {tls}, 64 B tag_lat", []).append((counted_ucx("tag_lat", 64, lat_ops, 15337 + run, f"{tls},self"), None))
             runs.setdefault(f"UCX {tls}, 64 KiB ucp_put_bw", []).append((counted_ucx("ucp_put_bw", 65536, bw_ops, 15437 + run, f"{tls},self"), None))
-    kinds = ["syscalls", "send", "receive", "poll", "futex", "other", "context_switches", "cpu_us"]
+    kinds = ["syscalls", "send", "receive", "poll", "futex", "yield", "other", "context_switches", "cpu_us"]
     own = ["empty_receives", "sleeps", "wake_signals", "wake_reads", "doorbells", "bytes_copied", "icrc_bytes", "locks", "locks_contended"]
     # Time (µs): in each kind of call, and softrnic's own work in the
     # passes that moved data (the pass less its calls).
