@@ -392,12 +392,18 @@ mod tests {
                 d
             })
             .collect();
+        let started = Instant::now();
         for chunk in datagrams.chunks(BATCH) {
             let packets: Vec<(SocketAddr, &[u8])> = chunk.iter().map(|d| (to, &d[..])).collect();
             assert_eq!(wire.send(&packets), chunk.len(), "taken, not dropped");
         }
         assert!(wire.holds_back(), "the ring holds {SLOTS}; the rest waits");
-        assert!(wire.pushes_back(), "{} held: the shard must send nothing new", datagrams.len() - SLOTS as usize);
+        // Unless this thread was kept off its core past the patience.
+        assert!(
+            wire.pushes_back() || started.elapsed() >= PATIENCE,
+            "{} held: the shard must send nothing new",
+            datagrams.len() - SLOTS as usize
+        );
         assert!(!wire.prepare_to_sleep(), "a wire holding datagrams must not sleep");
         let (mut got, mut buf, mut malformed) = (Vec::new(), vec![0u8; MAX_DATAGRAM_LEN], 0);
         for _ in 0..100 {
@@ -455,10 +461,11 @@ mod tests {
         let _peer = Arc::new(Inbox::create(there, 1, scope).unwrap());
         let to = SocketAddr::new(there, softrnic_wire::ROCEV2_UDP_PORT);
         let datagram = [0u8; 64];
+        let started = Instant::now();
         for _ in 0..(SLOTS as usize + BACKLOG).div_ceil(BATCH) {
             wire.send(&[(to, &datagram[..]); BATCH]);
         }
-        assert!(wire.pushes_back());
+        assert!(wire.pushes_back() || started.elapsed() >= PATIENCE);
         std::thread::sleep(PATIENCE + Duration::from_millis(5));
         wire.send(&[]);
         assert!(wire.holds_back(), "still held: the ring may yet drain");

@@ -151,11 +151,14 @@ mod tests {
     /// The account divides what was counted in its loop, and only that.
     #[test]
     fn the_account_divides_what_its_loop_counted() {
-        softrnic_account::add(Cost::Doorbells, 1000);
+        softrnic_account::add(Cost::Doorbells, 1_000_000);
         let meter = Meter::start();
         softrnic_account::add(Cost::Doorbells, 40);
         let account = meter.per_op(20, "message");
-        assert_eq!(account.costs["doorbells"], 2.0);
+        // Another test's engine may ring a doorbell meanwhile; what came
+        // before the loop must not count.
+        let each = account.costs["doorbells"];
+        assert!((2.0..3.0).contains(&each), "{each}");
         assert_eq!(account.costs.len(), softrnic_account::COSTS);
         assert!(account.cpu_us >= 0.0);
     }
