@@ -259,6 +259,7 @@ impl Datapath for SharedMemory {
         let mut remote = [(source, &[][..]); BATCH];
         let (mut n_remote, mut taken) = (0, 0);
         // What was held goes first, in order, as far as the rings take it.
+        let was_held = self.held.len();
         while let Some((dst, bytes)) = self.held.front() {
             // Delivered, or the peer is gone (its datagrams are lost, as
             // to a host that went away): either way, no longer held.
@@ -266,6 +267,8 @@ impl Datapath for SharedMemory {
                 break;
             }
             self.held.pop_front();
+        }
+        if self.held.len() < was_held {
             self.held_moved_at = Instant::now();
         }
         for &(dst, datagram) in packets.iter().take(BATCH) {
@@ -362,6 +365,7 @@ mod tests {
     use std::net::IpAddr;
 
     use super::*;
+    use crate::shm::tests::readable;
     use crate::shm::{Inbox, SLOTS, Scope};
 
     /// A shared-memory wire of a device on `here` with one shard, and its
@@ -430,11 +434,6 @@ mod tests {
         let peer_socket = Arc::new(RoceSocket::bind(there).unwrap());
         let peer_inbox = Arc::new(Inbox::create(there, 1, Scope::this_netns().unwrap()).unwrap());
         let mut peer = SharedMemory::new(Udp::new(peer_socket.clone(), None), peer_inbox.ring(0));
-        let readable = |fd: RawFd| {
-            let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: one pollfd, ours, for the length of the call.
-            unsafe { libc::poll(&mut poll, 1, 0) == 1 }
-        };
         assert!(peer.prepare_to_sleep());
         let doorbell = peer.doorbell().expect("a shared-memory wire has a doorbell");
         let mut request = vec![0u8; 64];

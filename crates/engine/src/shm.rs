@@ -584,7 +584,8 @@ pub enum Sent {
     Delivered,
     /// In the ring, and its consumer slept: its doorbell was rung.
     DeliveredRang,
-    /// The ring is full: dropped, as a full link drops.
+    /// The ring is full: nothing was written (the sender holds it, or
+    /// drops it past its bound).
     Full,
 }
 
@@ -767,7 +768,7 @@ pub mod fuzzing {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
@@ -780,7 +781,7 @@ mod tests {
     }
 
     /// Whether `fd` has something to read, without waiting.
-    fn readable(fd: RawFd) -> bool {
+    pub(crate) fn readable(fd: RawFd) -> bool {
         let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         // SAFETY: one pollfd, ours, for the length of the call.
         unsafe { libc::poll(&mut poll, 1, 0) == 1 }
