@@ -53,7 +53,8 @@ softrnic runs over its UDP datapath there. Other modes:
   --against OTHER
               this build's softrnic beside another build's (OTHER, the
               path of its softrnic binary: a change before and after),
-              64 KiB write_bw and 64 B send_lat, each round running this
+              64 KiB write_bw and 64 B send_lat over shared memory and
+              UDP, each round running this
               build twice and the other once in a shuffled order: the
               second run of this build against the first is an A/A
               control, the noise any difference must stand out from.
@@ -863,8 +864,8 @@ def against_main(a):
     if not os.access(other, os.X_OK):
         sys.exit(f"--against {a.against}: not an executable softrnic binary")
     builds = {"this": SOFTRNIC, "this again": SOFTRNIC, "other": other}
-    tests = {"64 KiB write_bw (Gb/s)": ("write_bw", 65536, "bw_avg_gbps", 1),
-             "64 B send_lat p50 (µs)": ("send_lat", 64, "p50_ns", 1e-3)}
+    tests = {f"64 KiB write_bw, {wire} (Gb/s)": ("write_bw", 65536, "bw_avg_gbps", 1, wire) for wire in ("shm", "udp")}
+    tests |= {f"64 B send_lat p50, {wire} (µs)": ("send_lat", 64, "p50_ns", 1e-3, wire) for wire in ("shm", "udp")}
     r = {(t, b): [] for t in tests for b in builds}
     order = list(builds)
     rng = random.Random(a.runs)
@@ -873,8 +874,9 @@ def against_main(a):
         print(f"round {run + 1}/{a.runs} ...", file=sys.stderr)
         rng.shuffle(order)
         for b in order:
-            for t, (test, size, key, scale) in tests.items():
-                out = sh([builds[b], "bench", test, "-s", str(size), "--json", "-n", "20000"], env=env)
+            for t, (test, size, key, scale, wire) in tests.items():
+                out = sh([builds[b], "bench", test, "-s", str(size), "--datapath", wire, "--json", "-n", "20000"],
+                         env=env)
                 if out.returncode != 0:
                     sys.exit(f"{builds[b]} bench {test}: {out.stderr.strip()}")
                 r[(t, b)].append(json.loads(out.stdout.strip().splitlines()[-1])[key] * scale)

@@ -10,15 +10,16 @@
 //!
 //! Which one a device uses is [`DatapathKind`] (`SOFTRNIC_DATAPATH`).
 
-use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use softrnic_transport::{MAX_DATAGRAM_LEN, RecvMeta};
+use softrnic_transport::{Egress, MAX_DATAGRAM_LEN, RecvMeta};
+use softrnic_wire::ROCEV2_UDP_PORT;
 
-use crate::shm::{InboxRing, Peers, Sent};
+use crate::shm::{InboxRing, NO_ICRC_PORT, Peers, Sent};
 use crate::socket::{BATCH, RecvBatch, RoceSocket};
 
 /// The most datagrams a shared-memory wire holds for full rings before it
@@ -86,6 +87,12 @@ pub trait Datapath: Send {
         false
     }
 
+    /// How datagrams to `dst` leave, which decides their ICRC: the
+    /// transport seals each as this says, just before `send` takes it.
+    fn egress(&mut self, _dst: IpAddr) -> Egress {
+        Egress::ROCEV2_PORT
+    }
+
     /// Datagrams dropped on arrival for want of buffer space.
     fn receive_drops(&self) -> u64;
 
@@ -131,11 +138,26 @@ impl DatapathKind {
     }
 }
 
-/// The shard's UDP socket, and its socket on the INT port if the device
-/// carries in-band telemetry ([`crate::int`]).
+/// The most peers a shard sends to from sockets connected to them; those
+/// beyond share the shard's own socket. Each costs a descriptor, and a
+/// program may have many shards and few descriptors to spare.
+const MAX_CONNECTED: usize = 16;
+/// The most peers whose socket a shard remembers; beyond them, peers not
+/// yet met are sent to from the shard's own socket, for good.
+const MAX_SENDERS: usize = 4096;
+
+/// The shard's UDP socket, its socket on the INT port if the device
+/// carries in-band telemetry ([`crate::int`]), and the sockets it sends
+/// from, connected to its first few peers.
 pub struct Udp {
     socket: Arc<RoceSocket>,
     int: Option<Arc<RoceSocket>>,
+    /// Which socket each peer's datagrams leave from: the one connected to
+    /// it, or `None` for the shard's own. Chosen at the first datagram to
+    /// the peer and never changed, because the ICRC of every datagram the
+    /// transport has sealed for the peer covers that socket's port.
+    senders: HashMap<IpAddr, Option<RoceSocket>>,
+    connected: usize,
     rx: Box<RecvBatch>,
     /// The kernel's drop counts of the two sockets.
     drops: [u64; 2],
@@ -147,20 +169,68 @@ pub struct Udp {
 
 impl Udp {
     pub fn new(socket: Arc<RoceSocket>, int: Option<Arc<RoceSocket>>) -> Udp {
-        Udp { socket, int, rx: Box::default(), drops: [0; 2], int_received: 0, int_malformed: 0 }
+        Udp {
+            socket,
+            int,
+            senders: HashMap::new(),
+            connected: 0,
+            rx: Box::default(),
+            drops: [0; 2],
+            int_received: 0,
+            int_malformed: 0,
+        }
+    }
+
+    /// The socket datagrams to `dst` leave from.
+    fn socket_to(&self, dst: IpAddr) -> &RoceSocket {
+        match self.senders.get(&dst) {
+            Some(Some(socket)) => socket,
+            _ => &self.socket,
+        }
+    }
+
+    /// The port datagrams to `dst` leave from, choosing their socket at
+    /// the first: one connected to `dst` while descriptors allow, else the
+    /// shard's own.
+    fn sender_port(&mut self, dst: IpAddr) -> u16 {
+        if !self.senders.contains_key(&dst) && self.senders.len() < MAX_SENDERS {
+            let socket = if self.connected < MAX_CONNECTED {
+                self.socket.connect(SocketAddr::new(dst, ROCEV2_UDP_PORT)).ok()
+            } else {
+                None
+            };
+            self.connected += usize::from(socket.is_some());
+            self.senders.insert(dst, socket);
+        }
+        self.socket_to(dst).local_addr().port()
     }
 }
 
 impl Datapath for Udp {
+    /// Sends each run of datagrams that leave from one socket with one
+    /// call (a run is usually the whole batch: a shard talks to few peers
+    /// at a time).
     fn send(&mut self, packets: &[(SocketAddr, &[u8])]) -> usize {
         let mut sent = 0;
         while sent < packets.len() {
-            match self.socket.send_batch(&packets[sent..]) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => sent += n,
+            let socket = self.socket_to(packets[sent].0.ip());
+            let run =
+                packets[sent..].iter().take_while(|(dst, _)| std::ptr::eq(self.socket_to(dst.ip()), socket)).count();
+            let end = sent + run;
+            while sent < end {
+                match socket.send_batch(&packets[sent..end]) {
+                    Ok(0) | Err(_) => return sent,
+                    Ok(n) => sent += n,
+                }
             }
         }
         sent
+    }
+
+    /// From a socket connected to `dst` (its port is the peer's for good:
+    /// every ICRC sealed for the peer covers it).
+    fn egress(&mut self, dst: IpAddr) -> Egress {
+        Egress::Udp { source_port: self.sender_port(dst) }
     }
 
     fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize {
@@ -171,7 +241,7 @@ impl Datapath for Udp {
         let mut delivered = 0;
         for i in 0..n {
             if let Some((from, tos, bytes)) = self.rx.get(i) {
-                deliver(from, RecvMeta { ce: tos.ce(), int: None }, bytes);
+                deliver(from, RecvMeta { ce: tos.ce(), ..RecvMeta::default() }, bytes);
                 delivered += 1;
             }
         }
@@ -185,7 +255,7 @@ impl Datapath for Udp {
             self.int_received += 1;
             match crate::int::unwrap(datagram) {
                 Some((records, bytes)) => {
-                    deliver(from, RecvMeta { ce: tos.ce(), int: Some(records) }, bytes);
+                    deliver(from, RecvMeta { ce: tos.ce(), int: Some(records), ..RecvMeta::default() }, bytes);
                     delivered += 1;
                 }
                 None => self.int_malformed += 1,
@@ -235,6 +305,9 @@ pub struct SharedMemory {
     udp_busy_until: Instant,
     /// When an idle socket is next looked at.
     udp_next_look: Instant,
+    /// Datagrams to rings carry an ICRC too: set where faults are injected
+    /// (a corrupted datagram must fail a check somewhere).
+    seals: bool,
 }
 
 impl SharedMemory {
@@ -249,17 +322,31 @@ impl SharedMemory {
             held_moved_at: Instant::now(),
             udp_busy_until: Instant::now(),
             udp_next_look: Instant::now(),
+            seals: false,
         }
+    }
+
+    /// Seals datagrams to rings with an ICRC (`true` where faults are
+    /// injected), as over UDP.
+    pub fn sealing(self, seals: bool) -> SharedMemory {
+        SharedMemory { seals, ..self }
+    }
+
+    /// What ring entries name as their source: the shard's socket, or the
+    /// port that says no ICRC was computed.
+    fn ring_source(&self) -> SocketAddr {
+        let port = if self.seals { ROCEV2_UDP_PORT } else { NO_ICRC_PORT };
+        SocketAddr::new(self.udp.socket.local_addr().ip(), port)
     }
 }
 
 impl Datapath for SharedMemory {
     fn send(&mut self, packets: &[(SocketAddr, &[u8])]) -> usize {
-        let source = self.udp.socket.local_addr();
-        let mut remote = [(source, &[][..]); BATCH];
+        let mut remote = [(self.udp.socket.local_addr(), &[][..]); BATCH];
         let (mut n_remote, mut taken) = (0, 0);
         // What was held goes first, in order, as far as the rings take it.
         let was_held = self.held.len();
+        let source = self.ring_source();
         while let Some((dst, bytes)) = self.held.front() {
             // Delivered, or the peer is gone (its datagrams are lost, as
             // to a host that went away): either way, no longer held.
@@ -303,7 +390,7 @@ impl Datapath for SharedMemory {
     fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize {
         // The ring crosses no switch: nothing marks it.
         let from_ring = self.inbox.receive(BATCH, &mut self.buf, &mut self.malformed, &mut |from, bytes| {
-            deliver(from, RecvMeta::default(), bytes)
+            deliver(from, RecvMeta { same_host: from.port() == NO_ICRC_PORT, ..RecvMeta::default() }, bytes)
         });
         let now = Instant::now();
         if now >= self.udp_busy_until && now < self.udp_next_look {
@@ -315,6 +402,16 @@ impl Datapath for SharedMemory {
             self.udp_busy_until = now + UDP_BUSY;
         }
         from_ring + from_socket
+    }
+
+    /// Devices on this host are reached through their ring, with no ICRC
+    /// (unless faults are injected); the rest over UDP.
+    fn egress(&mut self, dst: IpAddr) -> Egress {
+        match self.peers.is_local(dst) {
+            true if self.seals => Egress::ROCEV2_PORT,
+            true => Egress::SameHost,
+            false => self.udp.egress(dst),
+        }
     }
 
     fn prepare_to_sleep(&mut self) -> bool {
@@ -469,5 +566,69 @@ mod tests {
         wire.send(&[]);
         assert!(wire.holds_back(), "still held: the ring may yet drain");
         assert!(!wire.pushes_back(), "but the shard may send to others again");
+    }
+
+    /// Datagrams to a peer leave from a socket connected to it, on a port
+    /// of its own that stays the peer's (every ICRC sealed for it covers
+    /// that port), and arrive from that port.
+    #[test]
+    fn a_peer_is_sent_to_from_one_socket_connected_to_it() {
+        let here: IpAddr = "127.0.9.31".parse().unwrap();
+        let there: IpAddr = "127.0.9.32".parse().unwrap();
+        let peer = RoceSocket::bind(there).unwrap();
+        let mut wire = Udp::new(Arc::new(RoceSocket::bind(here).unwrap()), None);
+        let Egress::Udp { source_port: port } = wire.egress(there) else { panic!("over UDP") };
+        assert_ne!(port, ROCEV2_UDP_PORT, "a socket of its own");
+        assert_eq!(wire.egress(there), Egress::Udp { source_port: port }, "the same for every datagram");
+        let to = SocketAddr::new(there, ROCEV2_UDP_PORT);
+        assert_eq!(wire.send(&[(to, &b"first"[..]), (to, &b"second"[..])]), 2);
+        let mut batch = RecvBatch::default();
+        let mut from = Vec::new();
+        for _ in 0..1000 {
+            let n = peer.recv_batch(&mut batch).unwrap();
+            from.extend((0..n).map(|i| batch.get(i).map(|(from, _, bytes)| (from, bytes.to_vec())).unwrap()));
+            if from.len() == 2 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let source = SocketAddr::new(here, port);
+        assert_eq!(from, [(source, b"first".to_vec()), (source, b"second".to_vec())]);
+    }
+
+    /// Descriptors are spent on the first few peers only; the rest share
+    /// the shard's own socket, and keep it.
+    #[test]
+    fn only_the_first_peers_get_sockets_of_their_own() {
+        let mut wire = Udp::new(Arc::new(RoceSocket::bind("127.0.9.33".parse().unwrap()).unwrap()), None);
+        let peers: Vec<IpAddr> = (1..=MAX_CONNECTED as u8 + 2).map(|i| IpAddr::from([127, 0, 10, i])).collect();
+        let ports: Vec<u16> = peers.iter().map(|&peer| wire.sender_port(peer)).collect();
+        assert!(ports[..MAX_CONNECTED].iter().all(|&port| port != ROCEV2_UDP_PORT));
+        assert!(ports[MAX_CONNECTED..].iter().all(|&port| port == ROCEV2_UDP_PORT));
+        let again: Vec<u16> = peers.iter().map(|&peer| wire.sender_port(peer)).collect();
+        assert_eq!(again, ports);
+    }
+
+    /// Over shared memory a device on this host is reached through its
+    /// ring with no ICRC, and its datagrams arrive saying so; with faults
+    /// injected the ring's datagrams are sealed as UDP's are. A peer met
+    /// over UDP is sent to from a connected socket.
+    #[test]
+    fn devices_on_this_host_are_reached_without_an_icrc() {
+        let (_here, mut wire) = wire_on("127.0.9.34");
+        let (_there_inbox, mut there) = wire_on("127.0.9.35");
+        let peer: IpAddr = "127.0.9.35".parse().unwrap();
+        assert_eq!(wire.egress(peer), Egress::SameHost);
+        assert!(
+            matches!(wire.egress("127.0.9.36".parse().unwrap()), Egress::Udp { source_port } if source_port != ROCEV2_UDP_PORT)
+        );
+        let to = SocketAddr::new(peer, ROCEV2_UDP_PORT);
+        assert_eq!(wire.send(&[(to, &b"unsealed"[..])]), 1);
+        let mut wire = wire.sealing(true);
+        assert_eq!(wire.egress(peer), Egress::ROCEV2_PORT);
+        assert_eq!(wire.send(&[(to, &b"sealed"[..])]), 1);
+        let mut got = Vec::new();
+        there.receive(&mut |from, meta, bytes| got.push((from.port(), meta.same_host, bytes.to_vec())));
+        assert_eq!(got, [(NO_ICRC_PORT, true, b"unsealed".to_vec()), (ROCEV2_UDP_PORT, false, b"sealed".to_vec())]);
     }
 }

@@ -286,7 +286,7 @@ impl Nic {
                 let int_socket = int_socket.map(Arc::new);
                 let udp = Udp::new(socket.clone(), int_socket.clone());
                 let wire: Box<dyn Datapath> = match &inbox {
-                    Some(inbox) => Box::new(SharedMemory::new(udp, inbox.ring(i))),
+                    Some(inbox) => Box::new(SharedMemory::new(udp, inbox.ring(i)).sealing(!config.faults.is_none())),
                     None => Box::new(udp),
                 };
                 EngineShard::new(i, shard, (socket, int_socket), wire, config.faults, config.fault_seed)

@@ -8,6 +8,8 @@
 
 use std::net::SocketAddr;
 
+use softrnic_transport::RecvMeta;
+
 /// Probabilities, from 0 to 1, applied in each direction.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct FaultConfig {
@@ -49,13 +51,17 @@ impl std::ops::AddAssign for FaultStats {
     }
 }
 
+/// A datagram that came through the faults: its peer, what the network
+/// said of it (on receipt), and its bytes.
+pub type Faulty = (SocketAddr, RecvMeta, Vec<u8>);
+
 /// Applies a [`FaultConfig`] to a stream of datagrams.
 #[derive(Debug)]
 pub struct FaultInjector {
     config: FaultConfig,
     rng: fastrand::Rng,
     /// A datagram held back, released after the next one.
-    held: Option<(SocketAddr, Vec<u8>)>,
+    held: Option<Faulty>,
     pub stats: FaultStats,
 }
 
@@ -66,34 +72,40 @@ impl FaultInjector {
 
     /// Passes one datagram through the faults; what survives (zero to three
     /// datagrams, counting a released held one) is appended to `out`.
-    pub fn apply(&mut self, peer: SocketAddr, bytes: &[u8], out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+    ///
+    /// A corrupted datagram loses [`RecvMeta::same_host`]: one that came
+    /// without an ICRC (from a ring) now meets the check it was spared, and
+    /// fails it, as a datagram corrupted on a wire fails its ICRC.
+    pub fn apply(&mut self, peer: SocketAddr, meta: RecvMeta, bytes: &[u8], out: &mut Vec<Faulty>) {
         if self.rng.f64() < self.config.loss {
             self.stats.dropped += 1;
             return;
         }
         let mut bytes = bytes.to_vec();
+        let mut meta = meta;
         if !bytes.is_empty() && self.rng.f64() < self.config.corrupt {
             self.stats.corrupted += 1;
             let at = self.rng.usize(..bytes.len());
             bytes[at] ^= 1 << self.rng.u8(..8);
+            meta.same_host = false;
         }
         if self.rng.f64() < self.config.duplicate {
             self.stats.duplicated += 1;
-            out.push((peer, bytes.clone()));
+            out.push((peer, meta, bytes.clone()));
         }
         if self.held.is_none() && self.rng.f64() < self.config.reorder {
             self.stats.reordered += 1;
-            self.held = Some((peer, bytes));
+            self.held = Some((peer, meta, bytes));
             return;
         }
-        out.push((peer, bytes));
+        out.push((peer, meta, bytes));
         if let Some(held) = self.held.take() {
             out.push(held);
         }
     }
 
     /// Releases a held datagram (when traffic pauses, nothing would).
-    pub fn release(&mut self, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+    pub fn release(&mut self, out: &mut Vec<Faulty>) {
         if let Some(held) = self.held.take() {
             out.push(held);
         }
@@ -113,9 +125,9 @@ mod tests {
         let mut f = FaultInjector::new(FaultConfig::default(), 1);
         let mut out = Vec::new();
         for i in 0..100u8 {
-            f.apply(peer(), &[i], &mut out);
+            f.apply(peer(), RecvMeta::default(), &[i], &mut out);
         }
-        assert_eq!(out.iter().map(|(_, b)| b[0]).collect::<Vec<_>>(), (0..100).collect::<Vec<_>>());
+        assert_eq!(out.iter().map(|(_, _, b)| b[0]).collect::<Vec<_>>(), (0..100).collect::<Vec<_>>());
     }
 
     #[test]
@@ -124,7 +136,7 @@ mod tests {
         let mut f = FaultInjector::new(config, 7);
         let mut out = Vec::new();
         for _ in 0..10_000 {
-            f.apply(peer(), &[0u8; 16], &mut out);
+            f.apply(peer(), RecvMeta::default(), &[0u8; 16], &mut out);
         }
         f.release(&mut out);
         let s = f.stats;

@@ -56,7 +56,7 @@ struct Scratch {
     tx: Vec<Box<[u8]>>,
     /// Each datagram's destination and where it lies in its buffer.
     tx_meta: Vec<(SocketAddr, std::ops::Range<usize>)>,
-    faulty: Vec<(SocketAddr, Vec<u8>)>,
+    faulty: Vec<crate::faults::Faulty>,
     told: Vec<u32>,
 }
 
@@ -297,15 +297,22 @@ impl EngineShard {
                 scratch.faulty.clear();
                 // Injected faults (a test tool) copy datagrams about and
                 // keep no ECN mark: what they deliver arrives unmarked.
-                let n = wire.receive(&mut |from, _, bytes| faults.rx.apply(from, bytes, &mut scratch.faulty));
+                let n = wire.receive(&mut |from, meta, bytes| {
+                    faults.rx.apply(
+                        from,
+                        RecvMeta { same_host: meta.same_host, ..RecvMeta::default() },
+                        bytes,
+                        &mut scratch.faulty,
+                    )
+                });
                 if n == 0 {
                     // A datagram held back for reordering is delivered
                     // once traffic pauses, or it would never arrive.
                     faults.rx.release(&mut scratch.faulty);
                     released = scratch.faulty.len();
                 }
-                for (from, bytes) in &scratch.faulty {
-                    handle(state, *from, RecvMeta::default(), bytes);
+                for (from, meta, bytes) in &scratch.faulty {
+                    handle(state, *from, *meta, bytes);
                 }
                 n
             };
@@ -364,7 +371,8 @@ impl EngineShard {
                         state = self.lock();
                     }
                     let frame = &mut scratch.tx[slot];
-                    match state.transport.poll_transmit(pass.now, &mut frame[crate::int::HEADROOM..]) {
+                    let frame_at = &mut frame[crate::int::HEADROOM..];
+                    match state.transport.poll_transmit_from(pass.now, frame_at, &mut |dst| wire.egress(dst)) {
                         Some(t) => {
                             let (port, at) = crate::int::wrap(t.int, frame, t.len);
                             scratch.tx_meta.push((SocketAddr::new(t.dst, port), at));
@@ -377,7 +385,7 @@ impl EngineShard {
                 if let Some(faults) = faults {
                     scratch.faulty.clear();
                     for (i, (dst, at)) in scratch.tx_meta.iter().enumerate() {
-                        faults.tx.apply(*dst, &scratch.tx[i][at.clone()], &mut scratch.faulty);
+                        faults.tx.apply(*dst, RecvMeta::default(), &scratch.tx[i][at.clone()], &mut scratch.faulty);
                     }
                     if count == 0 {
                         // A datagram held back for reordering goes out
@@ -389,7 +397,7 @@ impl EngineShard {
                 drop(state);
                 if self.injects_faults {
                     let mut packets: Vec<(SocketAddr, &[u8])> =
-                        scratch.faulty.iter().map(|(a, b)| (*a, &b[..])).collect();
+                        scratch.faulty.iter().map(|(a, _, b)| (*a, &b[..])).collect();
                     send_all(wire, &mut packets, pass);
                 } else {
                     let mut packets = [(SocketAddr::new(self.socket.local_addr().ip(), 0), &[][..]); BATCH];

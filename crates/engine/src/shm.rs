@@ -68,7 +68,12 @@ use softrnic_ring::wakeup;
 const MAGIC: u64 = u64::from_le_bytes(*b"SRNICSHM");
 /// 2: the `sleeping` word is 64 bits, for the wake-up protocol.
 /// 3: a sleeping consumer is woken by its ring's doorbell, not a datagram.
-const VERSION: u32 = 3;
+/// 4: an entry from port [`NO_ICRC_PORT`] carries no ICRC.
+const VERSION: u32 = 4;
+/// The source port of an entry whose datagram carries no ICRC
+/// ([`softrnic_transport::Egress::SameHost`]): 0, which no UDP datagram
+/// comes from.
+pub const NO_ICRC_PORT: u16 = 0;
 /// Slots per ring: a power of two.
 pub const SLOTS: u32 = 512;
 /// Bytes of a slot: its header, then the datagram.
@@ -703,26 +708,35 @@ impl Peers {
     /// Sends `datagram` from `source` to `dst` through shared memory if
     /// `dst` is a device on this host; `None` if it is not.
     pub fn send(&mut self, source: SocketAddr, dst: IpAddr, datagram: &[u8]) -> Option<Sent> {
+        Some(self.inbox(dst)?.push(source, datagram))
+    }
+
+    /// Whether `dst` is a device on this host (in this scope).
+    pub fn is_local(&mut self, dst: IpAddr) -> bool {
+        self.inbox(dst).is_some()
+    }
+
+    /// `dst`'s inbox, if it is a device on this host.
+    fn inbox(&mut self, dst: IpAddr) -> Option<Arc<PeerInbox>> {
         let live = match self.known.get_mut(&dst) {
             Some(Peer::Local(inbox, checked_at)) => inbox.open_still(checked_at).then(|| inbox.clone()),
             Some(Peer::Remote(at)) if at.elapsed() < RECHECK => return None,
             _ => None,
         };
-        let peer = match live {
-            Some(inbox) => inbox,
-            None => match self.dir.as_deref().and_then(|dir| PeerInbox::open(self.scope, dir, dst)) {
-                Some(inbox) => {
-                    let inbox = Arc::new(inbox);
-                    self.known.insert(dst, Peer::Local(inbox.clone(), Instant::now()));
-                    inbox
-                }
-                None => {
-                    self.known.insert(dst, Peer::Remote(Instant::now()));
-                    return None;
-                }
-            },
-        };
-        Some(peer.push(source, datagram))
+        if live.is_some() {
+            return live;
+        }
+        match self.dir.as_deref().and_then(|dir| PeerInbox::open(self.scope, dir, dst)) {
+            Some(inbox) => {
+                let inbox = Arc::new(inbox);
+                self.known.insert(dst, Peer::Local(inbox.clone(), Instant::now()));
+                Some(inbox)
+            }
+            None => {
+                self.known.insert(dst, Peer::Remote(Instant::now()));
+                None
+            }
+        }
     }
 }
 

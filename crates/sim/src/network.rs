@@ -54,7 +54,7 @@ impl InFlight {
             IntMark::Collect => (Some(IntRecords::default()), true),
             IntMark::Echo(records) => (Some(records), false),
         };
-        InFlight { from, to, bytes, meta: RecvMeta { ce: false, int: records }, stamp }
+        InFlight { from, to, bytes, meta: RecvMeta { int: records, ..RecvMeta::default() }, stamp }
     }
 }
 

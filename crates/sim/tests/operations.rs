@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use softrnic_sim::Faults;
 use softrnic_sim::harness::{IOVA, Pair, PairOptions, QKEY, connect_rc, first_psn};
 use softrnic_transport::{
-    MAX_DATAGRAM_LEN, Payload, Posted, Psn, QpAttr, QpState, QpType, ReceivesWanted, RecvMeta, RecvWorkRequest,
+    Egress, MAX_DATAGRAM_LEN, Payload, Posted, Psn, QpAttr, QpState, QpType, ReceivesWanted, RecvMeta, RecvWorkRequest,
     RemoteAddr, SendOp, SendWorkRequest, UdDestination, WcOpcode, WcStatus,
 };
 
@@ -38,6 +38,31 @@ fn send_lands_in_the_posted_receive() {
     assert_eq!(received[0].imm_data, Some(0xabcd));
     assert_eq!(bytes(&pair, 1, 8192, 3000), data);
     assert_eq!(bytes(&pair, 1, 8192 + 3000, 16), vec![0; 16], "bytes past the message are untouched");
+}
+
+/// A datagram that leaves on a same-host path carries no ICRC: delivered
+/// as such (as a ring delivers it) it lands; the same bytes claiming to
+/// have crossed UDP fail the check, as a forgery or a corruption would.
+#[test]
+fn a_same_host_datagram_carries_no_icrc_and_is_checked_for_none() {
+    let mut pair = Pair::new(PairOptions::default());
+    let data = pattern(2000, 9);
+    pair.a.buffer.write(0, &data);
+    pair.post_recv(1, 78, 8192, 4096);
+    pair.post(0, 2, SendOp::Send { imm: None }, pair.a.gather(0, 2000));
+    let (now, from) = (pair.world.now, pair.world.hosts[0].addr);
+    let mut buf = vec![0; MAX_DATAGRAM_LEN];
+    let t = pair.world.device(0).poll_transmit_from(now, &mut buf, &mut |_| Egress::SameHost).expect("the SEND");
+    let datagram = buf[..t.len].to_vec();
+    assert_eq!(datagram[t.len - 4..], [0; 4], "no ICRC computed");
+    let receiver = pair.world.device(1);
+    receiver.handle_datagram(now, from, RecvMeta::default(), &datagram);
+    assert_eq!(receiver.counters().rx_icrc_errors, 1, "over UDP it would fail its check");
+    receiver.handle_datagram(now, from, RecvMeta { same_host: true, ..RecvMeta::default() }, &datagram);
+    assert_eq!(receiver.counters().rx_icrc_errors, 1);
+    let received = pair.wait(1, 1);
+    assert_eq!((received[0].wr_id, received[0].status, received[0].byte_len), (78, WcStatus::Success, 2000));
+    assert_eq!(bytes(&pair, 1, 8192, 2000), data);
 }
 
 #[test]

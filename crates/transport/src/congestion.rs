@@ -192,6 +192,9 @@ pub struct RecvMeta {
     /// The datagram came with an INT header: fresh records (a request
     /// whose path the switches stamped), or an echo of them (an answer).
     pub int: Option<IntRecords>,
+    /// It came over a path within this host that carries no ICRC
+    /// ([`crate::Egress::SameHost`]): none is checked.
+    pub same_host: bool,
 }
 
 /// What a datagram to send carries beside its bytes.

@@ -208,6 +208,17 @@ impl Device {
         self.shard.poll_transmit(now, buf)
     }
 
+    /// As [`Device::poll_transmit`], leaving as `egress` says
+    /// ([`Shard::poll_transmit_from`]).
+    pub fn poll_transmit_from(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        egress: &mut dyn FnMut(std::net::IpAddr) -> crate::Egress,
+    ) -> Option<Transmit> {
+        self.shard.poll_transmit_from(now, buf, egress)
+    }
+
     /// When [`Device::handle_timeout`] should next run.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         self.shard.poll_timeout()

@@ -44,7 +44,7 @@ pub use qp::{
     Mtu, PostQueues, Posted, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Retransmission,
     SendPoster, Transmit, check_recv, check_send, ud_steps,
 };
-pub use shard::{MAX_DATAGRAM_LEN, Shard, dest_qpn, shard_of};
+pub use shard::{Egress, MAX_DATAGRAM_LEN, Shard, dest_qpn, shard_of};
 pub use smallvec::smallvec;
 pub use softrnic_cc as cc;
 pub use softrnic_wire::Psn;

@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use softrnic_wire::icrc::UdpFlow;
+use softrnic_wire::packet::ICRC_LEN;
 use softrnic_wire::packet::PacketRepr;
 use softrnic_wire::{DEFAULT_PKEY, Opcode, ROCEV2_UDP_PORT, cnp};
 
@@ -40,6 +41,24 @@ use crate::memory::MemoryTable;
 use crate::qp::{Ctx, QpAttr, QpType, QueuePair, Transmit};
 use crate::time::Instant;
 use crate::work_request::{RecvWorkRequest, SendWorkRequest};
+
+/// How a datagram leaves the device for a peer, which decides its ICRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Egress {
+    /// Over UDP from this source port. RoCEv2 lets the source port be any
+    /// (NICs draw it per flow, for ECMP), and the ICRC covers it.
+    Udp { source_port: u16 },
+    /// On a path within this host that no switch, fault or capture sees (a
+    /// shared-memory ring): no ICRC is computed, as Linux computes no
+    /// checksum on loopback, and its receiver checks none
+    /// ([`RecvMeta::same_host`]).
+    SameHost,
+}
+
+impl Egress {
+    /// UDP from port 4791, as a device with one socket sends.
+    pub const ROCEV2_PORT: Egress = Egress::Udp { source_port: ROCEV2_UDP_PORT };
+}
 
 /// Bytes a datagram buffer passed to [`Shard::poll_transmit`] must hold:
 /// a 4096-byte payload and the largest set of headers, pad and ICRC.
@@ -276,7 +295,7 @@ impl Shard {
         self.counters.rx_bytes += datagram.len() as u64;
         let flow =
             UdpFlow { src: from.ip(), dst: self.config.local_addr, src_port: from.port(), dst_port: ROCEV2_UDP_PORT };
-        if flow.verify(datagram).is_err() {
+        if !meta.same_host && flow.verify(datagram).is_err() {
             self.counters.rx_icrc_errors += 1;
             return;
         }
@@ -420,10 +439,23 @@ impl Shard {
     }
 
     /// Writes the next datagram to send into `buf` (at least
-    /// [`MAX_DATAGRAM_LEN`] bytes), ICRC included.
+    /// [`MAX_DATAGRAM_LEN`] bytes), ICRC included, to leave from UDP port
+    /// 4791.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        self.poll_transmit_from(now, buf, &mut |_| Egress::ROCEV2_PORT)
+    }
+
+    /// As [`Shard::poll_transmit`], for a datagram that leaves the way
+    /// `egress(destination)` says: the datapath that owns the sockets and
+    /// rings knows, and the ICRC depends on it.
+    pub fn poll_transmit_from(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        egress: &mut dyn FnMut(IpAddr) -> Egress,
+    ) -> Option<Transmit> {
         assert!(buf.len() >= MAX_DATAGRAM_LEN, "datagram buffer too small");
-        if let Some(cnp) = self.poll_cnp(buf) {
+        if let Some(cnp) = self.poll_cnp(buf, egress) {
             return Some(cnp);
         }
         while let Some(qpn) = self.ready.pop_front() {
@@ -453,13 +485,7 @@ impl Shard {
                 self.loop_back(now, qpn, &buf[..t.len]);
                 continue;
             }
-            let flow = UdpFlow {
-                src: self.config.local_addr,
-                dst: t.dst,
-                src_port: ROCEV2_UDP_PORT,
-                dst_port: ROCEV2_UDP_PORT,
-            };
-            if flow.seal(&mut buf[..t.len]).is_err() {
+            if self.seal(&mut buf[..t.len], t.dst, egress).is_err() {
                 // Address families differ: nothing can carry it.
                 self.counters.rx_dropped_foreign += 1;
                 continue;
@@ -480,14 +506,12 @@ impl Shard {
     }
 
     /// Builds the next CNP the notification point owes.
-    fn poll_cnp(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+    fn poll_cnp(&mut self, buf: &mut [u8], egress: &mut dyn FnMut(IpAddr) -> Egress) -> Option<Transmit> {
         while let Some((dst, dest_qpn)) = self.cnps.pop_front() {
             let Ok(len) = cnp::headers(dest_qpn, DEFAULT_PKEY).emit_packet(buf, &[]) else {
                 continue;
             };
-            let flow =
-                UdpFlow { src: self.config.local_addr, dst, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT };
-            if flow.seal(&mut buf[..len]).is_err() {
+            if self.seal(&mut buf[..len], dst, egress).is_err() {
                 continue;
             }
             self.counters.cnps_sent += 1;
@@ -496,6 +520,27 @@ impl Shard {
             return Some(Transmit { dscp: self.config.congestion.cnp_dscp, ..Transmit::new(dst, len) });
         }
         None
+    }
+
+    /// Writes the ICRC of a datagram to `dst` as it will leave: over UDP,
+    /// covering its ports; on a same-host path, none (zeros).
+    fn seal(
+        &self,
+        datagram: &mut [u8],
+        dst: IpAddr,
+        egress: &mut dyn FnMut(IpAddr) -> Egress,
+    ) -> std::result::Result<(), softrnic_wire::Error> {
+        match egress(dst) {
+            Egress::Udp { source_port } => {
+                UdpFlow { src: self.config.local_addr, dst, src_port: source_port, dst_port: ROCEV2_UDP_PORT }
+                    .seal(datagram)
+            }
+            Egress::SameHost => {
+                let body = datagram.len().checked_sub(ICRC_LEN).ok_or(softrnic_wire::Error::Truncated)?;
+                datagram[body..].fill(0);
+                Ok(())
+            }
+        }
     }
 
     /// Whether any QP may have something to send.
