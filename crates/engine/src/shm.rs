@@ -695,7 +695,7 @@ pub struct Peers {
 
 enum Peer {
     /// Its inbox, and when the device behind it was last seen alive.
-    Local(Arc<PeerInbox>, Instant),
+    Local(PeerInbox, Instant),
     /// No inbox when last looked.
     Remote(Instant),
 }
@@ -716,26 +716,25 @@ impl Peers {
         self.inbox(dst).is_some()
     }
 
-    /// `dst`'s inbox, if it is a device on this host.
-    fn inbox(&mut self, dst: IpAddr) -> Option<Arc<PeerInbox>> {
-        let live = match self.known.get_mut(&dst) {
-            Some(Peer::Local(inbox, checked_at)) => inbox.open_still(checked_at).then(|| inbox.clone()),
-            Some(Peer::Remote(at)) if at.elapsed() < RECHECK => return None,
-            _ => None,
+    /// `dst`'s inbox, if it is a device on this host (looked for again
+    /// once what was found is stale).
+    fn inbox(&mut self, dst: IpAddr) -> Option<&PeerInbox> {
+        let stale = match self.known.get_mut(&dst) {
+            Some(Peer::Local(inbox, checked_at)) => !inbox.open_still(checked_at),
+            Some(Peer::Remote(at)) => at.elapsed() >= RECHECK,
+            None => true,
         };
-        if live.is_some() {
-            return live;
+        if stale {
+            let found = self.dir.as_deref().and_then(|dir| PeerInbox::open(self.scope, dir, dst));
+            let peer = match found {
+                Some(inbox) => Peer::Local(inbox, Instant::now()),
+                None => Peer::Remote(Instant::now()),
+            };
+            self.known.insert(dst, peer);
         }
-        match self.dir.as_deref().and_then(|dir| PeerInbox::open(self.scope, dir, dst)) {
-            Some(inbox) => {
-                let inbox = Arc::new(inbox);
-                self.known.insert(dst, Peer::Local(inbox.clone(), Instant::now()));
-                Some(inbox)
-            }
-            None => {
-                self.known.insert(dst, Peer::Remote(Instant::now()));
-                None
-            }
+        match self.known.get(&dst) {
+            Some(Peer::Local(inbox, _)) => Some(inbox),
+            _ => None,
         }
     }
 }
