@@ -14,7 +14,8 @@ use softrnic_wire::cm::{self, CLASS_VERSION, Message};
 use softrnic_wire::mad::{self, MAD_DATA_LEN, MAD_LEN};
 
 const SERVICE: u64 = 0x0106_4e21;
-const PEERS: [IpAddr; 2] = [IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2)), IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 3))];
+const PEERS: [IpAddr; 2] =
+    [IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2)), IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 3))];
 
 fuzz_target!(|data: &[u8]| {
     if data.len() >= 2 {

@@ -19,7 +19,8 @@
 //! MAC: what it reaches then is the opening of every packet); then frames of a
 //! selector byte (which QP, which peer, whether time passes, whether a
 //! RETH-shaped field gets one of the device's real keys and addresses,
-//! whether the datagram arrives CE-marked or with an INT record), a length
+//! whether the datagram arrives CE-marked, with an INT record, or over a
+//! same-host ring with no ICRC and none checked), a length
 //! byte and that many bytes of packet, BTH first.
 //! The keys are handed over because no fuzzer guesses a 32-bit key and an
 //! address at once: what is under test is what the device does with a
@@ -33,9 +34,9 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use softrnic_cc::IntHop;
 use softrnic_transport::{
-    Registration, Access, AuthKey, Choice, CongestionConfig, CqId, Device, DmaBuffer, Entropy, Instant, IntRecords, MAX_DATAGRAM_LEN, Mtu, Payload,
-    Psn, QpCaps, QpInitAttr, QpType, RcConnection, RecvMeta, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge,
-    TransportConfig, smallvec, ud_steps,
+    Access, AuthKey, Choice, CongestionConfig, CqId, Device, DmaBuffer, Entropy, Instant, IntRecords, MAX_DATAGRAM_LEN,
+    Mtu, Payload, Psn, QpCaps, QpInitAttr, QpType, RcConnection, RecvMeta, RecvWorkRequest, Registration, RemoteAddr,
+    SendOp, SendWorkRequest, Sge, TransportConfig, smallvec, ud_steps,
 };
 use softrnic_wire::ROCEV2_UDP_PORT;
 use softrnic_wire::icrc::UdpFlow;
@@ -190,8 +191,11 @@ fuzz_target!(|data: &[u8]| {
             packet[RETH_VA].copy_from_slice(&(base + offset).to_be_bytes());
             packet[RETH_RKEY].copy_from_slice(&t.rkeys[target].to_be_bytes());
         }
+        // Arrived over a same-host ring: no ICRC, none checked, so the
+        // bytes reach the responder unsealed.
+        let same_host = selector & 128 != 0;
         let flow = UdpFlow { src: from, dst: LOCAL, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT };
-        if flow.seal(&mut packet).is_err() {
+        if !same_host && flow.seal(&mut packet).is_err() {
             continue;
         }
         let int = (selector & 64 != 0).then(|| {
@@ -202,7 +206,7 @@ fuzz_target!(|data: &[u8]| {
             };
             IntRecords::new(&[hop])
         });
-        let meta = RecvMeta { ce: selector & 32 != 0, int };
+        let meta = RecvMeta { ce: selector & 32 != 0, int, same_host };
         t.device.handle_datagram(t.now, SocketAddr::new(from, ROCEV2_UDP_PORT), meta, &packet);
         t.drain();
         if selector & 4 != 0 {

@@ -305,8 +305,8 @@ pub struct SharedMemory {
     udp_busy_until: Instant,
     /// When an idle socket is next looked at.
     udp_next_look: Instant,
-    /// Datagrams to rings carry an ICRC too: set where faults are injected
-    /// (a corrupted datagram must fail a check somewhere).
+    /// Datagrams to rings carry an ICRC too: set where faults corrupt
+    /// datagrams (a corrupted one must fail a check somewhere).
     seals: bool,
 }
 
@@ -326,8 +326,8 @@ impl SharedMemory {
         }
     }
 
-    /// Seals datagrams to rings with an ICRC (`true` where faults are
-    /// injected), as over UDP.
+    /// Seals datagrams to rings with an ICRC (`true` where faults corrupt
+    /// datagrams), as over UDP.
     pub fn sealing(self, seals: bool) -> SharedMemory {
         SharedMemory { seals, ..self }
     }
@@ -405,7 +405,7 @@ impl Datapath for SharedMemory {
     }
 
     /// Devices on this host are reached through their ring, with no ICRC
-    /// (unless faults are injected); the rest over UDP.
+    /// (unless faults corrupt datagrams); the rest over UDP.
     fn egress(&mut self, dst: IpAddr) -> Egress {
         match self.peers.is_local(dst) {
             true if self.seals => Egress::ROCEV2_PORT,
@@ -610,8 +610,8 @@ mod tests {
     }
 
     /// Over shared memory a device on this host is reached through its
-    /// ring with no ICRC, and its datagrams arrive saying so; with faults
-    /// injected the ring's datagrams are sealed as UDP's are. A peer met
+    /// ring with no ICRC, and its datagrams arrive saying so; where faults
+    /// corrupt datagrams the ring's are sealed as UDP's are. A peer met
     /// over UDP is sent to from a connected socket.
     #[test]
     fn devices_on_this_host_are_reached_without_an_icrc() {

@@ -286,7 +286,9 @@ impl Nic {
                 let int_socket = int_socket.map(Arc::new);
                 let udp = Udp::new(socket.clone(), int_socket.clone());
                 let wire: Box<dyn Datapath> = match &inbox {
-                    Some(inbox) => Box::new(SharedMemory::new(udp, inbox.ring(i)).sealing(!config.faults.is_none())),
+                    // Only corruption needs the ICRC: lost, duplicated
+                    // and reordered datagrams keep their bytes.
+                    Some(inbox) => Box::new(SharedMemory::new(udp, inbox.ring(i)).sealing(config.faults.corrupt > 0.0)),
                     None => Box::new(udp),
                 };
                 EngineShard::new(i, shard, (socket, int_socket), wire, config.faults, config.fault_seed)

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use softrnic::{
-    Access, CompletionQueue, ConnectOptions, Context, EngineConfig, FaultConfig, MemoryRegion, Payload, QpCaps,
-    QueuePair, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode, WcStatus,
+    Access, CompletionQueue, ConnectOptions, Context, DatapathKind, EngineConfig, FaultConfig, MemoryRegion, Payload,
+    QpCaps, QueuePair, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode, WcStatus,
 };
 
 /// Each test takes its own pair of addresses so tests can run in parallel.
@@ -22,7 +22,11 @@ struct Side {
 }
 
 fn side(addr: IpAddr, faults: FaultConfig, len: usize) -> Side {
-    let ctx = Context::with_config(EngineConfig { faults, ..EngineConfig::new(addr) }).expect("open");
+    side_with(EngineConfig { faults, ..EngineConfig::new(addr) }, len)
+}
+
+fn side_with(config: EngineConfig, len: usize) -> Side {
+    let ctx = Context::with_config(config).expect("open");
     let pd = ctx.alloc_pd().unwrap();
     let mr = pd.register(len, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
     let cq = ctx.create_cq(1024).unwrap();
@@ -173,9 +177,17 @@ fn a_connection_uses_selective_repeat_only_if_both_ends_offer_it() {
     assert_eq!(&got, b"plain RoCE");
 }
 
+/// Over UDP (the wire; the shared-memory wire computes none, as
+/// loopback computes no checksum), every datagram carries an ICRC that
+/// the receiver checks and accepts.
 #[test]
 fn packets_on_the_wire_carry_a_valid_icrc() {
-    let (a, b) = pair(FaultConfig::default(), 4096);
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    let over_udp =
+        |last| EngineConfig { datapath: DatapathKind::Udp, ..EngineConfig::new(IpAddr::from([127, 0, 1, last])) };
+    let (a, b) = (side_with(over_udp(n), 4096), side_with(over_udp(n + 1), 4096));
+    a.qp.connect(&b.qp.endpoint(&b.mr), &ConnectOptions::default()).unwrap();
+    b.qp.connect(&a.qp.endpoint(&a.mr), &ConnectOptions::default()).unwrap();
     b.qp.post_recv(RecvWorkRequest { wr_id: 1, sges: softrnic_transport::smallvec![b.mr.sge(0, 64)] }).unwrap();
     a.qp.post_send(SendWorkRequest::new(1, SendOp::Send { imm: None }, Payload::Inline(b"checked"[..].into())))
         .unwrap();
