@@ -51,9 +51,19 @@ impl std::ops::AddAssign for FaultStats {
     }
 }
 
-/// A datagram that came through the faults: its peer, what the network
-/// said of it (on receipt), and its bytes.
-pub type Faulty = (SocketAddr, RecvMeta, Vec<u8>);
+/// A datagram held back: its peer, what the network said of it (on
+/// receipt), and its bytes.
+pub type Held = (SocketAddr, RecvMeta, Vec<u8>);
+
+/// A datagram the faults let through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Passed<'a> {
+    /// The datagram as it was given (or a duplicate of it): the caller
+    /// passes on its own bytes, copied nowhere.
+    AsGiven,
+    /// Bytes the injector made: a corrupted datagram, or one it held back.
+    Made(&'a [u8]),
+}
 
 /// Applies a [`FaultConfig`] to a stream of datagrams.
 #[derive(Debug)]
@@ -61,7 +71,7 @@ pub struct FaultInjector {
     config: FaultConfig,
     rng: fastrand::Rng,
     /// A datagram held back, released after the next one.
-    held: Option<Faulty>,
+    held: Option<Held>,
     pub stats: FaultStats,
 }
 
@@ -70,45 +80,59 @@ impl FaultInjector {
         FaultInjector { config, rng: fastrand::Rng::with_seed(seed), held: None, stats: FaultStats::default() }
     }
 
-    /// Passes one datagram through the faults; what survives (zero to three
-    /// datagrams, counting a released held one) is appended to `out`.
+    /// Passes one datagram through the faults; `pass` gets what survives
+    /// (zero to three datagrams, counting a released held one), in order.
+    /// Only a datagram the faults change or hold is copied: the injector
+    /// is a test tool, and its copies once cost a sixth of a lossy run's
+    /// rate (BENCHMARKS.md, under loss).
     ///
     /// A corrupted datagram loses [`RecvMeta::same_host`]: one that came
     /// without an ICRC (from a ring) now meets the check it was spared, and
     /// fails it, as a datagram corrupted on a wire fails its ICRC.
-    pub fn apply(&mut self, peer: SocketAddr, meta: RecvMeta, bytes: &[u8], out: &mut Vec<Faulty>) {
+    pub fn apply(
+        &mut self,
+        peer: SocketAddr,
+        meta: RecvMeta,
+        bytes: &[u8],
+        pass: &mut dyn FnMut(SocketAddr, RecvMeta, Passed<'_>),
+    ) {
         if self.rng.f64() < self.config.loss {
             self.stats.dropped += 1;
             return;
         }
-        let mut bytes = bytes.to_vec();
-        let mut meta = meta;
+        let mut corrupted = None;
         if !bytes.is_empty() && self.rng.f64() < self.config.corrupt {
             self.stats.corrupted += 1;
-            let at = self.rng.usize(..bytes.len());
-            bytes[at] ^= 1 << self.rng.u8(..8);
-            meta.same_host = false;
+            let mut copy = bytes.to_vec();
+            let at = self.rng.usize(..copy.len());
+            copy[at] ^= 1 << self.rng.u8(..8);
+            corrupted = Some((RecvMeta { same_host: false, ..meta }, copy));
         }
+        let deliver = |pass: &mut dyn FnMut(SocketAddr, RecvMeta, Passed<'_>)| match &corrupted {
+            Some((meta, copy)) => pass(peer, *meta, Passed::Made(copy)),
+            None => pass(peer, meta, Passed::AsGiven),
+        };
         if self.rng.f64() < self.config.duplicate {
             self.stats.duplicated += 1;
-            out.push((peer, meta, bytes.clone()));
+            deliver(pass);
         }
         if self.held.is_none() && self.rng.f64() < self.config.reorder {
             self.stats.reordered += 1;
-            self.held = Some((peer, meta, bytes));
+            self.held = Some(match corrupted {
+                Some((meta, copy)) => (peer, meta, copy),
+                None => (peer, meta, bytes.to_vec()),
+            });
             return;
         }
-        out.push((peer, meta, bytes));
-        if let Some(held) = self.held.take() {
-            out.push(held);
+        deliver(pass);
+        if let Some((peer, meta, bytes)) = self.held.take() {
+            pass(peer, meta, Passed::Made(&bytes));
         }
     }
 
     /// Releases a held datagram (when traffic pauses, nothing would).
-    pub fn release(&mut self, out: &mut Vec<Faulty>) {
-        if let Some(held) = self.held.take() {
-            out.push(held);
-        }
+    pub fn release(&mut self) -> Option<Held> {
+        self.held.take()
     }
 }
 
@@ -120,14 +144,42 @@ mod tests {
         "127.0.0.2:4791".parse().unwrap()
     }
 
+    /// Runs `bytes` through `f`, collecting what passes.
+    fn run(f: &mut FaultInjector, bytes: &[u8], out: &mut Vec<(RecvMeta, Vec<u8>)>) {
+        f.apply(peer(), RecvMeta { same_host: true, ..RecvMeta::default() }, bytes, &mut |_, meta, passed| {
+            out.push((
+                meta,
+                match passed {
+                    Passed::AsGiven => bytes.to_vec(),
+                    Passed::Made(made) => made.to_vec(),
+                },
+            ))
+        });
+    }
+
     #[test]
-    fn no_faults_passes_everything_through() {
+    fn no_faults_passes_everything_through_uncopied() {
         let mut f = FaultInjector::new(FaultConfig::default(), 1);
         let mut out = Vec::new();
         for i in 0..100u8 {
-            f.apply(peer(), RecvMeta::default(), &[i], &mut out);
+            f.apply(peer(), RecvMeta::default(), &[i], &mut |_, _, passed| {
+                assert_eq!(passed, Passed::AsGiven, "nothing copied");
+                out.push(i);
+            });
         }
-        assert_eq!(out.iter().map(|(_, _, b)| b[0]).collect::<Vec<_>>(), (0..100).collect::<Vec<_>>());
+        assert_eq!(out, (0..100).collect::<Vec<_>>());
+    }
+
+    /// A corrupted datagram differs from what was given in one bit, and
+    /// no longer counts as spared its ICRC check.
+    #[test]
+    fn a_corrupted_datagram_is_a_changed_copy_that_meets_the_check() {
+        let mut f = FaultInjector::new(FaultConfig { corrupt: 1.0, ..FaultConfig::default() }, 3);
+        let mut out = Vec::new();
+        run(&mut f, &[0u8; 64], &mut out);
+        let [(meta, bytes)] = &out[..] else { panic!("one datagram: {out:?}") };
+        assert!(!meta.same_host);
+        assert_eq!(bytes.iter().map(|b| b.count_ones()).sum::<u32>(), 1);
     }
 
     #[test]
@@ -136,9 +188,9 @@ mod tests {
         let mut f = FaultInjector::new(config, 7);
         let mut out = Vec::new();
         for _ in 0..10_000 {
-            f.apply(peer(), RecvMeta::default(), &[0u8; 16], &mut out);
+            run(&mut f, &[0u8; 16], &mut out);
         }
-        f.release(&mut out);
+        out.extend(f.release().map(|(_, meta, bytes)| (meta, bytes)));
         let s = f.stats;
         for (name, n) in [("dropped", s.dropped), ("corrupted", s.corrupted), ("duplicated", s.duplicated)] {
             assert!((700..1300).contains(&n), "{name}: {n}");

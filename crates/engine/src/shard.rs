@@ -25,7 +25,7 @@ use softrnic_account::{self as account, Cost};
 use softrnic_transport::{AsyncEvent, CqId, Instant, MAX_DATAGRAM_LEN, ReceivesWanted, RecvMeta, Shard};
 
 use crate::datapath::Datapath;
-use crate::faults::{FaultConfig, FaultInjector, FaultStats};
+use crate::faults::{FaultConfig, FaultInjector, FaultStats, Passed};
 use crate::socket::{BATCH, RoceSocket};
 use crate::trace::Tracer;
 use softrnic_event::EventFd;
@@ -56,8 +56,19 @@ struct Scratch {
     tx: Vec<Box<[u8]>>,
     /// Each datagram's destination and where it lies in its buffer.
     tx_meta: Vec<(SocketAddr, std::ops::Range<usize>)>,
-    faulty: Vec<crate::faults::Faulty>,
+    /// What the transmit faults let through, in order.
+    outgoing: Vec<(SocketAddr, Outgoing)>,
+    /// Datagrams the transmit faults made (corrupted, or held back).
+    made: Vec<Vec<u8>>,
     told: Vec<u32>,
+}
+
+/// A datagram the transmit faults let through.
+enum Outgoing {
+    /// The `i`th frame the transport built, as built.
+    Frame(usize),
+    /// The `k`th of [`Scratch::made`].
+    Made(usize),
 }
 
 thread_local! {
@@ -65,7 +76,8 @@ thread_local! {
         // Headroom for an INT header in front of the largest datagram.
         tx: (0..BATCH).map(|_| vec![0u8; crate::int::HEADROOM + MAX_DATAGRAM_LEN].into_boxed_slice()).collect(),
         tx_meta: Vec::with_capacity(BATCH),
-        faulty: Vec::new(),
+        outgoing: Vec::with_capacity(BATCH),
+        made: Vec::new(),
         told: Vec::new(),
     });
 }
@@ -269,62 +281,60 @@ impl EngineShard {
     /// taking the state lock only once something has arrived. Returns how
     /// many datagrams arrived.
     pub fn receive(&self, wire: &mut dyn Datapath, pass: &PassContext, after: &mut Aftermath) -> usize {
-        SCRATCH.with_borrow_mut(|scratch| {
-            let mut state: Option<MutexGuard<'_, ShardState>> = None;
-            let mut handle = |state: &mut ShardState, from: SocketAddr, meta: RecvMeta, bytes: &[u8]| {
-                if let Some(tracer) = pass.tracer {
-                    tracer.datagram("<-", from, bytes);
-                }
-                match crate::socket::steered_shard(bytes, pass.shards) {
-                    Some(owner) if owner != self.index => after.foreign.push((owner, from, meta, bytes.to_vec())),
-                    _ => state.transport.handle_datagram(pass.now, from, meta, bytes),
-                }
-            };
-            let mut released = 0;
-            let n = if !self.injects_faults {
-                let mut handled = 0;
-                wire.receive(&mut |from, meta, bytes| {
-                    handle(state.get_or_insert_with(|| self.lock()), from, meta, bytes);
-                    handled += 1;
-                    if handled % HOLD_AT_MOST == 0 {
-                        // Let a waiting post in.
-                        state = None;
-                    }
-                })
-            } else {
-                let state = state.get_or_insert_with(|| self.lock());
-                let faults = state.faults.as_mut().expect("a shard that injects faults has injectors");
-                scratch.faulty.clear();
-                // Injected faults (a test tool) copy datagrams about and
-                // keep no ECN mark: what they deliver arrives unmarked.
-                let n = wire.receive(&mut |from, meta, bytes| {
-                    faults.rx.apply(
-                        from,
-                        RecvMeta { same_host: meta.same_host, ..RecvMeta::default() },
-                        bytes,
-                        &mut scratch.faulty,
-                    )
-                });
-                if n == 0 {
-                    // A datagram held back for reordering is delivered
-                    // once traffic pauses, or it would never arrive.
-                    faults.rx.release(&mut scratch.faulty);
-                    released = scratch.faulty.len();
-                }
-                for (from, meta, bytes) in &scratch.faulty {
-                    handle(state, *from, *meta, bytes);
-                }
-                n
-            };
-            // Collected even when the last hold ended with the batch: what
-            // the datagrams raised (a completion channel to wake) must not
-            // wait for the next pass.
-            if n + released > 0 || state.is_some() {
-                let mut state = state.unwrap_or_else(|| self.lock());
-                self.collect(&mut state.transport, after);
+        let mut state: Option<MutexGuard<'_, ShardState>> = None;
+        let mut handle = |transport: &mut Shard, from: SocketAddr, meta: RecvMeta, bytes: &[u8]| {
+            if let Some(tracer) = pass.tracer {
+                tracer.datagram("<-", from, bytes);
             }
-            n + released
-        })
+            match crate::socket::steered_shard(bytes, pass.shards) {
+                Some(owner) if owner != self.index => after.foreign.push((owner, from, meta, bytes.to_vec())),
+                _ => transport.handle_datagram(pass.now, from, meta, bytes),
+            }
+        };
+        let mut released = 0;
+        let n = if !self.injects_faults {
+            let mut handled = 0;
+            wire.receive(&mut |from, meta, bytes| {
+                handle(&mut state.get_or_insert_with(|| self.lock()).transport, from, meta, bytes);
+                handled += 1;
+                if handled % HOLD_AT_MOST == 0 {
+                    // Let a waiting post in.
+                    state = None;
+                }
+            })
+        } else {
+            let ShardState { transport, faults } = &mut **state.get_or_insert_with(|| self.lock());
+            let faults = faults.as_mut().expect("a shard that injects faults has injectors");
+            // Injected faults (a test tool) keep no ECN mark: what they
+            // deliver arrives unmarked.
+            let n = wire.receive(&mut |from, meta, bytes| {
+                let meta = RecvMeta { same_host: meta.same_host, ..RecvMeta::default() };
+                faults.rx.apply(from, meta, bytes, &mut |from, meta, passed| {
+                    let bytes = match passed {
+                        Passed::AsGiven => bytes,
+                        Passed::Made(made) => made,
+                    };
+                    handle(transport, from, meta, bytes);
+                });
+            });
+            // A datagram held back for reordering is delivered once
+            // traffic pauses, or it would never arrive.
+            if n == 0
+                && let Some((from, meta, bytes)) = faults.rx.release()
+            {
+                handle(transport, from, meta, &bytes);
+                released = 1;
+            }
+            n
+        };
+        // Collected even when the last hold ended with the batch: what
+        // the datagrams raised (a completion channel to wake) must not
+        // wait for the next pass.
+        if n + released > 0 || state.is_some() {
+            let mut state = state.unwrap_or_else(|| self.lock());
+            self.collect(&mut state.transport, after);
+        }
+        n + released
     }
 
     /// Handles datagrams another shard's socket received for this shard.
@@ -383,21 +393,41 @@ impl EngineShard {
                 let count = scratch.tx_meta.len();
                 let ShardState { transport, faults } = &mut *state;
                 if let Some(faults) = faults {
-                    scratch.faulty.clear();
-                    for (i, (dst, at)) in scratch.tx_meta.iter().enumerate() {
-                        faults.tx.apply(*dst, RecvMeta::default(), &scratch.tx[i][at.clone()], &mut scratch.faulty);
+                    let Scratch { tx, tx_meta, outgoing, made, .. } = scratch;
+                    outgoing.clear();
+                    made.clear();
+                    for (i, (dst, at)) in tx_meta.iter().enumerate() {
+                        faults.tx.apply(*dst, RecvMeta::default(), &tx[i][at.clone()], &mut |dst, _, passed| {
+                            let out = match passed {
+                                Passed::AsGiven => Outgoing::Frame(i),
+                                Passed::Made(bytes) => {
+                                    made.push(bytes.to_vec());
+                                    Outgoing::Made(made.len() - 1)
+                                }
+                            };
+                            outgoing.push((dst, out));
+                        });
                     }
-                    if count == 0 {
-                        // A datagram held back for reordering goes out
-                        // once traffic pauses.
-                        faults.tx.release(&mut scratch.faulty);
+                    // A datagram held back for reordering goes out once
+                    // traffic pauses.
+                    if count == 0
+                        && let Some((dst, _, bytes)) = faults.tx.release()
+                    {
+                        made.push(bytes);
+                        outgoing.push((dst, Outgoing::Made(made.len() - 1)));
                     }
                 }
                 self.collect(transport, after);
                 drop(state);
                 if self.injects_faults {
-                    let mut packets: Vec<(SocketAddr, &[u8])> =
-                        scratch.faulty.iter().map(|(a, _, b)| (*a, &b[..])).collect();
+                    let mut packets: Vec<(SocketAddr, &[u8])> = scratch
+                        .outgoing
+                        .iter()
+                        .map(|(dst, out)| match *out {
+                            Outgoing::Frame(i) => (*dst, &scratch.tx[i][scratch.tx_meta[i].1.clone()]),
+                            Outgoing::Made(k) => (*dst, &scratch.made[k][..]),
+                        })
+                        .collect();
                     send_all(wire, &mut packets, pass);
                 } else {
                     let mut packets = [(SocketAddr::new(self.socket.local_addr().ip(), 0), &[][..]); BATCH];
