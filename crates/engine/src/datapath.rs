@@ -10,12 +10,13 @@
 //!
 //! Which one a device uses is [`DatapathKind`] (`SOFTRNIC_DATAPATH`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rustc_hash::FxHashMap;
 use softrnic_transport::{Egress, MAX_DATAGRAM_LEN, RecvMeta};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
@@ -156,7 +157,7 @@ pub struct Udp {
     /// it, or `None` for the shard's own. Chosen at the first datagram to
     /// the peer and never changed, because the ICRC of every datagram the
     /// transport has sealed for the peer covers that socket's port.
-    senders: HashMap<IpAddr, Option<RoceSocket>>,
+    senders: FxHashMap<IpAddr, Option<RoceSocket>>,
     connected: usize,
     rx: Box<RecvBatch>,
     /// The kernel's drop counts of the two sockets.
@@ -172,7 +173,7 @@ impl Udp {
         Udp {
             socket,
             int,
-            senders: HashMap::new(),
+            senders: FxHashMap::default(),
             connected: 0,
             rx: Box::default(),
             drops: [0; 2],
@@ -407,10 +408,12 @@ impl Datapath for SharedMemory {
     /// Devices on this host are reached through their ring, with no ICRC
     /// (unless faults corrupt datagrams); the rest over UDP.
     fn egress(&mut self, dst: IpAddr) -> Egress {
-        match self.peers.is_local(dst) {
-            true if self.seals => Egress::ROCEV2_PORT,
-            true => Egress::SameHost,
-            false => self.udp.egress(dst),
+        if !self.peers.is_local(dst) {
+            self.udp.egress(dst)
+        } else if self.seals {
+            Egress::ROCEV2_PORT
+        } else {
+            Egress::SameHost
         }
     }
 

@@ -312,9 +312,10 @@ impl RoceSocket {
         }
         let timer = account::timing();
         // SAFETY: `headers[..messages]` are written, and point at live
-        // addresses (or none, to a connected socket's peer), written iovecs that point into `packets`, and written
-        // control buffers, all of which outlive the call; the kernel reads
-        // only those `messages` headers and what they point at.
+        // addresses (or none, to a connected socket's peer), written
+        // iovecs that point into `packets`, and written control buffers,
+        // all of which outlive the call; the kernel reads only those
+        // `messages` headers and what they point at.
         let sent =
             unsafe { libc::sendmmsg(self.fd(), headers.as_mut_ptr().cast(), messages as u32, libc::MSG_DONTWAIT) };
         timer.stop(Cost::SendNanos);
