@@ -2,6 +2,7 @@
 //! pair (or UD QPs), a registered buffer on each side, and helpers to post
 //! and wait. The protocol and protection tests are written with it.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use softrnic_transport::{
@@ -9,6 +10,10 @@ use softrnic_transport::{
     RcConnection, RecvWorkRequest, Registration, SendOp, SendWorkRequest, Sge, SrqAttr, SrqId, TransportConfig,
     ud_steps,
 };
+
+use softrnic_wire::ROCEV2_UDP_PORT;
+use softrnic_wire::icrc::UdpFlow;
+use softrnic_wire::packet::Headers;
 
 use crate::network::Faults;
 use crate::world::World;
@@ -245,5 +250,24 @@ impl Pair {
     pub fn state(&mut self, host: usize) -> QpState {
         let qpn = self.side(host).qpn;
         self.world.device(host).qp(qpn).expect("qp").state()
+    }
+
+    /// Hands host 1 a packet with a valid ICRC, as if from host 0: a
+    /// hostile one, or a repeat the network never made.
+    pub fn inject(&mut self, headers: &Headers, payload: &[u8]) {
+        let from = self.world.hosts[0].addr;
+        self.inject_from(from, headers, payload);
+    }
+
+    /// [`Pair::inject`], as if from `from`.
+    pub fn inject_from(&mut self, from: SocketAddr, headers: &Headers, payload: &[u8]) {
+        let mut buf = vec![0u8; headers.len() + payload.len() + 8];
+        let len = headers.emit_packet(&mut buf, payload).expect("the packet fits");
+        let to = self.world.ip(1);
+        UdpFlow { src: from.ip(), dst: to, src_port: from.port(), dst_port: ROCEV2_UDP_PORT }
+            .seal(&mut buf[..len])
+            .expect("a RoCEv2 packet");
+        let now = self.world.now;
+        self.world.device(1).handle_datagram(now, from, Default::default(), &buf[..len]);
     }
 }

@@ -11,9 +11,8 @@ use softrnic_transport::{
     Access, Completion, DmaBuffer, Payload, QpAttr, QpState, RecvWorkRequest, Registration, RemoteAddr, SendOp, Sge,
     WcStatus,
 };
-use softrnic_wire::icrc::UdpFlow;
 use softrnic_wire::packet::{Extensions, Headers, SelectiveRepeatLayout};
-use softrnic_wire::{Opcode, Psn, ROCEV2_UDP_PORT, atomic_eth, bth, reth, sack, sreth};
+use softrnic_wire::{Opcode, Psn, atomic_eth, bth, reth, sack, sreth};
 
 const FILL: u8 = 0x5a;
 
@@ -287,24 +286,6 @@ fn rnr_with_no_receive_posted_and_no_retries() {
     assert!(untouched(&pair, 1));
 }
 
-/// Writes a hostile packet with a valid ICRC, as if from host 0, to host 1.
-fn inject(pair: &mut Pair, headers: &Headers, payload: &[u8]) {
-    let from = pair.world.hosts[0].addr;
-    inject_from(pair, from, headers, payload);
-}
-
-/// Writes a hostile packet with a valid ICRC, as if from `from`, to host 1.
-fn inject_from(pair: &mut Pair, from: std::net::SocketAddr, headers: &Headers, payload: &[u8]) {
-    let mut buf = vec![0u8; headers.len() + payload.len() + 8];
-    let len = headers.emit_packet(&mut buf, payload).unwrap();
-    let to = pair.world.ip(1);
-    UdpFlow { src: from.ip(), dst: to, src_port: from.port(), dst_port: ROCEV2_UDP_PORT }
-        .seal(&mut buf[..len])
-        .unwrap();
-    let now = pair.world.now;
-    pair.world.device(1).handle_datagram(now, from, Default::default(), &buf[..len]);
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -355,7 +336,7 @@ proptest! {
                 headers.ext.sack = s.sack.then_some(sack::Repr { words: [u64::from(offset); 8] });
             }
             let payload: &[u8] = if layout.payload { &payload } else { &[] };
-            inject(&mut pair, &headers, payload);
+            pair.inject(&headers, payload);
             pair.world.flush();
         }
         prop_assert!(guard.to_vec().iter().all(|&b| b == FILL), "a region without remote rights changed");
@@ -413,13 +394,13 @@ fn a_repeated_read_is_held_to_the_original() {
     ];
     for (what, headers) in forged {
         let (before, malformed) = (sent(&mut pair), pair.world.device(1).counters().rx_malformed);
-        inject(&mut pair, &headers, &[]);
+        pair.inject(&headers, &[]);
         pair.world.flush();
         assert_eq!(sent(&mut pair), before, "{what}: answered");
         assert_eq!(pair.world.device(1).counters().rx_malformed, malformed + 1, "{what}: not counted");
     }
     let before = sent(&mut pair);
-    inject(&mut pair, &read(first.add(1), IOVA + 1024, 1024, rkey), &[]);
+    pair.inject(&read(first.add(1), IOVA + 1024, 1024, rkey), &[]);
     pair.world.flush();
     assert_eq!(sent(&mut pair), before + 1, "a true repeat of the second packet is answered");
     assert_eq!(pair.state(1), QpState::Rts, "no request above was a fatal error");
@@ -437,9 +418,9 @@ fn a_cnp_from_anyone_but_the_peer_is_dropped() {
         (c.rx_cnps, c.rx_dropped_foreign)
     };
     let before = counters(&mut pair);
-    inject_from(&mut pair, "127.0.0.99:4791".parse().unwrap(), &cnp, &[]);
+    pair.inject_from("127.0.0.99:4791".parse().unwrap(), &cnp, &[]);
     assert_eq!(counters(&mut pair), (before.0, before.1 + 1), "a stranger's CNP");
     let peer = pair.world.hosts[0].addr;
-    inject_from(&mut pair, peer, &cnp, &[]);
+    pair.inject_from(peer, &cnp, &[]);
     assert_eq!(counters(&mut pair), (before.0 + 1, before.1 + 1), "the peer's CNP");
 }

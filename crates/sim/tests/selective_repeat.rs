@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
-use softrnic_sim::harness::{IOVA, Pair, PairOptions};
+use softrnic_sim::harness::{IOVA, Pair, PairOptions, first_psn};
 use softrnic_transport::{
     Counters, Mtu, Payload, QpState, RemoteAddr, Retransmission, SendOp, TransportConfig, WcOpcode, WcStatus,
 };
+use softrnic_wire::packet::{Extensions, Headers};
+use softrnic_wire::{Opcode, bth, reth};
 
 /// Host 0 sends, host 1 answers; `(sender, n)` names the n-th datagram a
 /// host puts on the wire after the warm-up.
@@ -189,4 +191,44 @@ fn a_lost_repair_of_a_read_response_goes_again_without_waiting_for_the_timeout()
     let (a, _, took) = run(Op::Read, &[(B, 6), (B, 16)], &[]);
     assert!((2..=3).contains(&a.retransmitted_packets), "{a:?}");
     assert!(took < TIMEOUT / 20, "{took:?}");
+}
+
+/// A READ asked for again while the responder's answer to it still waits
+/// is answered once. Each repeat used to queue a stream of its own
+/// beside the last: a paced responder's backlog then grew with every
+/// timeout of the requester waiting behind it, until it outlasted the
+/// requester's retries (seeds 100037 and 940176 of the switched
+/// simulation, `simulation.rs`).
+#[test]
+fn a_read_asked_again_while_its_answer_waits_is_answered_once() {
+    let mut pair = pair();
+    let remote = RemoteAddr { addr: IOVA, rkey: pair.b.mr.rkey };
+    let payload = pair.a.gather(0, LEN);
+    pair.post(A, 1, SendOp::Read { remote }, payload);
+    assert_eq!(pair.wait(A, 1)[0].status, WcStatus::Success);
+    pair.settle();
+    // The warm-up WRITE took the first PSN, the READ the next 16.
+    let first = first_psn(pair.a.qpn).add(1);
+    let read = |k: u32| Headers {
+        bth: bth::Repr::new(Opcode::RcReadRequest, pair.b.qpn, first.add(k)),
+        ext: Extensions {
+            reth: Some(reth::Repr {
+                virtual_address: IOVA + u64::from(k) * 1024,
+                rkey: remote.rkey,
+                dma_length: LEN - k * 1024,
+            }),
+            ..Extensions::default()
+        },
+    };
+    let (whole, tail) = (read(0), read(4));
+    let sent = |pair: &mut Pair| pair.world.device(B).counters().tx_packets;
+    let before = sent(&mut pair);
+    // Before the responder sends anything: the whole READ again, then its
+    // tail, then the whole again. The first stream answers all three.
+    pair.inject(&whole, &[]);
+    pair.inject(&tail, &[]);
+    pair.inject(&whole, &[]);
+    pair.settle();
+    assert_eq!(pair.world.device(B).counters().rx_duplicate_requests, 3);
+    assert_eq!(sent(&mut pair) - before, u64::from(PACKETS), "one stream of responses");
 }

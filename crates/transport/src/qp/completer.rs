@@ -118,15 +118,21 @@ impl QueuePair {
         self.complete_front(ctx);
     }
 
-    /// Go-back-N: a READ response that moves nothing on belongs to a
-    /// stream the responder began before the requester went back, and the
-    /// repair waits behind it. It shows the responder alive and the path
-    /// busy, so the retransmission timer counts from it (without giving
-    /// back a retry): on a path slower than one READ window per timeout,
-    /// timing out behind the backlog sent every request again, deepened the
-    /// backlog, and spent the retries without the path ever going quiet.
+    /// A READ response that moves nothing on belongs to a stream the
+    /// responder began before the requester went back (go-back-N), or fills
+    /// a later hole, or answers a repeat (selective repeat); what the
+    /// requester waits for is queued behind it. It shows the responder
+    /// alive and the path busy, so the retransmission timer counts from it
+    /// (without giving back a retry): on a path slower than one READ window
+    /// per timeout, timing out behind the backlog sent every request again,
+    /// deepened the backlog, and spent the retries without the path ever
+    /// going quiet. Under selective repeat a lost response is still found
+    /// by the responses after it (`Scoreboard::on_response`) and a lost
+    /// repair by the repair timer; the retransmission timer is the last
+    /// resort, once the responder falls silent. (Seed 100037 of the
+    /// switched simulation timed out 709 times with nothing lost; 29 now.)
     fn wait_behind_backlog(&mut self, ctx: &Ctx, opcode: Opcode) {
-        if opcode.is_read_response() && !self.attrs.selective_repeat && self.req.retry_deadline.is_some() {
+        if opcode.is_read_response() && self.req.retry_deadline.is_some() {
             self.arm_retry_timer(ctx);
         }
     }

@@ -193,7 +193,43 @@ impl Responder {
         }
     }
 
-    /// READ and ATOMIC requests still holding a responder resource.
+    /// Queues `replay`, the responses a repeated READ request asks for
+    /// again, beside the response streams already queued.
+    ///
+    /// Go-back-N asks again for everything from the first response it
+    /// misses: a stream still queued for the same READ is replaced, not
+    /// sent alongside. Selective repeat asks for a hole, and the rest of a
+    /// stream is still wanted; but a request that a queued stream will
+    /// answer anyway adds nothing, and one that asks for all a stream has
+    /// left to send, and more, takes its place. Queuing each repeat beside
+    /// the last made a paced responder's backlog grow with every timeout of
+    /// a requester waiting behind it, until the backlog outlasted the
+    /// requester's retries (simulator seeds 100037 and 940176).
+    fn queue_replay(&mut self, mut replay: ReadResponse, selective_repeat: bool) {
+        let (first, end) = (replay.first_psn, replay.first_psn.add(replay.count));
+        for answer in self.answers.iter_mut() {
+            let Answer::Read(queued) = answer else { continue };
+            let (unsent, queued_end) = (queued.first_psn.add(queued.next), queued.first_psn.add(queued.count));
+            if !(queued.first_psn.is_at_or_before(first) && first.is_before(queued_end)) {
+                continue;
+            }
+            if selective_repeat && unsent.is_at_or_before(first) && end.is_at_or_before(queued_end) {
+                return;
+            }
+            if !selective_repeat || (first.is_at_or_before(unsent) && queued_end.is_at_or_before(end)) {
+                // It takes the queued stream's place, and its resource: an
+                // original's still counts against max_dest_rd_atomic.
+                replay.replay = queued.replay;
+                *queued = replay;
+                return;
+            }
+        }
+        // However many repeats arrive, a bounded number wait.
+        if self.replays_queued() < usize::from(MAX_RD_ATOMIC) {
+            self.answers.push_back(Answer::Read(replay));
+        }
+    }
+
     /// Ends the QP's answers with the NAK of a fatal error.
     fn fail(&mut self, psn: Psn, code: NakCode) {
         self.answers.push_back(Answer::FatalNak { psn, code, msn: self.msn });
@@ -205,6 +241,7 @@ impl Responder {
         self.answers.iter().filter(|a| matches!(a, Answer::Read(ReadResponse { replay: true, .. }))).count()
     }
 
+    /// READ and ATOMIC requests still holding a responder resource.
     fn reads_and_atomics_pending(&self) -> usize {
         self.answers
             .iter()
@@ -538,29 +575,7 @@ impl QueuePair {
                     ctx.counters.rx_malformed += 1;
                     return;
                 }
-
-                // The requester has everything before `psn`: a response
-                // stream still queued for the same READ is replaced, not
-                // sent alongside.
-                let same_read = self.resp.answers.iter().position(|a| match a {
-                    Answer::Read(r) => r.first_psn.is_at_or_before(psn) && psn.is_before(r.first_psn.add(r.count)),
-                    _ => false,
-                });
-                // Under selective repeat it asks for a hole in what arrived:
-                // the rest of the stream is still wanted.
-                match same_read {
-                    // It takes the queued stream's place, and its resource:
-                    // an original's still counts against max_dest_rd_atomic.
-                    Some(index) if !self.attrs.selective_repeat => {
-                        if let Answer::Read(queued) = self.resp.answers[index] {
-                            response.replay = queued.replay;
-                        }
-                        self.resp.answers[index] = Answer::Read(response);
-                    }
-                    // However many repeats arrive, a bounded number wait.
-                    _ if self.resp.replays_queued() >= usize::from(MAX_RD_ATOMIC) => {}
-                    _ => self.resp.answers.push_back(Answer::Read(response)),
-                }
+                self.resp.queue_replay(response, self.attrs.selective_repeat);
             }
             _ if op.is_atomic() => {
                 let replay = self.resp.atomic_replay.iter().find(|(p, _)| *p == psn);
