@@ -5,7 +5,7 @@
 //! compared with what a perfect network would have produced.
 
 use clap::Args;
-use softrnic_sim::scenario::{self, Limits};
+use softrnic_sim::scenario::{self, Limits, Network};
 
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
@@ -36,9 +36,8 @@ pub fn run(args: &DemoArgs) -> Result<(), String> {
     let started = std::time::Instant::now();
     let mut packets = 0;
     for seed in args.seed..args.seed + args.runs {
-        let outcome = scenario::run(seed, limits).map_err(|failure| {
-            format!("{failure}\nreplay it with: SOFTRNIC_SIM_SEED={seed} cargo test -p softrnic-sim --test simulation")
-        })?;
+        let outcome = scenario::run(seed, limits)
+            .map_err(|failure| format!("{failure}\nreplay it with: {}", Network::Hostile.replay(seed)))?;
         packets += outcome.network.sent;
         println!(
             "{:>6} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>11.3}",

@@ -13,6 +13,7 @@ mod devinfo;
 mod exp;
 mod lab;
 mod run;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -52,6 +53,9 @@ enum Command {
     /// (/sys/class/infiniband, /dev/infiniband) and the drop-in library:
     /// ibstat, ibstatus, UCX.
     Run(run::RunArgs),
+    /// Run the simulator on fresh seeds for a while (softrnic sim --for
+    /// 1h): every failing seed, with the line that replays it.
+    Sim(sim::SimArgs),
 }
 
 fn main() {
@@ -70,6 +74,7 @@ fn main() {
         Command::Exp(args) => exp::run(args),
         Command::Run(args) => run::run(&args),
         Command::Lab(args) => lab::run(&args),
+        Command::Sim(args) => sim::run(&args),
     };
     if let Err(message) = result {
         eprintln!("softrnic: {message}");

@@ -397,6 +397,15 @@ impl Fabric {
         self.switches.len()
     }
 
+    /// Every link loses, delays and reorders nothing from now on.
+    pub fn heal(&mut self) {
+        for switch in &mut self.switches {
+            for port in 0..switch.ports() {
+                switch.set_link_faults(port, LinkFaults::NONE);
+            }
+        }
+    }
+
     /// The host with address `ip`.
     pub fn host(&self, ip: IpAddr) -> Option<usize> {
         self.hosts_by_ip.get(&ip).copied()

@@ -4,10 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use softrnic_transport::qp::QueuePair;
+use softrnic_transport::time::ack_timeout;
 use softrnic_transport::{
     Access, Choice, Completion, CqId, DmaBuffer, Instant, Mtu, Psn, QpCaps, QpInitAttr, QpState, QpType, RcConnection,
     Registration, Retransmission, SrqAttr, SrqId, TransportConfig, WcStatus,
 };
+use softrnic_wire::aeth;
 
 use softrnic_switch::{Graph, LinkFaults, PortConfig};
 
@@ -41,6 +44,47 @@ impl Default for Limits {
             max_steps: 20_000_000,
             switched: false,
         }
+    }
+}
+
+/// The networks a scenario's seeds run over, by the names the simulation
+/// test's functions and `softrnic sim` give them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    /// One link that drops, reorders, duplicates and corrupts packets.
+    Hostile,
+    /// Two of softrnic's switches joined by a slower link, whose ports
+    /// lose and reorder packets.
+    Switched,
+}
+
+impl Network {
+    pub const ALL: [Network; 2] = [Network::Hostile, Network::Switched];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Network::Hostile => "hostile",
+            Network::Switched => "switched",
+        }
+    }
+
+    /// The network `name` names.
+    pub fn parse(name: &str) -> Result<Network, String> {
+        Network::ALL
+            .into_iter()
+            .find(|n| n.name() == name)
+            .ok_or_else(|| format!("`{name}` is not a simulated network; give hostile or switched"))
+    }
+
+    /// The default limits over this network.
+    pub fn limits(self) -> Limits {
+        Limits { switched: self == Network::Switched, ..Limits::default() }
+    }
+
+    /// The command that runs `seed` over this network again, its trace
+    /// with `SOFTRNIC_SIM_TRACE=1` before it.
+    pub fn replay(self, seed: u64) -> String {
+        format!("SOFTRNIC_SIM_SEED={seed} cargo test --release -p softrnic-sim --test simulation {}", self.name())
     }
 }
 
@@ -86,6 +130,8 @@ struct Live {
     next_recv_post: Instant,
     sends_done: Vec<Completion>,
     recvs_done: Vec<Completion>,
+    /// The responder's expected PSN when last looked at: it never goes back.
+    epsn: Option<Psn>,
 }
 
 /// Two hosts on two switches: 100 Gb/s host links, a 25 Gb/s link between
@@ -183,23 +229,45 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         live.push(ends);
     }
 
+    // The safety phase, faults on, until `heal_at`; then the liveness
+    // phase: the network heals, and no QP with work may stall longer than
+    // its timers allow. Invariants are checked at every step of both.
+    let heal_at = Instant::ZERO + heal_after(seed);
+    let mut healed: Option<Instant> = None;
+    let mut broken: Option<String> = None;
     let finished = world.run_until(
         |world| {
             let mut all_done = true;
-            for (plan, ends) in plans.iter().zip(live.iter_mut()) {
+            for (p, (plan, ends)) in plans.iter().zip(live.iter_mut()).enumerate() {
                 let keys = [ends[0].keys, ends[1].keys];
                 for side in 0..2 {
                     let end = &mut ends[side];
                     let plan = &plan.ends[side];
-                    drive(world, end, plan, keys[1 - side]);
+                    if let Err(invariant) = drive(world, end, plan, keys[1 - side]) {
+                        broken = Some(format!("pair {p} side {side} at {:?}: {invariant}", world.now - Instant::ZERO));
+                        return true;
+                    }
                     all_done &= end.sends_done.len() == plan.expected_send_completions().len()
                         && end.recvs_done.len() == plan.recvs.len();
                 }
+            }
+            if healed.is_none() && world.now >= heal_at && !all_done {
+                world.heal();
+                healed = Some(world.now);
+            }
+            if let Some(at) = healed
+                && let Some(stall) = stalled(world, &live, at)
+            {
+                broken = Some(format!("the network healed at {:?}, then {stall}", at - Instant::ZERO));
+                return true;
             }
             all_done
         },
         limits.max_steps,
     );
+    if let Some(invariant) = broken {
+        return Err(format!("{context}: {invariant}"));
+    }
 
     if !finished && std::env::var_os("SOFTRNIC_SIM_TRACE").is_some() {
         for (p, ends) in live.iter().enumerate() {
@@ -209,12 +277,20 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
             }
         }
     }
+    // A run that stopped unfinished says where every QP with work stood.
+    let stuck = match finished {
+        true => String::new(),
+        false => {
+            format!(" (the run stopped at {:?}: {})", world.now - Instant::ZERO, unfinished(&world, &plans, &live))
+        }
+    };
     for (p, (plan, ends)) in plans.iter().zip(&live).enumerate() {
         for (side, (end, plan)) in ends.iter().zip(&plan.ends).enumerate() {
             let who = format!("{context}: pair {p} side {side}");
             let expected_recvs: Vec<_> = plan.recvs.iter().map(|r| r.expect).collect();
-            check_completions(&who, "send", &end.sends_done, &plan.expected_send_completions())?;
-            check_completions(&who, "receive", &end.recvs_done, &expected_recvs)?;
+            check_completions(&who, "send", &end.sends_done, &plan.expected_send_completions())
+                .map_err(|e| format!("{e}{stuck}"))?;
+            check_completions(&who, "receive", &end.recvs_done, &expected_recvs).map_err(|e| format!("{e}{stuck}"))?;
             let state = world.device(end.host).qp(end.qpn).map(|qp| qp.state());
             if state != Some(QpState::Rts) {
                 return Err(format!("{who}: QP ended in {state:?}"));
@@ -222,7 +298,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         }
     }
     if !finished {
-        return Err(format!("{context}: the run stopped before every request completed (t = {:?})", world.now));
+        return Err(format!("{context}: the run stopped before every request completed{stuck}"));
     }
     // Only now has every peer finished writing into every buffer.
     for (p, (plan, ends)) in plans.iter().zip(&live).enumerate() {
@@ -252,6 +328,72 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         duplicates: sum(|c| c.rx_duplicate_requests + c.rx_duplicate_responses),
         icrc_drops: sum(|c| c.rx_icrc_errors),
     })
+}
+
+/// When a seed's network heals: drawn from a stream of its own (so that
+/// each seed's workload and faults stay what they were), log-uniform
+/// from 1 ms to 100 ms of virtual time. Most runs finish sooner and keep
+/// their faults to the end; the longer ones (the hardest: the largest
+/// messages, the worst faults) are the ones whose end needs proving.
+fn heal_after(seed: u64) -> Duration {
+    let exponent = fastrand::Rng::with_seed(seed ^ 0x4ea1).f64() * 2.0;
+    Duration::from_secs_f64(1e-3 * 10f64.powf(exponent))
+}
+
+/// How long a QP with work to do may go without progress once the
+/// network has healed: its own horizon, its local ACK timeout for each of
+/// its retries and once more, and its RNR timer for each RNR retry and
+/// once more. A requester that waited longer on a healed network would
+/// either have failed its request already or be waiting on something no
+/// timer watches.
+fn stall_bound(qp: &QueuePair) -> Duration {
+    let a = qp.attributes();
+    let ack = ack_timeout(a.timeout).unwrap_or_default() * (u32::from(a.retry_cnt) + 1);
+    let rnr = Duration::from_nanos(aeth::rnr_timer_nanos(a.min_rnr_timer)) * (u32::from(a.rnr_retry) + 1);
+    ack + rnr
+}
+
+/// The first QP that has had work to do and no progress for longer than
+/// its [`stall_bound`] since the network healed at `healed`, described.
+fn stalled(world: &World, live: &[[Live; 2]], healed: Instant) -> Option<String> {
+    for (p, ends) in live.iter().enumerate() {
+        for (side, end) in ends.iter().enumerate() {
+            let Some(qp) = world.hosts[end.host].device.qp(end.qpn) else { continue };
+            let since = qp.last_progress().max(healed);
+            let bound = stall_bound(qp);
+            if qp.send_queue_len() > 0 && world.now - since > bound {
+                return Some(format!(
+                    "pair {p} side {side} (QP {:#x}) made no progress for {:?} (its timers allow {bound:?}): {:?}, {}",
+                    end.qpn,
+                    world.now - since,
+                    qp.state(),
+                    qp.progress()
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Which QPs still had work, and where each stood.
+fn unfinished(world: &World, plans: &[PairPlan], live: &[[Live; 2]]) -> String {
+    let mut lines = Vec::new();
+    for (p, (plan, ends)) in plans.iter().zip(live).enumerate() {
+        for (side, (end, plan)) in ends.iter().zip(&plan.ends).enumerate() {
+            let (sent, received) = (end.sends_done.len(), end.recvs_done.len());
+            let (sends, recvs) = (plan.expected_send_completions().len(), plan.recvs.len());
+            if sent == sends && received == recvs {
+                continue;
+            }
+            let qp = world.hosts[end.host].device.qp(end.qpn);
+            let state = qp.map_or("gone".to_string(), |qp| format!("{:?}, {}", qp.state(), qp.progress()));
+            lines.push(format!(
+                "pair {p} side {side} (QP {:#x}): {sent} of {sends} send and {received} of {recvs} receive completions, {state}",
+                end.qpn
+            ));
+        }
+    }
+    lines.join("; ")
 }
 
 fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut fastrand::Rng) -> Live {
@@ -289,6 +431,7 @@ fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut 
         next_recv_post: Instant::ZERO,
         sends_done: Vec::new(),
         recvs_done: Vec::new(),
+        epsn: None,
     }
 }
 
@@ -331,17 +474,40 @@ fn connect(
 
 /// Does what an application would: posts receives within its window and
 /// requests while the send queue has room, and polls its completions.
-fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKeys) {
+/// Checks the invariants that hold at every step (TigerBeetle's online
+/// checks, so that a break names the moment it happened, not the end of
+/// the run): the error says which one broke.
+fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKeys) -> Result<(), String> {
     let now = world.now;
     let device = world.device(end.host);
+    if let Some(qp) = device.qp(end.qpn) {
+        let epsn = qp.expected_psn();
+        if end.epsn.is_some_and(|before| epsn.is_before(before)) {
+            return Err(format!("the responder's expected PSN went back from {:?} to {epsn:?}", end.epsn));
+        }
+        end.epsn = Some(epsn);
+    }
     let mut polled = Vec::new();
     device.poll_cq(end.cq, usize::MAX, &mut polled);
-    for c in polled {
+    for c in &polled {
         // Receive completions (flushed ones too) carry receive opcodes.
         if c.opcode as u32 >= 128 {
-            end.recvs_done.push(c);
+            in_order(c, &end.recvs_done, plan.recvs[..end.posted_recvs].iter().map(|r| r.wr_id), "receive")?;
+            end.recvs_done.push(*c);
         } else {
-            end.sends_done.push(c);
+            in_order(c, &end.sends_done, plan.ops[..end.posted_ops].iter().map(|op| op.wr_id), "send")?;
+            end.sends_done.push(*c);
+        }
+    }
+    if !polled.is_empty() {
+        // Only the region's own bytes may change; the guards around it never.
+        let initial = &plan.initial;
+        for at in [0, initial.len() - GUARD] {
+            let mut guard = [0u8; GUARD];
+            end.buffer.read(at, &mut guard);
+            if guard[..] != initial[at..at + GUARD] {
+                return Err(format!("a byte outside the registered region changed, at offset {at}"));
+            }
         }
     }
     while end.posted_recvs < plan.recvs.len()
@@ -367,6 +533,26 @@ fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKey
         device.post_send(now, end.qpn, wr).expect("post_send");
         end.posted_ops += 1;
     }
+    Ok(())
+}
+
+/// Completion `c` is for a request that was posted (`posted`, in the order
+/// they were) and comes after those `done` before it.
+fn in_order(
+    c: &Completion,
+    done: &[Completion],
+    mut posted: impl Iterator<Item = u64>,
+    queue: &str,
+) -> Result<(), String> {
+    let Some(index) = posted.position(|wr_id| wr_id == c.wr_id) else {
+        return Err(format!("a {queue} completion for a request never posted: {c:?}"));
+    };
+    // Work request ids grow in the order a plan posts them (`workload.rs`).
+    let previous = done.last().map(|p| p.wr_id);
+    if previous.is_some_and(|p| p >= c.wr_id) {
+        return Err(format!("{queue} completions out of order: {c:?} (request {index}) after {previous:?}"));
+    }
+    Ok(())
 }
 
 fn check_completions(
@@ -400,4 +586,46 @@ fn check_completions(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use softrnic_transport::WcOpcode;
+
+    use super::*;
+
+    fn completion(wr_id: u64) -> Completion {
+        Completion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::RdmaWrite,
+            byte_len: 0,
+            imm_data: None,
+            qp_num: 1,
+            src_qp: 0,
+            source: None,
+            grh: false,
+            solicited: false,
+            timestamp: Instant::ZERO,
+        }
+    }
+
+    #[test]
+    fn a_completion_is_for_a_posted_request_after_those_before_it() {
+        let posted = [1, 2, 3];
+        let done = [completion(1)];
+        assert!(in_order(&completion(3), &done, posted.into_iter(), "send").is_ok(), "one skipped (unsignalled)");
+        let never = in_order(&completion(9), &done, posted.into_iter(), "send").unwrap_err();
+        assert!(never.contains("never posted"), "{never}");
+        let again = in_order(&completion(1), &done, posted.into_iter(), "send").unwrap_err();
+        assert!(again.contains("out of order"), "{again}");
+    }
+
+    #[test]
+    fn the_network_heals_between_one_and_a_hundred_milliseconds() {
+        let heals: Vec<Duration> = (0..1000).map(heal_after).collect();
+        assert!(heals.iter().all(|&h| Duration::from_millis(1) <= h && h <= Duration::from_millis(100)));
+        let early = heals.iter().filter(|&&h| h < Duration::from_millis(10)).count();
+        assert!((400..600).contains(&early), "log-uniform: half below 10 ms, not {early} of 1000");
+    }
 }

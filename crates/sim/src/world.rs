@@ -148,6 +148,22 @@ impl World {
         world
     }
 
+    /// The network heals: from now on no link loses, reorders, duplicates
+    /// or corrupts anything, and every host is up. What was already on
+    /// its way still arrives as it was sent.
+    pub fn heal(&mut self) {
+        self.network.faults = Faults::NONE;
+        if let Some(fabric) = &mut self.fabric {
+            fabric.heal();
+        }
+        for host in 0..self.hosts.len() {
+            if !self.hosts[host].up {
+                self.hosts[host].up = true;
+                self.touch(host);
+            }
+        }
+    }
+
     fn touch(&mut self, host: usize) {
         if !self.touched[host] {
             self.touched[host] = true;

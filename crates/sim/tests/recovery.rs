@@ -168,3 +168,37 @@ fn long_reads_on_a_path_slower_than_a_window_per_timeout_complete() {
         }
     }
 }
+
+/// The simulator's liveness phase in small: a network that loses every
+/// packet for a while, then heals. What was posted meanwhile completes,
+/// once and in order, as soon as the timers find the path open again, and
+/// within the QP's retries (7 of 4.2 ms: a partition shorter than that
+/// costs no request).
+#[test]
+fn a_network_that_heals_finishes_what_was_posted_meanwhile() {
+    for retransmission in [Retransmission::Fixed, Retransmission::ADAPTIVE] {
+        let mut pair = pair(retransmission);
+        pair.world.network.faults.loss = 1.0;
+        for wr_id in 1..=3 {
+            write(&mut pair, wr_id, 4096);
+        }
+        let partitioned = pair.world.now + TIMEOUT * 3;
+        pair.world.run_until_time(partitioned);
+        let lost = pair.world.network.stats.dropped;
+        assert!(lost >= 3, "{retransmission:?}: the partition lost the flight and its retries ({lost})");
+        let mut early = Vec::new();
+        let cq = pair.a.cq;
+        pair.world.device(A).poll_cq(cq, usize::MAX, &mut early);
+        assert!(early.is_empty(), "{retransmission:?}: nothing completes across a partition: {early:?}");
+        pair.world.heal();
+        let done = pair.wait(A, 3);
+        let took = pair.world.now - partitioned;
+        assert_eq!(
+            done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)],
+            "{retransmission:?}"
+        );
+        assert!(took <= TIMEOUT * 2, "{retransmission:?}: the next retry after the heal took {took:?}");
+        assert_eq!(pair.state(A), QpState::Rts);
+    }
+}

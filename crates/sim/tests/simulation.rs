@@ -6,7 +6,7 @@
 //! - `SOFTRNIC_SIM_SEED=S` replays one seed;
 //! - `SOFTRNIC_SIM_FIRST=F` starts at seed F (for long runs in slices).
 
-use softrnic_sim::scenario::{self, Limits};
+use softrnic_sim::scenario::{self, Limits, Network};
 
 fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name} must be a number, not {v:?}")))
@@ -29,7 +29,7 @@ fn random_workloads_survive_a_hostile_network() {
     let mut totals = [0u64; 8];
     let mut recoveries = [0usize; 2];
     for &seed in &seeds {
-        match scenario::run(seed, Limits::default()) {
+        match scenario::run(seed, Network::Hostile.limits()) {
             Ok(outcome) => {
                 totals[0] += outcome.network.dropped;
                 totals[1] += outcome.retransmitted;
@@ -42,7 +42,7 @@ fn random_workloads_survive_a_hostile_network() {
                 recoveries[usize::from(outcome.selective_repeat)] += 1;
             }
             Err(failure) => {
-                panic!("{failure}\nreplay with: SOFTRNIC_SIM_SEED={seed} cargo test -p softrnic-sim --test simulation")
+                panic!("{failure}\nreplay with: {}", Network::Hostile.replay(seed))
             }
         }
     }
@@ -93,15 +93,12 @@ fn a_perfect_network_needs_no_recovery() {
 /// reorder packets.
 #[test]
 fn random_workloads_survive_a_switched_network() {
-    let limits = Limits { switched: true, ..Limits::default() };
+    let limits = Network::Switched.limits();
     let (mut dropped, mut retransmitted) = (0, 0);
     let seeds = seeds(100);
     for &seed in &seeds {
-        let outcome = scenario::run(seed, limits).unwrap_or_else(|failure| {
-            panic!(
-                "{failure}\nreplay with: SOFTRNIC_SIM_SEED={seed} cargo test -p softrnic-sim --test simulation switched"
-            )
-        });
+        let outcome = scenario::run(seed, limits)
+            .unwrap_or_else(|failure| panic!("{failure}\nreplay with: {}", Network::Switched.replay(seed)));
         dropped += outcome.network.dropped;
         retransmitted += outcome.retransmitted;
     }
@@ -109,4 +106,32 @@ fn random_workloads_survive_a_switched_network() {
     if seeds.len() >= 100 {
         assert!(dropped > 0 && retransmitted > 0, "the switches' losses exercised recovery");
     }
+}
+
+/// Replays one seed of the switched scenario that once failed.
+fn replay_switched(seed: u64) {
+    if let Err(failure) = scenario::run(seed, Network::Switched.limits()) {
+        panic!("{failure}");
+    }
+}
+
+/// Seed 100037: selective repeat under HPCC, 2.5 % reordering and nothing
+/// else. The requester timed out behind its paced responder and asked for
+/// the same 16 READ responses again every 17 µs; each repeat queued a
+/// stream of its own, and the backlog (16 streams of 16 packets at 47 µs
+/// each) outlasted the requester's seven retries: `RetryExcErr` on a READ
+/// with nothing lost. A repeat the queued stream answers anyway now adds
+/// nothing (`Responder::queue_replay`).
+#[test]
+fn seed_100037_a_paced_read_outlasts_no_retries() {
+    replay_switched(100_037);
+}
+
+/// Seed 940176: selective repeat under Swift, with reordering, duplication
+/// and corruption. The same backlog of repeated READ streams, in both
+/// directions at 0.1 Gb/s, held the ACK of a SEND behind it for longer
+/// than the SEND's retries lasted.
+#[test]
+fn seed_940176_an_ack_waits_behind_no_backlog_of_repeats() {
+    replay_switched(940_176);
 }

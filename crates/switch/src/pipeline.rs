@@ -10,7 +10,7 @@ use softrnic_wire::int::{Hop, Stamp};
 
 use crate::Time;
 use crate::aggregation::{Aggregator, Verdict};
-use crate::config::{PortConfig, SwitchConfig};
+use crate::config::{LinkFaults, PortConfig, SwitchConfig};
 use crate::counters::{PortCounters, QueueCounters, QueueSample};
 use crate::frame::{Classified, Ecn, Frame};
 use crate::routes::Routes;
@@ -360,6 +360,12 @@ impl<F: Frame> Switch<F> {
 
     pub fn port_config(&self, port: PortId) -> &PortConfig {
         &self.ports[port].config
+    }
+
+    /// Gives the link out of `port` new faults from now on: a network that
+    /// heals (the simulator's liveness phase), or one that turns hostile.
+    pub fn set_link_faults(&mut self, port: PortId, faults: LinkFaults) {
+        self.ports[port].config.faults = faults;
     }
 
     pub fn port_counters(&self, port: PortId) -> PortCounters {

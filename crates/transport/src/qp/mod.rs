@@ -545,6 +545,37 @@ impl QueuePair {
         self.queues.srq.as_ref()
     }
 
+    /// When the requester last made progress: an acknowledgement that
+    /// moved it on, a READ response it had not had, or the start of a
+    /// flight.
+    pub fn last_progress(&self) -> Instant {
+        self.req.progress_at
+    }
+
+    /// The PSN the responder expects next.
+    pub fn expected_psn(&self) -> softrnic_wire::Psn {
+        self.resp.epsn
+    }
+
+    /// Where the QP stands, in one line: what its requester has in flight
+    /// and left to try, what its responder expects and owes. For the
+    /// report of a run that did not finish.
+    pub fn progress(&self) -> String {
+        let (req, resp) = (&self.req, &self.resp);
+        format!(
+            "requester: {} requests, una {:?}, sent to {:?}, {} retries and {} RNR retries left, next deadline {:?}; \
+             responder: expects {:?}, {} answers queued",
+            self.sq.len(),
+            req.una,
+            req.sent_end,
+            req.retries_left,
+            req.rnr_retries_left,
+            req.deadline(),
+            resp.epsn,
+            resp.answers.len()
+        )
+    }
+
     /// Number of send work requests not yet completed.
     pub fn send_queue_len(&self) -> usize {
         self.sq.len()

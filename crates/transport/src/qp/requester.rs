@@ -44,8 +44,11 @@ pub(super) struct Requester {
     /// The adaptive timer's estimate of the path.
     pub rto: RtoEstimator,
     /// When the flight last made progress (or began): a retry is spent
-    /// once the QP's `timeout` has passed since.
+    /// once the QP's `timeout` has passed since, or since the last retry
+    /// spent after it.
     pub progress_at: Instant,
+    /// When a retry was last spent.
+    pub retry_spent_at: Option<Instant>,
     /// Sending waits until then after an RNR NAK.
     pub rnr_until: Option<Instant>,
     /// READ and ATOMIC requests started and not yet completed.
@@ -562,13 +565,14 @@ impl QueuePair {
         // progress; the adaptive timer's earlier expiries are free.
         let timeout = ack_timeout(self.attrs.timeout).unwrap_or_default();
         let adaptive = matches!(self.retransmission(ctx), Retransmission::Adaptive { .. });
-        if !adaptive || ctx.now - self.req.progress_at >= timeout {
+        let waiting_since = self.req.retry_spent_at.map_or(self.req.progress_at, |at| at.max(self.req.progress_at));
+        if !adaptive || ctx.now - waiting_since >= timeout {
             if self.req.retries_left == 0 {
                 self.fail_oldest(ctx, WcStatus::RetryExcErr);
                 return;
             }
             self.req.retries_left -= 1;
-            self.req.progress_at = ctx.now;
+            self.req.retry_spent_at = Some(ctx.now);
         }
         self.req.rto.on_expiry();
         self.req.recovering_from = None;
