@@ -265,17 +265,16 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         },
         limits.max_steps,
     );
-    if let Some(invariant) = broken {
-        return Err(format!("{context}: {invariant}"));
-    }
-
-    if !finished && std::env::var_os("SOFTRNIC_SIM_TRACE").is_some() {
+    if (!finished || broken.is_some()) && std::env::var_os("SOFTRNIC_SIM_TRACE").is_some() {
         for (p, ends) in live.iter().enumerate() {
             for (side, end) in ends.iter().enumerate() {
                 let state = world.device(end.host).qp(end.qpn).map(|qp| format!("{qp:#?}"));
                 println!("pair {p} side {side}: {}", state.unwrap_or_default());
             }
         }
+    }
+    if let Some(invariant) = broken {
+        return Err(format!("{context}: {invariant}"));
     }
     // A run that stopped unfinished says where every QP with work stood.
     let stuck = match finished {

@@ -135,3 +135,29 @@ fn seed_100037_a_paced_read_outlasts_no_retries() {
 fn seed_940176_an_ack_waits_behind_no_backlog_of_repeats() {
     replay_switched(940_176);
 }
+
+/// Seed 241505222531, the liveness phase's first find: selective repeat
+/// under TIMELY, no faults at all. A QP's requester and its responder
+/// share its pacer, and `poll_transmit` passed the first turn on every
+/// call rather than every packet sent: a call that found the pacer closed
+/// used up the requester's turn, and every open slot went to the READ
+/// responses the QP owed its peer. A WRITE waited 8.5 ms with nothing in
+/// flight, longer than the QP's timers allow once the network has healed.
+#[test]
+fn seed_241505222531_a_write_gets_turns_beside_its_qps_read_responses() {
+    replay_switched(241_505_222_531);
+}
+
+/// Seed 241505223698: the same, a requester starved for 134 ms.
+#[test]
+fn seed_241505223698_a_requester_starves_no_longer_than_its_timers() {
+    replay_switched(241_505_223_698);
+}
+
+/// Seed 241505217394: the same turns the other way, under go-back-N and
+/// Swift with loss and duplication: once the QP began a WRITE, its READ
+/// responses got no slot, and the peer's READ spent its retries asking.
+#[test]
+fn seed_241505217394_read_responses_get_turns_beside_their_qps_writes() {
+    replay_switched(241_505_217_394);
+}

@@ -355,19 +355,30 @@ impl QueuePair {
         match self.init.qp_type {
             QpType::Ud => self.ud_transmit(ctx, buf),
             QpType::Rc => {
-                // Alternate, so a long READ response cannot starve our own
-                // requests; but a bare ACK goes after a request: the pair
-                // then forms one GSO run (the shorter datagram last) and
-                // crosses the kernel as one buffer.
+                // Take turns, so a long READ response cannot starve our own
+                // requests (nor they it): whoever sent a packet lets the
+                // other go first next time. Turns pass on packets sent, not
+                // on calls: a call that finds the pacer closed sends
+                // nothing, and turns counted per call handed every open
+                // slot to the responder (simulator seed 241505222531: a
+                // WRITE stalled for 8 ms behind its QP's READ responses).
+                // A bare ACK goes after a request: the pair then forms one
+                // GSO run (the shorter datagram last) and crosses the
+                // kernel as one buffer.
                 let responder_first = self.responder_first && !self.resp.next_is_ack();
-                self.responder_first = !self.responder_first;
                 let out = if responder_first {
-                    self.poll_response(ctx, buf).or_else(|| self.poll_request(ctx, buf))
+                    self.poll_response(ctx, buf)
+                        .map(|t| (t, true))
+                        .or_else(|| self.poll_request(ctx, buf).map(|t| (t, false)))
                 } else {
-                    self.poll_request(ctx, buf).or_else(|| self.poll_response(ctx, buf))
+                    self.poll_request(ctx, buf)
+                        .map(|t| (t, false))
+                        .or_else(|| self.poll_response(ctx, buf).map(|t| (t, true)))
                 };
                 self.assert_requester();
-                out
+                let (transmit, by_responder) = out?;
+                self.responder_first = !by_responder;
+                Some(transmit)
             }
         }
     }
