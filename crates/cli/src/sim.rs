@@ -114,7 +114,7 @@ pub fn run(args: &SimArgs) -> Result<(), String> {
         "{} seeds ({}..{}) over {over} in {}: {} failed",
         report.tried,
         first,
-        first + report.tried,
+        first.wrapping_add(report.tried),
         humantime::format_duration(Duration::from_secs(elapsed.as_secs())),
         report.failures.len()
     );
@@ -198,9 +198,9 @@ fn hunt(
 
 /// Runs one seed over `network`: the oracle's verdict, or the message of
 /// an invariant the transport asserted on the way.
-fn judge(seed: u64, network: Network) -> Result<(), String> {
+fn judge(seed: u64, network: Network) -> Result<scenario::Outcome, String> {
     match catch_unwind(AssertUnwindSafe(|| scenario::run(seed, network.limits()))) {
-        Ok(verdict) => verdict.map(|_| ()),
+        Ok(verdict) => verdict,
         Err(panic) => {
             let message = panic
                 .downcast_ref::<String>()
@@ -217,7 +217,7 @@ fn replay(seed: u64, networks: &[Network]) -> Result<(), String> {
     let mut failed = 0;
     for &network in networks {
         let started = Instant::now();
-        match scenario::run(seed, network.limits()) {
+        match judge(seed, network) {
             Ok(outcome) => println!(
                 "{} seed {seed}: passed in {:.2?} ({:.3} ms simulated): {} packets sent, {} dropped, {} retransmitted, {} timeouts",
                 network.name(),

@@ -17,7 +17,7 @@ use softrnic_switch::{Graph, LinkFaults, PortConfig};
 use crate::fabric::{FabricSpec, Link};
 use crate::network::{Faults, NetworkStats};
 use crate::workload::{EndpointPlan, GUARD, IOVA_BASE, PairPlan, RegionKeys, Shape, first_difference};
-use crate::world::World;
+use crate::world::{Outage, OutageKind, World};
 
 /// How hostile and how large a generated scenario may be.
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +128,9 @@ struct Live {
     /// SENDs meet RNR NAKs.
     recv_period: Option<Duration>,
     next_recv_post: Instant,
+    /// An application that stops posting receives for a while: the peer's
+    /// SENDs meet RNR NAKs until it starts again.
+    recv_pause: Option<(Instant, Instant)>,
     sends_done: Vec<Completion>,
     recvs_done: Vec<Completion>,
     /// The responder's expected PSN when last looked at: it never goes back.
@@ -203,10 +206,12 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         false => World::with_config(2, faults, seed, config),
         true => World::with_fabric(&two_switches(faults, seed), config),
     };
+    world.outages = outages(seed);
     let recovery = if selective_repeat { "selective repeat" } else { "go-back-N" };
     let context = format!(
-        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, {retransmission:?}, {recovery}, {cc})",
-        mtu.bytes()
+        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, outages {:?}, {retransmission:?}, {recovery}, {cc})",
+        mtu.bytes(),
+        world.outages
     );
 
     // Set up both ends of every pair and connect them.
@@ -227,6 +232,11 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
             }
         }
         live.push(ends);
+    }
+
+    let mut pauses = fastrand::Rng::with_seed(seed ^ 0x9a05);
+    for end in live.iter_mut().flatten() {
+        end.recv_pause = recv_pause(&mut pauses);
     }
 
     // The safety phase, faults on, until `heal_at`; then the liveness
@@ -252,7 +262,10 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
                 }
             }
             if healed.is_none() && world.now >= heal_at && !all_done {
+                // Every fault ends: the network's, and the applications'
+                // pauses in posting receives.
                 world.heal();
+                live.iter_mut().flatten().for_each(|end| end.recv_pause = None);
                 healed = Some(world.now);
             }
             if let Some(at) = healed
@@ -326,6 +339,36 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         seq_naks: sum(|c| c.seq_naks_sent + c.selective_naks_sent),
         duplicates: sum(|c| c.rx_duplicate_requests + c.rx_duplicate_responses),
         icrc_drops: sum(|c| c.rx_icrc_errors),
+    })
+}
+
+/// The outages of a seed's network, drawn from a stream of their own (so
+/// that each seed's workload and faults stay what they were): a quarter
+/// of the seeds clog one direction, a quarter partition the hosts, each
+/// for 50 µs to 2 ms within the first 5 ms. Two milliseconds is less
+/// than any QP's retries last (its ACK timeout, at least 1 ms, eight
+/// times), so every request must still complete.
+fn outages(seed: u64) -> Vec<Outage> {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x0c10);
+    let mut outages = Vec::new();
+    for kind in [OutageKind::Clog, OutageKind::Partition] {
+        if rng.u8(0..4) == 0 {
+            let from = Instant::ZERO + Duration::from_micros(rng.u64(0..5000));
+            let until = from + Duration::from_micros(rng.u64(50..=2000));
+            let between = if rng.bool() { (0, 1) } else { (1, 0) };
+            outages.push(Outage { kind, between, from, until });
+        }
+    }
+    outages
+}
+
+/// Whether an endpoint's application stops posting receives for a while,
+/// and when: one in four, for 100 µs to 3 ms within the first 5 ms (its
+/// QP retries RNR for ever, so the peer's SENDs wait it out).
+fn recv_pause(rng: &mut fastrand::Rng) -> Option<(Instant, Instant)> {
+    (rng.u8(0..4) == 0).then(|| {
+        let from = Instant::ZERO + Duration::from_micros(rng.u64(0..5000));
+        (from, from + Duration::from_micros(rng.u64(100..=3000)))
     })
 }
 
@@ -428,6 +471,7 @@ fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut 
         recv_period: rng.bool().then(|| Duration::from_micros(rng.u64(1..=50))),
         srq,
         next_recv_post: Instant::ZERO,
+        recv_pause: None,
         sends_done: Vec::new(),
         recvs_done: Vec::new(),
         epsn: None,
@@ -509,9 +553,11 @@ fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKey
             }
         }
     }
+    let paused = end.recv_pause.is_some_and(|(from, until)| from <= now && now < until);
     while end.posted_recvs < plan.recvs.len()
         && end.posted_recvs - end.recvs_done.len() < end.recv_window
         && now >= end.next_recv_post
+        && !paused
     {
         let wr = plan.recvs[end.posted_recvs].work_request(end.keys);
         match end.srq {

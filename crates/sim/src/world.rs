@@ -72,6 +72,40 @@ impl std::fmt::Debug for ReceiveSources {
     }
 }
 
+/// A fault of the network as a whole, for a while: what no per-packet
+/// draw makes. The simulator's liveness phase ends every outage
+/// ([`World::heal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outage {
+    pub kind: OutageKind,
+    /// The hosts it stands between: a clog holds what `between.0` sends
+    /// to `between.1`; a partition cuts both ways.
+    pub between: (usize, usize),
+    pub from: Instant,
+    pub until: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutageKind {
+    /// The path holds everything sent on it and lets it all go, in
+    /// order, when the clog ends: a stalled link or a paused port.
+    Clog,
+    /// Nothing crosses, either way: whatever is sent is lost.
+    Partition,
+}
+
+impl Outage {
+    /// Does it stand between `sender` and `receiver` at `now`?
+    fn covers(&self, sender: usize, receiver: usize, now: Instant) -> bool {
+        let (a, b) = self.between;
+        let on_path = match self.kind {
+            OutageKind::Clog => (sender, receiver) == (a, b),
+            OutageKind::Partition => (sender, receiver) == (a, b) || (sender, receiver) == (b, a),
+        };
+        on_path && self.from <= now && now < self.until
+    }
+}
+
 /// Devices, the network between them, and the clock.
 #[derive(Debug)]
 pub struct World {
@@ -92,6 +126,22 @@ pub struct World {
     buf: Vec<u8>,
     /// Print every packet (`SOFTRNIC_SIM_TRACE=1`).
     trace: bool,
+    /// Outages of the network, in any order.
+    pub outages: Vec<Outage>,
+    /// Datagrams a clog holds: when they go, and which host sent them.
+    held: Vec<(Instant, usize, InFlight)>,
+    /// Datagrams partitions lost.
+    pub partitioned: u64,
+    /// The seed the devices' keys and QP numbers are drawn from, and how
+    /// many hosts have restarted (each restart draws afresh).
+    seed: u64,
+    restarts: u64,
+}
+
+/// Keys and QP numbers for host `host`'s device, drawn from the run's seed
+/// (a run replays), afresh after each restart.
+fn entropy(seed: u64, host: usize, restart: u64) -> Entropy {
+    Entropy::from_u64(seed ^ (host as u64).wrapping_mul(0x2545_f491_4f6c_dd1d) ^ restart.wrapping_mul(0x9e37_79b9))
 }
 
 /// The address of simulated host `i`: 127.0.0.2, 127.0.0.3, ... and on to
@@ -111,9 +161,7 @@ impl World {
         let hosts = (0..hosts)
             .map(|i| {
                 let ip = host_ip(i);
-                // Keys and QP numbers drawn from the run's seed: a run replays.
-                let entropy = Entropy::from_u64(seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d));
-                let device = Device::new(TransportConfig { local_addr: ip, ..config.clone() }, entropy);
+                let device = Device::new(TransportConfig { local_addr: ip, ..config.clone() }, entropy(seed, i, 0));
                 Host {
                     device,
                     addr: SocketAddr::new(ip, ROCEV2_UDP_PORT),
@@ -137,6 +185,11 @@ impl World {
             timer_queue: BinaryHeap::new(),
             buf: vec![0; MAX_DATAGRAM_LEN],
             trace,
+            outages: Vec::new(),
+            held: Vec::new(),
+            partitioned: 0,
+            seed,
+            restarts: 0,
         }
     }
 
@@ -152,6 +205,8 @@ impl World {
     /// or corrupts anything, and every host is up. What was already on
     /// its way still arrives as it was sent.
     pub fn heal(&mut self) {
+        self.outages.clear();
+        self.release_held(Instant::from_nanos(u64::MAX));
         self.network.faults = Faults::NONE;
         if let Some(fabric) = &mut self.fabric {
             fabric.heal();
@@ -162,6 +217,19 @@ impl World {
                 self.touch(host);
             }
         }
+    }
+
+    /// Host `host` crashes and comes back: a fresh device at the same
+    /// address, with the same configuration and none of its QPs, regions
+    /// or keys; what it had to send and its timers are gone with it.
+    pub fn restart(&mut self, host: usize) {
+        self.restarts += 1;
+        let config = self.hosts[host].device.config().clone();
+        self.hosts[host].device = Device::new(config, entropy(self.seed, host, self.restarts));
+        self.hosts[host].receive_sources = ReceiveSources::default();
+        self.hosts[host].up = true;
+        self.timers[host] = None;
+        self.touch(host);
     }
 
     fn touch(&mut self, host: usize) {
@@ -180,11 +248,29 @@ impl World {
         self.hosts[host].addr.ip()
     }
 
-    /// Sends what the devices have ready; then when the next arrival or
-    /// timer is, if anything is left to happen.
+    /// Sends what the devices have ready; then when the next arrival,
+    /// timer or end of a clog is, if anything is left to happen.
     fn next_event(&mut self) -> Option<Instant> {
         self.flush();
-        [self.next_arrival(), self.next_timer()].into_iter().flatten().min()
+        let clog_ends = self.held.iter().map(|&(at, _, _)| at).min();
+        [self.next_arrival(), self.next_timer(), clog_ends].into_iter().flatten().min()
+    }
+
+    /// Puts on the network, in the order they were sent, the datagrams
+    /// whose clog ended by `by` (now, however late the clog's end).
+    fn release_held(&mut self, by: Instant) {
+        let (due, kept) = std::mem::take(&mut self.held).into_iter().partition(|&(at, _, _)| at <= by);
+        self.held = kept;
+        for (_, sender, packet) in due {
+            self.put_on_network(sender, packet);
+        }
+    }
+
+    fn put_on_network(&mut self, sender: usize, packet: InFlight) {
+        match &mut self.fabric {
+            Some(fabric) => fabric.send(self.now, sender, packet),
+            None => self.network.send(self.now, sender, packet),
+        }
     }
 
     /// The soonest timer of a host that is up.
@@ -216,6 +302,7 @@ impl World {
     pub fn step(&mut self) -> bool {
         let Some(next) = self.next_event() else { return false };
         self.now = self.now.max(next);
+        self.release_held(self.now);
         loop {
             let packet = match &mut self.fabric {
                 Some(fabric) => fabric.pop_due(self.now),
@@ -271,9 +358,15 @@ impl World {
                 if self.trace {
                     println!("{:>12?} send    {}", self.now - Instant::ZERO, describe(&packet));
                 }
-                match &mut self.fabric {
-                    Some(fabric) => fabric.send(self.now, index, packet),
-                    None => self.network.send(self.now, index, packet),
+                let receiver = self.by_ip.get(&t.dst).copied();
+                let outage = receiver.and_then(|r| self.outages.iter().find(|o| o.covers(index, r, self.now)));
+                match outage.map(|o| (o.kind, o.until)) {
+                    Some((OutageKind::Partition, _)) => self.partitioned += 1,
+                    Some((OutageKind::Clog, until)) => self.held.push((until, index, packet)),
+                    None => match &mut self.fabric {
+                        Some(fabric) => fabric.send(self.now, index, packet),
+                        None => self.network.send(self.now, index, packet),
+                    },
                 }
             }
         }

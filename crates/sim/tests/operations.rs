@@ -552,6 +552,31 @@ fn a_peer_that_dies_mid_transfer_fails_the_transfer() {
     assert_eq!(pair.state(0), QpState::Error);
 }
 
+/// A peer that crashes and restarts mid-transfer comes back without the
+/// QP: its fresh device drops what still arrives for it, and the
+/// survivor's QP fails the transfer, flushes what was posted after it
+/// and its receives, and never hangs.
+#[test]
+fn a_peer_that_restarts_mid_transfer_is_a_qp_gone() {
+    let mut pair = Pair::new(PairOptions { retry_cnt: 2, ..PairOptions::default() });
+    pair.post_recv(0, 100, 0, 64);
+    pair.a.buffer.write(0, &pattern(60_000, 3));
+    pair.post(0, 1, SendOp::Write { remote: remote(&pair, 1, 0), imm: None }, pair.a.gather(0, 60_000));
+    pair.post(0, 2, SendOp::Read { remote: remote(&pair, 1, 0) }, pair.a.gather(0, 1024));
+    for _ in 0..10 {
+        pair.world.step();
+    }
+    pair.world.restart(1);
+    let [a, _] = pair.settle();
+    assert_eq!(
+        a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr), (100, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(pair.state(0), QpState::Error);
+    assert!(pair.world.device(1).qp(pair.b.qpn).is_none(), "the restarted host has no QP");
+    assert!(pair.world.device(1).counters().rx_unknown_qp > 0, "and dropped what came for it");
+}
+
 #[test]
 fn heavy_loss_is_recovered_by_retransmission() {
     let faults = Faults { loss: 0.2, ..Faults::NONE };

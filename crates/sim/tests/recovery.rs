@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use softrnic_sim::harness::{IOVA, Pair, PairOptions};
+use softrnic_sim::world::{Outage, OutageKind};
 use softrnic_transport::{Mtu, Payload, QpState, RemoteAddr, Retransmission, SendOp, TransportConfig, WcStatus};
 
 /// Host 0 sends, host 1 answers; `(sender, n)` in `doomed` is the n-th
@@ -199,6 +200,36 @@ fn a_network_that_heals_finishes_what_was_posted_meanwhile() {
             "{retransmission:?}"
         );
         assert!(took <= TIMEOUT * 2, "{retransmission:?}: the next retry after the heal took {took:?}");
+        assert_eq!(pair.state(A), QpState::Rts);
+    }
+}
+
+/// A path clogged for longer than the timeout holds everything sent on
+/// it, retransmissions too, and lets it all go in order when the clog
+/// ends: nothing is lost, the copies are duplicates, and the WRITE lands
+/// once. A partition as long loses everything sent across it, either
+/// way; the retries carry the WRITE over once it ends.
+#[test]
+fn a_clogged_path_and_a_partition_each_end_with_the_write_done_once() {
+    for kind in [OutageKind::Clog, OutageKind::Partition] {
+        let mut pair = pair(Retransmission::ADAPTIVE);
+        let (from, until) = (pair.world.now, pair.world.now + TIMEOUT * 2);
+        pair.world.outages.push(Outage { kind, between: (A, B), from, until });
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 1) as u8).collect();
+        pair.a.buffer.write(0, &data);
+        write(&mut pair, 1, 4096);
+        let done = pair.wait(A, 1);
+        assert_eq!(done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(1, WcStatus::Success)], "{kind:?}");
+        assert!(pair.world.now >= until, "{kind:?}: nothing crossed before the outage ended");
+        assert_eq!(pair.b.buffer.to_vec()[..4096], data[..], "{kind:?}");
+        let held_back = pair.world.device(B).counters().rx_duplicate_requests;
+        match kind {
+            OutageKind::Clog => {
+                assert_eq!(pair.world.partitioned, 0);
+                assert!(held_back >= 1, "the clog let its retransmissions through too: {held_back}");
+            }
+            OutageKind::Partition => assert!(pair.world.partitioned >= 2, "{}", pair.world.partitioned),
+        }
         assert_eq!(pair.state(A), QpState::Rts);
     }
 }
