@@ -259,6 +259,9 @@ impl World {
     /// Puts on the network, in the order they were sent, the datagrams
     /// whose clog ended by `by` (now, however late the clog's end).
     fn release_held(&mut self, by: Instant) {
+        if self.held.is_empty() {
+            return;
+        }
         let (due, kept) = std::mem::take(&mut self.held).into_iter().partition(|&(at, _, _)| at <= by);
         self.held = kept;
         for (_, sender, packet) in due {
@@ -358,8 +361,13 @@ impl World {
                 if self.trace {
                     println!("{:>12?} send    {}", self.now - Instant::ZERO, describe(&packet));
                 }
-                let receiver = self.by_ip.get(&t.dst).copied();
-                let outage = receiver.and_then(|r| self.outages.iter().find(|o| o.covers(index, r, self.now)));
+                // Most runs have no outage: no lookup per datagram then.
+                let outage = match self.outages.is_empty() {
+                    true => None,
+                    false => {
+                        self.by_ip.get(&t.dst).and_then(|&r| self.outages.iter().find(|o| o.covers(index, r, self.now)))
+                    }
+                };
                 match outage.map(|o| (o.kind, o.until)) {
                     Some((OutageKind::Partition, _)) => self.partitioned += 1,
                     Some((OutageKind::Clog, until)) => self.held.push((until, index, packet)),
