@@ -176,6 +176,16 @@ def run_pair(libdir, site, program, args, port, parse, env=None):
     return ("pass", figure)
 
 
+# perftest times itself in CPU cycles and, before each report, fits
+# cycles against gettimeofday over 200 short spins; on a loaded machine
+# (two namespaces' busy-polling engines on two cores) the fit can fall
+# under its r^2 = 0.9 threshold, and perftest then exits with "Can't
+# produce a report" after the transfer succeeded. That is the
+# benchmark's clock, not the device: such a run is repeated once, and
+# the result says so.
+CLOCK_CALIBRATION_FAILED = "Correlation coefficient r^2"
+
+
 def pingpong_figure(text):
     m = re.search(r"= ([\d.]+) Mbit/sec.*?= ([\d.]+) usec/iter", text, re.S)
     return m and f"{m.group(2)} µs/iter, {float(m.group(1)) / 1000:.2f} Gb/s"
@@ -408,6 +418,9 @@ def main():
             if wanted and not wanted.search(name):
                 continue
             verdict = run_pair(libdir, site, program, argv, 18600 + i, parse, env)
+            if verdict[0] == "FAIL" and CLOCK_CALIBRATION_FAILED in verdict[1]:
+                verdict = run_pair(libdir, site, program, argv, 18600 + i, parse, env)
+                verdict = (verdict[0], verdict[1] + " (run twice: perftest's clock calibration failed the first time)")
             results.append((site.name, name, *verdict))
             print(f"  {site.name:9} {name:32} {verdict[0]}", file=sys.stderr, flush=True)
 
