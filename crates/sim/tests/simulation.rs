@@ -127,10 +127,11 @@ fn seed_100037_a_paced_read_outlasts_no_retries() {
     replay_switched(100_037);
 }
 
-/// Seed 940176: selective repeat under Swift, with reordering, duplication
-/// and corruption. The same backlog of repeated READ streams, in both
-/// directions at 0.1 Gb/s, held the ACK of a SEND behind it for longer
-/// than the SEND's retries lasted.
+/// Seed 940176: selective repeat under Swift, with reordering (its replay
+/// line also named duplication and corruption, which switch ports never
+/// applied; it no longer does). The same backlog of repeated READ
+/// streams, in both directions at 0.1 Gb/s, held the ACK of a SEND behind
+/// it for longer than the SEND's retries lasted.
 #[test]
 fn seed_940176_an_ack_waits_behind_no_backlog_of_repeats() {
     replay_switched(940_176);
@@ -160,4 +161,25 @@ fn seed_241505223698_a_requester_starves_no_longer_than_its_timers() {
 #[test]
 fn seed_241505217394_read_responses_get_turns_beside_their_qps_writes() {
     replay_switched(241_505_217_394);
+}
+
+/// Seed 7011119: selective repeat under Swift with 3.6 % loss. After the
+/// network healed a 3.3 MB READ made no progress for 33.8 ms: the timer
+/// had asked for its first chunk whole again, and the responder, paced
+/// down to 68 Mb/s, resent the 442 responses that had arrived ahead of
+/// those that had not, while the requester asked for its hole every
+/// 20 µs (281,203 packets from its host). Going back now asks only for
+/// the holes, and each repeat by the repair timer waits twice as long.
+#[test]
+fn seed_7011119_a_read_asked_again_asks_only_for_its_holes() {
+    replay_switched(7_011_119);
+}
+
+/// Seed 7006859: go-back-N with no congestion control behind tail-drop
+/// queues, which collapses on a NIC too: a SEND's 4 KB packet met the
+/// full 25 Gb/s queue at all eight tries. Such QPs now run over PFC, as
+/// RoCE deploys them, and must finish there.
+#[test]
+fn seed_7006859_go_back_n_without_congestion_control_runs_over_pfc() {
+    replay_switched(7_006_859);
 }

@@ -143,8 +143,16 @@ impl QueuePair {
             let wqe = &self.sq[index];
             let psn = wqe.first_psn?.add(self.req.cursor_pkt);
             let is_new = !psn.is_before(self.req.sent_end);
-            // Going back, skip what the responder reported holding.
-            if !is_new && !wqe.is_read_or_atomic() && self.req.scoreboard.has_arrived(psn) {
+            // Going back, skip what the responder reported holding, and
+            // under selective repeat the READ responses already placed: a
+            // READ asked for whole again would be answered whole, and a
+            // paced responder resending what arrived holds back what did
+            // not (seed 7011119: 442 responses resent ahead of the hole).
+            let held = match wqe.wr.op {
+                SendOp::Read { .. } => self.attrs.selective_repeat && wqe.has_response(self.req.cursor_pkt),
+                _ => !wqe.is_read_or_atomic() && self.req.scoreboard.has_arrived(psn),
+            };
+            if !is_new && held {
                 self.advance_cursor(1);
                 continue;
             }
@@ -161,7 +169,11 @@ impl QueuePair {
         }
 
         let k = self.req.cursor_pkt;
-        let read_chunk = self.read_chunk(ctx, index, k);
+        let read_chunk = if !is_new && self.attrs.selective_repeat {
+            self.missing_responses(ctx, index, k)
+        } else {
+            self.read_chunk(ctx, index, k)
+        };
         let built = match wqe.wr.op {
             SendOp::Read { .. } => self.build_read_request(buf, index, k, read_chunk),
             SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => self.build_atomic(buf, index, psn),
