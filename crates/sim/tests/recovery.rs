@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use softrnic_sim::harness::{IOVA, Pair, PairOptions};
 use softrnic_sim::world::{Outage, OutageKind};
-use softrnic_transport::{Mtu, Payload, QpState, RemoteAddr, Retransmission, SendOp, TransportConfig, WcStatus};
+use softrnic_transport::{
+    Choice, Mtu, Payload, QpState, RemoteAddr, Retransmission, SendOp, TransportConfig, WcStatus,
+};
 
 /// Host 0 sends, host 1 answers; `(sender, n)` in `doomed` is the n-th
 /// datagram a host puts on the wire.
@@ -168,6 +170,48 @@ fn long_reads_on_a_path_slower_than_a_window_per_timeout_complete() {
             assert_eq!(statuses, [WcStatus::Success; 8], "{retransmission:?}, seed {seed}: {:?}", counters(&mut pair));
         }
     }
+}
+
+/// Seed 8000297 in small: under go-back-N a paced responder (its READ
+/// responses leave at 32 Mb/s, so what it still owes waits in the QP,
+/// where a repeat restarts it) loses a READ response, and then the same
+/// response again in the stream that answers the repeat. That stream's
+/// later responses show the hole lost again: it is asked for at once,
+/// rather than after the stream (62 responses, 16 ms) has ended. Returns
+/// how long the READ took and how many responses B sent.
+fn read_losing_its_hole_twice(second_loss: u64) -> (Duration, u64) {
+    // Under congestion control READ responses are paced; the QP's rate
+    // limit sets the pace.
+    let mut config = TransportConfig::default();
+    config.congestion.algorithm = Some(Choice::builtin("dcqcn", "").unwrap());
+    let mut pair = Pair::new(PairOptions { mtu: Mtu::Mtu1024, config, ..PairOptions::default() });
+    let now = pair.world.now;
+    pair.world.device(B).set_qp_rate_limit(now, pair.b.qpn, Some(32_000_000)).unwrap();
+    let base = [pair.world.device(A).counters().tx_packets, pair.world.device(B).counters().tx_packets];
+    pair.world.network.doomed = vec![(B, base[B] + 2), (B, base[B] + second_loss)];
+    let data: Vec<u8> = (0..65536u32).map(|i| (i * 7 + 3) as u8).collect();
+    pair.b.buffer.write(0, &data);
+    let remote = RemoteAddr { addr: IOVA, rkey: pair.b.mr.rkey };
+    let payload: Payload = pair.a.gather(0, 65536);
+    let start = pair.world.now;
+    pair.post(A, 1, SendOp::Read { remote }, payload);
+    let done = pair.wait(A, 1);
+    assert_eq!(done.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(1, WcStatus::Success)]);
+    assert_eq!(pair.a.buffer.to_vec()[..65536], data[..], "every byte placed");
+    (pair.world.now - start, pair.world.device(B).counters().tx_packets - base[B])
+}
+
+#[test]
+fn a_hole_lost_again_in_the_answer_to_its_repeat_is_asked_for_at_once() {
+    // B's datagrams 0 to 3 are responses 0 to 3 (2 lost); response 3
+    // shows the hole, and the repeat reaches B after it sent response 3,
+    // so datagram 4 is response 2 again, and is lost too.
+    let (took, sent) = read_losing_its_hole_twice(4);
+    // 64 responses and 4 more: the second stream stopped a round trip
+    // after its first response (before: it ran to its end, 128 responses
+    // and 37 ms).
+    assert_eq!(sent, 68);
+    assert!(took < Duration::from_millis(18), "{took:?}");
 }
 
 /// The simulator's liveness phase in small: a network that loses every

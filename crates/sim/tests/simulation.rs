@@ -183,3 +183,13 @@ fn seed_7011119_a_read_asked_again_asks_only_for_its_holes() {
 fn seed_7006859_go_back_n_without_congestion_control_runs_over_pfc() {
     replay_switched(7_006_859);
 }
+
+/// Seed 8000297: go-back-N under Swift, with loss and a clogged path: a
+/// READ response was lost again in the stream that answered its repeat,
+/// and the rest of that stream, paced at 15 Mb/s, kept the timer from
+/// asking again for 67 ms. A response at or below one already seen beyond
+/// the hole now shows the hole lost again (`beyond_the_hole`).
+#[test]
+fn seed_8000297_a_hole_lost_again_is_asked_for_again() {
+    replay_switched(8_000_297);
+}

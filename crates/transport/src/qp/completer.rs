@@ -95,6 +95,8 @@ impl QueuePair {
             op if op.is_read_response() => {
                 if self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder {
                     self.place_read_response(ctx, psn, packet);
+                } else {
+                    self.beyond_the_hole(psn);
                 }
             }
             _ => ctx.counters.rx_malformed += 1,
@@ -106,6 +108,7 @@ impl QueuePair {
             if self.req.recovering_from.is_some_and(|p| p.is_before(self.req.una)) {
                 self.req.recovering_from = None;
             }
+            self.req.past_the_hole = None;
             self.req.retries_left = self.attrs.retry_cnt;
             self.req.rnr_retries_left = self.attrs.rnr_retry;
             self.req.rto.on_progress(self.req.una, ctx.now, gap);
@@ -134,6 +137,37 @@ impl QueuePair {
     fn wait_behind_backlog(&mut self, ctx: &Ctx, opcode: Opcode) {
         if opcode.is_read_response() && self.req.retry_deadline.is_some() {
             self.arm_retry_timer(ctx);
+        }
+    }
+
+    /// Go-back-N: a READ response arrived beyond the one awaited, which
+    /// the requester has asked for again (`acknowledge_through`), once;
+    /// responses of the old stream go on arriving and, as a backlog the
+    /// repeat may wait behind, keep the timer from firing. The responder
+    /// answers the repeat by starting that READ's stream again at the
+    /// hole, so the response just after the hole, once responses up to it
+    /// or beyond have arrived, comes from a new stream that has passed the
+    /// hole without it: the hole is lost again, and is asked for again
+    /// now, not once the stream has ended. (Seed 8000297: its repeat's
+    /// answer lost, a READ waited 67 ms behind a stream paced at 15 Mb/s.)
+    /// Only that response: any response at or below the highest would
+    /// also take one merely duplicated or overtaken on the path for a new
+    /// stream, and each such repeat restarts the READ's stream and sends
+    /// every later request again (seed 95 of the hostile network spent its
+    /// retries so).
+    fn beyond_the_hole(&mut self, psn: Psn) {
+        let una = self.req.una;
+        let head = self.sq.iter().find(|w| w.status.is_none());
+        if !head.is_some_and(|w| w.index_of(psn).is_some() && w.index_of(una).is_some()) {
+            return;
+        }
+        match self.req.past_the_hole {
+            Some(highest) if psn == una.next() && !highest.is_before(psn) => {
+                self.req.past_the_hole = Some(psn);
+                self.go_back(una);
+            }
+            Some(highest) if !highest.is_before(psn) => {}
+            _ => self.req.past_the_hole = Some(psn),
         }
     }
 

@@ -58,6 +58,9 @@ pub(super) struct Requester {
     /// (responses of the old stream, duplicated NAKs) is ignored: one
     /// retransmission per gap, and the timer for a lost one.
     pub recovering_from: Option<Psn>,
+    /// Go-back-N: the highest response of the READ awaited that arrived
+    /// beyond its hole since `una` last moved (`beyond_the_hole`).
+    pub past_the_hole: Option<Psn>,
     /// Selective repeat: the number the next message that consumes a
     /// receive at the responder takes.
     pub receive_number: u32,
