@@ -322,6 +322,11 @@ impl World {
                 self.touch(h);
             }
         }
+        if let Some(fabric) = &mut self.fabric {
+            for h in fabric.take_room() {
+                self.touch(h);
+            }
+        }
         let mut down = Vec::new();
         while let Some(&Reverse((at, h))) = self.timer_queue.peek()
             && at <= self.now
@@ -355,7 +360,12 @@ impl World {
                 continue;
             }
             host.receive_sources.answer(&mut host.device, self.now);
-            while let Some(t) = host.device.poll_transmit(self.now, &mut self.buf) {
+            // A NIC takes packets from its QPs only while its queue has
+            // room (the fabric tells when it has again).
+            let room = |fabric: &mut Option<Fabric>| fabric.as_mut().is_none_or(|f| f.has_room(index));
+            while room(&mut self.fabric)
+                && let Some(t) = host.device.poll_transmit(self.now, &mut self.buf)
+            {
                 let to = SocketAddr::new(t.dst, ROCEV2_UDP_PORT);
                 let packet = InFlight::new(host.addr, to, self.buf[..t.len].to_vec(), t.int);
                 if self.trace {

@@ -193,3 +193,14 @@ fn seed_7006859_go_back_n_without_congestion_control_runs_over_pfc() {
 fn seed_8000297_a_hole_lost_again_is_asked_for_again() {
     replay_switched(8_000_297);
 }
+
+/// Seed 8001058: go-back-N over PFC with reordering and nothing lost. The
+/// simulated NIC queued whatever its QPs sent, however long PFC held the
+/// link: each timeout stacked another window of copies in front of the
+/// wire, queueing grew to 17 ms, and a WRITE spent its retries. A NIC
+/// takes packets from its QPs as the wire does; the fabric's queue now
+/// takes no more than 64 KiB (`NIC_QUEUE_BYTES`).
+#[test]
+fn seed_8001058_a_paused_nic_takes_no_more_from_its_qps() {
+    replay_switched(8_001_058);
+}
