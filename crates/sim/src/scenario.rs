@@ -229,9 +229,10 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         true => World::with_fabric(&two_switches(faults, seed, lossless), config),
     };
     world.outages = outages(seed);
+    let jump = clock_jump(seed);
     let recovery = if selective_repeat { "selective repeat" } else { "go-back-N" };
     let context = format!(
-        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, outages {:?}, {retransmission:?}, {recovery}, {cc})",
+        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, outages {:?}, clock jump {jump:?}, {retransmission:?}, {recovery}, {cc})",
         mtu.bytes(),
         world.outages
     );
@@ -249,7 +250,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
             // Now and then congestion control would pace a QP.
             if rng.u8(0..10) == 0 {
                 let rate = rng.u64(1..=50) * 1_000_000_000;
-                let now = world.now;
+                let now = world.clock(me.host);
                 world.device(me.host).set_qp_rate_limit(now, me.qpn, Some(rate)).map_err(|e| e.to_string())?;
             }
         }
@@ -266,6 +267,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     // its timers allow. Invariants are checked at every step of both.
     let heal_at = Instant::ZERO + heal_after(seed);
     let mut healed: Option<Instant> = None;
+    let mut jumped: Option<Instant> = None;
     let mut broken: Option<String> = None;
     // Send completions each end expects, counted once: the loop below asks
     // at every step.
@@ -287,6 +289,13 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
                         end.sends_done.len() == sends_expected[p][side] && end.recvs_done.len() == plan.recvs.len();
                 }
             }
+            if let Some(jump) = jump
+                && jumped.is_none()
+                && world.now >= jump.at
+            {
+                world.jump_clock(jump.host, jump.by);
+                jumped = Some(world.now);
+            }
             if healed.is_none() && world.now >= heal_at && !all_done {
                 // Every fault ends: the network's, and the applications'
                 // pauses in posting receives.
@@ -295,7 +304,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
                 healed = Some(world.now);
             }
             if let Some(at) = healed
-                && let Some(stall) = stalled(world, &live, at)
+                && let Some(stall) = stalled(world, &live, at.max(jumped.unwrap_or(at)))
             {
                 broken = Some(format!("the network healed at {:?}, then {stall}", at - Instant::ZERO));
                 return true;
@@ -388,6 +397,28 @@ fn outages(seed: u64) -> Vec<Outage> {
     outages
 }
 
+/// One host's clock jumping forward, as a monotonic clock does when its
+/// host was frozen and resumes: every timer due in the skipped time fires
+/// at once, and round trips timed across the jump look that much longer.
+#[derive(Debug, Clone, Copy)]
+pub struct ClockJump {
+    pub host: usize,
+    pub at: Instant,
+    pub by: Duration,
+}
+
+/// Whether a seed's run has a clock jump, drawn from a stream of its own:
+/// one seed in four, on either host, within the first 5 ms, by 10 µs to
+/// 100 ms (log-uniform; the QPs' timeouts are 1 to 17 ms).
+fn clock_jump(seed: u64) -> Option<ClockJump> {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x71e7);
+    (rng.u8(0..4) == 0).then(|| ClockJump {
+        host: rng.usize(..2),
+        at: Instant::ZERO + Duration::from_micros(rng.u64(0..5000)),
+        by: Duration::from_secs_f64(1e-5 * 10f64.powf(rng.f64() * 4.0)),
+    })
+}
+
 /// Whether an endpoint's application stops posting receives for a while,
 /// and when: one in four, for 100 µs to 3 ms within the first 5 ms (its
 /// QP retries RNR for ever, so the peer's SENDs wait it out).
@@ -422,18 +453,21 @@ fn stall_bound(qp: &QueuePair) -> Duration {
 }
 
 /// The first QP that has had work to do and no progress for longer than
-/// its [`stall_bound`] since the network healed at `healed`, described.
-fn stalled(world: &World, live: &[[Live; 2]], healed: Instant) -> Option<String> {
+/// its [`stall_bound`] since `from` (when the network healed, or a clock
+/// jumped after that), described. Each QP is timed by its host's clock.
+fn stalled(world: &World, live: &[[Live; 2]], from: Instant) -> Option<String> {
     for (p, ends) in live.iter().enumerate() {
         for (side, end) in ends.iter().enumerate() {
             let Some(qp) = world.hosts[end.host].device.qp(end.qpn) else { continue };
-            let since = qp.last_progress().max(healed);
+            let ahead = world.hosts[end.host].clock_ahead;
+            let since = qp.last_progress().max(from + ahead);
             let bound = stall_bound(qp);
-            if qp.send_queue_len() > 0 && world.now - since > bound {
+            let waited = world.clock(end.host) - since;
+            if qp.send_queue_len() > 0 && waited > bound {
                 return Some(format!(
                     "pair {p} side {side} (QP {:#x}) made no progress for {:?} (its timers allow {bound:?}): {:?}, {}",
                     end.qpn,
-                    world.now - since,
+                    waited,
                     qp.state(),
                     qp.progress()
                 ));
@@ -534,7 +568,7 @@ fn connect(
         selective_repeat,
         authenticate: false,
     };
-    let now = world.now;
+    let now = world.clock(me.host);
     for attr in connection.steps() {
         world.device(me.host).modify_qp(now, me.qpn, &attr)?;
     }
@@ -547,7 +581,8 @@ fn connect(
 /// checks, so that a break names the moment it happened, not the end of
 /// the run): the error says which one broke.
 fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKeys) -> Result<(), String> {
-    let now = world.now;
+    // The application keeps the world's time; the device, its host's.
+    let (now, clock) = (world.now, world.clock(end.host));
     let device = world.device(end.host);
     if let Some(qp) = device.qp(end.qpn) {
         let epsn = qp.expected_psn();
@@ -588,7 +623,7 @@ fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKey
         let wr = plan.recvs[end.posted_recvs].work_request(end.keys);
         match end.srq {
             Some(srq) => device.post_srq_recv(srq, wr).expect("post_srq_recv"),
-            None => device.post_recv(now, end.qpn, wr).expect("post_recv"),
+            None => device.post_recv(clock, end.qpn, wr).expect("post_recv"),
         }
         end.posted_recvs += 1;
         if let Some(period) = end.recv_period {
@@ -601,7 +636,7 @@ fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKey
             break;
         }
         let wr = plan.ops[end.posted_ops].work_request(end.keys, peer);
-        device.post_send(now, end.qpn, wr).expect("post_send");
+        device.post_send(clock, end.qpn, wr).expect("post_send");
         end.posted_ops += 1;
     }
     Ok(())

@@ -11,6 +11,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 use softrnic_transport::{Device, Entropy, Instant, MAX_DATAGRAM_LEN, SrqId, TransportConfig};
 use softrnic_wire::ROCEV2_UDP_PORT;
@@ -27,6 +28,10 @@ pub struct Host {
     pub up: bool,
     /// Where its programs write receives the device fetches on demand.
     pub receive_sources: ReceiveSources,
+    /// How far its clock runs ahead of the world's: a monotonic clock
+    /// jumps forward when the host was frozen and resumes (a VM paused or
+    /// migrated, a process stopped), and never back ([`World::jump_clock`]).
+    pub clock_ahead: Duration,
 }
 
 /// The simulator's stand-in for softrnicd's receive rings: for a QP (or an
@@ -167,6 +172,7 @@ impl World {
                     addr: SocketAddr::new(ip, ROCEV2_UDP_PORT),
                     up: true,
                     receive_sources: ReceiveSources::default(),
+                    clock_ahead: Duration::ZERO,
                 }
             })
             .collect::<Vec<_>>();
@@ -229,6 +235,18 @@ impl World {
         self.hosts[host].receive_sources = ReceiveSources::default();
         self.hosts[host].up = true;
         self.timers[host] = None;
+        self.touch(host);
+    }
+
+    /// The time on host `host`'s clock: the device's `now`.
+    pub fn clock(&self, host: usize) -> Instant {
+        self.now + self.hosts[host].clock_ahead
+    }
+
+    /// Host `host`'s clock jumps `by` forward: every timer that falls due
+    /// in the skipped time fires at once, as after a freeze.
+    pub fn jump_clock(&mut self, host: usize, by: Duration) {
+        self.hosts[host].clock_ahead += by;
         self.touch(host);
     }
 
@@ -318,7 +336,8 @@ impl World {
             if let Some(&h) = self.by_ip.get(&packet.to.ip())
                 && self.hosts[h].up
             {
-                self.hosts[h].device.handle_datagram(self.now, packet.from, packet.meta, &packet.bytes);
+                let now = self.clock(h);
+                self.hosts[h].device.handle_datagram(now, packet.from, packet.meta, &packet.bytes);
                 self.touch(h);
             }
         }
@@ -336,7 +355,8 @@ impl World {
                 continue;
             }
             if self.hosts[h].up {
-                self.hosts[h].device.handle_timeout(self.now);
+                let now = self.clock(h);
+                self.hosts[h].device.handle_timeout(now);
                 // Looked at again in the next flush, whatever it says.
                 self.timers[h] = None;
                 self.touch(h);
@@ -359,12 +379,13 @@ impl World {
             if !host.up {
                 continue;
             }
-            host.receive_sources.answer(&mut host.device, self.now);
+            let clock = self.now + host.clock_ahead;
+            host.receive_sources.answer(&mut host.device, clock);
             // A NIC takes packets from its QPs only while its queue has
             // room (the fabric tells when it has again).
             let room = |fabric: &mut Option<Fabric>| fabric.as_mut().is_none_or(|f| f.has_room(index));
             while room(&mut self.fabric)
-                && let Some(t) = host.device.poll_transmit(self.now, &mut self.buf)
+                && let Some(t) = host.device.poll_transmit(clock, &mut self.buf)
             {
                 let to = SocketAddr::new(t.dst, ROCEV2_UDP_PORT);
                 let packet = InFlight::new(host.addr, to, self.buf[..t.len].to_vec(), t.int);
@@ -389,7 +410,12 @@ impl World {
             }
         }
         for &index in &touched {
-            let timer = self.hosts[index].device.poll_timeout();
+            // The world keeps time by its own clock.
+            let ahead = self.hosts[index].clock_ahead;
+            let timer = self.hosts[index]
+                .device
+                .poll_timeout()
+                .map(|at| Instant::from_nanos(at.as_nanos().saturating_sub(ahead.as_nanos() as u64)).max(self.now));
             if timer != self.timers[index]
                 && let Some(at) = timer
             {

@@ -214,6 +214,32 @@ fn a_hole_lost_again_in_the_answer_to_its_repeat_is_asked_for_at_once() {
     assert!(took < Duration::from_millis(18), "{took:?}");
 }
 
+/// A host frozen and resumed (a VM paused, a process stopped) finds its
+/// clock jumped forward past every timer, and past its QP's whole retry
+/// budget (100 ms against eight timeouts of 4.2 ms): the retransmission
+/// timer fires once, not once per timeout skipped, what was in flight
+/// goes again, and everything completes.
+#[test]
+fn a_clock_that_jumps_forward_costs_one_timeout_not_the_retries() {
+    for retransmission in [Retransmission::Fixed, Retransmission::ADAPTIVE] {
+        let mut pair = pair(retransmission);
+        for wr_id in 1..=3 {
+            write(&mut pair, wr_id, 65536);
+        }
+        // The WRITEs are on the wire (64 packets at 100 Gb/s take 5 µs).
+        let now = pair.world.now;
+        pair.world.run_until_time(now + Duration::from_micros(2));
+        let before = counters(&mut pair).timeouts;
+        pair.world.jump_clock(A, Duration::from_millis(100));
+        let done = pair.wait(A, 3);
+        let statuses: Vec<_> = done.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(statuses, [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]);
+        let timeouts = counters(&mut pair).timeouts - before;
+        assert_eq!(timeouts, 1, "{retransmission:?}");
+        assert_eq!(pair.state(A), QpState::Rts);
+    }
+}
+
 /// The simulator's liveness phase in small: a network that loses every
 /// packet for a while, then heals. What was posted meanwhile completes,
 /// once and in order, as soon as the timers find the path open again, and
