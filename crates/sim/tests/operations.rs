@@ -859,3 +859,32 @@ fn a_rate_limit_paces_requests() {
     let (now, qpn) = (pair.world.now, pair.a.qpn);
     assert!(pair.world.device(0).set_qp_rate_limit(now, qpn, Some(0)).is_err());
 }
+
+/// A QP that owes its peer an ACK while its own requester has a long
+/// WRITE to send lets the ACK go after one request, not once the
+/// requester has nothing left (simulator seed 8003009: a requester that
+/// always had another packet, with its NIC taking one at a time, held its
+/// QP's ACKs for 8 ms, and the peer's SEND spent its retries).
+#[test]
+fn an_ack_owed_goes_after_one_request_however_many_wait() {
+    use softrnic_wire::packet::{Extensions, Headers};
+    use softrnic_wire::{Opcode, bth};
+
+    let mut pair = Pair::new(PairOptions::default());
+    pair.post_recv(1, 1, 0, 64);
+    // A's SEND reaches B, whose responder now owes A an ACK...
+    let bth = bth::Repr { ack_request: true, ..bth::Repr::new(Opcode::RcSendOnly, pair.b.qpn, first_psn(pair.a.qpn)) };
+    pair.inject(&Headers { bth, ext: Extensions::default() }, &[7; 64]);
+    // ...and B's requester has a WRITE of 64 packets to send.
+    pair.post(1, 2, SendOp::Write { remote: remote(&pair, 0, 0), imm: None }, pair.b.gather(0, 64 * 1024));
+    let now = pair.world.now;
+    let device = pair.world.device(1);
+    let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
+    let mut opcodes = Vec::new();
+    while let Some(t) = device.poll_transmit(now, &mut buf) {
+        opcodes.push(bth::Header::new_unchecked(&buf[..t.len]).opcode_byte());
+    }
+    assert!(opcodes.len() > 64, "the WRITE and the ACK: {opcodes:?}");
+    let ack = opcodes.iter().position(|&op| op == Opcode::RcAck as u8);
+    assert_eq!(ack, Some(1), "the ACK went after the first request: {opcodes:?}");
+}

@@ -204,3 +204,14 @@ fn seed_8000297_a_hole_lost_again_is_asked_for_again() {
 fn seed_8001058_a_paused_nic_takes_no_more_from_its_qps() {
     replay_switched(8_001_058);
 }
+
+/// Seed 8003009: go-back-N over PFC, reordering only. A QP's requester
+/// always had another packet of a long SEND going back, and its NIC took
+/// one packet at a time: a bare ACK let a request go first on every
+/// turn, so the QP's ACKs waited 8 ms and the peer's SEND spent its
+/// retries. An ACK lets one request go ahead of it, not all of them.
+#[test]
+fn seed_8003009_an_ack_lets_one_request_ahead_not_all() {
+    replay_switched(8_003_009);
+}
+

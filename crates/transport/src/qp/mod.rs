@@ -129,6 +129,9 @@ pub struct QueuePair {
     /// Which role `poll_transmit` offers the link to first, so that a long
     /// READ response cannot starve this side's own requests.
     responder_first: bool,
+    /// The responder's turn came with an ACK, which let one request go
+    /// ahead of it: the ACK goes next.
+    ack_deferred: bool,
     /// The rate limit the user set (`ibv_modify_qp_rate_limit`).
     rate_limit: Option<u64>,
     /// Paces data: at the lower of the user's limit and congestion
@@ -162,6 +165,7 @@ impl QueuePair {
             req: Requester::default(),
             resp: Responder::default(),
             responder_first: true,
+            ack_deferred: false,
             rate_limit: None,
             pacer: None,
             algorithm: None,
@@ -364,8 +368,13 @@ impl QueuePair {
                 // WRITE stalled for 8 ms behind its QP's READ responses).
                 // A bare ACK goes after a request: the pair then forms one
                 // GSO run (the shorter datagram last) and crosses the
-                // kernel as one buffer.
-                let responder_first = self.responder_first && !self.resp.next_is_ack();
+                // kernel as one buffer. After one request only: the
+                // responder keeps its turn, and a requester that always
+                // has another packet (a long SEND going back under
+                // go-back-N) held its QP's ACKs for 8 ms and the peer's
+                // SEND spent its retries (simulator seed 8003009).
+                let defer_ack = self.responder_first && !self.ack_deferred && self.resp.next_is_ack();
+                let responder_first = self.responder_first && !defer_ack;
                 let out = if responder_first {
                     self.poll_response(ctx, buf)
                         .map(|t| (t, true))
@@ -377,7 +386,10 @@ impl QueuePair {
                 };
                 self.assert_requester();
                 let (transmit, by_responder) = out?;
-                self.responder_first = !by_responder;
+                self.ack_deferred = defer_ack && !by_responder;
+                if !self.ack_deferred {
+                    self.responder_first = !by_responder;
+                }
                 Some(transmit)
             }
         }
