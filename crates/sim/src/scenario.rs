@@ -32,6 +32,9 @@ pub struct Limits {
     /// link, whose ports lose and reorder packets, instead of one faulty
     /// link.
     pub switched: bool,
+    /// Draw faults beyond what the network does to packets: outages,
+    /// clock jumps and crashes.
+    pub host_faults: bool,
 }
 
 impl Default for Limits {
@@ -43,6 +46,7 @@ impl Default for Limits {
             max_len: 4 << 20,
             max_steps: 20_000_000,
             switched: false,
+            host_faults: true,
         }
     }
 }
@@ -135,6 +139,8 @@ struct Live {
     recvs_done: Vec<Completion>,
     /// The responder's expected PSN when last looked at: it never goes back.
     epsn: Option<Psn>,
+    /// Its host crashed and restarted: its QP and memory are gone.
+    gone: bool,
 }
 
 /// Two hosts on two switches: 100 Gb/s host links, a 25 Gb/s link between
@@ -228,11 +234,16 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         false => World::with_config(2, faults, seed, config),
         true => World::with_fabric(&two_switches(faults, seed, lossless), config),
     };
-    world.outages = outages(seed);
-    let jump = clock_jump(seed);
+    let (jump, crash) = match limits.host_faults {
+        true => (clock_jump(seed), crash(seed)),
+        false => (None, None),
+    };
+    if limits.host_faults {
+        world.outages = outages(seed);
+    }
     let recovery = if selective_repeat { "selective repeat" } else { "go-back-N" };
     let context = format!(
-        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, outages {:?}, clock jump {jump:?}, {retransmission:?}, {recovery}, {cc})",
+        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, outages {:?}, clock jump {jump:?}, crash {crash:?}, {retransmission:?}, {recovery}, {cc})",
         mtu.bytes(),
         world.outages
     );
@@ -268,6 +279,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     let heal_at = Instant::ZERO + heal_after(seed);
     let mut healed: Option<Instant> = None;
     let mut jumped: Option<Instant> = None;
+    let mut crashed: Option<Instant> = None;
     let mut broken: Option<String> = None;
     // Send completions each end expects, counted once: the loop below asks
     // at every step.
@@ -275,6 +287,14 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         plans.iter().map(|plan| plan.ends.each_ref().map(|end| end.expected_send_completions().len())).collect();
     let finished = world.run_until(
         |world| {
+            if let Some(crash) = crash
+                && crashed.is_none()
+                && world.now >= crash.at
+            {
+                world.restart(crash.host);
+                live.iter_mut().flatten().filter(|end| end.host == crash.host).for_each(|end| end.gone = true);
+                crashed = Some(world.now);
+            }
             let mut all_done = true;
             for (p, (plan, ends)) in plans.iter().zip(live.iter_mut()).enumerate() {
                 let keys = [ends[0].keys, ends[1].keys];
@@ -285,9 +305,32 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
                         broken = Some(format!("pair {p} side {side} at {:?}: {invariant}", world.now - Instant::ZERO));
                         return true;
                     }
-                    all_done &=
-                        end.sends_done.len() == sends_expected[p][side] && end.recvs_done.len() == plan.recvs.len();
+                    all_done &= match crashed {
+                        // Every pair spans the two hosts: once one has
+                        // crashed, the survivors are done when every
+                        // request is posted and none is left (done, failed
+                        // or flushed). Their receives may wait for ever: a
+                        // responder has no timer to notice its peer gone.
+                        Some(_) => {
+                            end.gone
+                                || (end.posted_ops == plan.ops.len()
+                                    && world.device(end.host).qp(end.qpn).is_some_and(|qp| qp.send_queue_len() == 0))
+                        }
+                        None => {
+                            end.sends_done.len() == sends_expected[p][side] && end.recvs_done.len() == plan.recvs.len()
+                        }
+                    };
                 }
+            }
+            if let Some(at) = crashed
+                && let Some(hung) = hung_on_a_dead_peer(world, &live, at)
+            {
+                broken = Some(format!(
+                    "host {} crashed at {:?}, then {hung}",
+                    crash.map_or(0, |c| c.host),
+                    at - Instant::ZERO
+                ));
+                return true;
             }
             if let Some(jump) = jump
                 && jumped.is_none()
@@ -304,6 +347,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
                 healed = Some(world.now);
             }
             if let Some(at) = healed
+                && crashed.is_none()
                 && let Some(stall) = stalled(world, &live, at.max(jumped.unwrap_or(at)))
             {
                 broken = Some(format!("the network healed at {:?}, then {stall}", at - Instant::ZERO));
@@ -331,6 +375,11 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
             format!(" (the run stopped at {:?}: {})", world.now - Instant::ZERO, unfinished(&world, &plans, &live))
         }
     };
+    if crashed.is_some() {
+        return survived(&world, &plans, &live, finished)
+            .map_err(|e| format!("{context}: {e}{stuck}"))
+            .map(|()| outcome(&world, retransmission, selective_repeat));
+    }
     for (p, (plan, ends)) in plans.iter().zip(&live).enumerate() {
         for (side, (end, plan)) in ends.iter().zip(&plan.ends).enumerate() {
             let who = format!("{context}: pair {p} side {side}");
@@ -355,9 +404,14 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
             }
         }
     }
-    let counters = [world.device(0).counters().clone(), world.device(1).counters().clone()];
+    Ok(outcome(&world, retransmission, selective_repeat))
+}
+
+/// What a run did, counted.
+fn outcome(world: &World, retransmission: Retransmission, selective_repeat: bool) -> Outcome {
+    let counters = [world.hosts[0].device.counters().clone(), world.hosts[1].device.counters().clone()];
     let sum = |f: fn(&softrnic_transport::Counters) -> u64| counters.iter().map(f).sum();
-    Ok(Outcome {
+    Outcome {
         network: match &world.fabric {
             Some(fabric) => NetworkStats { dropped: fabric.dropped(), ..fabric.stats },
             None => world.network.stats,
@@ -374,7 +428,89 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         seq_naks: sum(|c| c.seq_naks_sent + c.selective_naks_sent),
         duplicates: sum(|c| c.rx_duplicate_requests + c.rx_duplicate_responses),
         icrc_drops: sum(|c| c.rx_icrc_errors),
-    })
+    }
+}
+
+/// The verdict on a run in which a host crashed: on every surviving end,
+/// the completions are what the plan expects for as long as they
+/// succeed, then at most one `RetryExcErr` (the request the dead peer
+/// never answered) and flushes; its QP is in RTS only if nothing was
+/// left to fail. Bytes are not compared: what the dead peer wrote before
+/// it crashed depends on when it did.
+fn survived(world: &World, plans: &[PairPlan], live: &[[Live; 2]], finished: bool) -> Result<(), String> {
+    if !finished {
+        return Err("the run stopped before every surviving request was done, failed or flushed".into());
+    }
+    for (p, (plan, ends)) in plans.iter().zip(live).enumerate() {
+        for (side, (end, plan)) in ends.iter().zip(&plan.ends).enumerate() {
+            if end.gone {
+                continue;
+            }
+            let who = format!("pair {p} side {side}");
+            let expected_recvs: Vec<_> = plan.recvs.iter().map(|r| r.expect).collect();
+            let failed = until_failure(&who, "send", &end.sends_done, &plan.expected_send_completions())?;
+            until_failure(&who, "receive", &end.recvs_done, &expected_recvs)?;
+            let state = world.hosts[end.host].device.qp(end.qpn).map(|qp| qp.state());
+            let expected = if failed { QpState::Error } else { QpState::Rts };
+            if state != Some(expected) {
+                return Err(format!("{who}: QP ended in {state:?}, expected {expected:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks completions that succeed as planned up to a failure, then fail
+/// once with `RetryExcErr` (sends only) and flush; returns whether one
+/// failed or flushed.
+fn until_failure(
+    who: &str,
+    queue: &str,
+    actual: &[Completion],
+    expected: &[crate::workload::ExpectedCompletion],
+) -> Result<bool, String> {
+    let succeeded = actual.iter().take_while(|c| c.status == WcStatus::Success).count();
+    check_completions(who, queue, &actual[..succeeded], &expected[..succeeded.min(expected.len())])?;
+    let mut rest = actual[succeeded..].iter();
+    if queue == "send"
+        && let Some(first) = actual.get(succeeded)
+        && first.status == WcStatus::RetryExcErr
+    {
+        rest.next();
+    }
+    if let Some(c) = rest.find(|c| c.status != WcStatus::WrFlushErr) {
+        let statuses: Vec<_> = actual.iter().map(|c| (c.wr_id, c.status)).collect();
+        return Err(format!("{who}: after the peer crashed, {queue} completion {c:?} (all: {statuses:?})"));
+    }
+    Ok(succeeded < actual.len())
+}
+
+/// Once a host has crashed, the first surviving QP whose requests are
+/// not all done, failed or flushed within its retries: its ACK timeout for
+/// each retry and once more, and one timeout of slack for where the
+/// adaptive timer's expiries fall, since the crash.
+fn hung_on_a_dead_peer(world: &World, live: &[[Live; 2]], crashed: Instant) -> Option<String> {
+    for (p, ends) in live.iter().enumerate() {
+        for (side, end) in ends.iter().enumerate() {
+            let Some(qp) = world.hosts[end.host].device.qp(end.qpn) else { continue };
+            if end.gone || qp.send_queue_len() == 0 {
+                continue;
+            }
+            let a = qp.attributes();
+            let bound = ack_timeout(a.timeout).unwrap_or_default() * (u32::from(a.retry_cnt) + 2)
+                + Duration::from_nanos(aeth::rnr_timer_nanos(a.min_rnr_timer)) * (u32::from(a.rnr_retry) + 1);
+            let waited = world.clock(end.host) - (crashed + world.hosts[end.host].clock_ahead);
+            if waited > bound {
+                return Some(format!(
+                    "pair {p} side {side} (QP {:#x}) still had work after {waited:?} (its retries allow {bound:?}): {:?}, {}",
+                    end.qpn,
+                    qp.state(),
+                    qp.progress()
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// The outages of a seed's network, drawn from a stream of their own (so
@@ -417,6 +553,23 @@ fn clock_jump(seed: u64) -> Option<ClockJump> {
         at: Instant::ZERO + Duration::from_micros(rng.u64(0..5000)),
         by: Duration::from_secs_f64(1e-5 * 10f64.powf(rng.f64() * 4.0)),
     })
+}
+
+/// A host that crashes and comes back at once with a fresh device
+/// ([`World::restart`]): its QPs are gone, and the peers' QPs must fail
+/// their requests and flush the rest, never hang.
+#[derive(Debug, Clone, Copy)]
+pub struct Crash {
+    pub host: usize,
+    pub at: Instant,
+}
+
+/// Whether a seed's run has a crash, drawn from a stream of its own: one
+/// seed in eight, either host, within the first 5 ms.
+fn crash(seed: u64) -> Option<Crash> {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0xc7a5);
+    (rng.u8(0..8) == 0)
+        .then(|| Crash { host: rng.usize(..2), at: Instant::ZERO + Duration::from_micros(rng.u64(0..5000)) })
 }
 
 /// Whether an endpoint's application stops posting receives for a while,
@@ -535,6 +688,7 @@ fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut 
         sends_done: Vec::new(),
         recvs_done: Vec::new(),
         epsn: None,
+        gone: false,
     }
 }
 
@@ -581,6 +735,9 @@ fn connect(
 /// checks, so that a break names the moment it happened, not the end of
 /// the run): the error says which one broke.
 fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKeys) -> Result<(), String> {
+    if end.gone {
+        return Ok(());
+    }
     // The application keeps the world's time; the device, its host's.
     let (now, clock) = (world.now, world.clock(end.host));
     let device = world.device(end.host);

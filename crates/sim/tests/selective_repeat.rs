@@ -249,3 +249,28 @@ fn a_read_gone_back_to_asks_only_for_its_holes() {
     // each hole: none of the 14 that had arrived (13 before this fix).
     assert_eq!(b.tx_packets - 17, 2, "{b:?}");
 }
+
+/// After an error completion a send queue reports flushes only, even for
+/// a request whose acknowledgement came before the one ahead of it
+/// failed: selective repeat takes acknowledgements out of order, but a
+/// queue completes in order (simulator seed 636: a READ reported success
+/// after the SEND ahead of it had failed).
+#[test]
+fn after_a_failed_request_the_ones_behind_it_flush_even_if_acknowledged() {
+    let mut pair = pair();
+    let base = pair.world.device(B).counters().tx_packets;
+    // B answers READ 1 with datagrams 0 to 3 and READ 2 with datagram 4.
+    // Response 0 of READ 1 is lost, and so is everything B sends after
+    // READ 2's response: READ 1 runs out of retries, while READ 2's
+    // answer has arrived.
+    pair.world.network.doomed = std::iter::once(0).chain(5..400).map(|n| (B, base + n)).collect();
+    let remote = RemoteAddr { addr: IOVA, rkey: pair.b.mr.rkey };
+    let payload = pair.a.gather(0, 4096);
+    pair.post(A, 1, SendOp::Read { remote }, payload);
+    let payload = pair.a.gather(8192, 64);
+    pair.post(A, 2, SendOp::Read { remote }, payload);
+    let done = pair.wait(A, 2);
+    let statuses: Vec<_> = done.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(statuses, [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]);
+    assert_eq!(pair.state(A), QpState::Error);
+}

@@ -69,7 +69,7 @@ fn random_workloads_survive_a_hostile_network() {
 
 #[test]
 fn a_perfect_network_needs_no_recovery() {
-    let limits = Limits { max_fault: 0.0, ..Limits::default() };
+    let limits = Limits { max_fault: 0.0, host_faults: false, ..Limits::default() };
     for seed in 0..50 {
         let outcome = scenario::run(seed, limits).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(outcome.network.dropped, 0);
@@ -214,4 +214,3 @@ fn seed_8001058_a_paused_nic_takes_no_more_from_its_qps() {
 fn seed_8003009_an_ack_lets_one_request_ahead_not_all() {
     replay_switched(8_003_009);
 }
-

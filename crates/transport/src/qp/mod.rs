@@ -461,12 +461,17 @@ impl QueuePair {
         }
         self.set_state(QpState::Error);
         self.req.stop();
+        // Completions leave in order, so a request still queued here has
+        // one before it that never succeeded: it flushes even if its own
+        // acknowledgement came (selective repeat takes them out of
+        // order), for after an error completion a queue reports flushes
+        // only (simulator seed 636, a crashed peer: a READ reported
+        // success after the SEND before it failed).
         while let Some(wqe) = self.sq.pop_front() {
             self.posts.retire_send();
             let status = match wqe.status {
                 Some(status) if status != WcStatus::Success => status,
-                Some(_) => WcStatus::Success,
-                None => WcStatus::WrFlushErr,
+                _ => WcStatus::WrFlushErr,
             };
             self.complete_send(ctx, &wqe, status);
         }
