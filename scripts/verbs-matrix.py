@@ -178,7 +178,7 @@ def run_pair(libdir, site, program, args, port, parse, env=None):
 
 # perftest times itself in CPU cycles and, before each report, fits
 # cycles against gettimeofday over 200 short spins; on a loaded machine
-# (two namespaces' busy-polling engines on two cores) the fit can fall
+# (both ends' engines and perftest on two cores) the fit can fall
 # under its r^2 = 0.9 threshold, and perftest then exits with "Can't
 # produce a report" after the transfer succeeded. That is the
 # benchmark's clock, not the device: such a run is repeated once, and
