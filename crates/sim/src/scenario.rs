@@ -488,7 +488,9 @@ fn until_failure(
 /// Once a host has crashed, the first surviving QP whose requests are
 /// not all done, failed or flushed within its retries: its ACK timeout for
 /// each retry and once more, and one timeout of slack for where the
-/// adaptive timer's expiries fall, since the crash.
+/// timer's expiries fall, since the crash or the QP's last progress after
+/// it (what the dead host sent before it crashed still arrives, and a
+/// retry is spent only when a whole timeout passes without progress).
 fn hung_on_a_dead_peer(world: &World, live: &[[Live; 2]], crashed: Instant) -> Option<String> {
     for (p, ends) in live.iter().enumerate() {
         for (side, end) in ends.iter().enumerate() {
@@ -499,7 +501,8 @@ fn hung_on_a_dead_peer(world: &World, live: &[[Live; 2]], crashed: Instant) -> O
             let a = qp.attributes();
             let bound = ack_timeout(a.timeout).unwrap_or_default() * (u32::from(a.retry_cnt) + 2)
                 + Duration::from_nanos(aeth::rnr_timer_nanos(a.min_rnr_timer)) * (u32::from(a.rnr_retry) + 1);
-            let waited = world.clock(end.host) - (crashed + world.hosts[end.host].clock_ahead);
+            let since = qp.last_progress().max(crashed + world.hosts[end.host].clock_ahead);
+            let waited = world.clock(end.host) - since;
             if waited > bound {
                 return Some(format!(
                     "pair {p} side {side} (QP {:#x}) still had work after {waited:?} (its retries allow {bound:?}): {:?}, {}",

@@ -214,3 +214,13 @@ fn seed_8001058_a_paused_nic_takes_no_more_from_its_qps() {
 fn seed_8003009_an_ack_lets_one_request_ahead_not_all() {
     replay_switched(8_003_009);
 }
+
+/// Seed 12019469 of the switched network, a crash drawn: the surviving
+/// QP took 75.9 ms to fail where its retries allow 75.6. Its adaptive
+/// timer expired every 1.93 ms, and each retry was spent at the first
+/// expiry a whole timeout (8.39 ms) after the last spend, 9.67 ms apart.
+/// A retry is now spent a timeout after the last one fell due.
+#[test]
+fn seed_12019469_retries_are_spent_a_timeout_apart() {
+    replay_switched(12_019_469);
+}

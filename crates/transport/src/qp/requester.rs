@@ -587,7 +587,17 @@ impl QueuePair {
                 return;
             }
             self.req.retries_left -= 1;
-            self.req.retry_spent_at = Some(ctx.now);
+            // The next retry is spent a whole timeout after this one fell
+            // due, not after the expiry that noticed it: counted from the
+            // expiry, each retry cost up to a timeout and an RTO (9.7 ms
+            // for 8.4 at the RTO's 1.9 ms), and a QP with a dead peer
+            // outlived its retries by a sixth (simulator seed 12019469).
+            // A clock that jumped past several timeouts spends one, and
+            // counts afresh from now.
+            // (The fixed timer's expiries are the timeouts themselves.)
+            let due = waiting_since + timeout;
+            let spent = if adaptive && ctx.now - due < timeout { due } else { ctx.now };
+            self.req.retry_spent_at = Some(spent);
         }
         self.req.rto.on_expiry();
         self.req.recovering_from = None;
