@@ -498,9 +498,7 @@ fn hung_on_a_dead_peer(world: &World, live: &[[Live; 2]], crashed: Instant) -> O
             if end.gone || qp.send_queue_len() == 0 {
                 continue;
             }
-            let a = qp.attributes();
-            let bound = ack_timeout(a.timeout).unwrap_or_default() * (u32::from(a.retry_cnt) + 2)
-                + Duration::from_nanos(aeth::rnr_timer_nanos(a.min_rnr_timer)) * (u32::from(a.rnr_retry) + 1);
+            let bound = stall_bound(qp) + ack_timeout(qp.attributes().timeout).unwrap_or_default();
             let since = qp.last_progress().max(crashed + world.hosts[end.host].clock_ahead);
             let waited = world.clock(end.host) - since;
             if waited > bound {

@@ -283,14 +283,7 @@ impl World {
         let (due, kept) = std::mem::take(&mut self.held).into_iter().partition(|&(at, _, _)| at <= by);
         self.held = kept;
         for (_, sender, packet) in due {
-            self.put_on_network(sender, packet);
-        }
-    }
-
-    fn put_on_network(&mut self, sender: usize, packet: InFlight) {
-        match &mut self.fabric {
-            Some(fabric) => fabric.send(self.now, sender, packet),
-            None => self.network.send(self.now, sender, packet),
+            put_on_network(&mut self.fabric, &mut self.network, self.now, sender, packet);
         }
     }
 
@@ -375,11 +368,11 @@ impl World {
         let touched = std::mem::take(&mut self.touched_list);
         for &index in &touched {
             self.touched[index] = false;
+            let clock = self.clock(index);
             let host = &mut self.hosts[index];
             if !host.up {
                 continue;
             }
-            let clock = self.now + host.clock_ahead;
             host.receive_sources.answer(&mut host.device, clock);
             // A NIC takes packets from its QPs only while its queue has
             // room (the fabric tells when it has again).
@@ -402,10 +395,7 @@ impl World {
                 match outage.map(|o| (o.kind, o.until)) {
                     Some((OutageKind::Partition, _)) => self.partitioned += 1,
                     Some((OutageKind::Clog, until)) => self.held.push((until, index, packet)),
-                    None => match &mut self.fabric {
-                        Some(fabric) => fabric.send(self.now, index, packet),
-                        None => self.network.send(self.now, index, packet),
-                    },
+                    None => put_on_network(&mut self.fabric, &mut self.network, self.now, index, packet),
                 }
             }
         }
@@ -463,6 +453,14 @@ impl World {
 }
 
 /// One line about a packet, for traces.
+/// Hands `sender`'s datagram to whichever network joins the hosts.
+fn put_on_network(fabric: &mut Option<Fabric>, network: &mut Network, now: Instant, sender: usize, packet: InFlight) {
+    match fabric {
+        Some(fabric) => fabric.send(now, sender, packet),
+        None => network.send(now, sender, packet),
+    }
+}
+
 fn describe(packet: &InFlight) -> String {
     format!("{} -> {} {}", packet.from.ip(), packet.to.ip(), softrnic_wire::packet::summary(&packet.bytes))
 }
