@@ -23,7 +23,7 @@ pub fn path(addr: IpAddr) -> PathBuf {
 /// The counters as `name value` lines, in a fixed order.
 pub fn render(c: &NicCounters) -> String {
     let t = &c.transport;
-    let rows: [(&str, u64); 35] = [
+    let rows: [(&str, u64); 37] = [
         ("tx_packets", t.tx_packets),
         ("tx_bytes", t.tx_bytes),
         ("rx_packets", t.rx_packets),
@@ -40,6 +40,8 @@ pub fn render(c: &NicCounters) -> String {
         ("seq_naks_received", t.seq_naks_received),
         ("rnr_naks_sent", t.rnr_naks_sent),
         ("rnr_naks_received", t.rnr_naks_received),
+        ("credit_waits", t.credit_waits),
+        ("credit_probes", t.credit_probes),
         ("fatal_naks_sent", t.fatal_naks_sent),
         ("fatal_naks_received", t.fatal_naks_received),
         ("rx_placed_out_of_order", t.rx_placed_out_of_order),

@@ -107,6 +107,17 @@ pub struct Outcome {
     /// Request packets placed before the ones ahead of them arrived.
     pub placed_out_of_order: u64,
     pub rnr_naks: u64,
+    /// Messages that waited for end-to-end credits, and probes sent at
+    /// zero credits.
+    pub credit_waits: u64,
+    pub credit_probes: u64,
+    /// Requesters that spent their RNR retries (allowed only where the
+    /// peer's application let its receives run out).
+    pub rnr_retries_spent: usize,
+    /// Requesters with fewer than 7 RNR retries (0 among them) whose
+    /// peers kept their receives posted: credits had to spare them every
+    /// RNR NAK but the probes'.
+    pub credits_relied_on: usize,
     pub seq_naks: u64,
     pub duplicates: u64,
     pub icrc_drops: u64,
@@ -141,6 +152,16 @@ struct Live {
     epsn: Option<Psn>,
     /// Its host crashed and restarted: its QP and memory are gone.
     gone: bool,
+    /// The RNR retries its requester has (7: for ever).
+    rnr_retry: u8,
+    /// Whether its requester may spend them: its peer's application lets
+    /// the receives run out (it pauses, posts slowly, or shares an SRQ,
+    /// which counts no credits). Where the peer keeps its receives posted,
+    /// end-to-end credits must keep every SEND from an RNR NAK but the
+    /// probes, and the probes find the receives posted since.
+    may_spend_rnr_retries: bool,
+    /// Its requester spent them: the pair ends as a crash would end it.
+    rnr_retries_spent: bool,
 }
 
 /// Two hosts on two switches: 100 Gb/s host links, a 25 Gb/s link between
@@ -250,10 +271,31 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
 
     // Set up both ends of every pair and connect them.
     let mut live: Vec<[Live; 2]> = Vec::new();
+    let mut rnr_retries = rnr_retries(seed);
+    let mut pauses = fastrand::Rng::with_seed(seed ^ 0x9a05);
     for plan in &plans {
-        let ends = [0, 1].map(|host| open_endpoint(&mut world, host, &plan.ends[host], &mut rng));
+        let mut ends = [0, 1].map(|host| open_endpoint(&mut world, host, &plan.ends[host], &mut rng));
+        for end in &mut ends {
+            end.recv_pause = recv_pause(&mut pauses);
+        }
         let rd_atomic = [rng.u8(1..=16), rng.u8(1..=16)];
         for side in 0..2 {
+            let peer = &ends[1 - side];
+            let peer_runs_out = peer.srq.is_some() || peer.recv_period.is_some() || peer.recv_pause.is_some();
+            let drawn = rnr_retries();
+            // A requester may spend its RNR retries only on the hostile
+            // network. Across the switches the pair it fails would leave
+            // its survivor sending whole windows again at line rate into
+            // the shared 25 Gb/s queue at each timeout (go-back-N, as a
+            // NIC does), and with timers in step another pair's full-size
+            // packet can meet a full queue at every try (seed 20010176:
+            // pair 1's 4 KB SEND dropped at all 8 of its tries behind pair
+            // 0's survivor, a tail-drop starvation that is the network's,
+            // as 7006859's was). There, credits alone are judged: a peer
+            // that keeps its receives posted.
+            let rnr_retry = if limits.switched && peer_runs_out { 7 } else { drawn };
+            ends[side].rnr_retry = rnr_retry;
+            ends[side].may_spend_rnr_retries = rnr_retry < 7 && peer_runs_out;
             let (me, peer) = (&ends[side], &ends[1 - side]);
             let limits = (rd_atomic[side], rd_atomic[1 - side]);
             connect(&mut world, me, peer.qpn, mtu, limits, selective_repeat, &mut rng)
@@ -266,11 +308,6 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
             }
         }
         live.push(ends);
-    }
-
-    let mut pauses = fastrand::Rng::with_seed(seed ^ 0x9a05);
-    for end in live.iter_mut().flatten() {
-        end.recv_pause = recv_pause(&mut pauses);
     }
 
     // The safety phase, faults on, until `heal_at`; then the liveness
@@ -305,18 +342,22 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
                         broken = Some(format!("pair {p} side {side} at {:?}: {invariant}", world.now - Instant::ZERO));
                         return true;
                     }
-                    all_done &= match crashed {
+                    let ended = crashed.is_some() || ends.iter().any(|end| end.rnr_retries_spent);
+                    let end = &ends[side];
+                    all_done &= match ended {
                         // Every pair spans the two hosts: once one has
-                        // crashed, the survivors are done when every
-                        // request is posted and none is left (done, failed
-                        // or flushed). Their receives may wait for ever: a
-                        // responder has no timer to notice its peer gone.
-                        Some(_) => {
+                        // crashed, or a requester has spent its RNR retries
+                        // and its QP has failed, the ends left are done when
+                        // every request is posted and none is left (done,
+                        // failed or flushed). Their receives may wait for
+                        // ever: a responder has no timer to notice its peer
+                        // gone.
+                        true => {
                             end.gone
                                 || (end.posted_ops == plan.ops.len()
                                     && world.device(end.host).qp(end.qpn).is_some_and(|qp| qp.send_queue_len() == 0))
                         }
-                        None => {
+                        false => {
                             end.sends_done.len() == sends_expected[p][side] && end.recvs_done.len() == plan.recvs.len()
                         }
                     };
@@ -375,12 +416,12 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
             format!(" (the run stopped at {:?}: {})", world.now - Instant::ZERO, unfinished(&world, &plans, &live))
         }
     };
-    if crashed.is_some() {
-        return survived(&world, &plans, &live, finished)
-            .map_err(|e| format!("{context}: {e}{stuck}"))
-            .map(|()| outcome(&world, retransmission, selective_repeat));
-    }
-    for (p, (plan, ends)) in plans.iter().zip(&live).enumerate() {
+    // A pair that a crash or spent RNR retries ended is judged as a
+    // survivor; every other pair as planned, to the byte.
+    let ended = |ends: &[Live; 2]| crashed.is_some() || ends.iter().any(|end| end.rnr_retries_spent);
+    survived(&world, &plans, &live, &ended, finished).map_err(|e| format!("{context}: {e}{stuck}"))?;
+    let planned = || plans.iter().zip(&live).enumerate().filter(|(_, (_, ends))| !ended(ends));
+    for (p, (plan, ends)) in planned() {
         for (side, (end, plan)) in ends.iter().zip(&plan.ends).enumerate() {
             let who = format!("{context}: pair {p} side {side}");
             let expected_recvs: Vec<_> = plan.recvs.iter().map(|r| r.expect).collect();
@@ -397,18 +438,18 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
         return Err(format!("{context}: the run stopped before every request completed{stuck}"));
     }
     // Only now has every peer finished writing into every buffer.
-    for (p, (plan, ends)) in plans.iter().zip(&live).enumerate() {
+    for (p, (plan, ends)) in planned() {
         for (side, (end, plan)) in ends.iter().zip(&plan.ends).enumerate() {
             if let Some(diff) = first_difference(&end.buffer.to_vec(), &plan.expected) {
                 return Err(format!("{context}: pair {p} side {side}: memory differs from the oracle: {diff}"));
             }
         }
     }
-    Ok(outcome(&world, retransmission, selective_repeat))
+    Ok(outcome(&world, &live, retransmission, selective_repeat))
 }
 
 /// What a run did, counted.
-fn outcome(world: &World, retransmission: Retransmission, selective_repeat: bool) -> Outcome {
+fn outcome(world: &World, live: &[[Live; 2]], retransmission: Retransmission, selective_repeat: bool) -> Outcome {
     let counters = [world.hosts[0].device.counters().clone(), world.hosts[1].device.counters().clone()];
     let sum = |f: fn(&softrnic_transport::Counters) -> u64| counters.iter().map(f).sum();
     Outcome {
@@ -425,23 +466,34 @@ fn outcome(world: &World, retransmission: Retransmission, selective_repeat: bool
         selective_repeat,
         placed_out_of_order: sum(|c| c.rx_placed_out_of_order),
         rnr_naks: sum(|c| c.rnr_naks_sent),
+        credit_waits: sum(|c| c.credit_waits),
+        credit_probes: sum(|c| c.credit_probes),
+        rnr_retries_spent: live.iter().flatten().filter(|end| end.rnr_retries_spent).count(),
+        credits_relied_on: live.iter().flatten().filter(|end| end.rnr_retry < 7 && !end.may_spend_rnr_retries).count(),
         seq_naks: sum(|c| c.seq_naks_sent + c.selective_naks_sent),
         duplicates: sum(|c| c.rx_duplicate_requests + c.rx_duplicate_responses),
         icrc_drops: sum(|c| c.rx_icrc_errors),
     }
 }
 
-/// The verdict on a run in which a host crashed: on every surviving end,
-/// the completions are what the plan expects for as long as they
-/// succeed, then at most one `RetryExcErr` (the request the dead peer
-/// never answered) and flushes; its QP is in RTS only if nothing was
-/// left to fail. Bytes are not compared: what the dead peer wrote before
-/// it crashed depends on when it did.
-fn survived(world: &World, plans: &[PairPlan], live: &[[Live; 2]], finished: bool) -> Result<(), String> {
-    if !finished {
+/// The verdict on the pairs that a host's crash, or a requester that
+/// spent its RNR retries, `ended`: on every surviving end, the
+/// completions are what the plan expects for as long as they succeed,
+/// then at most one `RetryExcErr` or `RnrRetryExcErr` (the request the
+/// peer never answered, or never had a receive for) and flushes; its QP
+/// is in RTS only if nothing was left to fail. Bytes are not compared:
+/// what the peer wrote before it ended depends on when it did.
+fn survived(
+    world: &World,
+    plans: &[PairPlan],
+    live: &[[Live; 2]],
+    ended: &dyn Fn(&[Live; 2]) -> bool,
+    finished: bool,
+) -> Result<(), String> {
+    if !finished && live.iter().any(ended) {
         return Err("the run stopped before every surviving request was done, failed or flushed".into());
     }
-    for (p, (plan, ends)) in plans.iter().zip(live).enumerate() {
+    for (p, (plan, ends)) in plans.iter().zip(live).enumerate().filter(|(_, (_, ends))| ended(ends)) {
         for (side, (end, plan)) in ends.iter().zip(&plan.ends).enumerate() {
             if end.gone {
                 continue;
@@ -461,8 +513,8 @@ fn survived(world: &World, plans: &[PairPlan], live: &[[Live; 2]], finished: boo
 }
 
 /// Checks completions that succeed as planned up to a failure, then fail
-/// once with `RetryExcErr` (sends only) and flush; returns whether one
-/// failed or flushed.
+/// once with `RetryExcErr` or `RnrRetryExcErr` (sends only) and flush;
+/// returns whether one failed or flushed.
 fn until_failure(
     who: &str,
     queue: &str,
@@ -474,13 +526,13 @@ fn until_failure(
     let mut rest = actual[succeeded..].iter();
     if queue == "send"
         && let Some(first) = actual.get(succeeded)
-        && first.status == WcStatus::RetryExcErr
+        && matches!(first.status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr)
     {
         rest.next();
     }
     if let Some(c) = rest.find(|c| c.status != WcStatus::WrFlushErr) {
         let statuses: Vec<_> = actual.iter().map(|c| (c.wr_id, c.status)).collect();
-        return Err(format!("{who}: after the peer crashed, {queue} completion {c:?} (all: {statuses:?})"));
+        return Err(format!("{who}: after the pair failed, {queue} completion {c:?} (all: {statuses:?})"));
     }
     Ok(succeeded < actual.len())
 }
@@ -583,6 +635,15 @@ fn recv_pause(rng: &mut fastrand::Rng) -> Option<(Instant, Instant)> {
     })
 }
 
+/// The RNR retries each requester gets, in the order the pairs' ends are
+/// connected, drawn from a stream of their own: one in three fewer than
+/// "for ever" (0 to 6), where end-to-end credits and the oracle's view of
+/// the peer decide whether they may run out.
+fn rnr_retries(seed: u64) -> impl FnMut() -> u8 {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x2e72);
+    move || if rng.u8(0..3) == 0 { rng.u8(0..=6) } else { 7 }
+}
+
 /// When a seed's network heals: drawn from a stream of its own (so that
 /// each seed's workload and faults stay what they were), log-uniform
 /// from 1 ms to 100 ms of virtual time. Most runs finish sooner and keep
@@ -609,13 +670,19 @@ fn stall_bound(qp: &QueuePair) -> Duration {
 /// The first QP that has had work to do and no progress for longer than
 /// its [`stall_bound`] since `from` (when the network healed, or a clock
 /// jumped after that), described. Each QP is timed by its host's clock.
+/// A QP whose peer has failed (it spent its RNR retries) waits as on a
+/// crashed peer, with one timeout of slack for where its timer's
+/// expiries fall ([`hung_on_a_dead_peer`]).
 fn stalled(world: &World, live: &[[Live; 2]], from: Instant) -> Option<String> {
     for (p, ends) in live.iter().enumerate() {
+        let peer_failed = ends.iter().any(|end| end.rnr_retries_spent);
         for (side, end) in ends.iter().enumerate() {
             let Some(qp) = world.hosts[end.host].device.qp(end.qpn) else { continue };
             let ahead = world.hosts[end.host].clock_ahead;
             let since = qp.last_progress().max(from + ahead);
-            let bound = stall_bound(qp);
+            let slack =
+                if peer_failed { ack_timeout(qp.attributes().timeout).unwrap_or_default() } else { Duration::ZERO };
+            let bound = stall_bound(qp) + slack;
             let waited = world.clock(end.host) - since;
             if qp.send_queue_len() > 0 && waited > bound {
                 return Some(format!(
@@ -690,6 +757,9 @@ fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut 
         recvs_done: Vec::new(),
         epsn: None,
         gone: false,
+        rnr_retry: 7,
+        may_spend_rnr_retries: false,
+        rnr_retries_spent: false,
     }
 }
 
@@ -719,7 +789,7 @@ fn connect(
         min_rnr_timer: rng.u8(1..=4),
         timeout: rng.u8(8..=12),
         retry_cnt: 7,
-        rnr_retry: 7,
+        rnr_retry: me.rnr_retry,
         selective_repeat,
         authenticate: false,
     };
@@ -748,6 +818,12 @@ fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKey
             return Err(format!("the responder's expected PSN went back from {:?} to {epsn:?}", end.epsn));
         }
         end.epsn = Some(epsn);
+        // Credits never go below the one probe the IBTA allows.
+        if let Some(credits) = qp.credits_available()
+            && credits < -1
+        {
+            return Err(format!("the requester overdrew its end-to-end credits: {credits}"));
+        }
     }
     let mut polled = Vec::new();
     device.poll_cq(end.cq, usize::MAX, &mut polled);
@@ -758,6 +834,15 @@ fn drive(world: &mut World, end: &mut Live, plan: &EndpointPlan, peer: RegionKey
             end.recvs_done.push(*c);
         } else {
             in_order(c, &end.sends_done, plan.ops[..end.posted_ops].iter().map(|op| op.wr_id), "send")?;
+            if c.status == WcStatus::RnrRetryExcErr {
+                if !end.may_spend_rnr_retries {
+                    return Err(format!(
+                        "{c:?} with rnr_retry {}, though the peer kept its receives posted and counted them",
+                        end.rnr_retry
+                    ));
+                }
+                end.rnr_retries_spent = true;
+            }
             end.sends_done.push(*c);
         }
     }

@@ -412,7 +412,9 @@ fn a_fetch_that_finds_nothing_is_answered_receiver_not_ready() {
 /// and keep their order, on both recoveries: one question, no NAK, no
 /// packet handled out of turn. Every packet of two messages reaches the
 /// receiver in one batch, as a burst reaches an engine shard, before the
-/// driver answers.
+/// driver answers. (A WRITE goes first: its ACK tells the requester that
+/// the responder does not count credits, so that the two SENDs go
+/// together rather than the first alone as a probe.)
 #[test]
 fn requests_behind_a_held_one_wait_in_order() {
     for selective_repeat in [false, true] {
@@ -421,6 +423,14 @@ fn requests_behind_a_held_one_wait_in_order() {
         let qpn = pair.b.qpn;
         let posts = pair.world.hosts[1].device.qp(qpn).unwrap().post_queues().clone();
         posts.fetch_on_demand();
+        pair.post(
+            0,
+            9,
+            SendOp::Write { remote: remote(&pair, 1, 8192), imm: None },
+            Payload::Inline([1u8; 8][..].into()),
+        );
+        pair.settle();
+        assert_eq!(pair.world.device(0).qp(pair.a.qpn).unwrap().credits_available(), None, "{what}");
         let (first, second) = (pattern(3000, 1), pattern(2500, 2));
         pair.a.buffer.write(0, &first);
         pair.a.buffer.write(4096, &second);

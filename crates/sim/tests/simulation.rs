@@ -28,6 +28,9 @@ fn random_workloads_survive_a_hostile_network() {
     let seeds = seeds(1000);
     let mut totals = [0u64; 8];
     let mut recoveries = [0usize; 2];
+    // Messages held for credits, probes, requesters that spent their RNR
+    // retries, and requesters with few that credits had to spare.
+    let mut credits = [0u64; 4];
     for &seed in &seeds {
         match scenario::run(seed, Network::Hostile.limits()) {
             Ok(outcome) => {
@@ -40,6 +43,10 @@ fn random_workloads_survive_a_hostile_network() {
                 totals[6] += outcome.tail_loss_probes;
                 totals[7] += outcome.placed_out_of_order;
                 recoveries[usize::from(outcome.selective_repeat)] += 1;
+                credits[0] += outcome.credit_waits;
+                credits[1] += outcome.credit_probes;
+                credits[2] += outcome.rnr_retries_spent as u64;
+                credits[3] += outcome.credits_relied_on as u64;
             }
             Err(failure) => {
                 panic!("{failure}\nreplay with: {}", Network::Hostile.replay(seed))
@@ -60,9 +67,14 @@ fn random_workloads_survive_a_hostile_network() {
         totals[6],
         totals[7]
     );
+    println!(
+        "credits: {} messages waited, {} probes; {} requesters spent their RNR retries, {} with fewer than 7 relied on credits",
+        credits[0], credits[1], credits[2], credits[3]
+    );
     // The faults must actually have exercised the recovery paths.
     if seeds.len() >= 100 {
         assert!(totals.iter().all(|&t| t > 0), "some recovery path never ran: {totals:?}");
+        assert!(credits.iter().all(|&c| c > 0), "some credit path never ran: {credits:?}");
         assert!(recoveries.iter().all(|&n| n > 0), "both recoveries ran: {recoveries:?}");
     }
 }
@@ -78,6 +90,11 @@ fn a_perfect_network_needs_no_recovery() {
             // An adaptive timer whose floor is below the path's queueing
             // delay may send again early; the verdict (every completion
             // right, every byte right, every QP in RTS) still held.
+            continue;
+        }
+        // A requester that spent its RNR retries failed its QP, and the
+        // peer's requests to it then time out, as to a crashed host.
+        if outcome.rnr_retries_spent > 0 {
             continue;
         }
         // Only RNR NAKs (a slow receiver) may cause a packet to be resent.

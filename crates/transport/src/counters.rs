@@ -46,6 +46,11 @@ pub struct Counters {
     pub seq_naks_received: u64,
     pub rnr_naks_sent: u64,
     pub rnr_naks_received: u64,
+    /// Messages that needed a receive and waited for the responder's
+    /// end-to-end credits (IBTA 9.7.7.2), each counted once.
+    pub credit_waits: u64,
+    /// Messages sent beyond the credits, alone, to learn of new receives.
+    pub credit_probes: u64,
     pub fatal_naks_sent: u64,
     pub fatal_naks_received: u64,
     /// Selective repeat: request packets placed before the ones ahead of
@@ -88,6 +93,8 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.seq_naks_received += other.seq_naks_received;
         self.rnr_naks_sent += other.rnr_naks_sent;
         self.rnr_naks_received += other.rnr_naks_received;
+        self.credit_waits += other.credit_waits;
+        self.credit_probes += other.credit_probes;
         self.fatal_naks_sent += other.fatal_naks_sent;
         self.fatal_naks_received += other.fatal_naks_received;
         self.rx_placed_out_of_order += other.rx_placed_out_of_order;

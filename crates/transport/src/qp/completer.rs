@@ -71,6 +71,13 @@ impl QueuePair {
             self.wait_behind_backlog(ctx, bth.opcode);
             return;
         }
+        // Every ACK, and every READ response or ATOMIC result that carries
+        // an AETH, says how many receives the responder holds.
+        if let Some(aeth) = packet.headers.ext.aeth
+            && let Syndrome::Ack { credit_code } = aeth.syndrome
+        {
+            self.req.credits.on_ack(aeth.msn, credit_code);
+        }
         let una_before = self.req.una;
         // A hole was known: what this packet acknowledges may have waited
         // for its repair.
@@ -485,7 +492,7 @@ impl QueuePair {
             }
             self.complete_send(ctx, &wqe, status);
             if status != WcStatus::Success {
-                self.enter_error(ctx);
+                self.enter_error(ctx, status != WcStatus::WrFlushErr);
                 return;
             }
         }

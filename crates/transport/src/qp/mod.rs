@@ -23,6 +23,7 @@
 mod attr;
 mod completer;
 mod congestion;
+mod credits;
 mod pacing;
 mod placement;
 mod post_queues;
@@ -260,7 +261,7 @@ impl QueuePair {
                 self.auth = None;
                 self.set_state(QpState::Reset);
             }
-            QpState::Error => self.enter_error(ctx),
+            QpState::Error => self.enter_error(ctx, false),
             _ => {
                 self.set_state(to);
                 if from == QpState::Init && to == QpState::Rtr {
@@ -453,9 +454,10 @@ impl QueuePair {
     }
 
     /// Moves the QP to the error state: every outstanding work request
-    /// completes with `WR_FLUSH_ERR` (the first one in error keeps its own
-    /// status) and nothing more is sent but a final NAK.
-    pub(crate) fn enter_error(&mut self, ctx: &mut Ctx) {
+    /// completes with `WR_FLUSH_ERR` (but the first one in error, unless
+    /// `cause_reported` says a completion already named the error) and
+    /// nothing more is sent but a final NAK.
+    pub(crate) fn enter_error(&mut self, ctx: &mut Ctx, cause_reported: bool) {
         if self.state == QpState::Error {
             return;
         }
@@ -463,14 +465,22 @@ impl QueuePair {
         self.req.stop();
         // Completions leave in order, so a request still queued here has
         // one before it that never succeeded: it flushes even if its own
-        // acknowledgement came (selective repeat takes them out of
-        // order), for after an error completion a queue reports flushes
-        // only (simulator seed 636, a crashed peer: a READ reported
-        // success after the SEND before it failed).
+        // acknowledgement came (selective repeat takes them out of order;
+        // simulator seed 636, a crashed peer: a READ reported success
+        // after the SEND before it failed). One error names the cause,
+        // the first that is not a flush (a READ flushed ahead of the
+        // WRITE whose fatal NAK ended it leaves the WRITE to say why);
+        // after it a queue reports flushes only, even for a request that
+        // failed too while it waited (seeds 20007370 and 20009246: two
+        // SENDs spent their RNR retries behind a READ, and both said so).
+        let mut cause_reported = cause_reported;
         while let Some(wqe) = self.sq.pop_front() {
             self.posts.retire_send();
             let status = match wqe.status {
-                Some(status) if status != WcStatus::Success => status,
+                Some(status) if !cause_reported && !matches!(status, WcStatus::Success | WcStatus::WrFlushErr) => {
+                    cause_reported = true;
+                    status
+                }
                 _ => WcStatus::WrFlushErr,
             };
             self.complete_send(ctx, &wqe, status);
@@ -580,6 +590,13 @@ impl QueuePair {
         self.req.progress_at
     }
 
+    /// End-to-end credits: the receives the peer's responder holds beyond
+    /// the messages this requester has started, as far as it has said;
+    /// `None` if it does not count them, -1 while a probe is out.
+    pub fn credits_available(&self) -> Option<i32> {
+        self.req.credits.available()
+    }
+
     /// The PSN the responder expects next.
     pub fn expected_psn(&self) -> softrnic_wire::Psn {
         self.resp.epsn
@@ -591,13 +608,14 @@ impl QueuePair {
     pub fn progress(&self) -> String {
         let (req, resp) = (&self.req, &self.resp);
         format!(
-            "requester: {} requests, una {:?}, sent to {:?}, {} retries and {} RNR retries left, next deadline {:?}; \
-             responder: expects {:?}, {} answers queued",
+            "requester: {} requests, una {:?}, sent to {:?}, {} retries and {} RNR retries left, credits {:?}, \
+             next deadline {:?}; responder: expects {:?}, {} answers queued",
             self.sq.len(),
             req.una,
             req.sent_end,
             req.retries_left,
             req.rnr_retries_left,
+            req.credits.available(),
             req.deadline(),
             resp.epsn,
             resp.answers.len()

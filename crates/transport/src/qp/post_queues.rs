@@ -164,6 +164,12 @@ impl PostQueues {
         release(&self.sends_held);
     }
 
+    /// Receives posted and not yet consumed or flushed: what the responder
+    /// advertises as end-to-end credits.
+    pub(crate) fn receives_held(&self) -> u32 {
+        self.recvs_held.load(Ordering::Acquire)
+    }
+
     /// A receive request left the QP (consumed or flushed).
     pub(crate) fn retire_recv(&self) {
         release(&self.recvs_held);

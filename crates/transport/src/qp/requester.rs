@@ -15,6 +15,7 @@ use softrnic_wire::packet::{Extensions, Headers};
 use softrnic_wire::{Opcode, Psn, atomic_eth, bth, reth, sreth};
 
 use super::completer::response_missing;
+use super::credits::{Admission, Credits};
 use super::rto::{Retransmission, RtoEstimator};
 use super::scoreboard::{self, Resend, Scoreboard};
 use super::{Ctx, QpAttributes, QpState, QueuePair, Transmit};
@@ -61,6 +62,11 @@ pub(super) struct Requester {
     /// Go-back-N: the highest response of the READ awaited that arrived
     /// beyond its hole since `una` last moved (`beyond_the_hole`).
     pub past_the_hole: Option<Psn>,
+    /// End-to-end credits: the receives the responder holds, as far as
+    /// its acknowledgements have said.
+    pub credits: Credits,
+    /// The request at the cursor waits for credits (counted once).
+    pub waiting_for_credits: bool,
     /// Selective repeat: the number the next message that consumes a
     /// receive at the responder takes.
     pub receive_number: u32,
@@ -310,12 +316,26 @@ impl QueuePair {
         if wqe.wr.fence && self.req.rd_atomic_outstanding > 0 {
             return false;
         }
+        let consumes = wqe.consumes_receive();
+        let admission = self.req.credits.admit(consumes, !self.req.outstanding());
+        if admission == Admission::Wait {
+            if !self.req.waiting_for_credits {
+                self.req.waiting_for_credits = true;
+                ctx.counters.credit_waits += 1;
+            }
+            return false;
+        }
         if let Payload::Gather(sges) = &wqe.wr.payload {
             let need = if wqe.wr.op.writes_locally() { Access::LOCAL_WRITE } else { Access::empty() };
             if validate_list(ctx.memory, self.init.pd, sges, need).is_err() {
                 self.fail_locally(ctx, index, WcStatus::LocProtErr);
                 return false;
             }
+        }
+        self.req.waiting_for_credits = false;
+        self.req.credits.on_started(consumes);
+        if admission == Admission::Probe {
+            ctx.counters.credit_probes += 1;
         }
         let wqe = &mut self.sq[index];
         wqe.first_psn = Some(self.req.next_psn);

@@ -335,7 +335,7 @@ impl QueuePair {
                     NakCode::InvalidRequest => AsyncEvent::QpRequestError { qpn },
                     _ => AsyncEvent::QpFatal { qpn },
                 });
-                self.enter_error(ctx);
+                self.enter_error(ctx, false);
             }
         }
     }
@@ -596,12 +596,17 @@ impl QueuePair {
         }
     }
 
-    /// End-to-end credits to advertise: the receive queue's depth, or
-    /// "unlimited" for a QP on an SRQ, which has no credits of its own.
+    /// End-to-end credits to advertise: the receives the program has
+    /// posted and no message has consumed (those it posted since the
+    /// shard's last pass count: a message finds them), or "unlimited" for
+    /// a QP on an SRQ, which has no credits of its own, and for one whose
+    /// receives are fetched on demand, which the transport cannot count
+    /// (softrnicd's ring holds them; a message that finds none asks).
     pub(super) fn credits(&self) -> Syndrome {
-        let credit_code = match self.init.srq {
-            Some(_) => aeth::CREDITS_UNLIMITED,
-            None => aeth::credit_code(self.rq.len() as u32),
+        let uncounted = self.init.srq.is_some() || self.posts.fetched_on_demand();
+        let credit_code = match uncounted {
+            true => aeth::CREDITS_UNLIMITED,
+            false => aeth::credit_code(self.posts.receives_held()),
         };
         Syndrome::Ack { credit_code }
     }
@@ -646,7 +651,7 @@ impl QueuePair {
                     // READ fails, and nothing after it is answered.
                     self.resp.answers.clear();
                     self.resp.fail(read.first_psn.add(read.next), NakCode::RemoteAccessError);
-                    self.enter_error(ctx);
+                    self.enter_error(ctx, false);
                     return self.poll_response(ctx, buf);
                 }
             },
