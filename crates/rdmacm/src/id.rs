@@ -447,7 +447,11 @@ pub fn qp_attr(device: &CmDevice, id: &Id, qp_state: c_int) -> Result<(ibv_qp_at
             attr.ah_attr = ah_to(peer.ip());
             // This side answers as many READs as it offered to.
             attr.max_dest_rd_atomic = s.responder_resources.max(1);
-            attr.min_rnr_timer = 12;
+            // What the kernel's CM programs for a connected QP at RTR
+            // (`cm_init_qp_rtr_attr`): code 0, the longest RNR wait the
+            // IBTA defines, 655.36 ms. End-to-end credits keep a sender
+            // from meeting it but for a probe into an empty queue.
+            attr.min_rnr_timer = 0;
             IBV_QP_STATE
                 | IBV_QP_AV
                 | IBV_QP_PATH_MTU
