@@ -261,13 +261,23 @@ impl Pair {
 
     /// [`Pair::inject`], as if from `from`.
     pub fn inject_from(&mut self, from: SocketAddr, headers: &Headers, payload: &[u8]) {
+        self.deliver(1, from, headers, payload);
+    }
+
+    /// Hands `host` a packet with a valid ICRC, as if from the other host.
+    pub fn inject_into(&mut self, host: usize, headers: &Headers, payload: &[u8]) {
+        let from = self.world.hosts[1 - host].addr;
+        self.deliver(host, from, headers, payload);
+    }
+
+    fn deliver(&mut self, host: usize, from: SocketAddr, headers: &Headers, payload: &[u8]) {
         let mut buf = vec![0u8; headers.len() + payload.len() + 8];
         let len = headers.emit_packet(&mut buf, payload).expect("the packet fits");
-        let to = self.world.ip(1);
+        let to = self.world.ip(host);
         UdpFlow { src: from.ip(), dst: to, src_port: from.port(), dst_port: ROCEV2_UDP_PORT }
             .seal(&mut buf[..len])
             .expect("a RoCEv2 packet");
         let now = self.world.now;
-        self.world.device(1).handle_datagram(now, from, Default::default(), &buf[..len]);
+        self.world.device(host).handle_datagram(now, from, Default::default(), &buf[..len]);
     }
 }

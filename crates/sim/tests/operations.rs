@@ -346,6 +346,44 @@ fn receiver_not_ready_is_retried_until_a_receive_is_posted() {
     assert_eq!(bytes(&pair, 1, 0, 5), b"early");
 }
 
+/// A NAK repeated for a request that has failed already names nothing new
+/// (seeds 20007370 and 20009246). A SEND spends its RNR retries while the
+/// READ ahead of it waits for its lost response; the RNR NAK comes again.
+/// The READ is not blamed for it: it finishes, then the SEND reports its
+/// error, and nothing else fails.
+#[test]
+fn a_repeated_rnr_nak_blames_no_other_request() {
+    use softrnic_wire::aeth::{self, Syndrome};
+    use softrnic_wire::packet::{Extensions, Headers};
+    use softrnic_wire::{Opcode, bth};
+
+    // An SRQ counts no credits, so the SEND goes beside the READ.
+    let mut pair = Pair::new(PairOptions { rnr_retry: 0, srq: true, ..PairOptions::default() });
+    let sq_psn = first_psn(pair.a.qpn);
+    pair.post(0, 0, SendOp::Write { remote: remote(&pair, 1, 0), imm: None }, Payload::Inline([1u8; 8][..].into()));
+    pair.settle();
+    let base = pair.world.device(1).counters().tx_packets;
+    pair.world.network.doomed = vec![(1, base)];
+    pair.post(0, 1, SendOp::Read { remote: remote(&pair, 1, 0) }, pair.a.gather(0, 8));
+    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"no receive"[..].into()));
+    while pair.world.device(0).counters().rnr_naks_received == 0 {
+        assert!(pair.world.step(), "the RNR NAK came");
+    }
+    let nak = Headers {
+        bth: bth::Repr::new(Opcode::RcAck, pair.a.qpn, sq_psn.add(2)),
+        ext: Extensions {
+            aeth: Some(aeth::Repr { syndrome: Syndrome::RnrNak { timer: 1 }, msn: 1 }),
+            ..Extensions::default()
+        },
+    };
+    pair.inject_into(0, &nak, &[]);
+    assert_eq!(pair.world.device(0).counters().rnr_naks_received, 2);
+    let [a, _] = pair.settle();
+    let statuses: Vec<_> = a.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(statuses, [(1, WcStatus::Success), (2, WcStatus::RnrRetryExcErr)]);
+    assert_eq!(pair.state(0), QpState::Error);
+}
+
 /// Receives the program wrote where the engine does not look (softrnicd's
 /// shared rings), handed over only when the QP asks for them.
 fn unfetched_receives(

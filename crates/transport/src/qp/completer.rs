@@ -467,10 +467,18 @@ impl QueuePair {
         }
     }
 
-    /// Fails the request that `psn` belongs to (or the oldest one).
+    /// Fails the request that `psn` belongs to (or, if none does, the
+    /// oldest one not finished). A NAK repeated for a request already
+    /// finished, one that failed waiting behind an older READ, names
+    /// nothing new: failing the oldest instead pinned its error on the
+    /// READ (seeds 20007370 and 20009246: an RNR NAK sent twice for one
+    /// SEND failed a second request).
     fn fail_at(&mut self, psn: Psn, status: WcStatus) {
-        let index = self.sq.iter().position(|w| w.status.is_none() && w.index_of(psn).is_some());
-        let index = index.or_else(|| self.sq.iter().position(|w| w.status.is_none()));
+        let index = match self.sq.iter().position(|w| w.index_of(psn).is_some()) {
+            Some(index) if self.sq[index].status.is_some() => return,
+            Some(index) => Some(index),
+            None => self.sq.iter().position(|w| w.status.is_none()),
+        };
         if let Some(index) = index {
             self.sq[index].status = Some(status);
         }
