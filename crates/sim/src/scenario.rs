@@ -342,7 +342,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
                         broken = Some(format!("pair {p} side {side} at {:?}: {invariant}", world.now - Instant::ZERO));
                         return true;
                     }
-                    let ended = crashed.is_some() || ends.iter().any(|end| end.rnr_retries_spent);
+                    let ended = crashed.is_some() || failed_on_rnr(ends);
                     let end = &ends[side];
                     all_done &= match ended {
                         // Every pair spans the two hosts: once one has
@@ -418,7 +418,7 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     };
     // A pair that a crash or spent RNR retries ended is judged as a
     // survivor; every other pair as planned, to the byte.
-    let ended = |ends: &[Live; 2]| crashed.is_some() || ends.iter().any(|end| end.rnr_retries_spent);
+    let ended = |ends: &[Live; 2]| crashed.is_some() || failed_on_rnr(ends);
     survived(&world, &plans, &live, &ended, finished).map_err(|e| format!("{context}: {e}{stuck}"))?;
     let planned = || plans.iter().zip(&live).enumerate().filter(|(_, (_, ends))| !ended(ends));
     for (p, (plan, ends)) in planned() {
@@ -635,6 +635,12 @@ fn recv_pause(rng: &mut fastrand::Rng) -> Option<(Instant, Instant)> {
     })
 }
 
+/// Whether a pair failed because a requester spent its RNR retries: it
+/// ends then as a crash ends a pair.
+fn failed_on_rnr(ends: &[Live; 2]) -> bool {
+    ends.iter().any(|end| end.rnr_retries_spent)
+}
+
 /// The RNR retries each requester gets, in the order the pairs' ends are
 /// connected, drawn from a stream of their own: one in three fewer than
 /// "for ever" (0 to 6), where end-to-end credits and the oracle's view of
@@ -656,13 +662,14 @@ fn heal_after(seed: u64) -> Duration {
 
 /// How long a QP with work to do may go without progress once the
 /// network has healed: its own horizon, its local ACK timeout for each of
-/// its retries and once more, and its RNR timer for each RNR retry and
-/// once more. A requester that waited longer on a healed network would
-/// either have failed its request already or be waiting on something no
-/// timer watches.
+/// its retries and once more, each after the pacer lets its packet go,
+/// and its RNR timer for each RNR retry and once more. A requester that
+/// waited longer on a healed network would either have failed its request
+/// already or be waiting on something no timer watches.
 fn stall_bound(qp: &QueuePair) -> Duration {
     let a = qp.attributes();
-    let ack = ack_timeout(a.timeout).unwrap_or_default() * (u32::from(a.retry_cnt) + 1);
+    let try_once = ack_timeout(a.timeout).unwrap_or_default() + qp.pacing_gap();
+    let ack = try_once * (u32::from(a.retry_cnt) + 1);
     let rnr = Duration::from_nanos(aeth::rnr_timer_nanos(a.min_rnr_timer)) * (u32::from(a.rnr_retry) + 1);
     ack + rnr
 }
@@ -675,7 +682,7 @@ fn stall_bound(qp: &QueuePair) -> Duration {
 /// expiries fall ([`hung_on_a_dead_peer`]).
 fn stalled(world: &World, live: &[[Live; 2]], from: Instant) -> Option<String> {
     for (p, ends) in live.iter().enumerate() {
-        let peer_failed = ends.iter().any(|end| end.rnr_retries_spent);
+        let peer_failed = failed_on_rnr(ends);
         for (side, end) in ends.iter().enumerate() {
             let Some(qp) = world.hosts[end.host].device.qp(end.qpn) else { continue };
             let ahead = world.hosts[end.host].clock_ahead;

@@ -307,3 +307,29 @@ fn a_clogged_path_and_a_partition_each_end_with_the_write_done_once() {
         assert_eq!(pair.state(A), QpState::Rts);
     }
 }
+
+/// A paced QP's packets wait their turn at the pacer, and a packet that
+/// waits is not lost: the timer counts from when it may leave. At 10 Mb/s
+/// each 1 KiB packet waits 0.8 ms, far longer than the adaptive timer's
+/// wait on this path, and an 8-packet WRITE on a perfect network needs no
+/// timeout, no probe and no packet sent twice (seed 22012789: a timer
+/// shorter than the gap fired before each packet left).
+#[test]
+fn a_paced_write_is_timed_from_when_its_packets_may_leave() {
+    for retransmission in [Retransmission::ADAPTIVE, Retransmission::Adaptive { floor: Duration::from_micros(10) }] {
+        let mut pair = pair(retransmission);
+        let (now, qpn) = (pair.world.now, pair.a.qpn);
+        pair.world.device(A).set_qp_rate_limit(now, qpn, Some(10_000_000)).unwrap();
+        let before = counters(&mut pair);
+        write(&mut pair, 1, 8 * 1024);
+        let [a, _] = pair.settle();
+        assert_eq!((a[0].wr_id, a[0].status), (1, WcStatus::Success), "{retransmission:?}");
+        let after = counters(&mut pair);
+        let spent = |f: fn(&softrnic_transport::Counters) -> u64| f(&after) - f(&before);
+        assert_eq!(
+            (spent(|c| c.timeouts), spent(|c| c.tail_loss_probes), spent(|c| c.retransmitted_packets)),
+            (0, 0, 0),
+            "{retransmission:?}"
+        );
+    }
+}

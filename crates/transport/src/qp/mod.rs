@@ -590,6 +590,13 @@ impl QueuePair {
         self.req.progress_at
     }
 
+    /// How long the pacer holds a full-size packet before the next may
+    /// leave (zero if the QP is not paced): the time each retry may spend
+    /// waiting to send before its timer runs.
+    pub fn pacing_gap(&self) -> std::time::Duration {
+        self.pacer.map_or(std::time::Duration::ZERO, |pacer| pacer.gap(self.mtu() as usize))
+    }
+
     /// End-to-end credits: the receives the peer's responder holds beyond
     /// the messages this requester has started, as far as it has said;
     /// `None` if it does not count them, -1 while a probe is out.

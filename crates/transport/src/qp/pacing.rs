@@ -42,8 +42,12 @@ impl Pacer {
     /// Accounts for a packet of `bytes` sent at `now`. Time spent idle is
     /// not saved up: a paced QP never bursts above its rate.
     pub fn on_send(&mut self, now: Instant, bytes: usize) {
-        let nanos = (bytes as u128 * 8 * 1_000_000_000 / u128::from(self.bits_per_second)) as u64;
-        self.next_at = self.next_at.max(now) + Duration::from_nanos(nanos);
+        self.next_at = self.next_at.max(now) + self.gap(bytes);
+    }
+
+    /// How long a packet of `bytes` holds back the next one.
+    pub fn gap(&self, bytes: usize) -> Duration {
+        Duration::from_nanos((bytes as u128 * 8 * 1_000_000_000 / u128::from(self.bits_per_second)) as u64)
     }
 }
 

@@ -412,10 +412,13 @@ impl QueuePair {
             _ => unreachable!("READ and ATOMIC have their own builders"),
         };
         // Ask for an ACK at the end of the message, every few packets of a
-        // long one, and when this packet fills the window.
+        // long one, when this packet fills the window, and on every packet
+        // of a QP paced so slowly that the packets between two ACKs would
+        // outlast its timer.
         let interval = ctx.config.ack_request_interval.max(1);
         let window_full = psn.distance_from(self.req.una) + 1 >= self.window(ctx) as i32;
-        let ack_request = last || (k + 1).is_multiple_of(interval) || window_full;
+        let ack_request =
+            last || (k + 1).is_multiple_of(interval) || window_full || self.paced_past_timer(ctx, interval);
         let mut bth = self.bth(opcode, psn, ack_request, wqe.wr.solicited && last);
         if self.attrs.selective_repeat {
             bth.selective_repeat = true;
@@ -493,10 +496,35 @@ impl QueuePair {
     /// Arms the retransmission timer if packets are in flight: the QP's
     /// `timeout`, or the adaptive timer's estimate (`rto.rs`).
     pub(super) fn arm_retry_timer(&mut self, ctx: &Ctx) {
+        let from = self.held_by_pacer_until(ctx).unwrap_or(ctx.now);
         self.req.retry_deadline = match ack_timeout(self.attrs.timeout) {
-            Some(timeout) if self.req.outstanding() => Some(ctx.now + self.retry_wait(ctx, timeout)),
+            Some(timeout) if self.req.outstanding() => Some(from + self.retry_wait(ctx, timeout)),
             _ => None,
         };
+    }
+
+    /// Would `interval` full-size packets at the pacer's rate take longer
+    /// than the timer waits? Then every packet asks for its ACK: the timer,
+    /// armed as the first left, would otherwise expire before the ACK
+    /// that answers the last was asked for.
+    fn paced_past_timer(&self, ctx: &Ctx, interval: u32) -> bool {
+        let (Some(pacer), Some(timeout)) = (self.pacer, ack_timeout(self.attrs.timeout)) else { return false };
+        pacer.gap(self.mtu() as usize) * interval >= self.retry_wait(ctx, timeout)
+    }
+
+    /// When the pacer lets go the next packet that waits to be sent (new,
+    /// or sent again after going back), if it holds one back. A packet
+    /// that waits its turn is not lost, so a timer armed meanwhile (on an
+    /// acknowledgement, or at an expiry) is not due until a wait after it
+    /// may leave: a timer shorter than the pacer's gap fired before each
+    /// packet left, sent the last one again as a probe in the slot, and
+    /// kept the QP's congestion control at its floor (seed 22012789:
+    /// go-back-N at one 256 B packet per 139 µs under a 100 µs timer, a
+    /// READ answered behind it waiting 17 ms).
+    fn held_by_pacer_until(&self, ctx: &Ctx) -> Option<Instant> {
+        let waiting = self.req.cursor < self.sq.len() || self.req.scoreboard.has_queued();
+        let ready = self.pacer?.ready_at();
+        (waiting && ctx.now < ready).then_some(ready)
     }
 
     fn retry_wait(&self, ctx: &Ctx, timeout: std::time::Duration) -> std::time::Duration {
