@@ -241,3 +241,42 @@ fn seed_8003009_an_ack_lets_one_request_ahead_not_all() {
 fn seed_12019469_retries_are_spent_a_timeout_apart() {
     replay_switched(12_019_469);
 }
+
+/// Seeds 20007370 and 20009246, the first long run with `rnr_retry`
+/// drawn: a SEND spent its RNR retries behind a READ awaiting a lost
+/// response, its RNR NAK came twice, and the second failed the READ too,
+/// so the queue reported two errors. A NAK for a request already finished
+/// names nothing new, and after the error that names the cause a queue
+/// reports flushes only (the mechanism alone:
+/// `operations::a_repeated_rnr_nak_blames_no_other_request`).
+#[test]
+fn seeds_20007370_and_20009246_one_error_then_flushes() {
+    replay_switched(20_007_370);
+    replay_switched(20_009_246);
+}
+
+/// Seed 20010176: a pair failed when its peer let its receives run out,
+/// and across the switches its survivor, going back to its whole window
+/// at line rate at each timeout, kept the shared queue full; another
+/// pair's 4 KB SEND, its timer in step, was dropped at all 8 tries. The
+/// network's, as 7006859's was: the switched scenario draws fewer than 7
+/// RNR retries only where the peer keeps its receives posted, and must
+/// finish.
+#[test]
+fn seed_20010176_no_pair_may_fail_across_the_switches() {
+    replay_switched(20_010_176);
+}
+
+/// Seeds 22012789 and 22007706: a QP paced at its congestion control's
+/// floor (one 256 B packet per 139 µs) under a 100 µs timer, going back
+/// under go-back-N: the timer, re-armed on each ACK while the next packet
+/// still waited for the pacer, expired before it left and spent the slot
+/// on a probe, and the timeouts kept the QP at its floor while a READ
+/// answered behind it waited 17 ms. The timer now counts from when the
+/// pacer lets the packet go, and a QP paced that slowly asks for every
+/// ACK (`recovery::a_paced_write_is_timed_from_when_its_packets_may_leave`).
+#[test]
+fn seeds_22012789_and_22007706_a_paced_packet_is_timed_once_it_leaves() {
+    replay_switched(22_012_789);
+    replay_switched(22_007_706);
+}
