@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use softrnic_transport::{Instant, IntMark, IntRecords, RecvMeta};
 
+use crate::fabric::NIC_QUEUE_BYTES;
+
 /// Probabilities (0 to 1) of what happens to each packet.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Faults {
@@ -70,6 +72,8 @@ pub struct Network {
     sequence: u64,
     /// When each sender's link is free again (indexed by the caller).
     busy_until: Vec<Instant>,
+    /// Senders whose NIC queue was found full, waiting for room.
+    throttled: Vec<bool>,
     /// Datagrams each sender has put on the wire.
     sent_by: Vec<u64>,
     /// Datagrams to lose on purpose: `(sender, n)` loses the `n`-th (from
@@ -101,6 +105,7 @@ impl Network {
             queue: BinaryHeap::new(),
             sequence: 0,
             busy_until: vec![Instant::ZERO; senders],
+            throttled: vec![false; senders],
             sent_by: vec![0; senders],
             doomed: Vec::new(),
             late: Vec::new(),
@@ -112,7 +117,7 @@ impl Network {
     pub fn send(&mut self, now: Instant, sender: usize, packet: InFlight) {
         self.stats.sent += 1;
         let start = now.max(self.busy_until[sender]);
-        let wire_time = Duration::from_nanos(packet.bytes.len() as u64 * 1000 / self.bytes_per_micro);
+        let wire_time = self.wire_time(packet.bytes.len());
         self.busy_until[sender] = start + wire_time;
         let mut arrival = start + wire_time + self.latency;
         let nth = self.sent_by[sender];
@@ -148,6 +153,46 @@ impl Network {
         self.enqueue(arrival, packet);
     }
 
+    /// Whether sender `sender`'s NIC takes another datagram at `now`: it
+    /// holds what its link has yet to serialise, at most
+    /// [`NIC_QUEUE_BYTES`], as a NIC pulls a QP's next packet only when the
+    /// wire can take it. Without that the link queued whatever it was
+    /// given, each timeout of a go-back-N QP without congestion control
+    /// stacked another window in front of the wire, and the queue outgrew
+    /// the timeout (seed 23047808: a SEND sent at 34.5 ms arrived at 40.7,
+    /// after its QP had spent its retries; the switched network's NICs
+    /// had the same fault, seed 8001058). If not, the sender is named by
+    /// [`Network::take_room`] once it does.
+    pub fn has_room(&mut self, sender: usize, now: Instant) -> bool {
+        let room = self.busy_until[sender] < now + self.wire_time(NIC_QUEUE_BYTES);
+        self.throttled[sender] = !room;
+        room
+    }
+
+    /// The senders whose NIC has room again at `now`.
+    pub fn take_room(&mut self, now: Instant) -> Vec<usize> {
+        let mut room = Vec::new();
+        for sender in 0..self.throttled.len() {
+            if self.throttled[sender] && self.has_room(sender, now) {
+                room.push(sender);
+            }
+        }
+        room
+    }
+
+    /// When the first throttled sender's NIC has room again.
+    pub fn next_room(&self) -> Option<Instant> {
+        let drain = self.wire_time(NIC_QUEUE_BYTES).as_nanos() as u64;
+        (0..self.throttled.len())
+            .filter(|&sender| self.throttled[sender])
+            .map(|sender| Instant::from_nanos(self.busy_until[sender].as_nanos().saturating_sub(drain) + 1))
+            .min()
+    }
+
+    fn wire_time(&self, bytes: usize) -> Duration {
+        Duration::from_nanos(bytes as u64 * 1000 / self.bytes_per_micro)
+    }
+
     fn random_delay(&mut self) -> Duration {
         let window = self.faults.reorder_window.as_nanos() as u64;
         Duration::from_nanos(self.rng.u64(0..=window))
@@ -173,5 +218,36 @@ impl Network {
 
     pub fn in_flight(&self) -> usize {
         self.queue.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sender's NIC takes datagrams while its link has less than
+    /// `NIC_QUEUE_BYTES` left to serialise, and has room again, named by
+    /// `take_room`, once enough has left the wire.
+    #[test]
+    fn a_full_nic_queue_takes_no_more_until_the_wire_drains() {
+        let mut network = Network::new(Faults::NONE, 1, 2);
+        let (a, b) = ("10.0.0.1:4791".parse().unwrap(), "10.0.0.2:4791".parse().unwrap());
+        let datagram = || InFlight::new(a, b, vec![0; 4096], IntMark::None);
+        let mut taken = 0;
+        while network.has_room(0, Instant::ZERO) {
+            network.send(Instant::ZERO, 0, datagram());
+            taken += 1;
+        }
+        // The first went on the wire at once; 16 wait behind it.
+        assert_eq!(taken, 1 + NIC_QUEUE_BYTES / 4096);
+        assert!(network.has_room(1, Instant::ZERO), "the other sender's NIC is its own");
+        assert!(network.take_room(Instant::ZERO).is_empty());
+        // Room comes back within one datagram's wire time (4096 B at
+        // 100 Gb/s, 327 ns), not before.
+        let room = network.next_room().expect("a throttled sender");
+        assert!(Instant::ZERO < room && room <= Instant::from_nanos(327), "{room:?}");
+        assert!(network.take_room(Instant::from_nanos(room.as_nanos() - 1)).is_empty());
+        assert_eq!(network.take_room(room), [0]);
+        assert!(network.has_room(0, room));
     }
 }

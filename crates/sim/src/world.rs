@@ -271,7 +271,8 @@ impl World {
     fn next_event(&mut self) -> Option<Instant> {
         self.flush();
         let clog_ends = self.held.iter().map(|&(at, _, _)| at).min();
-        [self.next_arrival(), self.next_timer(), clog_ends].into_iter().flatten().min()
+        let room = self.fabric.is_none().then(|| self.network.next_room()).flatten();
+        [self.next_arrival(), self.next_timer(), clog_ends, room].into_iter().flatten().min()
     }
 
     /// Puts on the network, in the order they were sent, the datagrams
@@ -334,10 +335,12 @@ impl World {
                 self.touch(h);
             }
         }
-        if let Some(fabric) = &mut self.fabric {
-            for h in fabric.take_room() {
-                self.touch(h);
-            }
+        let room = match &mut self.fabric {
+            Some(fabric) => fabric.take_room(),
+            None => self.network.take_room(self.now),
+        };
+        for h in room {
+            self.touch(h);
         }
         let mut down = Vec::new();
         while let Some(&Reverse((at, h))) = self.timer_queue.peek()
@@ -376,8 +379,12 @@ impl World {
             host.receive_sources.answer(&mut host.device, clock);
             // A NIC takes packets from its QPs only while its queue has
             // room (the fabric tells when it has again).
-            let room = |fabric: &mut Option<Fabric>| fabric.as_mut().is_none_or(|f| f.has_room(index));
-            while room(&mut self.fabric)
+            let now = self.now;
+            let room = |fabric: &mut Option<Fabric>, network: &mut Network| match fabric {
+                Some(fabric) => fabric.has_room(index),
+                None => network.has_room(index, now),
+            };
+            while room(&mut self.fabric, &mut self.network)
                 && let Some(t) = host.device.poll_transmit(clock, &mut self.buf)
             {
                 let to = SocketAddr::new(t.dst, ROCEV2_UDP_PORT);

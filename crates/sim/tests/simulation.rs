@@ -280,3 +280,16 @@ fn seeds_22012789_and_22007706_a_paced_packet_is_timed_once_it_leaves() {
     replay_switched(22_012_789);
     replay_switched(22_007_706);
 }
+
+/// Seed 23047808 of the hostile network (go-back-N, no congestion
+/// control, loss, reordering and duplication): its link queued whatever
+/// the hosts gave it, each timeout stacked another window in front of the
+/// wire, and a SEND sent at 34.5 ms arrived at 40.7, after its QP had
+/// spent its retries. A NIC takes packets only while its queue has room,
+/// on this network as on the switched one (seed 8001058).
+#[test]
+fn seed_23047808_a_nic_queues_no_more_than_its_room() {
+    if let Err(failure) = scenario::run(23_047_808, Network::Hostile.limits()) {
+        panic!("{failure}");
+    }
+}
