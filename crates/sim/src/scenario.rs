@@ -550,7 +550,7 @@ fn hung_on_a_dead_peer(world: &World, live: &[[Live; 2]], crashed: Instant) -> O
             if end.gone || qp.send_queue_len() == 0 {
                 continue;
             }
-            let bound = stall_bound(qp) + ack_timeout(qp.attributes().timeout).unwrap_or_default();
+            let bound = dead_peer_bound(qp);
             let since = qp.last_progress().max(crashed + world.hosts[end.host].clock_ahead);
             let waited = world.clock(end.host) - since;
             if waited > bound {
@@ -674,6 +674,13 @@ fn stall_bound(qp: &QueuePair) -> Duration {
     ack + rnr
 }
 
+/// How long a QP whose peer is gone (crashed, or failed) may take to fail
+/// its requests: its [`stall_bound`], and one timeout of slack for where
+/// its timer's expiries fall.
+fn dead_peer_bound(qp: &QueuePair) -> Duration {
+    stall_bound(qp) + ack_timeout(qp.attributes().timeout).unwrap_or_default()
+}
+
 /// The first QP that has had work to do and no progress for longer than
 /// its [`stall_bound`] since `from` (when the network healed, or a clock
 /// jumped after that), described. Each QP is timed by its host's clock.
@@ -687,9 +694,7 @@ fn stalled(world: &World, live: &[[Live; 2]], from: Instant) -> Option<String> {
             let Some(qp) = world.hosts[end.host].device.qp(end.qpn) else { continue };
             let ahead = world.hosts[end.host].clock_ahead;
             let since = qp.last_progress().max(from + ahead);
-            let slack =
-                if peer_failed { ack_timeout(qp.attributes().timeout).unwrap_or_default() } else { Duration::ZERO };
-            let bound = stall_bound(qp) + slack;
+            let bound = if peer_failed { dead_peer_bound(qp) } else { stall_bound(qp) };
             let waited = world.clock(end.host) - since;
             if qp.send_queue_len() > 0 && waited > bound {
                 return Some(format!(

@@ -29,17 +29,11 @@
 //!   such as rxe that never counts); from then on the requester sends as
 //!   if there were no limit.
 
-use softrnic_wire::aeth;
+use softrnic_wire::{Psn, aeth};
 
-/// MSNs and message numbers are 24 bits wide and wrap.
-const MSN_MASK: u32 = 0xff_ffff;
-
-/// Where `a` lies after `b` in the 24-bit message number space: positive
-/// if later, negative if earlier.
-fn msn_distance(a: u32, b: u32) -> i32 {
-    // Shift the 24-bit difference to the top of a word and back, signed.
-    ((a.wrapping_sub(b) << 8) as i32) >> 8
-}
+/// A message number: MSNs are 24 bits wide and wrap as PSNs do, and
+/// `Psn`'s modular arithmetic orders them across the wrap.
+type Msn = Psn;
 
 /// What the requester knows of the responder's receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,18 +41,18 @@ pub(super) struct Credits {
     /// The number of the last message the responder holds a receive for
     /// (the IBTA's limit sequence number); `None` once it has said it
     /// does not count.
-    limit: Option<u32>,
+    limit: Option<Msn>,
     /// The number the next message started takes (its SSN).
-    next: u32,
+    next: Msn,
     /// The number of the last message started that needs a receive.
-    last_consuming: u32,
+    last_consuming: Msn,
 }
 
 impl Default for Credits {
     /// A new connection: nothing is known of the responder's receives, so
     /// the first message that needs one goes as a probe.
     fn default() -> Credits {
-        Credits { limit: Some(0), next: 1, last_consuming: 0 }
+        Credits { limit: Some(Msn::new(0)), next: Msn::new(1), last_consuming: Msn::new(0) }
     }
 }
 
@@ -80,7 +74,7 @@ impl Credits {
         match self.limit {
             _ if !consumes => Admission::Granted,
             None => Admission::Granted,
-            Some(limit) if msn_distance(self.next, limit) <= 0 => Admission::Granted,
+            Some(limit) if self.next.is_at_or_before(limit) => Admission::Granted,
             Some(_) if idle => Admission::Probe,
             Some(_) => Admission::Wait,
         }
@@ -91,7 +85,7 @@ impl Credits {
         if consumes {
             self.last_consuming = self.next;
         }
-        self.next = (self.next + 1) & MSN_MASK;
+        self.next = self.next.next();
     }
 
     /// An AETH that acknowledges through message `msn` and grants the
@@ -101,8 +95,8 @@ impl Credits {
         match aeth::credits_of_code(credit_code) {
             None => self.limit = None,
             Some(credits) => {
-                let advertised = (msn + credits) & MSN_MASK;
-                if msn_distance(advertised, limit) > 0 {
+                let advertised = Msn::new(msn).add(credits);
+                if limit.is_before(advertised) {
                     self.limit = Some(advertised);
                 }
             }
@@ -113,7 +107,7 @@ impl Credits {
     /// the requester knows: `None` if it does not count, and -1 while a
     /// probe is out (never less).
     pub fn available(&self) -> Option<i32> {
-        self.limit.map(|limit| msn_distance(limit, self.last_consuming))
+        self.limit.map(|limit| limit.distance_from(self.last_consuming))
     }
 }
 
@@ -168,16 +162,16 @@ mod tests {
 
     #[test]
     fn message_numbers_wrap_at_24_bits() {
-        assert_eq!(msn_distance(0, MSN_MASK), 1);
-        assert_eq!(msn_distance(MSN_MASK, 0), -1);
-        let mut credits = Credits { limit: Some(MSN_MASK - 1), next: MSN_MASK, last_consuming: MSN_MASK - 1 };
-        credits.on_ack(MSN_MASK, FOUR);
-        assert_eq!(credits.limit, Some(3));
+        let last = 0xff_ffff;
+        let mut credits =
+            Credits { limit: Some(Msn::new(last - 1)), next: Msn::new(last), last_consuming: Msn::new(last - 1) };
+        credits.on_ack(last, FOUR);
+        assert_eq!(credits.limit, Some(Msn::new(3)));
         for _ in 0..5 {
             assert_eq!(credits.admit(true, false), Admission::Granted);
             credits.on_started(true);
         }
-        assert_eq!(credits.next, 4);
+        assert_eq!(credits.next, Msn::new(4));
         assert_eq!(credits.admit(true, false), Admission::Wait);
     }
 }
