@@ -25,8 +25,13 @@
 //!        again, in order; one that still finds none is answered RNR
 //! ```
 //!
-//! A driver that never answers costs a message [`HOLD_FOR`] at most: the
-//! shard then lets the requests go as if it had. A QP entering the error
+//! A driver that never takes the question costs a message [`HOLD_FOR`] at
+//! most: the shard then lets the requests go as if it had answered. One
+//! that has taken it is waited for, however long: whoever polls a question
+//! answers it (the engine does so in the same pass, microseconds later
+//! unless its thread is preempted between the two, and a 2-core CI machine
+//! once preempted it for 1.3 ms: a receive posted in time was RNR NAKed).
+//! A QP entering the error
 //! state asks too, holding nothing, so that the receives the program wrote
 //! flush with the rest; an SRQ that falls below its armed limit asks, so
 //! that the receives not yet given to it count, before the limit event is
@@ -51,9 +56,9 @@ pub struct ReceivesWanted {
     pub srq: Option<SrqId>,
 }
 
-/// The longest requests wait for the driver's answer. The engine answers
-/// within the pass that raised the question, microseconds later; this
-/// bounds only a driver that does not answer.
+/// The longest requests wait for the driver to take their question. The
+/// engine takes it within the pass that raised it; this bounds only a
+/// driver that does not ask.
 pub const HOLD_FOR: Duration = Duration::from_millis(1);
 
 /// The most request packets held for one QP: more than a requester's
@@ -71,7 +76,9 @@ pub(crate) struct HeldDatagram {
 
 #[derive(Debug)]
 struct Held {
-    until: Instant,
+    /// When the wait ends unanswered; `None` once the driver has taken the
+    /// question, which it then answers.
+    until: Option<Instant>,
     datagrams: VecDeque<HeldDatagram>,
 }
 
@@ -90,7 +97,15 @@ impl HeldRequests {
     /// it, until `until`.
     pub fn start(&mut self, qpn: u32, until: Instant, datagrams: VecDeque<HeldDatagram>) {
         debug_assert!(!self.holds(qpn), "QP {qpn:#x} asked while it held requests");
-        self.by_qp.insert(qpn, Held { until, datagrams });
+        self.by_qp.insert(qpn, Held { until: Some(until), datagrams });
+    }
+
+    /// The driver has taken `qpn`'s question: its requests wait for the
+    /// answer, with no deadline.
+    pub fn question_taken(&mut self, qpn: u32) {
+        if let Some(held) = self.by_qp.get_mut(&qpn) {
+            held.until = None;
+        }
     }
 
     /// Holds a request that arrived behind one held already; false (and
@@ -111,12 +126,13 @@ impl HeldRequests {
 
     /// The QPs whose wait has ended by `now`.
     pub fn expired(&self, now: Instant) -> Vec<u32> {
-        self.by_qp.iter().filter(|(_, held)| held.until <= now).map(|(&qpn, _)| qpn).collect()
+        let ended = |held: &Held| held.until.is_some_and(|until| until <= now);
+        self.by_qp.iter().filter(|(_, held)| ended(held)).map(|(&qpn, _)| qpn).collect()
     }
 
     /// When the first wait ends.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.by_qp.values().map(|held| held.until).min()
+        self.by_qp.values().filter_map(|held| held.until).min()
     }
 }
 
@@ -161,5 +177,17 @@ mod tests {
         let mut both = held.expired(Instant::from_nanos(300));
         both.sort();
         assert_eq!(both, [1, 2]);
+    }
+
+    #[test]
+    fn a_question_taken_waits_for_its_answer() {
+        let mut held = HeldRequests::default();
+        held.start(1, Instant::from_nanos(100), VecDeque::from([datagram(1)]));
+        held.start(2, Instant::from_nanos(200), VecDeque::new());
+        held.question_taken(1);
+        assert_eq!(held.next_deadline(), Some(Instant::from_nanos(200)));
+        assert_eq!(held.expired(Instant::from_nanos(1_000_000)), [2]);
+        assert!(held.holds(1));
+        assert_eq!(held.release(1).len(), 1);
     }
 }

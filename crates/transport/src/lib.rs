@@ -38,7 +38,7 @@ pub use device::Device;
 pub use entropy::Entropy;
 pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
-pub use fetch_on_demand::ReceivesWanted;
+pub use fetch_on_demand::{HOLD_FOR, ReceivesWanted};
 pub use memory::{Access, DmaBuffer, MrKeys, PdId, Registration};
 pub use qp::{
     Mtu, PostQueues, Posted, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Retransmission,

@@ -402,7 +402,9 @@ impl Shard {
     /// The next question for the driver: a QP that needs the receives its
     /// program wrote ([`crate::fetch_on_demand`]).
     pub fn poll_receives_wanted(&mut self) -> Option<ReceivesWanted> {
-        self.wanted.pop_front()
+        let wanted = self.wanted.pop_front()?;
+        self.held.question_taken(wanted.qpn);
+        Some(wanted)
     }
 
     /// The driver's answer: it posted what the program had written (or
@@ -580,8 +582,8 @@ impl Shard {
 
     /// Runs every QP timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        // A driver that has not answered in time: the requests go on as if
-        // it had found nothing.
+        // A driver that has not taken the question in time: the requests
+        // go on as if it had found nothing.
         for qpn in self.held.expired(now) {
             self.absorb_posts(now, qpn);
             self.release_held(now, qpn);
