@@ -147,6 +147,11 @@ fn build_view(staging: &Path, addr: IpAddr) -> Result<(), String> {
         std::fs::create_dir_all(file.parent().expect("a file in a directory")).map_err(|e| fail("view", &e))?;
         std::fs::write(&file, contents + "\n").map_err(|e| fail("view", &e))?;
     }
+    for (path, target) in softrnic_ibverbs::sysfs::class_links(addr) {
+        let link = staging.join("class").join(path);
+        std::fs::create_dir_all(link.parent().expect("a link in a directory")).map_err(|e| fail("view", &e))?;
+        std::os::unix::fs::symlink(target, &link).map_err(|e| fail("view", &e))?;
+    }
     let dev = staging.join("dev");
     std::fs::create_dir_all(&dev).map_err(|e| fail("view", &e))?;
     std::fs::write(dev.join("uverbs-softrnic0"), "").map_err(|e| fail("view", &e))?;

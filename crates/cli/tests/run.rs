@@ -78,12 +78,18 @@ fn ibstat_and_ibstatus_see_softrnic0_and_nothing_leaks_out() {
         assert!(out.contains(line), "ibstatus lacks {line:?}:\n{out}");
     }
     // The GID's type, the uverbs node UCX looks for, the program's address,
-    // and the entries that were there before (a network interface).
+    // the entries that were there before (a network interface), and the
+    // interface that holds the device's address, where tools that map an
+    // RDMA device to its netdev look (rxe's `parent`, a NIC's `device/net`).
     let probe = "cat /sys/class/infiniband/softrnic0/ports/1/gid_attrs/types/0; \
                  test -c /dev/infiniband/uverbs-softrnic0 && echo character device; \
-                 echo addr=$SOFTRNIC_ADDR; test -e /sys/class/net/lo && echo lo still there";
+                 echo addr=$SOFTRNIC_ADDR; test -e /sys/class/net/lo && echo lo still there; \
+                 cat /sys/class/infiniband/softrnic0/parent; \
+                 ls /sys/class/infiniband/softrnic0/device/net; \
+                 cat /sys/class/infiniband/softrnic0/device/net/lo/mtu";
     let o = run(&["run", "--addr", "127.0.0.9", "--", "sh", "-c", probe]);
-    assert_eq!(text(&o), "RoCE v2\ncharacter device\naddr=127.0.0.9\nlo still there\n");
+    let mtu = std::fs::read_to_string("/sys/class/net/lo/mtu").unwrap();
+    assert_eq!(text(&o), format!("RoCE v2\ncharacter device\naddr=127.0.0.9\nlo still there\nlo\nlo\n{mtu}"));
     // Outside, nothing changed and nothing was left by these runs (the
     // other test's runs may be staging theirs right now).
     assert!(!Path::new("/sys/class/infiniband/softrnic0").exists());

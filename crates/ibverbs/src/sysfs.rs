@@ -12,6 +12,13 @@ use softrnic_wire::DEFAULT_PKEY;
 use crate::device::{DEVICE_NAME, IBDEV_PATH, SoftDevice, device};
 use crate::ffi::set_errno;
 
+/// The network interface that holds the device's address: what the
+/// kernel names the RoCE port's netdev (`parent`, the GID's `ndevs`,
+/// `device/net/`).
+fn netdev(d: &SoftDevice) -> Option<&str> {
+    d.interface.as_ref().map(|(name, _)| name.as_str())
+}
+
 /// InfiniBand's port counter names, mapped onto softrnic's.
 const PORT_COUNTERS: [(&str, &str); 4] = [
     ("port_xmit_packets", "tx_packets"),
@@ -36,6 +43,7 @@ const DEVICE_FILES: &[&str] = &[
     "node_guid",
     "sys_image_guid",
     "node_desc",
+    "parent",
     "ports/1/state",
     "ports/1/phys_state",
     "ports/1/rate",
@@ -63,6 +71,8 @@ fn device_file(d: &SoftDevice, file: &str) -> Option<String> {
         "board_id" | "hca_type" => Some("softrnic".into()),
         "node_guid" | "sys_image_guid" => Some(hex_words(&d.guid)),
         "node_desc" => Some(format!("softrnic0 on {}", d.addr)),
+        // rxe's name for the interface it rides on.
+        "parent" => netdev(d).map(str::to_string),
         "ports/1/state" => Some("4: ACTIVE".into()),
         "ports/1/phys_state" => Some("5: LinkUp".into()),
         // The width and speed `ibv_query_port` reports: 4X at 25 Gb/s.
@@ -73,7 +83,7 @@ fn device_file(d: &SoftDevice, file: &str) -> Option<String> {
         "ports/1/link_layer" => Some("Ethernet".into()),
         "ports/1/gids/0" => Some(hex_words(&crate::device::gid_of(d.addr))),
         "ports/1/gid_attrs/types/0" => Some("RoCE v2".into()),
-        "ports/1/gid_attrs/ndevs/0" => d.interface.as_ref().map(|(name, _)| name.clone()),
+        "ports/1/gid_attrs/ndevs/0" => netdev(d).map(str::to_string),
         "ports/1/pkeys/0" => Some(format!("{:#06x}", DEFAULT_PKEY)),
         _ => {
             let published = std::fs::read_to_string(softrnic_engine::counters_file::path(d.addr)).unwrap_or_default();
@@ -134,6 +144,16 @@ pub fn class_tree(addr: IpAddr) -> Vec<(String, String)> {
     tree
 }
 
+/// The links of the device on `addr` into the rest of `/sys/class`, as
+/// `(path relative to /sys/class, target)`: `device/net/IFACE`, where
+/// tools that map an RDMA device to its network interface look (a PCI
+/// NIC's `device` holds its netdevs), to the interface's own directory.
+pub fn class_links(addr: IpAddr) -> Vec<(String, String)> {
+    let d = SoftDevice::new(addr);
+    let Some(name) = netdev(&d) else { return Vec::new() };
+    vec![(format!("infiniband/{DEVICE_NAME}/device/net/{name}"), format!("/sys/class/net/{name}"))]
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
     crate::ffi::guard("ibv_get_sysfs_path", || c"/sys".as_ptr())
@@ -184,5 +204,18 @@ mod tests {
         assert!(virtual_file("ports/1/hw_counters/tx_packets").unwrap().parse::<u64>().is_ok());
         assert!(virtual_file("ports/1/counters/port_xmit_data").is_some());
         assert!(virtual_file("no_such_file").is_none());
+    }
+
+    #[test]
+    fn the_port_names_the_interface_that_holds_its_address() {
+        let lo = "127.0.0.9".parse().unwrap();
+        let d = SoftDevice::new(lo);
+        assert_eq!(device_file(&d, "parent").as_deref(), Some("lo"));
+        assert_eq!(device_file(&d, "ports/1/gid_attrs/ndevs/0").as_deref(), Some("lo"));
+        let links = class_links(lo);
+        assert_eq!(links, [("infiniband/softrnic0/device/net/lo".to_string(), "/sys/class/net/lo".to_string())]);
+        // A device on no interface has no netdev to name.
+        let nowhere = SoftDevice { interface: None, ..d };
+        assert!(device_file(&nowhere, "parent").is_none());
     }
 }
