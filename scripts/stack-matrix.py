@@ -9,7 +9,8 @@ provider (fi_info, fi_pingpong over DGRAM and MSG endpoints); and Open
 MPI over UCX (scripts/programs/mpi-check.c: ping-pong, an allreduce
 checked against the exact sum, MPI_Put through osc ucx). On loopback and
 between two network namespaces, with each program's figure; with
---daemon, the rdma_cm programs once more through one softrnicd.
+--daemon, the rdma_cm programs once more through one softrnicd, and rping
+hearing that softrnicd stop under it (RDMA_CM_EVENT_DEVICE_REMOVAL).
 
     scripts/stack-matrix.py [--only REGEX] [--no-netns] [--daemon]
 
@@ -403,6 +404,31 @@ def run_single(site, argv, patterns):
     return ("pass", re.sub(r"[\s#]+", " ", re.search(patterns[-1], text).group(0)).strip())
 
 
+def device_removal(libdir):
+    """rping -s listening through a softrnicd that stops under it: its CM
+    thread hears RDMA_CM_EVENT_DEVICE_REMOVAL ("cma detected device
+    removal") and it exits within seconds, as under a kernel device
+    removed, rather than listen on for ever."""
+    addr = "127.0.78.5"
+    with vm.Daemon() as socket:
+        env = vm.environment(libdir, addr, {"SOFTRNIC_DAEMON": socket})
+        server = subprocess.Popen(["rping", "-s", "-a", addr, "-v"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env=env)
+        time.sleep(1)
+        if server.poll() is not None:
+            return "FAIL", f"rping {exit_status(server.returncode)} before the daemon stopped: " + \
+                vm.last_lines(server.communicate()[0])
+        stopped = time.time()
+    try:
+        out, _ = server.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        return "FAIL", "rping still listening 10 s after softrnicd stopped: " + vm.last_lines(server.communicate()[0])
+    if "cma detected device removal" not in out:
+        return "FAIL", f"rping {exit_status(server.returncode)} without hearing the device go: " + vm.last_lines(out)
+    return "pass", f"rping told, and gone {time.time() - stopped:.2f} s after softrnicd stopped"
+
+
 def perftest_figure(text, kind):
     """ucx_perftest's Final line: the median latency, or the average bandwidth."""
     line = next((l for l in text.splitlines() if l.startswith("Final:")), None)
@@ -477,6 +503,8 @@ def main():
     if args.daemon:
         with vm.Daemon() as socket:
             run_cm_site(vm.Site("softrnicd", "127.0.78.3", "127.0.78.4", env={"SOFTRNIC_DAEMON": socket}))
+        if not wanted or wanted.search("device removal"):
+            results.append(("softrnicd", "rping hears the device removal", *device_removal(libdir)))
     reason = "--no-netns given" if args.no_netns else vm.namespaces_unavailable()
     if reason:
         results.append(("netns", "all entries", "skip", reason))

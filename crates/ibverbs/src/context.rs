@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use softrnic_engine::{BindError, EngineConfig, Nic, OpenError};
 use softrnic_event::EventFd;
-use softrnic_provider::Provider;
+use softrnic_provider::{DeviceEvent, Provider};
 use softrnic_transport::{AsyncEvent, CqId, PdId, SrqId};
 
 use crate::abi::*;
@@ -467,7 +467,13 @@ pub unsafe extern "C" fn ibv_get_pkey_index(_context: *mut ibv_context, port: u8
 
 /// The pointer and `ibv_event_type` of an event, or `None` when the object
 /// it names is already gone.
-pub(crate) fn translate(objects: &Objects, event: AsyncEvent) -> Option<(*mut c_void, c_int)> {
+pub(crate) fn translate(objects: &Objects, event: DeviceEvent) -> Option<(*mut c_void, c_int)> {
+    let event = match event {
+        DeviceEvent::Object(event) => event,
+        // The element is a union; a device's own events fill its
+        // `port_num`, 1 (as mlx5 reports its fatal error).
+        DeviceEvent::Fatal => return Some((std::ptr::without_provenance_mut(1), IBV_EVENT_DEVICE_FATAL)),
+    };
     let qp = |qpn: u32| objects.qps.get(&qpn).map(|&p| p as *mut c_void);
     Some(match event {
         AsyncEvent::QpFatal { qpn } => (qp(qpn)?, IBV_EVENT_QP_FATAL),
@@ -498,8 +504,10 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
             if let Some((element, event_type)) = translate(&objects, next) {
                 // Counted while the object is listed: its destroy unlists it
                 // under this lock, then waits for the count to be acknowledged.
-                // SAFETY: listed, so live.
-                unsafe { reported(element, event_type).one_more() };
+                if next != DeviceEvent::Fatal {
+                    // SAFETY: listed, so live.
+                    unsafe { reported(element, event_type).one_more() };
+                }
                 drop(objects);
                 // SAFETY: a writable event (caller).
                 unsafe { *event = ibv_async_event { element, event_type } };
@@ -517,6 +525,8 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
         unsafe {
             let ibv_async_event { element, event_type } = *event;
             match event_type {
+                // Names no object: nothing waits for its acknowledgement.
+                IBV_EVENT_DEVICE_FATAL => {}
                 IBV_EVENT_CQ_ERR => Cq::from_ibv(element as *mut ibv_cq).acks(true).acknowledge(1),
                 IBV_EVENT_SRQ_LIMIT_REACHED => Srq::from_ibv(element as *mut ibv_srq).acks().acknowledge(1),
                 _ => Qp::from_ibv(element as *mut ibv_qp).acks().acknowledge(1),

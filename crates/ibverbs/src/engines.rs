@@ -15,6 +15,7 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use softrnic_engine::Nic;
 use softrnic_engine::engine::MAX_QUEUED_ASYNC_EVENTS;
 use softrnic_event::EventQueue;
+use softrnic_provider::DeviceEvent;
 use softrnic_provider::provider::EngineHolder;
 use softrnic_transport::AsyncEvent;
 
@@ -118,7 +119,7 @@ impl Engine {
     fn route(&self, event: AsyncEvent) {
         let contexts: Vec<Arc<ContextEvents>> =
             self.contexts.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
-        if let Some(owner) = contexts.iter().find(|c| translate(&c.objects(), event).is_some()) {
+        if let Some(owner) = contexts.iter().find(|c| translate(&c.objects(), DeviceEvent::Object(event)).is_some()) {
             owner.queue.push_bounded(event, MAX_QUEUED_ASYNC_EVENTS);
         }
     }

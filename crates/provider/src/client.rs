@@ -10,7 +10,7 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use softrnic_transport::{
     QpState, QpType, RecvWorkRequest, Result, SendWorkRequest, SrqAttr, SrqId, VerbsError, check_recv, check_send,
 };
 
+use crate::provider::DeviceEvent;
 use softrnic_daemon_protocol::doorbell::DoorbellPage;
 use softrnic_daemon_protocol::protocol::{
     self, Opened, PROTOCOL_VERSION, RemoteAlgorithm, Request, Response, Translation,
@@ -43,6 +44,8 @@ pub struct Session {
     wake: OwnedFd,
     /// Where the daemon writes this program's asynchronous events.
     events: OwnedFd,
+    /// The daemon's going has been reported ([`Session::next_device_event`]).
+    gone_reported: AtomicBool,
     addr: IpAddr,
     opened: Opened,
 }
@@ -108,7 +111,8 @@ impl Session {
         let [page, wake, events]: [OwnedFd; 3] =
             fds.try_into().map_err(|_| VerbsError::Device("softrnicd's answer lacks its descriptors".into()))?;
         let doorbell = DoorbellPage::attach(page).map_err(lost)?;
-        Ok(Session { socket: Arc::new(Mutex::new(fd)), forward, doorbell, wake, events, addr, opened })
+        let gone_reported = AtomicBool::new(false);
+        Ok(Session { socket: Arc::new(Mutex::new(fd)), forward, doorbell, wake, events, gone_reported, addr, opened })
     }
 
     pub fn addr(&self) -> IpAddr {
@@ -154,6 +158,22 @@ impl Session {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "softrnicd closed the event socket"));
         }
         protocol::decode_event(&buffer[..n])
+    }
+
+    /// [`Session::next_async_event`] as a device gives it: once softrnicd
+    /// has closed the event socket (it stopped, or died), the device is
+    /// gone, said once as [`DeviceEvent::Fatal`] and after that as `EIO`,
+    /// as the kernel says it of a device removed under its programs.
+    pub fn next_device_event(&self) -> io::Result<DeviceEvent> {
+        match self.next_async_event() {
+            Ok(event) => Ok(DeviceEvent::Object(event)),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => match self.gone_reported.swap(true, Ordering::AcqRel)
+            {
+                false => Ok(DeviceEvent::Fatal),
+                true => Err(daemon_gone()),
+            },
+            Err(e) => Err(e),
+        }
     }
 
     pub fn set_qp_rate_limit(&self, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {
@@ -578,6 +598,14 @@ impl Cq {
     }
 }
 
+/// What a channel's read says once softrnicd has closed its end (the
+/// daemon stopped, or died): `EIO`, as the kernel's event files say it of a
+/// device removed under them. (A zero-length message comes only then: the
+/// daemon's notifications are four bytes.)
+fn daemon_gone() -> io::Error {
+    io::Error::from_raw_os_error(libc::EIO)
+}
+
 /// A completion channel: readable when an armed CQ gets a completion.
 pub struct Channel {
     pub id: u32,
@@ -593,6 +621,7 @@ impl Channel {
             let mut cq = [0u8; 4];
             match rustix::net::recv(&self.fd, &mut cq, rustix::net::RecvFlags::DONTWAIT) {
                 Ok((4, _)) => return Ok(Some(CqId(u32::from_le_bytes(cq)))),
+                Ok((0, _)) => return Err(daemon_gone()),
                 // Not the daemon's: skip it.
                 Ok(_) => continue,
                 Err(rustix::io::Errno::AGAIN) if waited => return Ok(None),
@@ -615,6 +644,7 @@ impl Channel {
         loop {
             match rustix::net::recv(&self.fd, &mut cq, rustix::net::RecvFlags::empty()) {
                 Ok((4, _)) => return Ok(CqId(u32::from_le_bytes(cq))),
+                Ok((0, _)) => return Err(daemon_gone()),
                 Ok(_) => continue,
                 Err(e) => return Err(e.into()),
             }

@@ -17,4 +17,6 @@ pub mod provider;
 pub mod remap;
 pub mod socket_path;
 
-pub use provider::{CompletionChannel, DeviceCq, DeviceQp, DeviceSrq, EngineHolder, OpenError, Provider, SendChain};
+pub use provider::{
+    CompletionChannel, DeviceCq, DeviceEvent, DeviceQp, DeviceSrq, EngineHolder, OpenError, Provider, SendChain,
+};

@@ -22,6 +22,17 @@ use softrnic_transport::{
     VerbsError,
 };
 
+/// An asynchronous event of a device: about one of its objects, as the
+/// transport raises them, or about the device itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceEvent {
+    Object(AsyncEvent),
+    /// The device is gone (softrnicd stopped under its programs): nothing
+    /// more will complete, and no verb will succeed
+    /// (`IBV_EVENT_DEVICE_FATAL`).
+    Fatal,
+}
+
 /// What holds an engine in the process: a `Nic`, or something that shares
 /// one (the C library shares one engine among a process's contexts).
 pub trait EngineHolder {
@@ -290,11 +301,12 @@ impl<E: EngineHolder> Provider<E> {
     }
 
     /// The next asynchronous event, waiting for one unless the program
-    /// made [`Provider::async_fd`] non-blocking (`EAGAIN` then).
-    pub fn next_async_event(&self) -> io::Result<AsyncEvent> {
+    /// made [`Provider::async_fd`] non-blocking (`EAGAIN` then). An engine
+    /// in the process never goes away; softrnicd may.
+    pub fn next_async_event(&self) -> io::Result<DeviceEvent> {
         match &self.0 {
-            Device::Engine(e) => e.async_events().pop(),
-            Device::Daemon(session) => session.next_async_event(),
+            Device::Engine(e) => e.async_events().pop().map(DeviceEvent::Object),
+            Device::Daemon(session) => session.next_device_event(),
         }
     }
 

@@ -1,7 +1,8 @@
 //! The CM agent thread: waits on QP1's completion channel (and a wake-up
 //! eventfd) until a MAD arrives or the protocol's next timer is due, hands
 //! MADs and timers to the protocol, sends what it produced, and delivers
-//! its events to the rdma_cm IDs they concern ([`crate::id::deliver`]).
+//! its events to the rdma_cm IDs they concern ([`crate::id::deliver`]),
+//! until the device goes away (softrnicd stopped), which every ID hears.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,8 +38,11 @@ fn run(device: &CmDevice) {
         let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
         // SAFETY: two valid pollfds.
         unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-        if fds[0].revents & libc::POLLIN != 0 {
-            device.ack_event();
+        // A channel whose device has gone reads as closed: the IDs are
+        // told, and there is nothing more for the agent to do.
+        if fds[0].revents & (libc::POLLIN | libc::POLLHUP) != 0 && !device.ack_event() {
+            device.removed();
+            return;
         }
         if fds[1].revents & libc::POLLIN != 0 {
             device.wake.drain();

@@ -127,8 +127,12 @@ unsafe fn create_id(
         return fail(verb, libc::EINVAL, "NULL id pointer");
     }
     let device = or_return!(the_device(verb));
+    if device.lock().gone {
+        return fail(verb, libc::ENODEV, DEVICE_GONE);
+    }
     match Id::new(device, channel, context, ps, qp_type) {
         Ok(id) => {
+            device.lock().ids.insert(id as usize);
             // SAFETY: writable (caller).
             unsafe { *out = id.cast() };
             0
@@ -166,6 +170,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             device.flush_and_wake(&mut state);
             // Nothing new can reach the channel for this ID now.
             let me = id as *mut Id as usize;
+            state.ids.remove(&me);
             id.channel().queue.retain(|p| p.id != me);
         }
         free_event(id);
@@ -606,6 +611,9 @@ unsafe fn next_event(device: &CmDevice, channel: &Channel) -> Result<Box<EventBo
     }
 }
 
+/// Why a call fails once the device has gone.
+const DEVICE_GONE: &str = "the device has gone away (softrnicd stopped)";
+
 /// A synchronous ID's call waits for its connection to come up.
 fn wait_established(verb: &str, device: &CmDevice, id: &mut Id) -> c_int {
     loop {
@@ -618,6 +626,7 @@ fn wait_established(verb: &str, device: &CmDevice, id: &mut Id) -> c_int {
             RDMA_CM_EVENT_UNREACHABLE | RDMA_CM_EVENT_CONNECT_ERROR => {
                 return fail(verb, status.unsigned_abs() as c_int, "the peer did not answer");
             }
+            RDMA_CM_EVENT_DEVICE_REMOVAL => return fail(verb, libc::ENODEV, DEVICE_GONE),
             _ => continue,
         }
     }
@@ -686,8 +695,10 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut
             // SAFETY: the listener's own channel holds its events and those
             // of no ID it has handed out (those are synchronous too).
             let event = or_return!(unsafe { next_event(device, listener.channel()) });
-            if event.public.event != RDMA_CM_EVENT_CONNECT_REQUEST {
-                continue;
+            match event.public.event {
+                RDMA_CM_EVENT_CONNECT_REQUEST => {}
+                RDMA_CM_EVENT_DEVICE_REMOVAL => return fail(VERB, libc::ENODEV, DEVICE_GONE),
+                _ => continue,
             }
             // SAFETY: a new ID made by finish.
             let child = unsafe { Id::from_c(event.public.id) };

@@ -47,6 +47,11 @@ pub struct CmState {
     pub listeners: HashMap<ServiceId, usize>,
     /// Ports bound, per port space.
     pub ports: HashSet<(i32, u16)>,
+    /// Every live rdma_cm ID (its address): each hears the device go.
+    pub ids: HashSet<usize>,
+    /// The device went away (softrnicd stopped): its IDs were told, and
+    /// no new one is made.
+    pub gone: bool,
     /// MADs waiting for a free send slot: at most
     /// [`MAX_TRANSMITS`](crate::protocol::MAX_TRANSMITS).
     backlog: VecDeque<Transmit>,
@@ -219,6 +224,8 @@ impl CmDevice {
                     conns: HashMap::new(),
                     listeners: HashMap::new(),
                     ports: HashSet::new(),
+                    ids: HashSet::new(),
+                    gone: false,
                     backlog: VecDeque::new(),
                     free_send_slots: (0..SEND_SLOTS).collect(),
                     ahs: HashMap::new(),
@@ -336,8 +343,10 @@ impl CmDevice {
         }
     }
 
-    /// Acknowledges the channel's event (the agent read the fd).
-    pub(crate) fn ack_event(&self) {
+    /// Acknowledges the channel's event (the agent read the fd). False
+    /// when the channel says the device is gone (`EIO`, as the kernel's
+    /// event files say it of a removed device).
+    pub(crate) fn ack_event(&self) -> bool {
         let mut cq = std::ptr::null_mut();
         let mut context = std::ptr::null_mut();
         // SAFETY: a live channel with an event waiting (the fd polled
@@ -345,7 +354,23 @@ impl CmDevice {
         unsafe {
             if verbs::ibv_get_cq_event(self.channel, &mut cq, &mut context) == 0 {
                 verbs::ibv_ack_cq_events(cq, 1);
+                return true;
             }
+        }
+        std::io::Error::last_os_error().raw_os_error() != Some(libc::EIO)
+    }
+
+    /// The device went away: every ID hears `RDMA_CM_EVENT_DEVICE_REMOVAL`
+    /// on its channel, as the kernel's CM tells the IDs of a device
+    /// removed under them.
+    pub(crate) fn removed(&self) {
+        let mut state = self.lock();
+        state.gone = true;
+        for &id in &state.ids {
+            // SAFETY: IDs leave the set (under this lock) before they are
+            // freed, and an ID's channel outlives it.
+            let channel = unsafe { crate::id::Channel::from_c((*(id as *mut crate::id::Id)).public.channel) };
+            channel.queue.push(crate::id::Pending { id, what: crate::id::Happened::DeviceRemoved });
         }
     }
 

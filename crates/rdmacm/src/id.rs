@@ -60,6 +60,8 @@ pub enum Happened {
     RouteResolved,
     /// What the protocol raised (boxed: a request carries its REQ).
     Protocol(Box<Event>),
+    /// The device went away.
+    DeviceRemoved,
 }
 
 /// What the other side said about itself: from its REQ (passive side) or
@@ -496,6 +498,7 @@ pub unsafe fn finish(device: &CmDevice, pending: Pending) -> Option<Box<EventBox
     let raised = match pending.what {
         Happened::AddrResolved => return Some(EventBox::new(public, RDMA_CM_EVENT_ADDR_RESOLVED, 0)),
         Happened::RouteResolved => return Some(EventBox::new(public, RDMA_CM_EVENT_ROUTE_RESOLVED, 0)),
+        Happened::DeviceRemoved => return Some(EventBox::new(public, RDMA_CM_EVENT_DEVICE_REMOVAL, 0)),
         Happened::Protocol(event) => *event,
     };
     let event = match raised {
@@ -656,7 +659,11 @@ fn new_child(device: &CmDevice, listener: &mut Id, conn: ConnId, peer: SocketAdd
         s.conn = Some(conn);
         s.psn = random_psn();
     }
-    device.lock().conns.insert(conn, child as usize);
+    {
+        let mut state = device.lock();
+        state.conns.insert(conn, child as usize);
+        state.ids.insert(child as usize);
+    }
     Some(child)
 }
 

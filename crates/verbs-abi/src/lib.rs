@@ -193,6 +193,7 @@ pub const IBV_EVENT_CQ_ERR: c_int = 0;
 pub const IBV_EVENT_QP_FATAL: c_int = 1;
 pub const IBV_EVENT_QP_REQ_ERR: c_int = 2;
 pub const IBV_EVENT_QP_ACCESS_ERR: c_int = 3;
+pub const IBV_EVENT_DEVICE_FATAL: c_int = 8;
 pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
 pub const IBV_EVENT_QP_LAST_WQE_REACHED: c_int = 16;
 

@@ -611,7 +611,7 @@ impl ServedCq {
         let seen = wakeup::take(armed);
         let channel = self.channel.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let (Some(channel), ARMED_NEXT | ARMED_SOLICITED) = (channel, seen) {
-            // A datagram naming the CQ; a channel whose program stopped
+            // A message naming the CQ; a channel whose program stopped
             // reading drops it rather than stall the processor.
             let _ = rustix::net::send(
                 channel.as_fd(),

@@ -227,9 +227,11 @@ impl Tenant {
                 let held = self.usage.reserve(Resource::Channels, 1)?;
                 // The program's end blocks, as the kernel's event file does;
                 // ours never (a program that stops reading drops
-                // notifications, it does not stall the processor).
+                // notifications, it does not stall the processor). A
+                // connection, not datagrams: when the daemon goes, a
+                // program waiting on its end reads the end of it.
                 let (ours, theirs) =
-                    rustix::net::socketpair(AddressFamily::UNIX, SocketType::DGRAM, SocketFlags::CLOEXEC, None)
+                    rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
                         .map_err(|e| io(e.into()))?;
                 rustix::io::ioctl_fionbio(&ours, true).map_err(|e| io(e.into()))?;
                 let id = self.next_channel;
