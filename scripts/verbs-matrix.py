@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Runs unmodified RDMA programs over softrnic's libibverbs.so.1.
 
-Debian's ibverbs-utils (ibv_devices, ibv_devinfo, ibv_rc_pingpong),
-perftest (ib_{send,write,read,atomic}_{bw,lat}) and the project's own
+Debian's ibverbs-utils (ibv_devices, ibv_devinfo, ibv_rc_pingpong,
+ibv_srq_pingpong, ibv_uc_pingpong), perftest (ib_{send,write,read,atomic}_{bw,lat},
+and SEND and WRITE over UC) and the project's own
 rdma_bench (libr's flags and lines), both ends of each pair on
 this machine, each end with its own loopback address (SOFTRNIC_ADDR); then
 the same pairs between two network namespaces joined by a veth pair (as
@@ -284,6 +285,8 @@ def entries(quick):
         ("ibv_rc_pingpong -g 0 -t", "ibv_rc_pingpong", ["-g", "0", "-t"], pingpong_timestamps),
         # 16 QPs taking their receives from one SRQ.
         ("ibv_srq_pingpong -g 0", "ibv_srq_pingpong", ["-g", "0"], pingpong_figure),
+        # Unreliable connected: nothing acknowledged.
+        ("ibv_uc_pingpong -g 0", "ibv_uc_pingpong", ["-g", "0"], pingpong_figure),
     ]
     for op in ["send", "write", "read", "atomic"]:
         bw, lat = f"ib_{op}_bw", f"ib_{op}_lat"
@@ -303,6 +306,9 @@ def entries(quick):
         out.append(("ib_send_lat -c UD", "ib_send_lat", ["-c", "UD"], lat_figure))
         out.append(("ib_send_lat -e", "ib_send_lat", ["-e"], lat_figure))
         out.append(("ib_send_bw --use-srq", "ib_send_bw", ["--use-srq"], bw_figure))
+        for program, parse in [("ib_send_bw", bw_figure), ("ib_write_bw", bw_figure), ("ib_send_lat", lat_figure),
+                               ("ib_write_lat", lat_figure)]:
+            out.append((f"{program} -c UC", program, ["-c", "UC"], parse))
     bench = os.path.join(ROOT, "target", "release", "rdma_bench")
     out.append(("rdma_bench -threads 2 -packSize 64", bench,
                 ["-threads", "2", "-packSize", "64", "-iterations", "20", "-numPack", "1000"], rdma_bench_throughput(2)))

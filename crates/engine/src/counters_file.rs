@@ -23,7 +23,7 @@ pub fn path(addr: IpAddr) -> PathBuf {
 /// The counters as `name value` lines, in a fixed order.
 pub fn render(c: &NicCounters) -> String {
     let t = &c.transport;
-    let rows: [(&str, u64); 37] = [
+    let rows: [(&str, u64); 38] = [
         ("tx_packets", t.tx_packets),
         ("tx_bytes", t.tx_bytes),
         ("rx_packets", t.rx_packets),
@@ -36,6 +36,7 @@ pub fn render(c: &NicCounters) -> String {
         ("rx_unknown_qp", t.rx_unknown_qp),
         ("rx_out_of_sequence", t.rx_out_of_sequence),
         ("rx_duplicate_requests", t.rx_duplicate_requests),
+        ("uc_messages_dropped", t.uc_messages_dropped),
         ("seq_naks_sent", t.seq_naks_sent),
         ("seq_naks_received", t.seq_naks_received),
         ("rnr_naks_sent", t.rnr_naks_sent),

@@ -77,9 +77,20 @@ impl Qp {
 fn qp_type_of(verb: &str, t: c_int) -> Result<QpType, c_int> {
     match t {
         IBV_QPT_RC => Ok(QpType::Rc),
+        IBV_QPT_UC => Ok(QpType::Uc),
         IBV_QPT_UD => Ok(QpType::Ud),
-        IBV_QPT_UC => Err(refuse(verb, libc::EOPNOTSUPP, "UC QPs are not supported; use RC")),
-        other => Err(refuse(verb, libc::EOPNOTSUPP, format!("QP type {other} is not supported; use RC or UD"))),
+        IBV_QPT_RAW_PACKET => Err(refuse(
+            verb,
+            libc::EOPNOTSUPP,
+            "raw packet QPs send Ethernet frames through a NIC's own queues, which softrnic (like rxe) has none of; \
+             use RC, UC or UD",
+        )),
+        IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV => Err(refuse(
+            verb,
+            libc::EOPNOTSUPP,
+            "XRC QPs are not supported (nor XRC domains, ibv_open_xrcd); use RC with an SRQ",
+        )),
+        other => Err(refuse(verb, libc::EOPNOTSUPP, format!("QP type {other} is not supported; use RC, UC or UD"))),
     }
 }
 
@@ -595,7 +606,7 @@ unsafe fn send_wr_of(q: &Qp, wr: &ibv_send_wr) -> Result<SendWorkRequest, c_int>
         Payload::Gather(list)
     };
     let ud = match q.qp_type {
-        QpType::Rc => None,
+        QpType::Rc | QpType::Uc => None,
         QpType::Ud => {
             if ud.ah.is_null() {
                 return Err(refuse(VERB, libc::EINVAL, "a UD send needs wr.ud.ah"));

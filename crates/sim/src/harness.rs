@@ -174,7 +174,8 @@ impl Pair {
             let peer_ip = self.world.ip(peer.host);
             let device = self.world.device(me.host);
             let steps = match o.qp_type {
-                QpType::Rc => RcConnection {
+                // UC connects as RC does; its responder ignores what it lacks.
+                QpType::Rc | QpType::Uc => RcConnection {
                     access: Access::REMOTE,
                     remote_addr: peer_ip,
                     dest_qpn: peer.qpn,

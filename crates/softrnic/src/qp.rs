@@ -138,10 +138,12 @@ impl QueuePair {
     }
 
     /// Takes the QP from RESET to RTS, connected to `remote` (for UD, just
-    /// to RTS).
+    /// to RTS; a UC QP takes only the attributes UC has).
     pub fn connect(&self, remote: &Endpoint, o: &ConnectOptions) -> Result<(), Error> {
+        // UC connects as RC does, with RC's recoveries left out.
+        let reliable = self.qp_type == QpType::Rc;
         let steps = match self.qp_type {
-            QpType::Rc => RcConnection {
+            QpType::Rc | QpType::Uc => RcConnection {
                 access: o.access,
                 remote_addr: remote.gid,
                 dest_qpn: remote.qpn,
@@ -154,8 +156,8 @@ impl QueuePair {
                 timeout: o.timeout,
                 retry_cnt: o.retry_cnt,
                 rnr_retry: o.rnr_retry,
-                selective_repeat: o.selective_repeat && remote.selective_repeat,
-                authenticate: o.authenticate && remote.authenticate,
+                selective_repeat: reliable && o.selective_repeat && remote.selective_repeat,
+                authenticate: reliable && o.authenticate && remote.authenticate,
             }
             .steps(),
             QpType::Ud => ud_steps(o.qkey, self.psn),

@@ -33,6 +33,9 @@ pub struct Counters {
     pub rx_stale_responses: u64,
     pub rx_qkey_violations: u64,
     pub rx_no_receive_posted: u64,
+    /// UC messages the responder dropped: a packet of theirs lost, no
+    /// receive posted, or a request it could not carry out.
+    pub uc_messages_dropped: u64,
     /// Requests held while the driver fetched the program's receives
     /// ([`crate::fetch_on_demand`]).
     pub receive_fetches: u64,
@@ -85,6 +88,7 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.rx_stale_responses += other.rx_stale_responses;
         self.rx_qkey_violations += other.rx_qkey_violations;
         self.rx_no_receive_posted += other.rx_no_receive_posted;
+        self.uc_messages_dropped += other.uc_messages_dropped;
         self.receive_fetches += other.receive_fetches;
         self.rx_held_overflow += other.rx_held_overflow;
         self.rx_cnps += other.rx_cnps;

@@ -320,6 +320,9 @@ pub struct ibv_srq_init_attr {
 pub const IBV_QPT_RC: c_int = 2;
 pub const IBV_QPT_UC: c_int = 3;
 pub const IBV_QPT_UD: c_int = 4;
+pub const IBV_QPT_RAW_PACKET: c_int = 8;
+pub const IBV_QPT_XRC_SEND: c_int = 9;
+pub const IBV_QPT_XRC_RECV: c_int = 10;
 
 #[repr(C)]
 #[derive(Clone, Copy)]

@@ -1,7 +1,9 @@
 //! BTH opcodes and what each one implies about the rest of the packet.
 //!
-//! The high three bits of an opcode name the transport (000 RC, 011 UD, 100
-//! CNP in RoCEv2), the low five bits the operation (IBTA vol. 1, table 38).
+//! The high three bits of an opcode name the transport (000 RC, 001 UC, 011
+//! UD, 100 CNP in RoCEv2), the low five bits the operation (IBTA vol. 1,
+//! table 38). A UC opcode's packet is laid out as its RC twin's, the same
+//! low five bits ([`Opcode::rc_twin`]).
 
 use crate::Error;
 
@@ -32,6 +34,18 @@ pub enum Opcode {
     RcFetchAdd = 0x14,
     RcSendLastInv = 0x16,
     RcSendOnlyInv = 0x17,
+    UcSendFirst = 0x20,
+    UcSendMiddle = 0x21,
+    UcSendLast = 0x22,
+    UcSendLastImm = 0x23,
+    UcSendOnly = 0x24,
+    UcSendOnlyImm = 0x25,
+    UcWriteFirst = 0x26,
+    UcWriteMiddle = 0x27,
+    UcWriteLast = 0x28,
+    UcWriteLastImm = 0x29,
+    UcWriteOnly = 0x2a,
+    UcWriteOnlyImm = 0x2b,
     UdSendOnly = 0x64,
     UdSendOnlyImm = 0x65,
     /// RoCEv2 congestion notification packet (annex A17.9.3).
@@ -77,7 +91,7 @@ pub struct Layout {
 
 impl Opcode {
     /// Every opcode, for tests and tables.
-    pub const ALL: [Opcode; 26] = [
+    pub const ALL: [Opcode; 38] = [
         Opcode::RcSendFirst,
         Opcode::RcSendMiddle,
         Opcode::RcSendLast,
@@ -101,6 +115,18 @@ impl Opcode {
         Opcode::RcFetchAdd,
         Opcode::RcSendLastInv,
         Opcode::RcSendOnlyInv,
+        Opcode::UcSendFirst,
+        Opcode::UcSendMiddle,
+        Opcode::UcSendLast,
+        Opcode::UcSendLastImm,
+        Opcode::UcSendOnly,
+        Opcode::UcSendOnlyImm,
+        Opcode::UcWriteFirst,
+        Opcode::UcWriteMiddle,
+        Opcode::UcWriteLast,
+        Opcode::UcWriteLastImm,
+        Opcode::UcWriteOnly,
+        Opcode::UcWriteOnlyImm,
         Opcode::UdSendOnly,
         Opcode::UdSendOnlyImm,
         Opcode::Cnp,
@@ -110,6 +136,9 @@ impl Opcode {
     /// section 9.2 (DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH).
     pub const fn layout(self) -> Layout {
         use Opcode::*;
+        if self.is_uc() {
+            return self.rc_twin().layout();
+        }
         let mut l = Layout {
             deth: false,
             reth: false,
@@ -123,6 +152,9 @@ impl Opcode {
         };
         match self {
             RcSendFirst | RcSendMiddle | RcSendLast | RcSendOnly | RcWriteMiddle | RcWriteLast => l.payload = true,
+            UcSendFirst | UcSendMiddle | UcSendLast | UcSendLastImm | UcSendOnly | UcSendOnlyImm | UcWriteFirst
+            // Laid out as their RC twins, above.
+            | UcWriteMiddle | UcWriteLast | UcWriteLastImm | UcWriteOnly | UcWriteOnlyImm => {}
             RcSendLastImm | RcSendOnlyImm | RcWriteLastImm => {
                 l.immdt = true;
                 l.payload = true;
@@ -183,6 +215,9 @@ impl Opcode {
     /// to a segmented message (SEND, WRITE, READ response).
     pub const fn position(self) -> Option<Position> {
         use Opcode::*;
+        if self.is_uc() {
+            return self.rc_twin().position();
+        }
         match self {
             RcSendFirst | RcWriteFirst | RcReadResponseFirst => Some(Position::First),
             RcSendMiddle | RcWriteMiddle | RcReadResponseMiddle => Some(Position::Middle),
@@ -192,17 +227,68 @@ impl Opcode {
             RcSendOnly | RcSendOnlyImm | RcSendOnlyInv | RcWriteOnly | RcWriteOnlyImm | RcReadResponseOnly
             | RcReadRequest | RcCompareSwap | RcFetchAdd | UdSendOnly | UdSendOnlyImm => Some(Position::Only),
             RcAck | RcAtomicAck | Cnp => None,
+            // As their RC twins, above.
+            UcSendFirst | UcSendMiddle | UcSendLast | UcSendLastImm | UcSendOnly | UcSendOnlyImm | UcWriteFirst
+            | UcWriteMiddle | UcWriteLast | UcWriteLastImm | UcWriteOnly | UcWriteOnlyImm => None,
         }
     }
 
-    /// Is this a SEND of any kind (RC or UD)?
-    pub const fn is_send(self) -> bool {
-        (self as u8) <= 0x05 || matches!(self, Opcode::RcSendLastInv | Opcode::RcSendOnlyInv) || self.is_ud()
+    /// Is this an unreliable-connected opcode?
+    pub const fn is_uc(self) -> bool {
+        matches!(self as u8, 0x20..=0x2b)
     }
 
-    /// Is this an RDMA WRITE packet?
+    /// The RC opcode with the same operation: a UC opcode's, itself for
+    /// any other.
+    pub const fn rc_twin(self) -> Opcode {
+        use Opcode::*;
+        match self {
+            UcSendFirst => RcSendFirst,
+            UcSendMiddle => RcSendMiddle,
+            UcSendLast => RcSendLast,
+            UcSendLastImm => RcSendLastImm,
+            UcSendOnly => RcSendOnly,
+            UcSendOnlyImm => RcSendOnlyImm,
+            UcWriteFirst => RcWriteFirst,
+            UcWriteMiddle => RcWriteMiddle,
+            UcWriteLast => RcWriteLast,
+            UcWriteLastImm => RcWriteLastImm,
+            UcWriteOnly => RcWriteOnly,
+            UcWriteOnlyImm => RcWriteOnlyImm,
+            other => other,
+        }
+    }
+
+    /// The UC opcode with the same operation, for an RC SEND or WRITE
+    /// (`None` for operations UC does not carry).
+    pub const fn uc_twin(self) -> Option<Opcode> {
+        use Opcode::*;
+        Some(match self {
+            RcSendFirst => UcSendFirst,
+            RcSendMiddle => UcSendMiddle,
+            RcSendLast => UcSendLast,
+            RcSendLastImm => UcSendLastImm,
+            RcSendOnly => UcSendOnly,
+            RcSendOnlyImm => UcSendOnlyImm,
+            RcWriteFirst => UcWriteFirst,
+            RcWriteMiddle => UcWriteMiddle,
+            RcWriteLast => UcWriteLast,
+            RcWriteLastImm => UcWriteLastImm,
+            RcWriteOnly => UcWriteOnly,
+            RcWriteOnlyImm => UcWriteOnlyImm,
+            _ => return None,
+        })
+    }
+
+    /// Is this a SEND of any kind (RC, UC or UD)?
+    pub const fn is_send(self) -> bool {
+        let rc = self.rc_twin();
+        (rc as u8) <= 0x05 || matches!(rc, Opcode::RcSendLastInv | Opcode::RcSendOnlyInv) || self.is_ud()
+    }
+
+    /// Is this an RDMA WRITE packet (RC or UC)?
     pub const fn is_write(self) -> bool {
-        matches!(self as u8, 0x06..=0x0b)
+        matches!(self.rc_twin() as u8, 0x06..=0x0b)
     }
 
     /// Is this a READ response packet?
@@ -259,7 +345,7 @@ mod tests {
 
     #[test]
     fn unassigned_bytes_are_rejected() {
-        for byte in [0x15u8, 0x18, 0x1f, 0x20, 0x63, 0x66, 0x80, 0xff] {
+        for byte in [0x15u8, 0x18, 0x1f, 0x2c, 0x63, 0x66, 0x80, 0xff] {
             assert_eq!(Opcode::try_from(byte), Err(Error::UnknownOpcode(byte)));
         }
     }
@@ -287,5 +373,22 @@ mod tests {
         assert!(!Opcode::RcAck.is_request());
         assert!(Opcode::RcReadRequest.is_request());
         assert!(Opcode::RcFetchAdd.is_atomic());
+    }
+
+    #[test]
+    fn a_uc_opcode_is_its_rc_twin_on_the_wire_but_for_the_transport_bits() {
+        let uc: Vec<Opcode> = Opcode::ALL.iter().copied().filter(|op| op.is_uc()).collect();
+        assert_eq!(uc.len(), 12, "SEND and WRITE, first to only, with immediate");
+        for op in uc {
+            let rc = op.rc_twin();
+            assert_eq!(op as u8, 0x20 | rc as u8, "{op:?}");
+            assert_eq!(rc.uc_twin(), Some(op));
+            assert_eq!((op.layout(), op.position()), (rc.layout(), rc.position()), "{op:?}");
+            assert_eq!((op.is_send(), op.is_write(), op.is_request()), (rc.is_send(), rc.is_write(), true), "{op:?}");
+        }
+        assert_eq!(Opcode::UcWriteOnlyImm.extension_len(), 16 + 4);
+        for rc in [Opcode::RcReadRequest, Opcode::RcFetchAdd, Opcode::RcSendOnlyInv, Opcode::RcAck] {
+            assert_eq!(rc.uc_twin(), None, "UC carries no {rc:?}");
+        }
     }
 }

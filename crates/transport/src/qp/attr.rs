@@ -44,6 +44,9 @@ impl QpState {
 pub enum QpType {
     /// Reliable connected.
     Rc,
+    /// Unreliable connected: SENDs and WRITEs to one peer QP, no
+    /// acknowledgement; a message that loses a packet is dropped whole.
+    Uc,
     /// Unreliable datagram.
     Ud,
 }
@@ -297,13 +300,14 @@ impl QpAttr {
             return Err(VerbsError::invalid(format!("a QP cannot move from {from:?} to {to:?}")));
         }
         match (qp_type, from, to) {
-            (QpType::Rc, Reset, Init) => require!(self, from, to, pkey_index, port, access),
+            (QpType::Rc | QpType::Uc, Reset, Init) => require!(self, from, to, pkey_index, port, access),
             (QpType::Ud, Reset, Init) => require!(self, from, to, pkey_index, port, qkey),
             (QpType::Rc, Init, Rtr) => {
                 require!(self, from, to, remote_addr, path_mtu, dest_qpn, rq_psn, max_dest_rd_atomic, min_rnr_timer)
             }
+            (QpType::Uc, Init, Rtr) => require!(self, from, to, remote_addr, path_mtu, dest_qpn, rq_psn),
             (QpType::Rc, Rtr, Rts) => require!(self, from, to, sq_psn, timeout, retry_cnt, rnr_retry, max_rd_atomic),
-            (QpType::Ud, Rtr, Rts) => require!(self, from, to, sq_psn),
+            (QpType::Uc | QpType::Ud, Rtr, Rts) => require!(self, from, to, sq_psn),
             _ => {}
         }
         let range = |name: &str, value: Option<u32>, max: u32| match value {
@@ -328,7 +332,9 @@ impl QpAttr {
             ));
         }
         if self.selective_repeat == Some(true) && qp_type != QpType::Rc {
-            return Err(VerbsError::invalid("selective repeat is a reliable-connection recovery; a UD QP has none"));
+            return Err(VerbsError::invalid(format!(
+                "selective repeat is a reliable-connection recovery; a {qp_type:?} QP has none"
+            )));
         }
         if self.authenticate.is_some() && !matches!((from, to), (Reset | Init, Init) | (Init, Rtr)) {
             return Err(VerbsError::invalid(
@@ -336,7 +342,9 @@ impl QpAttr {
             ));
         }
         if self.authenticate == Some(true) && qp_type != QpType::Rc {
-            return Err(VerbsError::invalid("packet authentication is for reliable connections, not UD"));
+            return Err(VerbsError::invalid(format!(
+                "packet authentication is for reliable connections, not {qp_type:?}"
+            )));
         }
         Ok(to)
     }

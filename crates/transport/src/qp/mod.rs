@@ -32,6 +32,7 @@ mod responder;
 mod rto;
 mod scoreboard;
 mod send_queue;
+mod uc;
 mod ud;
 
 use std::collections::VecDeque;
@@ -328,8 +329,10 @@ impl QueuePair {
     pub(crate) fn handle_packet(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &PacketRepr, meta: &RecvMeta) {
         match self.init.qp_type {
             QpType::Ud => self.ud_receive(ctx, src, packet),
+            QpType::Uc => self.uc_receive(ctx, src, packet),
             QpType::Rc => {
-                if !packet.headers.bth.opcode.is_ud() && Some(src) == self.attrs.remote_addr {
+                let opcode = packet.headers.bth.opcode;
+                if !opcode.is_ud() && !opcode.is_uc() && Some(src) == self.attrs.remote_addr {
                     if packet.headers.bth.opcode.is_request() {
                         if meta.int.is_some() {
                             self.np.int_to_echo = meta.int;
@@ -359,6 +362,7 @@ impl QueuePair {
         }
         match self.init.qp_type {
             QpType::Ud => self.ud_transmit(ctx, buf),
+            QpType::Uc => self.uc_transmit(ctx, buf),
             QpType::Rc => {
                 // Take turns, so a long READ response cannot starve our own
                 // requests (nor they it): whoever sent a packet lets the
@@ -511,6 +515,9 @@ impl QueuePair {
     /// receives, and the request waits for them
     /// ([`Refusal::AwaitingReceives`]); else the receiver is not ready.
     fn take_recv(&mut self, ctx: &mut Ctx) -> std::result::Result<RecvWorkRequest, Refusal> {
+        if let Some(spare) = self.resp.spare.take() {
+            return Ok(spare);
+        }
         match &self.queues.srq {
             Some(srq) => {
                 let Some((recv, low)) = srq.take() else {
@@ -540,6 +547,9 @@ impl QueuePair {
     /// Whether a receive work request waits for this QP; if not, as
     /// [`QueuePair::take_recv`].
     fn recv_available(&mut self, ctx: &mut Ctx) -> std::result::Result<(), Refusal> {
+        if self.resp.spare.is_some() {
+            return Ok(());
+        }
         let (empty, on_demand, srq) = match &self.queues.srq {
             Some(srq) => (srq.is_empty(), srq.fetched_on_demand(), Some(srq.id())),
             None => (self.rq.is_empty(), self.posts.fetched_on_demand(), None),

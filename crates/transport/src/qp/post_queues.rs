@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 
 use super::{QpCaps, QpState, QpType};
 use crate::error::{Result, VerbsError};
-use crate::work_request::{Payload, RecvWorkRequest, SendWorkRequest};
+use crate::work_request::{Payload, RecvWorkRequest, SendOp, SendWorkRequest};
 
 /// The program's end of one QP's queues; the QP holds the other.
 #[derive(Debug)]
@@ -216,11 +216,18 @@ pub fn check_send(qpn: u32, qp_type: QpType, caps: &QpCaps, state: QpState, wr: 
     }
     match qp_type {
         QpType::Ud => {
-            if !matches!(wr.op, crate::work_request::SendOp::Send { .. }) {
+            if !matches!(wr.op, SendOp::Send { .. }) {
                 return Err(VerbsError::NotSupported("UD QPs only SEND".into()));
             }
             if wr.ud.is_none() {
                 return Err(VerbsError::invalid("a UD send needs an address handle"));
+            }
+        }
+        QpType::Uc => {
+            if !matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. }) {
+                return Err(VerbsError::NotSupported(
+                    "UC QPs carry SENDs and WRITEs only; READ and ATOMIC need an RC QP".into(),
+                ));
             }
         }
         QpType::Rc => {}

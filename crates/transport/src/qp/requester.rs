@@ -18,7 +18,7 @@ use super::completer::response_missing;
 use super::credits::{Admission, Credits};
 use super::rto::{Retransmission, RtoEstimator};
 use super::scoreboard::{self, Resend, Scoreboard};
-use super::{Ctx, QpAttributes, QpState, QueuePair, Transmit};
+use super::{Ctx, QpAttributes, QpState, QpType, QueuePair, Transmit};
 use crate::completion::WcStatus;
 use crate::memory::{Access, gather, validate_list};
 use crate::time::{Instant, ack_timeout};
@@ -357,12 +357,24 @@ impl QueuePair {
         self.complete_front(ctx);
     }
 
+    /// A request's BTH. On a UC QP the opcode is the operation's UC twin,
+    /// and no acknowledgement is asked for: none comes.
     fn bth(&self, opcode: Opcode, psn: Psn, ack_request: bool, solicited: bool) -> bth::Repr {
+        let (opcode, ack_request) = match self.init.qp_type {
+            QpType::Uc => (opcode.uc_twin().expect("UC carries only SENDs and WRITEs (checked at post)"), false),
+            QpType::Rc | QpType::Ud => (opcode, ack_request),
+        };
         bth::Repr { ack_request, solicited, ..bth::Repr::new(opcode, self.attrs.dest_qpn, psn) }
     }
 
     /// Builds packet `k` of the SEND or WRITE at `index`.
-    fn build_send_or_write(&self, ctx: &mut Ctx, buf: &mut [u8], index: usize, k: u32) -> Result<usize, WcStatus> {
+    pub(super) fn build_send_or_write(
+        &self,
+        ctx: &mut Ctx,
+        buf: &mut [u8],
+        index: usize,
+        k: u32,
+    ) -> Result<usize, WcStatus> {
         let wqe = &self.sq[index];
         let psn = wqe.first_psn.expect("started").add(k);
         let mtu = u64::from(self.mtu());

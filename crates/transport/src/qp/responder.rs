@@ -139,6 +139,13 @@ pub(super) struct Responder {
     /// Selective repeat (`placement.rs`): what arrived at and beyond
     /// `epsn`.
     pub(super) ahead: Ahead,
+    /// UC (`uc.rs`): a message is being dropped; its packets are ignored
+    /// until one starts a message.
+    pub(super) dropping: bool,
+    /// UC: the receive of a message dropped part-way, which the next
+    /// message takes before the queue's (a UC receive is reused, not
+    /// completed, when its message is lost).
+    pub(super) spare: Option<RecvWorkRequest>,
 }
 
 impl Responder {
@@ -171,7 +178,31 @@ impl Responder {
         if let Some(Message::Send { recv, .. }) = self.current.take() {
             taken.insert(0, recv);
         }
+        if let Some(spare) = self.spare.take() {
+            taken.insert(0, spare);
+        }
         taken
+    }
+
+    /// UC: drops the message in progress; a receive it had taken is kept
+    /// for the next message.
+    pub(super) fn drop_message(&mut self) {
+        self.dropping = true;
+        if let Some(Message::Send { recv, .. }) = self.current.take() {
+            debug_assert!(self.spare.is_none(), "a message takes the spare before the queue's");
+            self.spare = Some(recv);
+        }
+    }
+
+    /// Whether a SEND or WRITE has started and not yet ended.
+    pub(super) fn message_in_progress(&self) -> bool {
+        self.current.is_some()
+    }
+
+    /// The receive of the message that just failed, to complete with an
+    /// error (`uc.rs`; RC's fatal errors take it themselves).
+    pub(super) fn take_failed_receive(&mut self) -> Option<RecvWorkRequest> {
+        self.take_current_receive()
     }
 
     /// Takes the receive work request of the message being received, when
@@ -370,7 +401,7 @@ impl QueuePair {
         // Continuation packets must continue the message in progress, and
         // only they may.
         let continues = matches!(
-            (&self.resp.current, op),
+            (&self.resp.current, op.rc_twin()),
             (
                 Some(Message::Send { .. }),
                 Opcode::RcSendMiddle | Opcode::RcSendLast | Opcode::RcSendLastImm | Opcode::RcSendLastInv
