@@ -250,11 +250,15 @@ pub unsafe extern "C" fn create_qp_ex(_context: *mut ibv_context, attr: *mut ibv
                 format!("create_flags {:#x} are not supported", a.create_flags),
             );
         }
-        if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !qp_ex::SUPPORTED_SEND_OPS != 0 {
+        let allowed = qp_ex::send_ops_of(a.qp_type);
+        if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !allowed != 0 {
             return refuse_null(
                 VERB,
                 libc::EOPNOTSUPP,
-                format!("send_ops_flags {:#x} are not supported", a.send_ops_flags & !qp_ex::SUPPORTED_SEND_OPS),
+                format!(
+                    "send_ops_flags {:#x} are not supported on this QP type (UD only sends; UC sends and writes)",
+                    a.send_ops_flags & !allowed
+                ),
             );
         }
         // SAFETY: `ibv_qp_init_attr_ex` begins with the fields of

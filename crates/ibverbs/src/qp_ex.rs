@@ -23,6 +23,17 @@ pub const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 
+/// The `send_ops_flags` a QP of `qp_type` may ask for: UD only SENDs,
+/// UC SENDs and WRITEs, RC everything softrnic implements.
+pub fn send_ops_of(qp_type: c_int) -> u64 {
+    let sends = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    match qp_type {
+        IBV_QPT_UD => sends,
+        IBV_QPT_UC => sends | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
+        _ => SUPPORTED_SEND_OPS,
+    }
+}
+
 /// Requests being built between `wr_start` and `wr_complete`.
 #[derive(Default)]
 pub struct Builder {

@@ -307,6 +307,75 @@ fn rc_operations_through_ibv_post_send() {
     assert_eq!(dst.read(1024, 8), 99u64.to_ne_bytes());
 }
 
+/// UC through the verbs: connected with UC's attributes only (no READ
+/// depth, RNR timer, timeout or retries), a SEND with immediate and a
+/// WRITE with immediate land; a READ is refused at post, and so is a
+/// `send_ops_flags` asking for one.
+#[test]
+fn uc_sends_and_writes_through_ibv_post_send() {
+    let (ctx, pd) = fixture();
+    let (cq_a, cq_b) = (create_cq(null_mut()), create_cq(null_mut()));
+    let (a, b) = (create_qp(cq_a, IBV_QPT_UC), create_qp(cq_b, IBV_QPT_UC));
+    // SAFETY: live QPs.
+    let (qpn_a, qpn_b) = unsafe { ((*a).qp_num, (*b).qp_num) };
+    for (q, remote_qpn) in [(a, qpn_b), (b, qpn_a)] {
+        let mut attr = zeroed_attr();
+        (attr.qp_state, attr.port_num, attr.qp_access_flags) =
+            (IBV_QPS_INIT, 1, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+        // SAFETY: a live QP and attributes.
+        unsafe {
+            let mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+            assert_eq!(qp::ibv_modify_qp(q, &mut attr, mask), 0);
+            let mut attr = zeroed_attr();
+            (attr.qp_state, attr.path_mtu, attr.dest_qp_num) = (IBV_QPS_RTR, 3, remote_qpn);
+            (attr.ah_attr.is_global, attr.ah_attr.port_num, attr.ah_attr.grh.dgid) = (1, 1, gid_of(ADDR));
+            let mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+            assert_eq!(qp::ibv_modify_qp(q, &mut attr, mask), 0);
+            let mut attr = zeroed_attr();
+            attr.qp_state = IBV_QPS_RTS;
+            assert_eq!(qp::ibv_modify_qp(q, &mut attr, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+        }
+    }
+    let (src, dst) = (buffer(8192), buffer(8192));
+    // SAFETY: filling our own source buffer.
+    unsafe { std::ptr::write_bytes(src.bytes.as_ptr() as *mut u8, 0x5c, 5000) };
+    post_recv(b, &mut dst.sge(0, 4096), 70);
+    post_recv(b, &mut dst.sge(0, 16), 71);
+    let mut sge = src.sge(0, 3000);
+    let mut wr = send_wr(1, IBV_WR_SEND_WITH_IMM, &mut sge);
+    wr.imm_data = 7u32.to_be();
+    assert_eq!(post_send(a, &mut wr), 0);
+    let mut sge = src.sge(0, 5000);
+    let mut wr = send_wr(2, IBV_WR_RDMA_WRITE_WITH_IMM, &mut sge);
+    wr.wr.rdma = ibv_send_wr_rdma { remote_addr: dst.addr() + 3000, rkey: dst.rkey() };
+    wr.imm_data = 8u32.to_be();
+    assert_eq!(post_send(a, &mut wr), 0);
+    assert_eq!((poll_one(cq_a).wr_id, poll_one(cq_a).wr_id), (1, 2));
+    let (sent, written) = (poll_one(cq_b), poll_one(cq_b));
+    assert_eq!((sent.wr_id, sent.status, sent.byte_len, u32::from_be(sent.imm_data)), (70, 0, 3000, 7));
+    assert_eq!((written.wr_id, written.opcode, written.byte_len, u32::from_be(written.imm_data)), (71, 129, 5000, 8));
+    assert_eq!(dst.read(0, 8000), vec![0x5c; 8000]);
+    // READ and ATOMIC need RC.
+    let mut sge = src.sge(0, 8);
+    let mut wr = send_wr(3, IBV_WR_RDMA_READ, &mut sge);
+    wr.wr.rdma = ibv_send_wr_rdma { remote_addr: dst.addr(), rkey: dst.rkey() };
+    assert_eq!(post_send(a, &mut wr), libc::EOPNOTSUPP);
+    // SAFETY: plain data, then a live context and PD.
+    unsafe {
+        let mut ex: ibv_qp_init_attr_ex = std::mem::zeroed();
+        (ex.send_cq, ex.recv_cq, ex.qp_type, ex.pd) = (cq_a, cq_a, IBV_QPT_UC, pd);
+        ex.cap = ibv_qp_cap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+        ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        ex.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ;
+        assert!(qp::create_qp_ex(ctx, &mut ex).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        ex.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+        let q = qp::create_qp_ex(ctx, &mut ex);
+        assert!(!q.is_null(), "errno {}", errno());
+        assert_eq!(qp::ibv_destroy_qp(q), 0);
+    }
+}
+
 /// Whether the QP recovers by selective repeat, as the engine has it.
 fn selective_repeat(q: *mut ibv_qp) -> bool {
     // SAFETY: a live QP of the fixture's live context.
@@ -554,14 +623,14 @@ fn a_qp_moved_to_error_sends_the_ack_it_owes_first() {
 fn errors_follow_the_verbs_conventions() {
     let (_, pd) = fixture();
     let cq = create_cq(null_mut());
-    // UC is refused with EOPNOTSUPP and NULL.
+    // A raw packet QP is refused with EOPNOTSUPP and NULL.
     let mut init = ibv_qp_init_attr {
         qp_context: null_mut(),
         send_cq: cq,
         recv_cq: cq,
         srq: null_mut(),
         cap: ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-        qp_type: IBV_QPT_UC,
+        qp_type: IBV_QPT_RAW_PACKET,
         sq_sig_all: 0,
     };
     // SAFETY: live PD and CQ; attributes on the stack.
