@@ -1,7 +1,8 @@
 //! Feeds arbitrary packets to a device with live QPs: an RC QP in RTS with
-//! work outstanding and receives posted, and a UD QP, over registered
-//! memory. The parser target stops at the headers; this one reaches the
-//! responder, the completer and the UD receive path, because every packet
+//! work outstanding and receives posted, and a UD QP or a UC QP, over
+//! registered memory. The parser target stops at the headers; this one
+//! reaches the responder, the completer and the UD and UC receive paths,
+//! because every packet
 //! is addressed to one of the QPs, comes from its peer and carries a valid
 //! ICRC (sealed here), so only its headers and payload are the fuzzer's.
 //!
@@ -16,7 +17,9 @@
 //! DCQCN, HPCC with INT accepted, TIMELY), so that CE marks, CNPs and INT
 //! echoes reach the notification and reaction points, and whose fourth bit
 //! makes the RC connection authenticate its packets (no fuzzer forges a
-//! MAC: what it reaches then is the opening of every packet); then frames of a
+//! MAC: what it reaches then is the opening of every packet), and whose
+//! fifth bit puts a UC QP (connected to the same peer, receives posted)
+//! where the UD QP is; then frames of a
 //! selector byte (which QP, which peer, whether time passes, whether a
 //! RETH-shaped field gets one of the device's real keys and addresses,
 //! whether the datagram arrives CE-marked, with an INT record, or over a
@@ -62,7 +65,8 @@ struct Target {
     /// The rkeys of the remote region and of the local-only one.
     rkeys: [u32; 2],
     rc: u32,
-    ud: u32,
+    /// The UD QP, or with the mode's fifth bit the UC QP.
+    other: u32,
     now: Instant,
 }
 
@@ -133,8 +137,14 @@ fn setup(mode: u8) -> Target {
     for attr in ud_steps(0x1111_1111, Psn::new(0)) {
         device.modify_qp(now, ud, &attr).expect("modify ud");
     }
+    let uc = device.create_qp(init(QpType::Uc)).expect("create uc");
+    let uc_connection = RcConnection { dest_qpn: 0x12, selective_repeat: false, authenticate: false, ..connection };
+    for attr in uc_connection.steps() {
+        device.modify_qp(now, uc, &attr).expect("modify uc");
+    }
+    let other = if mode & 16 != 0 { uc } else { ud };
     // Receives into the remotely writable region, for SENDs.
-    for (qpn, i) in [(rc, 0u64), (rc, 1), (ud, 2), (ud, 3)] {
+    for (qpn, i) in [(rc, 0u64), (rc, 1), (other, 2), (other, 3)] {
         let wr = RecvWorkRequest { wr_id: i, sges: smallvec![sge(i as usize * 2048, 2048)] };
         device.post_recv(now, qpn, wr).expect("post_recv");
     }
@@ -151,7 +161,7 @@ fn setup(mode: u8) -> Target {
         let wr = SendWorkRequest::new(10 + i as u64, op, Payload::Gather(smallvec![sge(4096, len)]));
         device.post_send(now, rc, wr).expect("post_send");
     }
-    Target { device, buffer, cq, rkeys: [remote.rkey, local.rkey], rc, ud, now }
+    Target { device, buffer, cq, rkeys: [remote.rkey, local.rkey], rc, other, now }
 }
 
 impl Target {
@@ -181,7 +191,7 @@ fuzz_target!(|data: &[u8]| {
         // of the QPs, from the RC QP's peer (or another host).
         let mut packet = body.to_vec();
         packet.extend_from_slice(&[0; 4]);
-        let qpn = if selector & 1 == 0 { t.rc } else { t.ud };
+        let qpn = if selector & 1 == 0 { t.rc } else { t.other };
         packet[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
         let from = if selector & 2 == 0 { PEER } else { IpAddr::V4(Ipv4Addr::new(127, 0, 0, 9)) };
         if selector & 8 != 0 && packet.len() >= RETH_RKEY.end {
