@@ -4,7 +4,8 @@ kernel's RDMA paths (infiniband-diags' ibstat and ibstatus) and UCX
 (ucx_info, ucx_perftest over rc_verbs and ud_verbs), each run through
 `softrnic run`; and rdma_cm programs over softrnic's librdmacm.so.1
 (rdmacm-utils' rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime,
-qperf -cm1, perftest's eight tests with -R); and libfabric's verbs
+qperf -cm1, perftest's eight tests with -R, and scripts/programs/
+cm-ack-timeout.c for rdma_set_option); and libfabric's verbs
 provider (fi_info, fi_pingpong over DGRAM and MSG endpoints); and Open
 MPI over UCX (scripts/programs/mpi-check.c: ping-pong, an allreduce
 checked against the exact sum, MPI_Put through osc ucx). On loopback and
@@ -81,13 +82,18 @@ def pairs():
     return out
 
 
-def cm_pairs():
+def cm_pairs(ack_timeout):
     """(name, server argv, client argv, parse, how the server runs): rdma_cm
     programs, {S} and {C} standing for the server's and the client's
     address, {P} for the port. A server ONCE serves the client and exits;
     a server that SERVES_TCP listens on TCP port {P} too and, like one that
-    runs FOREVER, is stopped once the client is done."""
+    runs FOREVER, is stopped once the client is done. `ack_timeout` is
+    scripts/programs/cm-ack-timeout.c built."""
     out = [
+        # The server's check is its exit status: grep finds its line.
+        ("rdma_set_option ACK_TIMEOUT", ["sh", "-c", f"{ack_timeout} -s {{S}} {{P}} | grep -x 'server timeout 18'"],
+         [ack_timeout, "-c", "{S}", "{P}", "18"],
+         expect(r"client timeout 18", "both QPs time out at code 18 (1.07 s), 32 refused"), ONCE),
         ("rping -V (500 verified pings)", ["rping", "-s", "-a", "{S}", "-p", "{P}", "-C", "500", "-V"],
          ["rping", "-c", "-a", "{S}", "-p", "{P}", "-C", "500", "-V"], counted("verified pings", 500), ONCE),
         ("ucmatose (8 connections)", ["ucmatose", "-b", "{S}", "-p", "{P}", "-c", "8", "-C", "100"],
@@ -256,6 +262,20 @@ def run_fabric(site, wanted, results):
 
 
 MPI_CHECK = os.path.join(HERE, "programs", "mpi-check.c")
+
+
+CM_ACK_TIMEOUT = os.path.join(HERE, "programs", "cm-ack-timeout.c")
+
+
+def build_cm_ack_timeout():
+    """Compiles scripts/programs/cm-ack-timeout.c against librdmacm's
+    headers; returns the binary (run over softrnic's library)."""
+    binary = os.path.join(tempfile.mkdtemp(prefix="cm-", dir=scratch()), "cm-ack-timeout")
+    built = subprocess.run(["cc", "-O2", "-o", binary, CM_ACK_TIMEOUT, "-lrdmacm", "-libverbs"],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        sys.exit(f"cc {CM_ACK_TIMEOUT} failed (librdmacm-dev installed?):\n{built.stderr}")
+    return binary
 
 
 def build_mpi_check():
@@ -467,11 +487,12 @@ def main():
         sys.exit("no target/release/softrnic: run cargo build --release first")
     libdir = vm.build_library()
     mpi_check = build_mpi_check()
+    ack_timeout = build_cm_ack_timeout()
     wanted = re.compile(args.only) if args.only else None
     results = []
 
     def run_cm_site(site):
-        for i, (name, server_argv, client_argv, parse, runs) in enumerate(cm_pairs()):
+        for i, (name, server_argv, client_argv, parse, runs) in enumerate(cm_pairs(ack_timeout)):
             if wanted and not wanted.search(name):
                 continue
             verdict = run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, 18800 + i)

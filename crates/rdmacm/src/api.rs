@@ -16,7 +16,7 @@ use softrnic_wire::cm::{self, IpHeader, PrivateData, Req, SidrReq, TransportServ
 
 use crate::abi::*;
 use crate::device::{CmDevice, device};
-use crate::id::{self, Channel, EventBox, Happened, Id, Pending};
+use crate::id::{self, Channel, DEFAULT_ACK_TIMEOUT, EventBox, Happened, Id, Pending};
 use crate::protocol::RESPONSE_TIMEOUT_EXP;
 use crate::verbs;
 
@@ -574,7 +574,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
                 primary_hop_limit: 64,
                 primary_sl: 0,
                 primary_subnet_local: false,
-                primary_local_ack_timeout: 14,
+                primary_local_ack_timeout: id.lock().ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT),
                 private_data,
             };
             let mut state = device.lock();
@@ -970,19 +970,35 @@ pub unsafe extern "C" fn rdma_set_option(
     id: *mut rdma_cm_id,
     level: c_int,
     name: c_int,
-    _value: *mut c_void,
-    _len: usize,
+    value: *mut c_void,
+    len: usize,
 ) -> c_int {
     guard("rdma_set_option", || {
         const VERB: &str = "rdma_set_option";
-        if id.is_null() {
-            return fail(VERB, libc::EINVAL, "NULL rdma_cm_id");
-        }
+        // SAFETY: forwarded contract.
+        let id = or_return!(unsafe { live(VERB, id) });
         match (level, name) {
-            // The type of service, address reuse, IPv6-only and the ACK
-            // timeout change nothing softrnic's CM does.
+            // The type of service, address reuse and IPv6-only change
+            // nothing softrnic's CM does.
             (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY) => 0,
-            (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) => 0,
+            // The QP's local ACK timeout, as the kernel's CM takes it: one
+            // byte, a code of 0 to 31, for an RC ID, used when the QP
+            // moves to RTS (and sent in the REQ).
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) => {
+                if value.is_null() || len != 1 {
+                    return fail(VERB, libc::EINVAL, "the ACK timeout is one byte (a u8)");
+                }
+                // SAFETY: one readable byte (caller; checked non-null).
+                let timeout = unsafe { *value.cast::<u8>() };
+                if timeout > 31 {
+                    return fail(VERB, libc::EINVAL, format!("ACK timeout {timeout} is out of range 0..=31"));
+                }
+                if id.public.qp_type != IBV_QPT_RC {
+                    return fail(VERB, libc::EINVAL, "an ACK timeout is for an RC ID");
+                }
+                id.lock().ack_timeout = Some(timeout);
+                0
+            }
             _ => fail(VERB, libc::ENOSYS, format!("option {level}/{name} (InfiniBand paths have no meaning on IP)")),
         }
     })

@@ -92,6 +92,10 @@ pub struct IdState {
     pub initiator_depth: u8,
     pub retry_count: u8,
     pub rnr_retry_count: u8,
+    /// The QP's local ACK timeout (the IBTA's code: 4.096 µs × 2^n), as
+    /// `rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)` set it; else
+    /// [`DEFAULT_ACK_TIMEOUT`].
+    pub ack_timeout: Option<u8>,
     /// A channel the library made for a synchronous ID (created without
     /// one): calls wait for their own events.
     pub own_channel: Option<Box<Channel>>,
@@ -102,6 +106,10 @@ pub struct IdState {
     /// none, destroyed with the QP.
     pub own_cqs: bool,
 }
+
+/// The local ACK timeout a connection's QP gets unless the program sets
+/// one: code 14, 4.096 µs × 2^14 = 67 ms.
+pub const DEFAULT_ACK_TIMEOUT: u8 = 14;
 
 /// An rdma_cm ID.
 #[repr(C)]
@@ -468,7 +476,7 @@ pub fn qp_attr(device: &CmDevice, id: &Id, qp_state: c_int) -> Result<(ibv_qp_at
         }
         IBV_QPS_RTS => {
             attr.sq_psn = s.psn;
-            attr.timeout = 14;
+            attr.timeout = s.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT);
             attr.retry_cnt = s.retry_count.min(7);
             attr.rnr_retry = s.rnr_retry_count.min(7);
             attr.max_rd_atomic = s.initiator_depth.max(1);
@@ -633,6 +641,9 @@ fn connect_request(
         s.remote = Some(remote);
         s.retry_count = req.retry_count;
         s.rnr_retry_count = req.rnr_retry_count;
+        // The passive side's QP times out as the active side asked, as
+        // the kernel's CM takes the REQ's local ACK timeout for its path.
+        s.ack_timeout = Some(req.primary_local_ack_timeout.min(31));
     }
     let mut event = EventBox::new(child.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0);
     event.public.listen_id = (listener as *mut Id).cast();
