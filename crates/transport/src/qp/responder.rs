@@ -199,15 +199,9 @@ impl Responder {
         self.current.is_some()
     }
 
-    /// The receive of the message that just failed, to complete with an
-    /// error (`uc.rs`; RC's fatal errors take it themselves).
-    pub(super) fn take_failed_receive(&mut self) -> Option<RecvWorkRequest> {
-        self.take_current_receive()
-    }
-
     /// Takes the receive work request of the message being received, when
     /// it fails.
-    fn take_current_receive(&mut self) -> Option<RecvWorkRequest> {
+    pub(super) fn take_current_receive(&mut self) -> Option<RecvWorkRequest> {
         match self.current.take() {
             Some(Message::Send { recv, .. }) => Some(recv),
             _ => self.ahead.take_first_claim(),

@@ -135,7 +135,7 @@ impl QueuePair {
         match refusal {
             Refusal::ReceiverNotReady => ctx.counters.rx_no_receive_posted += 1,
             Refusal::Fatal(_, Some(status)) => {
-                if let Some(recv) = self.resp.take_failed_receive() {
+                if let Some(recv) = self.resp.take_current_receive() {
                     self.complete_recv(ctx, Completion::new(recv.wr_id, status, WcOpcode::Recv, self.qpn));
                 }
             }
