@@ -22,7 +22,6 @@ use softrnic_transport::{
     QpState, QpType, RecvWorkRequest, Result, SendWorkRequest, SrqAttr, SrqId, VerbsError, check_recv, check_send,
 };
 
-use crate::provider::DeviceEvent;
 use softrnic_daemon_protocol::doorbell::DoorbellPage;
 use softrnic_daemon_protocol::protocol::{
     self, Opened, PROTOCOL_VERSION, RemoteAlgorithm, Request, Response, Translation,
@@ -30,6 +29,8 @@ use softrnic_daemon_protocol::protocol::{
 use softrnic_daemon_protocol::queue::{ARMED_NEXT, ARMED_SOLICITED, SharedQueue};
 use softrnic_daemon_protocol::shared_memory::{Segment, SharedMapping};
 use softrnic_daemon_protocol::wqe::{self, CQE_LEN};
+
+use crate::provider::DeviceEvent;
 
 /// `SOFTRNIC_FORWARD=1`: every data command travels over the socket (the
 /// forwarding design, FreeFlow's), the baseline for the shared queues.
@@ -167,11 +168,10 @@ impl Session {
     pub fn next_device_event(&self) -> io::Result<DeviceEvent> {
         match self.next_async_event() {
             Ok(event) => Ok(DeviceEvent::Object(event)),
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => match self.gone_reported.swap(true, Ordering::AcqRel)
-            {
-                false => Ok(DeviceEvent::Fatal),
-                true => Err(daemon_gone()),
-            },
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                let told = self.gone_reported.swap(true, Ordering::AcqRel);
+                if told { Err(daemon_gone()) } else { Ok(DeviceEvent::Fatal) }
+            }
             Err(e) => Err(e),
         }
     }
