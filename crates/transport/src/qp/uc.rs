@@ -61,7 +61,8 @@ impl QueuePair {
             self.posts.retire_send();
             self.complete_send(ctx, &wqe, WcStatus::Success);
         }
-        self.req.sent_end = self.req.next_psn;
+        // Nothing is outstanding: `una` and `sent_end`, RC's window, stay
+        // put, so no retry timer ever runs.
         self.on_data_sent(ctx, len);
         Some(Transmit::new(dst, len))
     }
