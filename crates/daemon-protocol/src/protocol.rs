@@ -24,11 +24,11 @@ use softrnic_engine::NicCounters;
 pub use crate::shared_memory::Segment;
 use softrnic_transport::{
     Access, AsyncEvent, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, SrqAttr, SrqId,
-    VerbsError,
+    VerbsError, WindowType,
 };
 
 /// Bumped whenever a message or a shared layout changes.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// What a second tenant on an address is refused (`CreateGsiQp`), as the
 /// busy object: "... is still in use".
@@ -71,6 +71,16 @@ pub enum Request {
     },
     DeregisterMemory {
         lkey: u32,
+    },
+    /// A memory window; the answer is its first rkey. Bound by work
+    /// requests on the send queues.
+    AllocMw {
+        pd: PdId,
+        kind: WindowType,
+    },
+    /// Frees the window that `rkey` (any key it has had) names.
+    DeallocMw {
+        rkey: u32,
     },
     /// A completion channel: the answer carries one end of a datagram
     /// socket that becomes readable when an armed CQ of the channel gets
@@ -209,6 +219,8 @@ pub enum Response {
     Done,
     Pd(PdId),
     Mr(MrKeys),
+    /// A memory window's rkey.
+    Window(u32),
     Channel(u32),
     Cq(CqLayout),
     Qp(QpLayout),

@@ -4,8 +4,10 @@
 //! sides are on one host.
 //!
 //! ```text
-//! send WQE   0 wr_id u64 | 8 opcode u8 | 9 flags u8 | 10 count u16 (SGEs, or inline bytes) | 12 imm u32
-//!           16 remote addr u64 | 24 rkey u32 | 28 UD dest QPN u32 | 32 compare/add u64 | 40 swap u64
+//! send WQE   0 wr_id u64 | 8 opcode u8 | 9 flags u8 | 10 count u16 (SGEs, or inline bytes)
+//!           12 imm u32 (or the rkey to invalidate, or a bind's new rkey)
+//!           16 remote addr u64 | 24 rkey u32 | 28 UD dest QPN u32 | 32 compare/add u64 (a bind's length)
+//!           40 swap u64 (a bind's region lkey u32, then its access u32)
 //!           48 UD qkey u32 | 52 UD address family u8 (0, 4, 6) | 56 UD address [16]
 //!           72 SGEs (addr u64, length u32, lkey u32) or inline bytes
 //! recv WQE   0 wr_id u64 | 8 SGE count u32 | 12 reserved | 16 SGEs
@@ -20,8 +22,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use softrnic_transport::{
-    Completion, InlineData, Instant, Payload, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge, SgeList,
-    UdDestination, WcOpcode, WcStatus,
+    Access, Completion, InlineData, Instant, Payload, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge,
+    SgeList, UdDestination, WcOpcode, WcStatus, WindowBind,
 };
 
 /// The bytes of each entry's fixed part, and of a scatter/gather entry.
@@ -46,6 +48,10 @@ mod field {
         pub const UD_QPN: Range<usize> = 28..32;
         pub const COMPARE_ADD: Range<usize> = 32..40;
         pub const SWAP: Range<usize> = 40..48;
+        /// A bind's range is `REMOTE_ADDR` and `COMPARE_ADD`, its window
+        /// `RKEY`, its new rkey `IMM`; these two take `SWAP`'s place.
+        pub const BIND_LKEY: Range<usize> = 40..44;
+        pub const BIND_ACCESS: Range<usize> = 44..48;
         pub const UD_QKEY: Range<usize> = 48..52;
         pub const UD_FAMILY: usize = 52;
         pub const UD_ADDR: Range<usize> = 56..72;
@@ -94,6 +100,9 @@ const OP_WRITE_IMM: u8 = 3;
 const OP_READ: u8 = 4;
 const OP_COMPARE_SWAP: u8 = 5;
 const OP_FETCH_ADD: u8 = 6;
+const OP_SEND_INV: u8 = 7;
+const OP_LOCAL_INV: u8 = 8;
+const OP_BIND_MW: u8 = 9;
 
 const SIGNALED: u8 = 1;
 const FENCE: u8 = 2;
@@ -105,6 +114,7 @@ const CQE_GRH: u32 = 2;
 const CQE_SOLICITED: u32 = 4;
 const CQE_SOURCE_V4: u32 = 8;
 const CQE_SOURCE_V6: u32 = 16;
+const CQE_INVALIDATED: u32 = 32;
 
 /// The bytes a send slot needs for a QP's capabilities.
 pub fn send_slot_size(max_sge: u32, max_inline: u32) -> u32 {
@@ -131,6 +141,8 @@ pub enum WqeError {
     AddressFamily(u8),
     #[error("unknown flags {0:#x}")]
     Flags(u8),
+    #[error("unknown access flags {0:#x} in a bind")]
+    Access(u32),
 }
 
 /// A view over the bytes of one entry, at least `need` long: fields read
@@ -237,6 +249,14 @@ pub fn emit_send(wr: &SendWorkRequest, slot: &mut [u8]) -> usize {
             e.put(COMPARE_ADD.start, &add.to_le_bytes());
             (OP_FETCH_ADD, 0, Some(remote))
         }
+        SendOp::SendWithInvalidate { rkey } => (OP_SEND_INV, rkey, None),
+        SendOp::LocalInvalidate { rkey } => (OP_LOCAL_INV, rkey, None),
+        SendOp::BindWindow(bind) => {
+            e.put(COMPARE_ADD.start, &bind.len.to_le_bytes());
+            e.put(BIND_LKEY.start, &bind.region_lkey.to_le_bytes());
+            e.put(BIND_ACCESS.start, &bind.access.bits().to_le_bytes());
+            (OP_BIND_MW, bind.new_rkey, Some(RemoteAddr { addr: bind.addr, rkey: bind.window }))
+        }
     };
     e.put(WR_ID.start, &wr.wr_id.to_le_bytes());
     e.put(OPCODE, &[opcode]);
@@ -311,6 +331,16 @@ pub fn parse_send(slot: &[u8], max_sge: usize, max_inline: usize) -> Result<Send
         OP_READ => SendOp::Read { remote },
         OP_COMPARE_SWAP => SendOp::CompareSwap { remote, compare: e.u64(COMPARE_ADD), swap: e.u64(SWAP) },
         OP_FETCH_ADD => SendOp::FetchAdd { remote, add: e.u64(COMPARE_ADD) },
+        OP_SEND_INV => SendOp::SendWithInvalidate { rkey: imm },
+        OP_LOCAL_INV => SendOp::LocalInvalidate { rkey: imm },
+        OP_BIND_MW => SendOp::BindWindow(WindowBind {
+            window: remote.rkey,
+            new_rkey: imm,
+            region_lkey: e.u32(BIND_LKEY),
+            addr: remote.addr,
+            len: e.u64(COMPARE_ADD),
+            access: Access::from_bits(e.u32(BIND_ACCESS)).ok_or(WqeError::Access(e.u32(BIND_ACCESS)))?,
+        }),
         other => return Err(WqeError::Opcode(other)),
     };
     let ud = parse_addr(e.u8(UD_FAMILY), e.bytes(UD_ADDR))?.map(|addr| UdDestination {
@@ -360,13 +390,16 @@ pub fn emit_completion(c: &Completion, slot: &mut [u8; CQE_LEN]) {
     e.put(STATUS.start, &(c.status as u32).to_le_bytes());
     e.put(OPCODE.start, &(c.opcode as u32).to_le_bytes());
     e.put(BYTE_LEN.start, &c.byte_len.to_le_bytes());
-    e.put(IMM.start, &c.imm_data.unwrap_or(0).to_le_bytes());
+    // The immediate and the invalidated rkey share the field, as they
+    // share `ibv_wc`'s: no message carries both.
+    e.put(IMM.start, &c.imm_data.or(c.invalidated_rkey).unwrap_or(0).to_le_bytes());
     e.put(QP_NUM.start, &c.qp_num.to_le_bytes());
     e.put(SRC_QP.start, &c.src_qp.to_le_bytes());
     let mut flags = 0;
     flags |= if c.imm_data.is_some() { CQE_IMM } else { 0 };
     flags |= if c.grh { CQE_GRH } else { 0 };
     flags |= if c.solicited { CQE_SOLICITED } else { 0 };
+    flags |= if c.invalidated_rkey.is_some() { CQE_INVALIDATED } else { 0 };
     match c.source {
         Some(IpAddr::V4(a)) => {
             flags |= CQE_SOURCE_V4;
@@ -386,12 +419,13 @@ pub fn emit_completion(c: &Completion, slot: &mut [u8; CQE_LEN]) {
 /// status or opcode it does not know reads as a general error.
 pub fn parse_completion(slot: &[u8; CQE_LEN]) -> Completion {
     use field::cqe::*;
-    const STATUSES: [WcStatus; 14] = [
+    const STATUSES: [WcStatus; 15] = [
         WcStatus::Success,
         WcStatus::LocLenErr,
         WcStatus::LocQpOpErr,
         WcStatus::LocProtErr,
         WcStatus::WrFlushErr,
+        WcStatus::MwBindErr,
         WcStatus::BadRespErr,
         WcStatus::LocAccessErr,
         WcStatus::RemInvReqErr,
@@ -402,12 +436,14 @@ pub fn parse_completion(slot: &[u8; CQE_LEN]) -> Completion {
         WcStatus::FatalErr,
         WcStatus::GeneralErr,
     ];
-    const OPCODES: [WcOpcode; 7] = [
+    const OPCODES: [WcOpcode; 9] = [
         WcOpcode::Send,
         WcOpcode::RdmaWrite,
         WcOpcode::RdmaRead,
         WcOpcode::CompSwap,
         WcOpcode::FetchAdd,
+        WcOpcode::BindMw,
+        WcOpcode::LocalInv,
         WcOpcode::Recv,
         WcOpcode::RecvRdmaWithImm,
     ];
@@ -424,6 +460,7 @@ pub fn parse_completion(slot: &[u8; CQE_LEN]) -> Completion {
         opcode: OPCODES.into_iter().find(|o| *o as u32 == opcode).unwrap_or(WcOpcode::Send),
         byte_len: e.u32(BYTE_LEN),
         imm_data: (flags & CQE_IMM != 0).then(|| e.u32(IMM)),
+        invalidated_rkey: (flags & CQE_INVALIDATED != 0).then(|| e.u32(IMM)),
         qp_num: e.u32(QP_NUM),
         src_qp: e.u32(SRC_QP),
         source: parse_addr(family, e.bytes(SOURCE)).ok().flatten(),
@@ -532,6 +569,7 @@ mod tests {
             opcode: WcOpcode::Recv,
             byte_len: 40 + 12,
             imm_data: Some(7),
+            invalidated_rkey: None,
             qp_num: 0x12,
             src_qp: 0x34,
             source: Some("127.0.0.9".parse().unwrap()),
@@ -544,6 +582,45 @@ mod tests {
         assert_eq!(slot[8..16], [0, 0, 0, 0, 128, 0, 0, 0], "status, opcode");
         assert_eq!(slot[48..52], [127, 0, 0, 9]);
         assert_eq!(parse_completion(&slot), c);
+    }
+
+    /// A bind carries its window, new key, region, range and rights in the
+    /// fields the table gives them; a bind with rights no one knows is
+    /// refused.
+    #[test]
+    fn a_bind_in_bytes_and_a_send_with_invalidate() {
+        let bind = WindowBind {
+            window: 0xaabb_cc01,
+            new_rkey: 0x02,
+            region_lkey: 0x1234_5678,
+            addr: 0x7000,
+            len: 0x100,
+            access: Access::REMOTE_WRITE | Access::ZERO_BASED,
+        };
+        let wr = SendWorkRequest::new(3, SendOp::BindWindow(bind), Payload::Gather(SgeList::new()));
+        let mut slot = [0xeeu8; SEND_HEADER];
+        assert_eq!(emit_send(&wr, &mut slot), SEND_HEADER);
+        assert_eq!(slot[8], OP_BIND_MW);
+        assert_eq!(slot[12..16], [0x02, 0, 0, 0], "new rkey");
+        assert_eq!(slot[16..24], [0, 0x70, 0, 0, 0, 0, 0, 0], "address");
+        assert_eq!(slot[24..28], [0x01, 0xcc, 0xbb, 0xaa], "window");
+        assert_eq!(slot[32..40], [0, 1, 0, 0, 0, 0, 0, 0], "length");
+        assert_eq!(slot[40..48], [0x78, 0x56, 0x34, 0x12, 0x22, 0, 0, 0], "region lkey, access");
+        assert_eq!(parse_send(&slot, 1, 0).unwrap(), wr);
+        slot[44] = 0x80;
+        assert_eq!(parse_send(&slot, 1, 0), Err(WqeError::Access(0x80)));
+        for op in [SendOp::SendWithInvalidate { rkey: 0x99 }, SendOp::LocalInvalidate { rkey: 0x99 }] {
+            let wr = SendWorkRequest::new(4, op, Payload::Gather(SgeList::new()));
+            emit_send(&wr, &mut slot);
+            assert_eq!(slot[12..16], [0x99, 0, 0, 0]);
+            assert_eq!(parse_send(&slot, 1, 0).unwrap(), wr);
+        }
+        let mut c = parse_completion(&[0; CQE_LEN]);
+        c.invalidated_rkey = Some(0x4242_4201);
+        let mut cqe = [0u8; CQE_LEN];
+        emit_completion(&c, &mut cqe);
+        assert_eq!(cqe[20..24], [0x01, 0x42, 0x42, 0x42]);
+        assert_eq!(parse_completion(&cqe), c);
     }
 
     proptest! {

@@ -24,7 +24,7 @@ use softrnic_daemon_protocol::shared_memory::SharedMapping;
 use softrnic_ring::spsc::{self, Producer};
 use softrnic_transport::{
     Access, Completion, CqId, PdId, Psn, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RcConnection, RecvWorkRequest,
-    RemoteAddr, SendOp, SendWorkRequest, SrqAttr, SrqId, WcStatus, smallvec,
+    RemoteAddr, SendOp, SendWorkRequest, SrqAttr, SrqId, WcStatus, WindowType, smallvec,
 };
 
 /// A connection to the daemon whose answers are awaited 20 s at most: a
@@ -246,6 +246,12 @@ fn garbage_and_lies_on_the_socket_are_refused() {
     let (done, _) = protocol::call(&fd, &rereg(keys.lkey, None, moved(2048)), &[small.fd()]).unwrap();
     assert!(matches!(done, Response::Done), "{done:?}");
     assert!(matches!(call(&fd, Request::DeregisterMemory { lkey: keys.lkey }).0, Response::Done));
+    // Memory windows: only in one's own PD, and only one's own freed.
+    assert!(refused(Request::AllocMw { pd: PdId(pd.0 + 1000), kind: WindowType::Two }, &[]).contains("PD"));
+    let (Response::Window(rkey), _) = call(&fd, Request::AllocMw { pd, kind: WindowType::Two }) else { panic!() };
+    assert!(refused(Request::DeallocMw { rkey: rkey ^ 0x100 }, &[]).contains("MW"));
+    assert!(matches!(call(&fd, Request::DeallocMw { rkey: rkey ^ 0x7 }).0, Response::Done), "any key of its block");
+    assert!(refused(Request::DeallocMw { rkey }, &[]).contains("MW"), "freed once");
     assert!(refused(Request::CreateCq { capacity: u32::MAX, channel: None }, &[]).contains("completions"));
     assert!(refused(Request::CreateCq { capacity: 4, channel: Some(77) }, &[]).contains("channel"));
     assert!(refused(Request::DestroyCq { cq: CqId(12345) }, &[]).contains("CQ"));

@@ -33,7 +33,7 @@ use softrnic_transport::qp::QpAttributes;
 use softrnic_transport::{
     AsyncEvent, Choice, Completion, CompletionQueue, Control, CqId, Entropy, Instant, MrKeys, PdId, PostQueues, Posted,
     QpAttr, QpInitAttr, QpState, RecvWorkRequest, Registration, Result, SendPoster, SendWorkRequest, Shard,
-    SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, shard_of,
+    SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, WindowType, shard_of,
 };
 use softrnic_wire::ROCEV2_UDP_PORT;
 use softrnic_wire::int::INT_UDP_PORT;
@@ -384,6 +384,16 @@ impl Nic {
     /// region's memory any more: the program may free it.
     pub fn deregister_memory(&self, lkey: u32) -> Result<()> {
         self.core.control(|c| c.deregister_memory(lkey))
+    }
+
+    /// Allocates a memory window (`ibv_alloc_mw`); returns its rkey.
+    pub fn alloc_window(&self, pd: PdId, kind: WindowType) -> Result<u32> {
+        self.core.control(|c| c.alloc_window(pd, kind))
+    }
+
+    /// Frees the memory window `rkey` names (`ibv_dealloc_mw`).
+    pub fn dealloc_window(&self, rkey: u32) -> Result<()> {
+        self.core.control(|c| c.dealloc_window(rkey))
     }
 
     /// The region `lkey` names, if any (an rkey names none here).

@@ -40,6 +40,8 @@ pub struct Objects {
     pub pds: HashSet<PdId>,
     /// Registered regions, by lkey.
     pub mrs: HashSet<u32>,
+    /// Memory windows, by handle (an rkey with its low 8 bits clear).
+    pub mws: HashSet<u32>,
 }
 
 /// What `ibv_open_device` returns a pointer into (`vctx.context`).
@@ -76,7 +78,7 @@ impl Context {
     }
 
     /// Takes out of the engine what the program left: QPs first (no more
-    /// traffic), then SRQs, CQs, regions and PDs. The program's handles
+    /// traffic), then SRQs, CQs, windows, regions and PDs. The program's handles
     /// die with the context, as the kernel's uverbs file does it.
     fn release_objects(&self) {
         let objects = std::mem::take(&mut *self.objects());
@@ -88,6 +90,10 @@ impl Context {
         }
         for &cq in objects.cqs.keys() {
             let _ = self.provider.destroy_cq_id(cq);
+        }
+        // Windows before regions: a bound window keeps its region.
+        for &handle in &objects.mws {
+            let _ = self.provider.dealloc_window(handle);
         }
         for &lkey in &objects.mrs {
             let _ = self.provider.deregister(lkey);
@@ -119,6 +125,9 @@ fn extended_ops() -> verbs_context {
     v.context.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
     v.context.ops.post_send = Some(crate::qp::post_send);
     v.context.ops.post_recv = Some(crate::qp::post_recv);
+    v.context.ops.alloc_mw = Some(crate::window::alloc_mw);
+    v.context.ops.bind_mw = Some(crate::window::bind_mw);
+    v.context.ops.dealloc_mw = Some(crate::window::dealloc_mw);
     v.context.abi_compat = VERBS_ABI_IS_EXTENDED;
     v.context.num_comp_vectors = 1;
     v
@@ -215,7 +224,11 @@ fn device_attr(device: &SoftDevice) -> ibv_device_attr {
     a.hw_ver = 1;
     a.max_qp = MAX_QP as c_int;
     a.max_qp_wr = MAX_QP_WR as c_int;
-    a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_SYS_IMAGE_GUID;
+    a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN
+        | IBV_DEVICE_N_NOTIFY_CQ
+        | IBV_DEVICE_SYS_IMAGE_GUID
+        | IBV_DEVICE_MEM_WINDOW
+        | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
     a.max_sge = MAX_SGE as c_int;
     a.max_sge_rd = MAX_SGE as c_int;
     a.max_cq = MAX_CQ as c_int;

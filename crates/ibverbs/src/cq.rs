@@ -312,6 +312,11 @@ pub fn to_wc(c: &Completion) -> ibv_wc {
         flags |= IBV_WC_WITH_IMM;
         imm = v.to_be();
     }
+    // `invalidated_rkey` shares the field, in host order.
+    if let Some(rkey) = c.invalidated_rkey {
+        flags |= IBV_WC_WITH_INV;
+        imm = rkey;
+    }
     if c.grh {
         flags |= IBV_WC_GRH;
     }

@@ -45,3 +45,4 @@ pub mod srq;
 pub mod strings;
 pub mod sysfs;
 pub mod unsupported;
+pub mod window;

@@ -73,15 +73,16 @@ fn access_of(verb: &str, flags: c_uint) -> Result<Access, c_int> {
         | IBV_ACCESS_REMOTE_WRITE
         | IBV_ACCESS_REMOTE_READ
         | IBV_ACCESS_REMOTE_ATOMIC
+        | IBV_ACCESS_MW_BIND
         | IBV_ACCESS_HUGETLB
         | IBV_ACCESS_OPTIONAL_RANGE;
-    if flags & IBV_ACCESS_MW_BIND != 0 || flags & IBV_ACCESS_ZERO_BASED != 0 || flags & IBV_ACCESS_ON_DEMAND != 0 {
-        return Err(refuse(verb, libc::EOPNOTSUPP, "memory windows, zero-based and on-demand MRs are not supported"));
+    if flags & IBV_ACCESS_ZERO_BASED != 0 || flags & IBV_ACCESS_ON_DEMAND != 0 {
+        return Err(refuse(verb, libc::EOPNOTSUPP, "zero-based and on-demand MRs are not supported"));
     }
     if flags & !known != 0 {
         return Err(refuse(verb, libc::EINVAL, format!("unknown access flags {:#x}", flags & !known)));
     }
-    Ok(Access::from_bits_truncate(flags & 0xf))
+    Ok(Access::from_bits_truncate(flags & (0xf | IBV_ACCESS_MW_BIND)))
 }
 
 /// Registers `[addr, addr + length)` of the program's memory, addressed by

@@ -573,12 +573,14 @@ unsafe fn send_wr_of(q: &Qp, wr: &ibv_send_wr) -> Result<SendWorkRequest, c_int>
     let op = match wr.opcode {
         IBV_WR_SEND => SendOp::Send { imm: None },
         IBV_WR_SEND_WITH_IMM => SendOp::Send { imm: Some(u32::from_be(wr.imm_data)) },
-        IBV_WR_SEND_WITH_INV => {
-            return Err(refuse(
-                VERB,
-                libc::EOPNOTSUPP,
-                "SEND with invalidate needs memory windows, which softrnic lacks",
-            ));
+        // `invalidate_rkey` shares `imm_data`'s place, in host order.
+        IBV_WR_SEND_WITH_INV => SendOp::SendWithInvalidate { rkey: wr.imm_data },
+        IBV_WR_LOCAL_INV => SendOp::LocalInvalidate { rkey: wr.imm_data },
+        IBV_WR_BIND_MW => {
+            let b = wr.bind_mw;
+            // SAFETY: the window and region the request names are live
+            // (caller).
+            SendOp::BindWindow(unsafe { crate::window::bind_of(VERB, b.mw, b.rkey, &b.bind_info) }?)
         }
         IBV_WR_RDMA_WRITE => {
             SendOp::Write { remote: RemoteAddr { addr: rdma.remote_addr, rkey: rdma.rkey }, imm: None }
@@ -606,6 +608,9 @@ unsafe fn send_wr_of(q: &Qp, wr: &ibv_send_wr) -> Result<SendWorkRequest, c_int>
         }
         // SAFETY: caller's promise.
         Payload::Inline(unsafe { inline_bytes(&list) })
+    } else if op.is_local() {
+        // A bind or local invalidate names no memory of its own.
+        Payload::Gather(Default::default())
     } else {
         Payload::Gather(list)
     };

@@ -21,15 +21,20 @@ pub const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_SEND_WITH_IMM
     | IBV_QP_EX_WITH_RDMA_READ
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
-    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | IBV_QP_EX_WITH_LOCAL_INV
+    | IBV_QP_EX_WITH_BIND_MW
+    | IBV_QP_EX_WITH_SEND_WITH_INV;
 
 /// The `send_ops_flags` a QP of `qp_type` may ask for: UD only SENDs,
-/// UC SENDs and WRITEs, RC everything softrnic implements.
+/// UC SENDs, WRITEs and the window operations, RC everything softrnic
+/// implements.
 pub fn send_ops_of(qp_type: c_int) -> u64 {
     let sends = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    let windows = IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV;
     match qp_type {
         IBV_QPT_UD => sends,
-        IBV_QPT_UC => sends | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
+        IBV_QPT_UC => sends | windows | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
         _ => SUPPORTED_SEND_OPS,
     }
 }
@@ -180,11 +185,10 @@ unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
     })
 }
 
-unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, _rkey: u32) {
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
     crate::ffi::guard("wr_send_inv", || {
-        let why = "SEND with invalidate needs memory windows, which softrnic lacks";
         // SAFETY: a live QP (caller).
-        unsafe { fail(qp, refuse("ibv_wr_send_inv", libc::EOPNOTSUPP, why)) }
+        unsafe { begin(qp, SendOp::SendWithInvalidate { rkey }) }
     })
 }
 
@@ -301,17 +305,27 @@ unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, remote_
     })
 }
 
-unsafe extern "C" fn wr_bind_mw(qp: *mut ibv_qp_ex, _mw: *mut c_void, _rkey: u32, _info: *const c_void) {
+unsafe extern "C" fn wr_bind_mw(qp: *mut ibv_qp_ex, mw: *mut ibv_mw, rkey: u32, info: *const ibv_mw_bind_info) {
     crate::ffi::guard("wr_bind_mw", || {
-        // SAFETY: a live QP (caller).
-        unsafe { fail(qp, refuse("ibv_wr_bind_mw", libc::EOPNOTSUPP, "memory windows are not supported")) }
+        const VERB: &str = "ibv_wr_bind_mw";
+        if info.is_null() {
+            // SAFETY: a live QP (caller).
+            return unsafe { fail(qp, refuse(VERB, libc::EINVAL, "NULL bind information")) };
+        }
+        // SAFETY: a live QP, window and bind information (caller).
+        unsafe {
+            match crate::window::bind_of(VERB, mw, rkey, &*info) {
+                Ok(bind) => begin(qp, SendOp::BindWindow(bind)),
+                Err(e) => fail(qp, e),
+            }
+        }
     })
 }
 
-unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, _rkey: u32) {
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, rkey: u32) {
     crate::ffi::guard("wr_local_inv", || {
         // SAFETY: a live QP (caller).
-        unsafe { fail(qp, refuse("ibv_wr_local_inv", libc::EOPNOTSUPP, "local invalidate is not supported")) }
+        unsafe { begin(qp, SendOp::LocalInvalidate { rkey }) }
     })
 }
 

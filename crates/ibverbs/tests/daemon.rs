@@ -272,3 +272,80 @@ fn through_the_daemon_two_qps_share_a_receive_queue_and_its_limit_event_comes() 
         assert_eq!(context::ibv_close_device(ctx), 0);
     }
 }
+
+/// Memory windows through the daemon's rings: the bind and the SEND with
+/// invalidate travel as send WQEs, the completions as CQEs (the bind's
+/// opcode, the invalidated key and its flag), and the daemon frees a
+/// tenant's windows before its regions when the context closes.
+#[test]
+fn through_the_daemon_a_window_is_bound_written_through_and_invalidated() {
+    let ctx = open();
+    // SAFETY: the verbs' own sequence, every object live while used.
+    unsafe {
+        let pd = memory::ibv_alloc_pd(ctx);
+        let cq = cq::ibv_create_cq(ctx, 16, null_mut(), null_mut(), 0);
+        let mut init = ibv_qp_init_attr {
+            qp_context: null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: null_mut(),
+            cap: ibv_qp_cap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            qp_type: IBV_QPT_RC,
+            sq_sig_all: 1,
+        };
+        let (a, b) = (qp::ibv_create_qp(pd, &mut init), qp::ibv_create_qp(pd, &mut init));
+        connect(a, (*b).qp_num);
+        connect(b, (*a).qp_num);
+        let mut source = b"windowed".to_vec();
+        let mut target = vec![0u8; 256];
+        let src = memory::ibv_reg_mr(pd, source.as_mut_ptr() as *mut c_void, 8, IBV_ACCESS_LOCAL_WRITE as c_int);
+        let access = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND) as c_int;
+        let dst = memory::ibv_reg_mr(pd, target.as_mut_ptr() as *mut c_void, 256, access);
+        assert!(!dst.is_null());
+        let mw = ((*ctx).ops.alloc_mw.unwrap())(pd, IBV_MW_TYPE_2);
+        assert!(!mw.is_null());
+        let rkey = ((*mw).rkey & !0xff) | 0x42;
+        let (mut wc, mut bad): (ibv_wc, _) = (std::mem::zeroed(), null_mut());
+        let poll = |wc: &mut ibv_wc| while ((*ctx).ops.poll_cq.unwrap())(cq, 1, wc) == 0 {};
+
+        let mut wr: ibv_send_wr = std::mem::zeroed();
+        (wr.wr_id, wr.opcode) = (1, IBV_WR_BIND_MW);
+        let bind_info = ibv_mw_bind_info {
+            mr: dst,
+            addr: target.as_ptr() as u64 + 128,
+            length: 64,
+            mw_access_flags: IBV_ACCESS_REMOTE_WRITE,
+        };
+        wr.bind_mw = ibv_send_wr_bind_mw { mw, rkey, bind_info };
+        assert_eq!(((*ctx).ops.post_send.unwrap())(b, &mut wr, &mut bad), 0);
+        poll(&mut wc);
+        assert_eq!((wc.wr_id, wc.status, wc.opcode), (1, 0, 5), "IBV_WC_BIND_MW");
+
+        let mut sge = ibv_sge { addr: source.as_ptr() as u64, length: 8, lkey: (*src).lkey };
+        let mut wr: ibv_send_wr = std::mem::zeroed();
+        (wr.wr_id, wr.sg_list, wr.num_sge, wr.opcode) = (2, &mut sge, 1, IBV_WR_RDMA_WRITE);
+        wr.wr.rdma = ibv_send_wr_rdma { remote_addr: target.as_ptr() as u64 + 130, rkey };
+        assert_eq!(((*ctx).ops.post_send.unwrap())(a, &mut wr, &mut bad), 0);
+        poll(&mut wc);
+        assert_eq!((wc.wr_id, wc.status), (2, 0));
+        let landed: Vec<u8> = (130..138).map(|i| std::ptr::read_volatile(target.as_ptr().add(i))).collect();
+        assert_eq!(landed, b"windowed");
+
+        let mut recv_sge = ibv_sge { addr: target.as_ptr() as u64, length: 64, lkey: (*dst).lkey };
+        let mut recv = ibv_recv_wr { wr_id: 3, next: null_mut(), sg_list: &mut recv_sge, num_sge: 1 };
+        assert_eq!(((*ctx).ops.post_recv.unwrap())(b, &mut recv, &mut null_mut()), 0);
+        let mut wr: ibv_send_wr = std::mem::zeroed();
+        (wr.wr_id, wr.sg_list, wr.num_sge, wr.opcode, wr.imm_data) = (4, &mut sge, 1, IBV_WR_SEND_WITH_INV, rkey);
+        assert_eq!(((*ctx).ops.post_send.unwrap())(a, &mut wr, &mut bad), 0);
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            poll(&mut wc);
+            seen.push((wc.wr_id, wc.status, wc.opcode, wc.wc_flags & IBV_WC_WITH_INV != 0, wc.imm_data));
+        }
+        seen.sort();
+        assert_eq!(seen, [(3, 0, IBV_WC_RECV, true, rkey), (4, 0, 0, false, 0)]);
+        // Closing the context with the window still allocated and the
+        // regions registered: the daemon takes them down in order.
+        assert_eq!(context::ibv_close_device(ctx), 0);
+    }
+}

@@ -663,9 +663,9 @@ fn errors_follow_the_verbs_conventions() {
         a.qp_state = IBV_QPS_RTS;
         assert_eq!(qp::ibv_modify_qp(q, &mut a, IBV_QP_STATE), libc::EINVAL);
         assert_eq!((*q).state, IBV_QPS_INIT, "a refused transition changes nothing");
-        // Memory windows are not supported.
+        // Zero-based regions are not supported (zero-based windows are).
         let mut word = 0u64;
-        let mr = memory::ibv_reg_mr(pd, &mut word as *mut u64 as *mut c_void, 8, IBV_ACCESS_MW_BIND as c_int);
+        let mr = memory::ibv_reg_mr(pd, &mut word as *mut u64 as *mut c_void, 8, IBV_ACCESS_ZERO_BASED as c_int);
         assert!(mr.is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
         // Unsupported verbs answer EOPNOTSUPP, never success.
@@ -685,14 +685,122 @@ fn errors_follow_the_verbs_conventions() {
         assert!(ah::ibv_create_ah_from_wc(null_mut(), &mut wc, grh, 1).is_null());
         assert_eq!(errno(), libc::EINVAL);
         assert_eq!(ah::ibv_destroy_ah(null_mut()), libc::EINVAL);
-        // SEND with invalidate would need memory windows: refused, never
-        // reported as an invalidation that did not happen.
-        let mut sge: ibv_sge = std::mem::zeroed();
-        let mut wr = send_wr(9, IBV_WR_SEND_WITH_INV, &mut sge);
-        assert_eq!(post_send(q, &mut wr), libc::EOPNOTSUPP);
+        // Memory windows of a type verbs lacks, and a bind posted through
+        // ibv_bind_mw for a type 2 window.
+        let alloc_mw = (*(*q).context).ops.alloc_mw.unwrap();
+        assert!(alloc_mw(pd, 3).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        let mw = alloc_mw(pd, IBV_MW_TYPE_2);
+        let mut bind: ibv_mw_bind = std::mem::zeroed();
+        assert_eq!(((*(*q).context).ops.bind_mw.unwrap())(q, mw, &mut bind), libc::EINVAL);
+        assert_eq!(((*(*q).context).ops.dealloc_mw.unwrap())(mw), 0);
         // A CQ in use cannot go.
         assert_eq!(cq::ibv_destroy_cq(cq), libc::EBUSY);
         assert_eq!(qp::ibv_destroy_qp(q), 0);
+    }
+}
+
+/// A region of `len` bytes that grants no remote access itself and takes
+/// memory windows.
+fn bindable_buffer(len: usize) -> Buffer {
+    let (_, pd) = fixture();
+    let mut bytes = vec![0u8; len];
+    let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
+    // SAFETY: the buffer lives as long as the region (both in `Buffer`).
+    let mr = unsafe { memory::ibv_reg_mr(pd, bytes.as_mut_ptr() as *mut c_void, len, access as c_int) };
+    assert!(!mr.is_null(), "MW_BIND is a region's access flag: errno {}", errno());
+    Buffer { bytes, mr }
+}
+
+/// Memory windows through the verbs, as rdma-core's tests use them: a type
+/// 1 window bound with `ibv_bind_mw` (its `rkey` moves on), a type 2 one
+/// bound by `IBV_WR_BIND_MW` and invalidated by the peer's SEND with
+/// invalidate, whose receive completion names the key; the region
+/// cannot go while a window holds it.
+#[test]
+fn memory_windows_bound_used_and_invalidated_through_the_verbs() {
+    let (a, b, cq_a, cq_b) = rc_pair();
+    let (src, dst) = (buffer(4096), bindable_buffer(4096));
+    // SAFETY: live objects of the fixture's context; plain data.
+    unsafe {
+        let ops = &(*(*b).context).ops;
+        let (pd, region) = ((*b).pd, dst.mr);
+        let info = |offset: u64, length: u64| ibv_mw_bind_info {
+            mr: region,
+            addr: dst.addr() + offset,
+            length,
+            mw_access_flags: IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+        };
+        let write_through = |wr_id: u64, rkey: u32, offset: u64, bytes: &[u8]| {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), src.bytes.as_ptr() as *mut u8, bytes.len());
+            let mut sge = src.sge(0, bytes.len() as u32);
+            let mut wr = send_wr(wr_id, IBV_WR_RDMA_WRITE, &mut sge);
+            wr.wr.rdma = ibv_send_wr_rdma { remote_addr: dst.addr() + offset, rkey };
+            assert_eq!(post_send(a, &mut wr), 0);
+            poll_one(cq_a)
+        };
+
+        // Type 1: ibv_bind_mw posts the bind on b's send queue.
+        let one = (ops.alloc_mw.unwrap())(pd, IBV_MW_TYPE_1);
+        assert!(!one.is_null());
+        let before = (*one).rkey;
+        let mut bind = ibv_mw_bind { wr_id: 11, send_flags: IBV_SEND_SIGNALED, bind_info: info(0, 1024) };
+        assert_eq!((ops.bind_mw.unwrap())(b, one, &mut bind), 0);
+        let bound = poll_one(cq_b);
+        assert_eq!((bound.wr_id, bound.status, bound.opcode), (11, IBV_WC_SUCCESS, 5), "IBV_WC_BIND_MW");
+        assert_eq!((*one).rkey, (before & !0xff) | (before.wrapping_add(1) & 0xff), "ibv_inc_rkey");
+        let done = write_through(1, (*one).rkey, 16, b"type 1");
+        assert_eq!(done.status, IBV_WC_SUCCESS);
+        assert_eq!(dst.read(16, 6), b"type 1");
+        assert_eq!(memory::ibv_dereg_mr(dst.mr), libc::EBUSY, "a bound window holds its region");
+        assert_eq!((ops.dealloc_mw.unwrap())(one), 0);
+
+        // Type 2: bound by a work request under a key the program picks.
+        let two = (ops.alloc_mw.unwrap())(pd, IBV_MW_TYPE_2);
+        let rkey = ((*two).rkey & !0xff) | 0x77;
+        let mut wr: ibv_send_wr = std::mem::zeroed();
+        wr.wr_id = 12;
+        wr.opcode = IBV_WR_BIND_MW;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.bind_mw = ibv_send_wr_bind_mw { mw: two, rkey, bind_info: info(2048, 512) };
+        assert_eq!(post_send(b, &mut wr), 0);
+        assert_eq!(poll_one(cq_b).status, IBV_WC_SUCCESS);
+        assert_eq!(write_through(2, rkey, 2048 + 500, b"type 2!").status, IBV_WC_SUCCESS);
+        assert_eq!(dst.read(2548, 7), b"type 2!");
+
+        // SEND with invalidate from a: b's receive says which key went.
+        post_recv(b, &mut dst.sge(0, 64), 13);
+        let mut sge = src.sge(0, 4);
+        let mut wr = send_wr(3, IBV_WR_SEND_WITH_INV, &mut sge);
+        wr.imm_data = rkey;
+        assert_eq!(post_send(a, &mut wr), 0);
+        assert_eq!(poll_one(cq_a).status, IBV_WC_SUCCESS);
+        let got = poll_one(cq_b);
+        assert_eq!((got.wr_id, got.status, got.opcode, got.byte_len), (13, IBV_WC_SUCCESS, 128, 4));
+        assert_ne!(got.wc_flags & IBV_WC_WITH_INV, 0);
+        assert_eq!(got.imm_data, rkey, "invalidated_rkey, in host order");
+
+        // Bound again through the extended QP's builder, then invalidated
+        // locally.
+        let ex = b as *mut ibv_qp_ex;
+        let again = ((*two).rkey & !0xff) | 0x78;
+        let bind_info = info(0, 64);
+        ((*ex).wr_start.unwrap())(ex);
+        (*ex).wr_id = 14;
+        (*ex).wr_flags = IBV_SEND_SIGNALED;
+        ((*ex).wr_bind_mw.unwrap())(ex, two, again, &bind_info);
+        (*ex).wr_id = 15;
+        ((*ex).wr_local_inv.unwrap())(ex, again);
+        assert_eq!(((*ex).wr_complete.unwrap())(ex), 0);
+        let (bound, invalidated) = (poll_one(cq_b), poll_one(cq_b));
+        assert_eq!((bound.wr_id, bound.status, bound.opcode), (14, IBV_WC_SUCCESS, 5));
+        assert_eq!((invalidated.wr_id, invalidated.status, invalidated.opcode), (15, IBV_WC_SUCCESS, 6));
+        assert_eq!((ops.dealloc_mw.unwrap())(two), 0);
+
+        // The old key, invalidated, reaches nothing: a's QP fails.
+        assert_eq!(write_through(4, rkey, 2048, b"late").status, 10, "IBV_WC_REM_ACCESS_ERR");
+        assert_eq!(memory::ibv_dereg_mr(dst.mr), 0, "the windows let go");
+        assert_eq!(memory::ibv_dereg_mr(src.mr), 0);
     }
 }
 

@@ -19,7 +19,8 @@ use softrnic_engine::NicCounters;
 use softrnic_ring::spsc::{Consumer, Producer};
 use softrnic_transport::{
     Access, AlgorithmSpec, AsyncEvent, Completion, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr,
-    QpState, QpType, RecvWorkRequest, Result, SendWorkRequest, SrqAttr, SrqId, VerbsError, check_recv, check_send,
+    QpState, QpType, RecvWorkRequest, Result, SendWorkRequest, SrqAttr, SrqId, VerbsError, WindowType, check_recv,
+    check_send,
 };
 
 use softrnic_daemon_protocol::doorbell::DoorbellPage;
@@ -239,6 +240,17 @@ impl Session {
 
     pub fn dealloc_pd(&self, pd: PdId) -> Result<()> {
         self.call_done(Request::DeallocPd { pd })
+    }
+
+    pub fn alloc_window(&self, pd: PdId, kind: WindowType) -> Result<u32> {
+        match self.call(Request::AllocMw { pd, kind }, &[])?.0 {
+            Response::Window(rkey) => Ok(rkey),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn dealloc_window(&self, rkey: u32) -> Result<()> {
+        self.call_done(Request::DeallocMw { rkey })
     }
 
     /// Registers `len` bytes of `memory` from `offset` on, addressed as

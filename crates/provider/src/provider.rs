@@ -19,7 +19,7 @@ use softrnic_daemon_protocol::shared_memory::SharedMapping;
 use softrnic_transport::{
     Access, Choice, Completion, CompletionQueue, CqId, DmaBuffer, MrKeys, PdId, PostQueues, QpAttr, QpAttributes,
     QpInitAttr, QpState, RecvWorkRequest, Registration, Result, SendWorkRequest, SharedReceiveQueue, SrqAttr, SrqId,
-    VerbsError,
+    VerbsError, WindowType,
 };
 
 /// An asynchronous event of a device: about one of its objects, as the
@@ -512,6 +512,22 @@ impl<E: EngineHolder> Provider<E> {
         match &self.0 {
             Device::Engine(e) => e.nic().deregister_memory(lkey),
             Device::Daemon(session) => session.deregister_memory(lkey),
+        }
+    }
+
+    /// Allocates a memory window (`ibv_alloc_mw`); returns its rkey.
+    pub fn alloc_window(&self, pd: PdId, kind: WindowType) -> Result<u32> {
+        match &self.0 {
+            Device::Engine(e) => e.nic().alloc_window(pd, kind),
+            Device::Daemon(session) => session.alloc_window(pd, kind),
+        }
+    }
+
+    /// Frees the window `rkey` names, bound or not (`ibv_dealloc_mw`).
+    pub fn dealloc_window(&self, rkey: u32) -> Result<()> {
+        match &self.0 {
+            Device::Engine(e) => e.nic().dealloc_window(rkey),
+            Device::Daemon(session) => session.dealloc_window(rkey),
         }
     }
 

@@ -962,6 +962,7 @@ mod tests {
             opcode: WcOpcode::RdmaWrite,
             byte_len: 0,
             imm_data: None,
+            invalidated_rkey: None,
             qp_num: 1,
             src_qp: 0,
             source: None,

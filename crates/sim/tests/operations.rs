@@ -163,11 +163,13 @@ fn zero_length_operations_complete() {
     assert_eq!((b[0].byte_len, b[0].status), (0, WcStatus::Success));
 }
 
-/// softrnic has no memory windows, so a SEND with invalidate (from some
-/// other RNIC) names nothing it could invalidate: the responder refuses it
-/// as an invalid request instead of claiming an invalidation it never did.
+/// A SEND with invalidate (here from some other RNIC, on the wire) that
+/// names a region's rkey names nothing the responder can invalidate (only
+/// a type 2 window's key can be): the IBTA's class J error, the receive
+/// completing with `RemInvReqErr` rather than claiming an invalidation it
+/// never did. (`memory_windows.rs` has the keys that can.)
 #[test]
-fn send_with_invalidate_is_an_invalid_request() {
+fn send_with_invalidate_of_a_region_key_is_an_invalid_request() {
     use softrnic_wire::icrc::UdpFlow;
     use softrnic_wire::packet::{Extensions, Headers};
     use softrnic_wire::{Opcode, ROCEV2_UDP_PORT, bth};
@@ -189,7 +191,7 @@ fn send_with_invalidate_is_an_invalid_request() {
     pair.world.device(1).handle_datagram(now, from, Default::default(), &buf[..len]);
     let [_, b] = pair.settle();
     assert_eq!(pair.state(1), QpState::Error);
-    assert_eq!(b.iter().map(|c| c.status).collect::<Vec<_>>(), vec![WcStatus::WrFlushErr]);
+    assert_eq!(b.iter().map(|c| c.status).collect::<Vec<_>>(), vec![WcStatus::RemInvReqErr]);
     assert_eq!(pair.world.device(1).counters().fatal_naks_sent, 1);
 }
 

@@ -38,6 +38,7 @@ mod cq;
 mod error;
 pub mod exchange;
 mod mr;
+mod mw;
 mod pd;
 mod qp;
 
@@ -46,6 +47,7 @@ pub use cq::CompletionQueue;
 pub use error::Error;
 pub use exchange::Endpoint;
 pub use mr::MemoryRegion;
+pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use qp::{ConnectOptions, QueuePair};
 
@@ -55,7 +57,8 @@ pub use softrnic_engine::{DatapathKind, EngineConfig, FaultConfig, NicCounters, 
 pub use softrnic_provider::socket_path::from_env as daemon_socket;
 pub use softrnic_transport::{
     Access, Choice, Completion, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpState, QpType, RecvWorkRequest,
-    RemoteAddr, Retransmission, SendOp, SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode, WcStatus, smallvec,
+    RemoteAddr, Retransmission, SendOp, SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode, WcStatus, WindowBind,
+    WindowType, smallvec,
 };
 
 /// The status helpers verbs users expect.

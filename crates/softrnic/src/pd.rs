@@ -1,8 +1,8 @@
 use std::sync::Arc;
 
-use softrnic_transport::{Access, DmaBuffer, PdId, Psn, QpCaps, QpInitAttr, QpType, VerbsError};
+use softrnic_transport::{Access, DmaBuffer, PdId, Psn, QpCaps, QpInitAttr, QpType, VerbsError, WindowType};
 
-use crate::{CompletionQueue, Context, Error, MemoryRegion, QueuePair};
+use crate::{CompletionQueue, Context, Error, MemoryRegion, MemoryWindow, QueuePair};
 
 pub(crate) struct PdHandle {
     pub ctx: Context,
@@ -35,6 +35,12 @@ impl ProtectionDomain {
     pub fn register_buffer(&self, buffer: Arc<DmaBuffer>, iova: u64, access: Access) -> Result<MemoryRegion, Error> {
         let keys = self.ctx.provider.register_buffer(self.id.id, buffer.clone(), iova, access)?;
         Ok(MemoryRegion { pd: self.clone(), buffer, keys, iova })
+    }
+
+    /// A memory window of `kind` in this domain, unbound.
+    pub fn alloc_window(&self, kind: WindowType) -> Result<MemoryWindow, Error> {
+        let rkey = self.ctx.provider.alloc_window(self.id.id, kind)?;
+        Ok(MemoryWindow { pd: self.clone(), rkey, kind })
     }
 
     /// A reliable connected QP.

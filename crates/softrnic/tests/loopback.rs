@@ -287,3 +287,42 @@ fn a_completion_channel_through_softrnicd_wakes_a_sleeping_waiter() {
     assert!(b.cq.wait_event(Duration::from_secs(10)).unwrap(), "no completion event");
     assert_eq!(wait(&b.cq).byte_len, 4);
 }
+
+/// A memory window over real UDP: b opens 64 bytes of a region that grants
+/// no remote access itself, a writes through the window's rkey, and a
+/// SEND with invalidate from a shuts it.
+#[test]
+fn a_window_opens_part_of_a_region_until_the_peer_invalidates_it() {
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    let a = side(IpAddr::from([127, 0, 1, n]), FaultConfig::default(), 4096);
+    let b = Context::open(IpAddr::from([127, 0, 1, n + 1])).unwrap();
+    let pd = b.alloc_pd().unwrap();
+    let region = pd.register(4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    let cq = b.create_cq(64).unwrap();
+    let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+    let options = ConnectOptions { timeout: 10, min_rnr_timer: 1, ..ConnectOptions::default() };
+    a.qp.connect(&qp.endpoint(&region), &options).unwrap();
+    qp.connect(&a.qp.endpoint(&a.mr), &options).unwrap();
+
+    let window = pd.alloc_window(softrnic::WindowType::Two).unwrap();
+    let (bind, rkey) = window.bind(&region, 1024, 64, Access::REMOTE_WRITE, 9);
+    qp.post_send(SendWorkRequest::new(1, SendOp::BindWindow(bind), Payload::Gather(Default::default()))).unwrap();
+    let bound = wait(&cq);
+    assert_eq!((bound.opcode, bound.status), (WcOpcode::BindMw, WcStatus::Success));
+
+    a.mr.write(0, b"through a window");
+    let remote = softrnic::RemoteAddr { addr: region.iova() + 1024 + 8, rkey };
+    a.qp.post_send(SendWorkRequest::new(2, SendOp::Write { remote, imm: None }, a.mr.gather(0, 16))).unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    let mut landed = [0u8; 16];
+    region.read(1032, &mut landed);
+    assert_eq!(&landed, b"through a window");
+
+    qp.post_recv(RecvWorkRequest { wr_id: 3, sges: vec![region.sge(0, 64)].into() }).unwrap();
+    a.qp.post_send(SendWorkRequest::new(4, SendOp::SendWithInvalidate { rkey }, a.mr.gather(0, 4))).unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    let received = wait(&cq);
+    assert_eq!((received.wr_id, received.invalidated_rkey), (3, Some(rkey)));
+    a.qp.post_send(SendWorkRequest::new(5, SendOp::Write { remote, imm: None }, a.mr.gather(0, 16))).unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::RemAccessErr, "the key reaches nothing now");
+}

@@ -16,6 +16,7 @@ pub enum WcStatus {
     LocQpOpErr = 2,
     LocProtErr = 4,
     WrFlushErr = 5,
+    MwBindErr = 6,
     BadRespErr = 7,
     LocAccessErr = 8,
     RemInvReqErr = 9,
@@ -36,6 +37,7 @@ impl WcStatus {
             WcStatus::LocQpOpErr => "local QP operation error",
             WcStatus::LocProtErr => "local protection error",
             WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
             WcStatus::BadRespErr => "bad response error",
             WcStatus::LocAccessErr => "local access error",
             WcStatus::RemInvReqErr => "remote invalid request error",
@@ -58,6 +60,8 @@ pub enum WcOpcode {
     RdmaRead = 2,
     CompSwap = 3,
     FetchAdd = 4,
+    BindMw = 5,
+    LocalInv = 6,
     Recv = 128,
     RecvRdmaWithImm = 129,
 }
@@ -72,6 +76,8 @@ pub struct Completion {
     /// GRH) or transferred.
     pub byte_len: u32,
     pub imm_data: Option<u32>,
+    /// The rkey a SEND with invalidate invalidated here (receives).
+    pub invalidated_rkey: Option<u32>,
     /// The local QP.
     pub qp_num: u32,
     /// The remote QP (UD receive completions).
@@ -102,6 +108,7 @@ impl Completion {
             opcode,
             byte_len: 0,
             imm_data: None,
+            invalidated_rkey: None,
             qp_num,
             src_qp: 0,
             source: None,

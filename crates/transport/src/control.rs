@@ -14,7 +14,7 @@ use crate::config::TransportConfig;
 use crate::entropy::{Entropy, Recent};
 use crate::error::{Result, VerbsError};
 use crate::limits::MAX_QP;
-use crate::memory::{MemoryTable, MrKeys, PdId, ProtectionDomains, Registration};
+use crate::memory::{MemoryTable, MrKeys, PdId, ProtectionDomains, Registration, WindowType};
 use crate::qp::{QpInitAttr, QpQueues, QpType, QueuePair};
 use crate::shard::shard_of;
 use crate::srq::{SharedReceiveQueue, SharedReceiveQueues, SrqAttr, SrqId};
@@ -133,6 +133,26 @@ impl Control {
         self.recent_keys.let_go(region.keys.lkey);
         self.recent_keys.let_go(region.keys.rkey);
         self.pds.add_users(region.pd, -1)
+    }
+
+    /// Allocates a memory window of `kind` in `pd` (`ibv_alloc_mw`),
+    /// under an rkey drawn as a region's are, in a block no window freed
+    /// lately had. Returns its first rkey.
+    pub fn alloc_window(&mut self, pd: PdId, kind: WindowType) -> Result<u32> {
+        self.pds.check(pd)?;
+        let (entropy, recent) = (&mut self.entropy, &self.recent_keys);
+        let mut draw = || std::iter::repeat_with(|| entropy.u32()).find(|k| !recent.contains(k & !0xff)).unwrap();
+        self.memory_changed = true;
+        let rkey = Arc::make_mut(&mut self.memory).alloc_window(pd, kind, &mut draw)?;
+        self.pds.add_users(pd, 1)?;
+        Ok(rkey)
+    }
+
+    /// Frees the window `rkey` names (`ibv_dealloc_mw`), bound or not.
+    pub fn dealloc_window(&mut self, rkey: u32) -> Result<()> {
+        let window = self.memory_mut().dealloc_window(rkey)?;
+        self.recent_keys.let_go(window.rkey() & !0xff);
+        self.pds.add_users(window.pd, -1)
     }
 
     // ----- completion queues -----

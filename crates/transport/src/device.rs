@@ -21,7 +21,7 @@ use crate::entropy::Entropy;
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::fetch_on_demand::ReceivesWanted;
-use crate::memory::{MemoryTable, MrKeys, PdId, Registration};
+use crate::memory::{MemoryTable, MrKeys, PdId, Registration, WindowType};
 use crate::qp::{QpAttr, QpInitAttr, QueuePair, Transmit};
 use crate::shard::Shard;
 use crate::srq::{SharedReceiveQueue, SrqAttr, SrqId};
@@ -87,6 +87,16 @@ impl Device {
 
     pub fn deregister_memory(&mut self, lkey: u32) -> Result<()> {
         let out = self.control.deregister_memory(lkey);
+        self.sync_memory(out)
+    }
+
+    pub fn alloc_window(&mut self, pd: PdId, kind: WindowType) -> Result<u32> {
+        let out = self.control.alloc_window(pd, kind);
+        self.sync_memory(out)
+    }
+
+    pub fn dealloc_window(&mut self, rkey: u32) -> Result<()> {
+        let out = self.control.dealloc_window(rkey);
         self.sync_memory(out)
     }
 

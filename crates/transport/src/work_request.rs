@@ -5,6 +5,8 @@ use std::net::IpAddr;
 
 use smallvec::SmallVec;
 
+use crate::memory::WindowBind;
+
 /// One element of a scatter/gather list (`ibv_sge`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sge {
@@ -33,6 +35,15 @@ pub enum SendOp {
     CompareSwap { remote: RemoteAddr, compare: u64, swap: u64 },
     /// 64-bit fetch-and-add; the original value lands in the local SGE.
     FetchAdd { remote: RemoteAddr, add: u64 },
+    /// SEND that has the responder invalidate `rkey`, a type 2 memory
+    /// window's, as it arrives (RC only).
+    SendWithInvalidate { rkey: u32 },
+    /// Binds a memory window: a local operation, done in order with the
+    /// requests around it, that sends nothing.
+    BindWindow(WindowBind),
+    /// Invalidates the type 2 window whose rkey is `rkey`: a local
+    /// operation too.
+    LocalInvalidate { rkey: u32 },
 }
 
 impl SendOp {
@@ -45,6 +56,12 @@ impl SendOp {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
 
+    /// Does the NIC carry it out without sending anything (bind, local
+    /// invalidate)?
+    pub fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindWindow(_) | SendOp::LocalInvalidate { .. })
+    }
+
     /// The remote buffer, for RDMA and atomic operations.
     pub fn remote(&self) -> Option<RemoteAddr> {
         match *self {
@@ -52,7 +69,10 @@ impl SendOp {
             | SendOp::Read { remote }
             | SendOp::CompareSwap { remote, .. }
             | SendOp::FetchAdd { remote, .. } => Some(remote),
-            SendOp::Send { .. } => None,
+            SendOp::Send { .. }
+            | SendOp::SendWithInvalidate { .. }
+            | SendOp::BindWindow(_)
+            | SendOp::LocalInvalidate { .. } => None,
         }
     }
 }

@@ -61,6 +61,8 @@ pub const IBV_ATOMIC_HCA: c_int = 1;
 pub const IBV_DEVICE_RC_RNR_NAK_GEN: c_uint = 1 << 12;
 pub const IBV_DEVICE_N_NOTIFY_CQ: c_uint = 1 << 14;
 pub const IBV_DEVICE_SYS_IMAGE_GUID: c_uint = 1 << 11;
+pub const IBV_DEVICE_MEM_WINDOW: c_uint = 1 << 17;
+pub const IBV_DEVICE_MEM_WINDOW_TYPE_2B: c_uint = 1 << 24;
 
 pub const IBV_FORK_UNNEEDED: c_int = 2;
 
@@ -357,6 +359,8 @@ pub const IBV_QP_EX_WITH_SEND_WITH_IMM: u64 = 1 << 3;
 pub const IBV_QP_EX_WITH_RDMA_READ: u64 = 1 << 4;
 pub const IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
 pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
+pub const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
+pub const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
 pub const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
 
 #[repr(C)]
@@ -466,7 +470,51 @@ pub const IBV_WR_SEND_WITH_IMM: c_int = 3;
 pub const IBV_WR_RDMA_READ: c_int = 4;
 pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
 pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
+pub const IBV_WR_LOCAL_INV: c_int = 7;
+pub const IBV_WR_BIND_MW: c_int = 8;
 pub const IBV_WR_SEND_WITH_INV: c_int = 9;
+
+/// `enum ibv_mw_type`.
+pub const IBV_MW_TYPE_1: c_int = 1;
+pub const IBV_MW_TYPE_2: c_int = 2;
+
+/// A memory window (`struct ibv_mw`).
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `type`: an `ibv_mw_type`.
+    pub mw_type: c_int,
+}
+
+/// What a bind opens (`struct ibv_mw_bind_info`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
+}
+
+/// `ibv_bind_mw`'s request (`struct ibv_mw_bind`).
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// `ibv_send_wr`'s `bind_mw`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
 
 pub const IBV_SEND_FENCE: c_uint = 1 << 0;
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
@@ -532,8 +580,9 @@ pub struct ibv_send_wr {
     pub wr: ibv_send_wr_wr,
     /// `qp_type.xrc.remote_srqn`.
     pub remote_srqn: u32,
-    /// The `bind_mw` / `tso` union, which softrnic does not use.
-    pub bind_mw_or_tso: [u64; 6],
+    /// The `bind_mw` / `tso` union; softrnic reads `bind_mw` (TSO is a
+    /// raw packet QP's, which softrnic refuses).
+    pub bind_mw: ibv_send_wr_bind_mw,
 }
 
 #[repr(C)]
@@ -582,7 +631,7 @@ pub struct ibv_qp_ex {
     pub wr_flags: c_uint,
     pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
     pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
-    pub wr_bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, u32, *const c_void)>,
+    pub wr_bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
     pub wr_local_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
     pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
@@ -735,9 +784,9 @@ pub struct ibv_context_ops {
     pub _compat_reg_mr: CompatOp,
     pub _compat_rereg_mr: CompatOp,
     pub _compat_dereg_mr: CompatOp,
-    pub alloc_mw: Option<unsafe extern "C" fn(*mut ibv_pd, c_int) -> *mut c_void>,
-    pub bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp, *mut c_void, *mut c_void) -> c_int>,
-    pub dealloc_mw: Option<unsafe extern "C" fn(*mut c_void) -> c_int>,
+    pub alloc_mw: Option<unsafe extern "C" fn(*mut ibv_pd, c_int) -> *mut ibv_mw>,
+    pub bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int>,
+    pub dealloc_mw: Option<unsafe extern "C" fn(*mut ibv_mw) -> c_int>,
     pub _compat_create_cq: CompatOp,
     pub poll_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int>,
     pub req_notify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int>,

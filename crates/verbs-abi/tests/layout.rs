@@ -51,7 +51,10 @@ fn structures_match_the_real_header() {
         ibv_sge { addr, length, lkey }
         ibv_send_wr { wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr.rdma.remote_addr,
             wr.rdma.rkey, wr.atomic.remote_addr, wr.atomic.compare_add, wr.atomic.swap, wr.atomic.rkey, wr.ud.ah,
-            wr.ud.remote_qpn, wr.ud.remote_qkey }
+            wr.ud.remote_qpn, wr.ud.remote_qkey, bind_mw.mw, bind_mw.rkey, bind_mw.bind_info }
+        ibv_mw { context, pd, rkey, handle }
+        ibv_mw_bind_info { mr, addr, length, mw_access_flags }
+        ibv_mw_bind { wr_id, send_flags, bind_info }
         ibv_recv_wr { wr_id, next, sg_list, num_sge }
         ibv_srq { context, srq_context, pd, handle, mutex, cond, events_completed }
         ibv_qp { context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state, qp_type, mutex, cond,

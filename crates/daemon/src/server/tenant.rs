@@ -63,6 +63,8 @@ pub struct Tenant {
     pds: HashSet<PdId>,
     /// Registered regions' lengths, by lkey.
     regions: HashMap<u32, u64>,
+    /// Memory windows, by handle (an rkey with its low 8 bits clear).
+    windows: HashSet<u32>,
     channels: HashMap<u32, Arc<OwnedFd>>,
     next_channel: u32,
     cqs: HashMap<CqId, Arc<ServedCq>>,
@@ -170,6 +172,7 @@ fn open(
         events: Arc::new(events),
         pds: HashSet::new(),
         regions: HashMap::new(),
+        windows: HashSet::new(),
         channels: HashMap::new(),
         next_channel: 1,
         cqs: HashMap::new(),
@@ -216,6 +219,25 @@ impl Tenant {
                 self.regions.remove(&lkey);
                 self.usage.release(Resource::Mrs, 1);
                 self.usage.release(Resource::Memory, len);
+                Ok((Response::Done, Vec::new()))
+            }
+            // Windows count against the tenant's regions: each is an entry
+            // of the device's memory table.
+            Request::AllocMw { pd, kind } => {
+                self.own_pd(pd)?;
+                let held = self.usage.reserve(Resource::Mrs, 1)?;
+                let rkey = nic.alloc_window(pd, kind)?;
+                self.windows.insert(rkey & !0xff);
+                held.keep();
+                Ok((Response::Window(rkey), Vec::new()))
+            }
+            Request::DeallocMw { rkey } => {
+                if !self.windows.contains(&(rkey & !0xff)) {
+                    return Err(RemoteError::not_found("MW"));
+                }
+                done(nic.dealloc_window(rkey))?;
+                self.windows.remove(&(rkey & !0xff));
+                self.usage.release(Resource::Mrs, 1);
                 Ok((Response::Done, Vec::new()))
             }
             Request::CreateChannel if self.forward => {
@@ -679,6 +701,11 @@ impl Drop for Tenant {
             nic.set_channel(id, None);
             device.events.disown(Element::Cq(id));
             let _ = nic.destroy_cq(id);
+        }
+        // Windows before regions: a bound window keeps its region.
+        self.usage.release(Resource::Mrs, self.windows.len() as u64);
+        for handle in self.windows.drain() {
+            let _ = nic.dealloc_window(handle);
         }
         for (lkey, len) in self.regions.drain() {
             let _ = nic.deregister_memory(lkey);

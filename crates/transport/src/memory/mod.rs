@@ -7,9 +7,11 @@ mod domains;
 mod region;
 mod scatter_gather;
 mod table;
+mod window;
 
 pub use buffer::DmaBuffer;
 pub use domains::ProtectionDomains;
 pub use region::{Access, MemoryRegion, MrKeys, PdId, Registration};
 pub(crate) use scatter_gather::{gather, scatter, validate_list};
 pub use table::{AccessFault, MemoryTable, MemoryView};
+pub use window::{MemoryWindow, WindowBind, WindowFault, WindowType};

@@ -1,6 +1,7 @@
 //! Protection domains and memory regions.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
 
 use super::DmaBuffer;
 
@@ -19,6 +20,10 @@ bitflags::bitflags! {
         const REMOTE_WRITE = 1 << 1;
         const REMOTE_READ = 1 << 2;
         const REMOTE_ATOMIC = 1 << 3;
+        /// Memory windows may be bound to the region.
+        const MW_BIND = 1 << 4;
+        /// A window's binding addressed from 0 (a bind's flag only).
+        const ZERO_BASED = 1 << 5;
     }
 }
 
@@ -69,6 +74,8 @@ pub struct MemoryRegion {
     pub access: Access,
     pub keys: MrKeys,
     pub(crate) buffer: Arc<DmaBuffer>,
+    /// Memory windows bound to the region, which keep it registered.
+    pub(crate) windows: Arc<AtomicU32>,
     /// Where `iova` lies in `buffer`.
     pub(crate) offset: usize,
 }
@@ -77,7 +84,7 @@ impl MemoryRegion {
     /// The region `r` asked for, under `keys`.
     pub(crate) fn of(r: Registration, keys: MrKeys) -> MemoryRegion {
         let Registration { pd, buffer, offset, len, iova, access } = r;
-        MemoryRegion { pd, iova, len: len as u64, access, keys, buffer, offset }
+        MemoryRegion { pd, iova, len: len as u64, access, keys, buffer, offset, windows: Arc::default() }
     }
 
     /// The buffer behind the region.

@@ -1,6 +1,9 @@
 //! The memory translation and protection table: every key the device has
 //! handed out, and the one check that every access passes.
 
+use std::sync::Arc;
+
+use super::window::{MemoryWindow, WindowBind, WindowFault, WindowType, handle_of};
 use super::{Access, DmaBuffer, MemoryRegion, MrKeys, PdId, Registration};
 use crate::error::{Result, VerbsError};
 use imbl::shared_ptr::DefaultSharedPtr;
@@ -112,6 +115,10 @@ enum Key {
     Local(MemoryRegion),
     /// A live region's rkey, and the region's lkey.
     Remote(u32),
+    /// A memory window, under its handle: the rkey with its low 8 bits
+    /// clear. Every rkey the window takes lies in the block of 256 keys
+    /// the handle starts, which no other key enters.
+    Window(Arc<MemoryWindow>),
 }
 
 /// A persistent map by key, hashed as the rest of the transport hashes.
@@ -140,15 +147,69 @@ impl MemoryTable {
         Ok(keys)
     }
 
-    /// A key from `draw` that names nothing yet. 0 is never one, so that a
-    /// zeroed work request names no region.
+    /// A key from `draw` that names nothing yet, nor lies in a window's
+    /// block. 0 is never one, so that a zeroed work request names no
+    /// region.
     fn fresh_key(&self, draw: &mut impl FnMut() -> u32) -> u32 {
         loop {
             let key = draw();
-            if key != 0 && !self.keys.contains_key(&key) {
+            if key != 0 && !self.keys.contains_key(&key) && self.window(key).is_none() {
                 return key;
             }
         }
+    }
+
+    /// Allocates a memory window of `kind` in `pd` (checked by the caller)
+    /// under an rkey drawn from `draw`, whose block of 256 keys holds no
+    /// key yet. Returns the window's first rkey.
+    pub fn alloc_window(&mut self, pd: PdId, kind: WindowType, draw: &mut impl FnMut() -> u32) -> Result<u32> {
+        if self.keys.len() >= 2 * MAX_REGIONS {
+            return Err(VerbsError::OutOfResources("memory windows".into()));
+        }
+        let rkey = loop {
+            let key = draw();
+            let handle = handle_of(key);
+            if handle != 0 && (0..=0xff).all(|low| !self.keys.contains_key(&(handle | low))) {
+                break key;
+            }
+        };
+        self.keys.insert(handle_of(rkey), Key::Window(Arc::new(MemoryWindow::new(pd, kind, rkey))));
+        Ok(rkey)
+    }
+
+    /// Frees the window `rkey` (any key it has had) names. It lets go of
+    /// its region, and an older snapshot reaches nothing through it.
+    pub fn dealloc_window(&mut self, rkey: u32) -> Result<Arc<MemoryWindow>> {
+        if self.window(rkey).is_none() {
+            return Err(VerbsError::NotFound("memory window"));
+        }
+        let Some(Key::Window(window)) = self.keys.remove(&handle_of(rkey)) else { unreachable!("looked up above") };
+        window.free();
+        Ok(window)
+    }
+
+    /// The window whose block holds `rkey`.
+    pub fn window(&self, rkey: u32) -> Option<&Arc<MemoryWindow>> {
+        match self.keys.get(&handle_of(rkey))? {
+            Key::Window(window) => Some(window),
+            _ => None,
+        }
+    }
+
+    /// Binds a window as `bind` asks, over QP `qpn` of `pd`. Returns the
+    /// window's new rkey. The table itself does not change: the binding
+    /// lives in the window, which every snapshot shares.
+    pub fn bind_window(&self, pd: PdId, qpn: u32, bind: &WindowBind) -> core::result::Result<u32, WindowFault> {
+        let window = self.window(bind.window).ok_or(WindowFault::NoWindow)?;
+        let region = self.lookup(bind.region_lkey).map(|r| (r.pd, r.access, r.iova, r.len, &r.windows));
+        window.bind(pd, qpn, bind, region)
+    }
+
+    /// Invalidates the type 2 window whose current rkey is `rkey`, for a
+    /// QP of `pd`. A region's rkey cannot be invalidated: softrnic has no
+    /// fast-registration regions, the only kind that can.
+    pub fn invalidate(&self, pd: PdId, rkey: u32) -> core::result::Result<(), WindowFault> {
+        self.window(rkey).ok_or(WindowFault::NoWindow)?.invalidate(pd, rkey)
     }
 
     /// Gives the region `lkey` names a new translation, protection domain
@@ -161,8 +222,8 @@ impl MemoryTable {
             return Err(VerbsError::NotFound("memory region"));
         }
         let Some(Key::Local(region)) = self.keys.get_mut(&lkey) else { unreachable!("looked up above") };
-        let (old_pd, keys) = (region.pd, region.keys);
-        *region = MemoryRegion::of(r, keys);
+        let (old_pd, keys, windows) = (region.pd, region.keys, region.windows.clone());
+        *region = MemoryRegion { windows, ..MemoryRegion::of(r, keys) };
         Ok((keys, old_pd))
     }
 
@@ -174,6 +235,9 @@ impl MemoryTable {
                 "region {offset}+{len} does not fit its buffer of {} bytes",
                 buffer.len()
             )));
+        }
+        if access.contains(Access::ZERO_BASED) {
+            return Err(VerbsError::NotSupported("zero-based memory regions".into()));
         }
         if iova.checked_add(len as u64).is_none() {
             return Err(VerbsError::invalid("iova + length overflows"));
@@ -188,8 +252,11 @@ impl MemoryTable {
     /// Deregisters the region `lkey` names. Returns it: its keys name
     /// nothing from now on.
     pub fn deregister(&mut self, lkey: u32) -> Result<MemoryRegion> {
-        if self.lookup(lkey).is_none() {
+        let Some(region) = self.lookup(lkey) else {
             return Err(VerbsError::NotFound("memory region"));
+        };
+        if region.windows.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+            return Err(VerbsError::Busy("the region (memory windows are bound to it)"));
         }
         let Some(Key::Local(region)) = self.keys.remove(&lkey) else { unreachable!("looked up above") };
         self.keys.remove(&region.keys.rkey);
@@ -200,7 +267,7 @@ impl MemoryTable {
     pub fn lookup(&self, lkey: u32) -> Option<&MemoryRegion> {
         match self.keys.get(&lkey)? {
             Key::Local(region) => Some(region),
-            Key::Remote(_) => None,
+            Key::Remote(_) | Key::Window(_) => None,
         }
     }
 
@@ -208,7 +275,7 @@ impl MemoryTable {
     fn lookup_remote(&self, rkey: u32) -> Option<&MemoryRegion> {
         match self.keys.get(&rkey)? {
             Key::Remote(lkey) => self.lookup(*lkey),
-            Key::Local(_) => None,
+            Key::Local(_) | Key::Window(_) => None,
         }
     }
 
@@ -251,12 +318,14 @@ impl MemoryTable {
         Ok(MemoryView { buffer: Some(&region.buffer), offset: region.offset + start as usize, len })
     }
 
-    /// Checks a remote access: like [`Self::check`], under the region's
-    /// rkey, and a region registered without any remote permission has no
-    /// valid rkey at all.
+    /// Checks a remote access arriving over QP `qpn` of `pd`: like
+    /// [`Self::check`], under a region's rkey (a region registered without
+    /// any remote permission has no valid rkey at all) or a window's
+    /// current one (the window grants the rights; its region, only bounds).
     pub fn check_remote(
         &self,
         pd: PdId,
+        qpn: u32,
         rkey: u32,
         addr: u64,
         len: usize,
@@ -265,8 +334,13 @@ impl MemoryTable {
         if len == 0 {
             return Ok(MemoryView::EMPTY);
         }
-        let region = self.lookup_remote(rkey).filter(|r| r.access.intersects(Access::REMOTE));
-        Self::check_region(region.ok_or(AccessFault::InvalidKey)?, pd, addr, len, need)
+        if let Some(region) = self.lookup_remote(rkey) {
+            let region = Some(region).filter(|r| r.access.intersects(Access::REMOTE));
+            return Self::check_region(region.ok_or(AccessFault::InvalidKey)?, pd, addr, len, need);
+        }
+        let window = self.window(rkey).ok_or(AccessFault::InvalidKey)?;
+        let (lkey, at) = window.resolve(pd, qpn, rkey, addr, len as u64, need).ok_or(AccessFault::NotPermitted)?;
+        Self::check_region(self.lookup(lkey).ok_or(AccessFault::InvalidKey)?, pd, at, len, Access::empty())
     }
 }
 
@@ -305,12 +379,15 @@ mod tests {
         assert_eq!(table.check(pd, keys.lkey, u64::MAX, 2, Access::empty()).unwrap_err(), AccessFault::OutOfBounds);
         let (rkey, lkey) = (keys.rkey, keys.lkey);
         assert_eq!(
-            table.check_remote(pd, rkey, 0x1000, 8, Access::REMOTE_WRITE).unwrap_err(),
+            table.check_remote(pd, 0, rkey, 0x1000, 8, Access::REMOTE_WRITE).unwrap_err(),
             AccessFault::NotPermitted
         );
-        assert!(table.check_remote(pd, rkey, 0x1000, 8, Access::REMOTE_READ).is_ok());
+        assert!(table.check_remote(pd, 0, rkey, 0x1000, 8, Access::REMOTE_READ).is_ok());
         assert_eq!(table.check(pd, rkey, 0x1000, 1, Access::empty()).unwrap_err(), AccessFault::InvalidKey, "an rkey");
-        assert_eq!(table.check_remote(pd, lkey, 0x1000, 1, Access::REMOTE_READ).unwrap_err(), AccessFault::InvalidKey);
+        assert_eq!(
+            table.check_remote(pd, 0, lkey, 0x1000, 1, Access::REMOTE_READ).unwrap_err(),
+            AccessFault::InvalidKey
+        );
         assert!(table.check(pd, 0xdead, 0, 0, Access::REMOTE_WRITE).is_ok(), "zero length needs no key");
         table.deregister(keys.lkey).unwrap();
         assert_eq!(table.check(pd, keys.lkey, 0x1000, 1, Access::empty()).unwrap_err(), AccessFault::InvalidKey);
@@ -402,7 +479,7 @@ mod tests {
         assert_eq!(again, (keys, pd), "the keys, and the PD it had");
         assert!(table.check(other, keys.lkey, 0x9000, 16, Access::LOCAL_WRITE).is_ok());
         assert_eq!(table.check(pd, keys.lkey, 0x9000, 1, Access::empty()).unwrap_err(), AccessFault::WrongPd);
-        assert!(table.check_remote(other, keys.rkey, 0x9000, 1, Access::empty()).is_err(), "no remote access now");
+        assert!(table.check_remote(other, 0, keys.rkey, 0x9000, 1, Access::empty()).is_err(), "no remote access now");
         assert!(
             table
                 .reregister(
@@ -418,6 +495,117 @@ mod tests {
                 )
                 .is_err()
         );
+    }
+
+    /// A window of `kind` in `pd`, and a bind onto all of the region `keys`
+    /// names (at 0x1000, 32 bytes) for remote writes under key byte 1.
+    fn window_on(table: &mut MemoryTable, pd: PdId, keys: MrKeys, kind: WindowType) -> (u32, WindowBind) {
+        let rkey = table.alloc_window(pd, kind, &mut draw()).unwrap();
+        let bind = WindowBind {
+            window: rkey,
+            new_rkey: 1,
+            region_lkey: keys.lkey,
+            addr: 0x1000,
+            len: 32,
+            access: Access::REMOTE_WRITE,
+        };
+        (rkey, bind)
+    }
+
+    #[test]
+    fn a_type_2_window_answers_only_its_qp_its_pd_and_its_rights() {
+        let (mut table, pd, keys) = table_with_region(Access::LOCAL_WRITE | Access::MW_BIND);
+        let (rkey, bind) = window_on(&mut table, pd, keys, WindowType::Two);
+        assert_eq!(rkey & !0xff, table.window(rkey).map(|w| w.rkey() & !0xff).unwrap(), "its handle");
+        assert_eq!(table.bind_window(PdId(9), 7, &bind), Err(WindowFault::WrongPd));
+        let key = table.bind_window(pd, 7, &bind).unwrap();
+        assert_eq!(key, (rkey & !0xff) | 1);
+        assert!(table.check_remote(pd, 7, key, 0x1000, 32, Access::REMOTE_WRITE).is_ok());
+        assert_eq!(
+            table.check_remote(pd, 8, key, 0x1000, 1, Access::REMOTE_WRITE).unwrap_err(),
+            AccessFault::NotPermitted,
+            "another QP"
+        );
+        assert_eq!(
+            table.check_remote(PdId(1), 7, key, 0x1000, 1, Access::REMOTE_WRITE).unwrap_err(),
+            AccessFault::NotPermitted
+        );
+        assert_eq!(
+            table.check_remote(pd, 7, key, 0x1000, 1, Access::REMOTE_READ).unwrap_err(),
+            AccessFault::NotPermitted
+        );
+        assert_eq!(
+            table.check_remote(pd, 7, key ^ 2, 0x1000, 1, Access::REMOTE_WRITE).unwrap_err(),
+            AccessFault::NotPermitted,
+            "a stale key byte"
+        );
+        assert_eq!(
+            table.check_remote(pd, 7, key, 0x1001, 32, Access::REMOTE_WRITE).unwrap_err(),
+            AccessFault::NotPermitted
+        );
+        assert_eq!(table.check(pd, key, 0x1000, 1, Access::empty()).unwrap_err(), AccessFault::InvalidKey, "no lkey");
+        assert_eq!(table.invalidate(PdId(1), key), Err(WindowFault::WrongPd));
+        assert_eq!(table.invalidate(pd, key ^ 2), Err(WindowFault::NotBound));
+        table.invalidate(pd, key).unwrap();
+        assert_eq!(table.invalidate(pd, key), Err(WindowFault::NotBound), "once");
+        assert!(table.check_remote(pd, 7, key, 0x1000, 1, Access::REMOTE_WRITE).is_err());
+    }
+
+    /// No region key is ever drawn inside a window's block of 256 keys,
+    /// and no window takes a block a region key lies in.
+    #[test]
+    fn windows_and_regions_never_share_a_block() {
+        let mut table = MemoryTable::new();
+        let pd = PdId(0);
+        let buffer = Arc::new(DmaBuffer::new(8));
+        let r = || Registration { pd, buffer: buffer.clone(), offset: 0, len: 8, iova: 0, access: Access::REMOTE_READ };
+        let mut keys = [0x1100_0001u32, 0x1100_0002].into_iter();
+        let mr = table.register(r(), &mut || keys.next().unwrap()).unwrap();
+        let mut draws = [0x1100_00aa, 0x2200_0033].into_iter();
+        let rkey = table.alloc_window(pd, WindowType::One, &mut || draws.next().unwrap()).unwrap();
+        assert_eq!(rkey, 0x2200_0033, "the block of the region's keys was skipped");
+        let mut draws = [0x2200_0044, 0x3300_0001, 0x3300_0002].into_iter();
+        let next = table.register(r(), &mut || draws.next().unwrap()).unwrap();
+        assert_eq!(next, MrKeys { lkey: 0x3300_0001, rkey: 0x3300_0002 }, "the window's block was skipped");
+        assert!(table.lookup(mr.lkey).is_some());
+    }
+
+    /// A shard binding and invalidating a window while another checks
+    /// peers' accesses through it: every access let through lies within
+    /// a binding that was current, under that binding's key.
+    #[test]
+    fn binding_and_checking_from_two_threads_agree() {
+        let (mut table, pd, keys) = table_with_region(Access::LOCAL_WRITE | Access::MW_BIND);
+        let (_, bind) = window_on(&mut table, pd, keys, WindowType::Two);
+        let table = Arc::new(table);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let binder = {
+            let (table, stop) = (table.clone(), stop.clone());
+            std::thread::spawn(move || {
+                for round in 0..20_000u32 {
+                    // Even rounds open the first half under key byte 2n,
+                    // odd ones the second half under key byte 2n+1.
+                    let half = u64::from(round % 2) * 16;
+                    let b = WindowBind { new_rkey: round & 0xff, addr: 0x1000 + half, len: 16, ..bind };
+                    let key = table.bind_window(pd, 7, &b).unwrap();
+                    table.invalidate(pd, key).unwrap();
+                }
+                stop.store(true, std::sync::atomic::Ordering::Release);
+            })
+        };
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            for byte in 0..=0xffu32 {
+                let key = (bind.window & !0xff) | byte;
+                for at in [0x1000, 0x1010] {
+                    if table.check_remote(pd, 7, key, at, 16, Access::REMOTE_WRITE).is_ok() {
+                        let half = u32::from(at == 0x1010);
+                        assert_eq!(byte % 2, half, "key byte {byte:#x} opens only its own half");
+                    }
+                    assert!(table.check_remote(pd, 7, key, 0x1008, 16, Access::REMOTE_WRITE).is_err(), "across halves");
+                }
+            }
+        }
+        binder.join().unwrap();
     }
 
     #[test]
@@ -451,7 +639,7 @@ mod tests {
         let keys = table
             .register(Registration { pd, buffer, offset: 0, len: 8, iova: 0, access: Access::empty() }, &mut draw())
             .unwrap();
-        assert_eq!(table.check_remote(pd, keys.rkey, 0, 8, Access::empty()).unwrap_err(), AccessFault::InvalidKey);
+        assert_eq!(table.check_remote(pd, 0, keys.rkey, 0, 8, Access::empty()).unwrap_err(), AccessFault::InvalidKey);
         assert_eq!(table.deregister(keys.lkey).unwrap().keys, keys);
         assert_eq!(table.deregister(keys.lkey).unwrap_err(), VerbsError::NotFound("memory region"));
     }

@@ -66,6 +66,8 @@ struct MessageEnd {
     receive: Option<(u32, WcOpcode)>,
     byte_len: u32,
     imm: Option<u32>,
+    /// A SEND with invalidate's rkey, invalidated as the message completes.
+    invalidate: Option<u32>,
     solicited: bool,
 }
 
@@ -250,9 +252,6 @@ impl QueuePair {
             return Err(invalid);
         }
         let receive = if op.is_send() {
-            if ext.invalidate_rkey.is_some() {
-                return Err(invalid); // as in order: no rkey can be invalidated
-            }
             let index = self.claim(ctx, sr.receive_number)?;
             let claim = &self.resp.ahead.claims[index];
             let capacity =
@@ -273,7 +272,14 @@ impl QueuePair {
                     return Err(invalid);
                 }
                 ctx.memory
-                    .check_remote(self.init.pd, sr.rkey, sr.virtual_address, total as usize, Access::REMOTE_WRITE)
+                    .check_remote(
+                        self.init.pd,
+                        self.qpn,
+                        sr.rkey,
+                        sr.virtual_address,
+                        total as usize,
+                        Access::REMOTE_WRITE,
+                    )
                     .map_err(|_| fault)?;
             }
             // Take the receive before touching memory, so that the retry
@@ -284,7 +290,7 @@ impl QueuePair {
             let at = sr.virtual_address.wrapping_add(offset);
             let view = ctx
                 .memory
-                .check_remote(self.init.pd, sr.rkey, at, len as usize, Access::REMOTE_WRITE)
+                .check_remote(self.init.pd, self.qpn, sr.rkey, at, len as usize, Access::REMOTE_WRITE)
                 .map_err(|_| fault)?;
             view.write(packet.payload);
             ext.immediate.map(|_| WcOpcode::RecvRdmaWithImm)
@@ -293,6 +299,7 @@ impl QueuePair {
             receive: receive.map(|opcode| (sr.receive_number, opcode)),
             byte_len: sr.message_length,
             imm: ext.immediate,
+            invalidate: ext.invalidate_rkey,
             solicited: bth.solicited,
         });
         Ok(Arrived::Placed { end, ack_request: bth.ack_request })
@@ -368,10 +375,14 @@ impl QueuePair {
             if number != self.resp.ahead.first_claim {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
             }
+            if let Some(rkey) = end.invalidate {
+                self.invalidate_for_peer(ctx, rkey)?;
+            }
             let recv = self.resp.ahead.take_first_claim().ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
             let mut completion = Completion::new(recv.wr_id, WcStatus::Success, opcode, self.qpn);
             completion.byte_len = end.byte_len;
             completion.imm_data = end.imm;
+            completion.invalidated_rkey = end.invalidate;
             completion.solicited = end.solicited;
             self.complete_recv(ctx, completion);
         }

@@ -214,6 +214,9 @@ pub fn check_send(qpn: u32, qp_type: QpType, caps: &QpCaps, state: QpState, wr: 
     if wr.op.is_atomic() && wr.payload.len() != 8 {
         return Err(VerbsError::invalid("an ATOMIC's local buffer must be exactly 8 bytes"));
     }
+    if wr.op.is_local() && !wr.payload.is_empty() {
+        return Err(VerbsError::invalid("a bind or local invalidate carries no data"));
+    }
     match qp_type {
         QpType::Ud => {
             if !matches!(wr.op, SendOp::Send { .. }) {
@@ -224,9 +227,9 @@ pub fn check_send(qpn: u32, qp_type: QpType, caps: &QpCaps, state: QpState, wr: 
             }
         }
         QpType::Uc => {
-            if !matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. }) {
+            if !(matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. }) || wr.op.is_local()) {
                 return Err(VerbsError::NotSupported(
-                    "UC QPs carry SENDs and WRITEs only; READ and ATOMIC need an RC QP".into(),
+                    "UC QPs carry SENDs and WRITEs only; READ, ATOMIC and SEND with invalidate need an RC QP".into(),
                 ));
             }
         }

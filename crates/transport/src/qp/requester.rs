@@ -141,6 +141,12 @@ impl QueuePair {
         let (index, psn, is_new) = loop {
             let index = self.req.cursor;
             let wqe = self.sq.get(index)?;
+            if wqe.wr.op.is_local() {
+                if !self.run_local(ctx, index) {
+                    return None;
+                }
+                continue;
+            }
             // A request that failed locally stops the queue: retransmissions
             // of earlier ones may still go out, nothing from it on.
             if wqe.status.is_some() {
@@ -350,6 +356,41 @@ impl QueuePair {
         true
     }
 
+    /// Carries out the local operation at `index` (a bind or a local
+    /// invalidate) when the cursor reaches it, after every request before
+    /// it has been sent, as rxe does; with the fence flag, after every one
+    /// has completed. It completes once those have. Returns whether the
+    /// cursor moved past it: not while it waits, nor once it failed (the
+    /// queue stops there, and the QP fails as it completes).
+    pub(super) fn run_local(&mut self, ctx: &mut Ctx, index: usize) -> bool {
+        let wqe = &self.sq[index];
+        if wqe.status.is_none() {
+            if self.state == QpState::Sqd || (wqe.wr.fence && index > 0) {
+                return false;
+            }
+            let done = match wqe.wr.op {
+                SendOp::BindWindow(bind) => {
+                    ctx.memory.bind_window(self.init.pd, self.qpn, &bind).map(drop).map_err(|_| WcStatus::MwBindErr)
+                }
+                SendOp::LocalInvalidate { rkey } => {
+                    ctx.memory.invalidate(self.init.pd, rkey).map_err(|_| WcStatus::LocQpOpErr)
+                }
+                _ => unreachable!("not a local operation"),
+            };
+            if let Err(status) = done {
+                self.fail_locally(ctx, index, status);
+                return false;
+            }
+            self.sq[index].status = Some(WcStatus::Success);
+        }
+        if self.sq[index].status != Some(WcStatus::Success) {
+            return false;
+        }
+        self.advance_cursor(1);
+        self.complete_front(ctx);
+        true
+    }
+
     /// A request cannot go on because of a local error: it completes with
     /// `status` once everything before it has, then the QP enters ERR.
     fn fail_locally(&mut self, ctx: &mut Ctx, index: usize, status: WcStatus) {
@@ -402,6 +443,10 @@ impl QueuePair {
             SendOp::Send { imm: Some(imm) } => {
                 ext.immediate = last.then_some(imm);
                 pick(Opcode::RcSendOnlyImm, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLastImm)
+            }
+            SendOp::SendWithInvalidate { rkey } => {
+                ext.invalidate_rkey = last.then_some(rkey);
+                pick(Opcode::RcSendOnlyInv, Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLastInv)
             }
             SendOp::Write { remote, imm } => {
                 (sr.virtual_address, sr.rkey) = (remote.addr, remote.rkey);
@@ -570,6 +615,10 @@ impl QueuePair {
     /// the start of the first request after it if no request holds it.
     pub(super) fn go_back(&mut self, psn: Psn) {
         for (index, wqe) in self.sq.iter().enumerate() {
+            // A local operation done sends nothing again.
+            if wqe.wr.op.is_local() && wqe.status.is_some() {
+                continue;
+            }
             if let Some(k) = wqe.index_of(psn) {
                 self.req.cursor = index;
                 self.req.cursor_pkt = k;

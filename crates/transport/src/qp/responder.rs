@@ -421,14 +421,6 @@ impl QueuePair {
     }
 
     fn execute_send(&mut self, ctx: &mut Ctx, packet: &PacketRepr, position: Position) -> Result<(), Refusal> {
-        if packet.headers.ext.invalidate_rkey.is_some() {
-            // SEND with invalidate names an rkey to invalidate: a memory
-            // window's or a fast-registration region's. softrnic has
-            // neither, so no rkey can be invalidated, and the request is
-            // invalid (rxe answers the same for a region it cannot
-            // invalidate).
-            return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
-        }
         if position.starts_message() {
             let recv = self.take_recv(ctx)?;
             let capacity = match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE) {
@@ -450,16 +442,31 @@ impl QueuePair {
         }
         *offset += len;
         if position.ends_message() {
-            let Some(Message::Send { recv, offset, .. }) = self.resp.current.take() else { unreachable!() };
             let ext = &packet.headers.ext;
+            if let Some(rkey) = ext.invalidate_rkey {
+                self.invalidate_for_peer(ctx, rkey)?;
+            }
+            let Some(Message::Send { recv, offset, .. }) = self.resp.current.take() else { unreachable!() };
             let mut completion = Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
             completion.byte_len = offset as u32;
             completion.imm_data = ext.immediate;
+            completion.invalidated_rkey = ext.invalidate_rkey;
             completion.solicited = packet.headers.bth.solicited;
             self.complete_recv(ctx, completion);
             self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
         }
         Ok(())
+    }
+
+    /// The last packet of a SEND with invalidate: the rkey it names, a
+    /// type 2 window's in this QP's protection domain, is invalidated
+    /// before the receive completes. One that cannot be is the IBTA's
+    /// class J error: the receive completes with `RemInvReqErr`, the
+    /// requester is told the request was invalid, and both QPs fail.
+    pub(super) fn invalidate_for_peer(&self, ctx: &Ctx, rkey: u32) -> Result<(), Refusal> {
+        ctx.memory
+            .invalidate(self.init.pd, rkey)
+            .map_err(|_| Refusal::Fatal(NakCode::InvalidRequest, Some(WcStatus::RemInvReqErr)))
     }
 
     fn execute_write(&mut self, ctx: &mut Ctx, packet: &PacketRepr, position: Position) -> Result<(), Refusal> {
@@ -473,7 +480,14 @@ impl QueuePair {
             let reth = ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
             let len = u64::from(reth.dma_length);
             ctx.memory
-                .check_remote(self.init.pd, reth.rkey, reth.virtual_address, len as usize, Access::REMOTE_WRITE)
+                .check_remote(
+                    self.init.pd,
+                    self.qpn,
+                    reth.rkey,
+                    reth.virtual_address,
+                    len as usize,
+                    Access::REMOTE_WRITE,
+                )
                 .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
             self.resp.current = Some(Message::Write { va: reth.virtual_address, rkey: reth.rkey, len, offset: 0 });
         }
@@ -484,7 +498,14 @@ impl QueuePair {
         }
         let view = ctx
             .memory
-            .check_remote(self.init.pd, *rkey, va.wrapping_add(*offset), payload_len as usize, Access::REMOTE_WRITE)
+            .check_remote(
+                self.init.pd,
+                self.qpn,
+                *rkey,
+                va.wrapping_add(*offset),
+                payload_len as usize,
+                Access::REMOTE_WRITE,
+            )
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
         view.write(packet.payload);
         *offset += payload_len;
@@ -537,7 +558,7 @@ impl QueuePair {
     fn read_response(&self, ctx: &Ctx, psn: Psn, reth: softrnic_wire::reth::Repr) -> Result<ReadResponse, Refusal> {
         let len = u64::from(reth.dma_length);
         ctx.memory
-            .check_remote(self.init.pd, reth.rkey, reth.virtual_address, len as usize, Access::REMOTE_READ)
+            .check_remote(self.init.pd, self.qpn, reth.rkey, reth.virtual_address, len as usize, Access::REMOTE_READ)
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
         let count = len.div_ceil(u64::from(self.mtu())).max(1) as u32;
         Ok(ReadResponse {
@@ -561,7 +582,7 @@ impl QueuePair {
         }
         let view = ctx
             .memory
-            .check_remote(self.init.pd, atomic.rkey, atomic.virtual_address, 8, Access::REMOTE_ATOMIC)
+            .check_remote(self.init.pd, self.qpn, atomic.rkey, atomic.virtual_address, 8, Access::REMOTE_ATOMIC)
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
         let original = if packet.headers.bth.opcode == Opcode::RcCompareSwap {
             view.atomic_update(|v| if v == atomic.compare { atomic.swap_or_add } else { v })
@@ -727,6 +748,7 @@ impl QueuePair {
         let start = headers.len();
         let view = ctx.memory.check_remote(
             self.init.pd,
+            self.qpn,
             read.rkey,
             read.va.wrapping_add(offset),
             payload_len,

@@ -11,7 +11,8 @@ pub(super) struct SendWqe {
     /// Message length in bytes.
     pub len: u64,
     /// PSNs the message uses: its request packets, or for a READ the
-    /// response packets it asks for; at least one.
+    /// response packets it asks for; at least one, but none for a local
+    /// operation.
     pub npsn: u32,
     /// The PSN of its first packet, fixed the first time it is sent.
     pub first_psn: Option<Psn>,
@@ -32,13 +33,20 @@ pub(super) struct SendWqe {
 impl SendWqe {
     pub fn new(wr: SendWorkRequest, mtu: u32) -> SendWqe {
         let len = wr.payload.len();
-        let npsn = if wr.op.is_atomic() { 1 } else { len.div_ceil(u64::from(mtu)).max(1) as u32 };
+        let npsn = match wr.op {
+            op if op.is_local() => 0,
+            op if op.is_atomic() => 1,
+            _ => len.div_ceil(u64::from(mtu)).max(1) as u32,
+        };
         SendWqe { wr, len, npsn, first_psn: None, status: None, responses: 0, ahead: Vec::new(), receive_number: 0 }
     }
 
     /// Does the message consume a receive work request at the responder?
     pub fn consumes_receive(&self) -> bool {
-        matches!(self.wr.op, SendOp::Send { .. } | SendOp::Write { imm: Some(_), .. })
+        matches!(
+            self.wr.op,
+            SendOp::Send { .. } | SendOp::SendWithInvalidate { .. } | SendOp::Write { imm: Some(_), .. }
+        )
     }
 
     /// READ: has response `k` been placed?
@@ -87,11 +95,13 @@ impl SendWqe {
 
     pub fn wc_opcode(&self) -> WcOpcode {
         match self.wr.op {
-            SendOp::Send { .. } => WcOpcode::Send,
+            SendOp::Send { .. } | SendOp::SendWithInvalidate { .. } => WcOpcode::Send,
             SendOp::Write { .. } => WcOpcode::RdmaWrite,
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindWindow(_) => WcOpcode::BindMw,
+            SendOp::LocalInvalidate { .. } => WcOpcode::LocalInv,
         }
     }
 }

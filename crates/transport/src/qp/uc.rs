@@ -41,6 +41,13 @@ impl QueuePair {
             return None;
         }
         let dst = self.attrs.remote_addr?;
+        // A bind or local invalidate at the front has nothing to wait for:
+        // everything before it has left and completed.
+        while self.sq.front()?.wr.op.is_local() {
+            if !self.run_local(ctx, 0) {
+                return None;
+            }
+        }
         let wqe = self.sq.front_mut()?;
         if wqe.first_psn.is_none() {
             wqe.first_psn = Some(self.req.next_psn);
