@@ -4,8 +4,9 @@
 Debian's ibverbs-utils (ibv_devices, ibv_devinfo, ibv_rc_pingpong,
 ibv_srq_pingpong, ibv_uc_pingpong), perftest (ib_{send,write,read,atomic}_{bw,lat},
 and SEND and WRITE over UC), the project's own
-rdma_bench (libr's flags and lines) and scripts/programs/mw-check.c
-(memory windows through verbs.h's inline functions), both ends of each pair on
+rdma_bench (libr's flags and lines) and scripts/programs/rxe-parity.c
+(memory windows and ATOMIC WRITE through verbs.h's inline functions),
+both ends of each pair on
 this machine, each end with its own loopback address (SOFTRNIC_ADDR); then
 the same pairs between two network namespaces joined by a veth pair (as
 root; skipped with the reason otherwise). Prints a table of what passed
@@ -47,17 +48,18 @@ def build_library():
     return out.stdout.strip().splitlines()[-1]
 
 
-MW_CHECK = os.path.join(ROOT, "scripts", "programs", "mw-check.c")
+RXE_PARITY = os.path.join(ROOT, "scripts", "programs", "rxe-parity.c")
 
 
-def build_mw_check(libdir):
-    """Compiles scripts/programs/mw-check.c (memory windows through
-    verbs.h's inline functions) beside the library; returns the binary."""
-    binary = os.path.join(os.path.dirname(libdir), "bin", "mw-check")
+def build_rxe_parity(libdir):
+    """Compiles scripts/programs/rxe-parity.c (memory windows and ATOMIC
+    WRITE through verbs.h's inline functions) beside the library; returns
+    the binary."""
+    binary = os.path.join(os.path.dirname(libdir), "bin", "rxe-parity")
     os.makedirs(os.path.dirname(binary), exist_ok=True)
-    built = subprocess.run(["cc", "-O2", "-o", binary, MW_CHECK, "-libverbs"], capture_output=True, text=True)
+    built = subprocess.run(["cc", "-O2", "-o", binary, RXE_PARITY, "-libverbs"], capture_output=True, text=True)
     if built.returncode != 0:
-        sys.exit(f"cc {MW_CHECK} failed (libibverbs-dev installed?):\n{built.stderr}")
+        sys.exit(f"cc {RXE_PARITY} failed (libibverbs-dev installed?):\n{built.stderr}")
     return binary
 
 
@@ -426,14 +428,14 @@ def main():
     if missing:
         sys.exit(f"missing {' '.join(missing)}: install them with: sudo apt-get install ibverbs-utils perftest")
     libdir = build_library()
-    mw_check = build_mw_check(libdir)
+    rxe_parity = build_rxe_parity(libdir)
     results = [("ABI", "libibverbs.so.1 symbols", *check_abi(libdir))]
     wanted = re.compile(args.only) if args.only else None
 
     def run_site(site, quick=args.quick):
         singles = [("ibv_devices", ["ibv_devices"], r"softrnic0\s+[0-9a-f]{16}"),
                    ("ibv_devinfo -v", ["ibv_devinfo", "-v"], r"state:\s+PORT_ACTIVE"),
-                   ("memory windows (mw-check.c)", [mw_check], r"mw-check: \d+ checks passed")]
+                   ("memory windows, ATOMIC WRITE (rxe-parity.c)", [rxe_parity], r"rxe-parity: \d+ checks passed")]
         for name, argv, expect in singles:
             if not wanted or wanted.search(name):
                 results.append((site.name, name, *run_single(libdir, site, argv, expect)))

@@ -6,7 +6,8 @@
 //! ```text
 //! send WQE   0 wr_id u64 | 8 opcode u8 | 9 flags u8 | 10 count u16 (SGEs, or inline bytes)
 //!           12 imm u32 (or the rkey to invalidate, or a bind's new rkey)
-//!           16 remote addr u64 | 24 rkey u32 | 28 UD dest QPN u32 | 32 compare/add u64 (a bind's length)
+//!           16 remote addr u64 | 24 rkey u32 | 28 UD dest QPN u32
+//!           32 compare/add u64 (a bind's length, an ATOMIC WRITE's 8 bytes)
 //!           40 swap u64 (a bind's region lkey u32, then its access u32)
 //!           48 UD qkey u32 | 52 UD address family u8 (0, 4, 6) | 56 UD address [16]
 //!           72 SGEs (addr u64, length u32, lkey u32) or inline bytes
@@ -103,6 +104,7 @@ const OP_FETCH_ADD: u8 = 6;
 const OP_SEND_INV: u8 = 7;
 const OP_LOCAL_INV: u8 = 8;
 const OP_BIND_MW: u8 = 9;
+const OP_ATOMIC_WRITE: u8 = 10;
 
 const SIGNALED: u8 = 1;
 const FENCE: u8 = 2;
@@ -249,6 +251,10 @@ pub fn emit_send(wr: &SendWorkRequest, slot: &mut [u8]) -> usize {
             e.put(COMPARE_ADD.start, &add.to_le_bytes());
             (OP_FETCH_ADD, 0, Some(remote))
         }
+        SendOp::AtomicWrite { remote, value } => {
+            e.put(COMPARE_ADD.start, &value);
+            (OP_ATOMIC_WRITE, 0, Some(remote))
+        }
         SendOp::SendWithInvalidate { rkey } => (OP_SEND_INV, rkey, None),
         SendOp::LocalInvalidate { rkey } => (OP_LOCAL_INV, rkey, None),
         SendOp::BindWindow(bind) => {
@@ -331,6 +337,7 @@ pub fn parse_send(slot: &[u8], max_sge: usize, max_inline: usize) -> Result<Send
         OP_READ => SendOp::Read { remote },
         OP_COMPARE_SWAP => SendOp::CompareSwap { remote, compare: e.u64(COMPARE_ADD), swap: e.u64(SWAP) },
         OP_FETCH_ADD => SendOp::FetchAdd { remote, add: e.u64(COMPARE_ADD) },
+        OP_ATOMIC_WRITE => SendOp::AtomicWrite { remote, value: e.array(COMPARE_ADD) },
         OP_SEND_INV => SendOp::SendWithInvalidate { rkey: imm },
         OP_LOCAL_INV => SendOp::LocalInvalidate { rkey: imm },
         OP_BIND_MW => SendOp::BindWindow(WindowBind {
@@ -436,7 +443,7 @@ pub fn parse_completion(slot: &[u8; CQE_LEN]) -> Completion {
         WcStatus::FatalErr,
         WcStatus::GeneralErr,
     ];
-    const OPCODES: [WcOpcode; 9] = [
+    const OPCODES: [WcOpcode; 10] = [
         WcOpcode::Send,
         WcOpcode::RdmaWrite,
         WcOpcode::RdmaRead,
@@ -444,6 +451,7 @@ pub fn parse_completion(slot: &[u8; CQE_LEN]) -> Completion {
         WcOpcode::FetchAdd,
         WcOpcode::BindMw,
         WcOpcode::LocalInv,
+        WcOpcode::AtomicWrite,
         WcOpcode::Recv,
         WcOpcode::RecvRdmaWithImm,
     ];
@@ -586,9 +594,10 @@ mod tests {
 
     /// A bind carries its window, new key, region, range and rights in the
     /// fields the table gives them; a bind with rights no one knows is
-    /// refused.
+    /// refused. An ATOMIC WRITE, a SEND with invalidate and a local
+    /// invalidate round-trip too.
     #[test]
-    fn a_bind_in_bytes_and_a_send_with_invalidate() {
+    fn a_bind_in_bytes_and_the_other_new_operations() {
         let bind = WindowBind {
             window: 0xaabb_cc01,
             new_rkey: 0x02,
@@ -598,7 +607,7 @@ mod tests {
             access: Access::REMOTE_WRITE | Access::ZERO_BASED,
         };
         let wr = SendWorkRequest::new(3, SendOp::BindWindow(bind), Payload::Gather(SgeList::new()));
-        let mut slot = [0xeeu8; SEND_HEADER];
+        let mut slot = [0xeeu8; SEND_HEADER + 8];
         assert_eq!(emit_send(&wr, &mut slot), SEND_HEADER);
         assert_eq!(slot[8], OP_BIND_MW);
         assert_eq!(slot[12..16], [0x02, 0, 0, 0], "new rkey");
@@ -609,6 +618,12 @@ mod tests {
         assert_eq!(parse_send(&slot, 1, 0).unwrap(), wr);
         slot[44] = 0x80;
         assert_eq!(parse_send(&slot, 1, 0), Err(WqeError::Access(0x80)));
+        let remote = RemoteAddr { addr: 0x8000, rkey: 0x77 };
+        let op = SendOp::AtomicWrite { remote, value: [9; 8] };
+        let wr = SendWorkRequest::new(5, op, Payload::Gather(SgeList::new()));
+        emit_send(&wr, &mut slot);
+        assert_eq!((slot[8], &slot[32..40]), (OP_ATOMIC_WRITE, &[9u8; 8][..]), "the 8 bytes in compare/add");
+        assert_eq!(parse_send(&slot, 1, 0).unwrap(), wr);
         for op in [SendOp::SendWithInvalidate { rkey: 0x99 }, SendOp::LocalInvalidate { rkey: 0x99 }] {
             let wr = SendWorkRequest::new(4, op, Payload::Gather(SgeList::new()));
             emit_send(&wr, &mut slot);

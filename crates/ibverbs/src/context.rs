@@ -279,13 +279,20 @@ unsafe extern "C" fn query_device_ex(
         // zero at most our struct's size and write the legacy part.
         unsafe {
             std::ptr::write_bytes(attr as *mut u8, 0, attr_size.min(size_of::<ibv_device_attr_ex>()));
-            (*attr).orig_attr = device_attr(Context::from_ibv(context).device);
+            let orig = device_attr(Context::from_ibv(context).device);
+            (*attr).orig_attr = orig;
             if attr_size >= offset_of!(ibv_device_attr_ex, hca_core_clock) + size_of::<u64>() {
                 // Completions carry timestamps of a nanosecond clock (cq_ex.rs).
                 (*attr).completion_timestamp_mask = u64::MAX;
                 (*attr).hca_core_clock = crate::cq_ex::CORE_CLOCK_KHZ;
             }
             if attr_size >= size_of::<ibv_device_attr_ex>() {
+                // `device_cap_flags_ex` (the tail's first word): the legacy
+                // flags and ATOMIC WRITE.
+                let flags = u64::from(orig.device_cap_flags) | IB_UVERBS_DEVICE_ATOMIC_WRITE;
+                let mut extended = [0u8; ATTR_EX_TAIL];
+                extended[..8].copy_from_slice(&flags.to_ne_bytes());
+                (*attr).extended = extended;
                 (*attr).phys_port_cnt_ex = 1;
             }
         }

@@ -595,6 +595,16 @@ unsafe fn send_wr_of(q: &Qp, wr: &ibv_send_wr) -> Result<SendWorkRequest, c_int>
             compare: atomic.compare_add,
             swap: atomic.swap,
         },
+        // The 8 bytes to store are read from the gather list now, at post
+        // time, as rxe takes them (like inline data: no key needed).
+        IBV_WR_ATOMIC_WRITE => {
+            if list.len() != 1 || list[0].length != 8 {
+                return Err(refuse(VERB, libc::EINVAL, "an ATOMIC WRITE's data is one SGE of 8 bytes"));
+            }
+            // SAFETY: the SGE names 8 readable bytes (caller's promise).
+            let value = unsafe { std::ptr::read_unaligned(list[0].addr as *const [u8; 8]) };
+            SendOp::AtomicWrite { remote: RemoteAddr { addr: rdma.remote_addr, rkey: rdma.rkey }, value }
+        }
         IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
             remote: RemoteAddr { addr: atomic.remote_addr, rkey: atomic.rkey },
             add: atomic.compare_add,
@@ -608,8 +618,9 @@ unsafe fn send_wr_of(q: &Qp, wr: &ibv_send_wr) -> Result<SendWorkRequest, c_int>
         }
         // SAFETY: caller's promise.
         Payload::Inline(unsafe { inline_bytes(&list) })
-    } else if op.is_local() {
-        // A bind or local invalidate names no memory of its own.
+    } else if op.is_local() || matches!(op, SendOp::AtomicWrite { .. }) {
+        // A bind or local invalidate names no memory of its own; an
+        // ATOMIC WRITE's was read above.
         Payload::Gather(Default::default())
     } else {
         Payload::Gather(list)

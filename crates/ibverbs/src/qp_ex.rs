@@ -24,7 +24,8 @@ pub const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | IBV_QP_EX_WITH_LOCAL_INV
     | IBV_QP_EX_WITH_BIND_MW
-    | IBV_QP_EX_WITH_SEND_WITH_INV;
+    | IBV_QP_EX_WITH_SEND_WITH_INV
+    | IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 /// The `send_ops_flags` a QP of `qp_type` may ask for: UD only SENDs,
 /// UC SENDs, WRITEs and the window operations, RC everything softrnic
@@ -343,9 +344,16 @@ unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _srqn: u32) {
     })
 }
 
-unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, _rkey: u32, _addr: u64, _data: *const c_void) {
+unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, rkey: u32, addr: u64, data: *const c_void) {
     crate::ffi::guard("wr_atomic_write", || {
+        if data.is_null() {
+            // SAFETY: a live QP (caller).
+            return unsafe { fail(qp, refuse("ibv_wr_atomic_write", libc::EINVAL, "NULL data")) };
+        }
+        // SAFETY: `data` points at the 8 bytes to write (verbs' contract),
+        // copied now, at the call.
+        let value = unsafe { std::ptr::read_unaligned(data as *const [u8; 8]) };
         // SAFETY: a live QP (caller).
-        unsafe { fail(qp, refuse("ibv_wr_atomic_write", libc::EOPNOTSUPP, "ATOMIC_WRITE is not supported")) }
+        unsafe { begin(qp, SendOp::AtomicWrite { remote: RemoteAddr { addr, rkey }, value }) }
     })
 }

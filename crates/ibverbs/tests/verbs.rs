@@ -470,6 +470,52 @@ fn rc_operations_through_the_wr_builder_of_ibv_qp_ex() {
     assert_eq!(dst.read(128, 7), b"inline!");
 }
 
+/// IBTA 1.5's ATOMIC WRITE through both ways of posting it: the builder's
+/// `ibv_wr_atomic_write` (the 8 bytes by pointer, copied at the call) and
+/// `IBV_WR_ATOMIC_WRITE` through `ibv_post_send` (the 8 bytes as the
+/// request's data); the device says it has it.
+#[test]
+fn atomic_write_through_the_builder_and_ibv_post_send() {
+    let (ctx, _) = fixture();
+    let (a, _b, cq_a, _) = rc_pair();
+    let (src, dst) = (buffer(64), buffer(64));
+    // SAFETY: the verbs on live objects; plain data.
+    unsafe {
+        let mut attr: ibv_device_attr_ex = std::mem::zeroed();
+        let query = (*verbs_ctx(ctx)).query_device_ex.unwrap();
+        assert_eq!(query(ctx, null_mut(), &mut attr, size_of::<ibv_device_attr_ex>()), 0);
+        let flags_ex = u64::from_ne_bytes(attr.extended[..8].try_into().unwrap());
+        assert_ne!(flags_ex & IB_UVERBS_DEVICE_ATOMIC_WRITE, 0);
+        assert_eq!(flags_ex as u32, attr.orig_attr.device_cap_flags, "the legacy flags below");
+
+        let qx = qp::ibv_qp_to_qp_ex(a);
+        ((*qx).wr_start.unwrap())(qx);
+        (*qx).wr_id = 20;
+        (*qx).wr_flags = IBV_SEND_SIGNALED;
+        let mut word = *b"8 bytes!";
+        ((*qx).wr_atomic_write.unwrap())(qx, dst.rkey(), dst.addr() + 8, word.as_ptr() as *const c_void);
+        word.fill(0);
+        assert_eq!(((*qx).wr_complete.unwrap())(qx), 0);
+        let done = poll_one(cq_a);
+        assert_eq!((done.wr_id, done.status, done.opcode), (20, IBV_WC_SUCCESS, 9), "IBV_WC_ATOMIC_WRITE");
+        assert_eq!(dst.read(8, 8), b"8 bytes!");
+
+        std::ptr::copy_nonoverlapping(b"by post!".as_ptr(), src.bytes.as_ptr() as *mut u8, 8);
+        let mut sge = src.sge(0, 8);
+        let mut wr = send_wr(21, IBV_WR_ATOMIC_WRITE, &mut sge);
+        wr.wr.rdma = ibv_send_wr_rdma { remote_addr: dst.addr() + 16, rkey: dst.rkey() };
+        assert_eq!(post_send(a, &mut wr), 0);
+        let done = poll_one(cq_a);
+        assert_eq!((done.wr_id, done.status, done.opcode), (21, IBV_WC_SUCCESS, 9));
+        assert_eq!(dst.read(16, 8), b"by post!");
+        // Other than 8 bytes is refused at post.
+        let mut sge = src.sge(0, 4);
+        let mut wr = send_wr(22, IBV_WR_ATOMIC_WRITE, &mut sge);
+        wr.wr.rdma = ibv_send_wr_rdma { remote_addr: dst.addr(), rkey: dst.rkey() };
+        assert_eq!(post_send(a, &mut wr), libc::EINVAL);
+    }
+}
+
 #[test]
 fn completion_channels_block_wake_and_honour_nonblocking_fds() {
     let (ctx, _) = fixture();

@@ -35,6 +35,11 @@ pub enum SendOp {
     CompareSwap { remote: RemoteAddr, compare: u64, swap: u64 },
     /// 64-bit fetch-and-add; the original value lands in the local SGE.
     FetchAdd { remote: RemoteAddr, add: u64 },
+    /// IBTA 1.5's ATOMIC WRITE: `value`'s 8 bytes stored at the remote
+    /// address as one (RC only). Like an ATOMIC's operands they are the
+    /// request's own, taken at post time; it needs the responder's remote
+    /// write right and takes a READ/ATOMIC slot, as rxe has it.
+    AtomicWrite { remote: RemoteAddr, value: [u8; 8] },
     /// SEND that has the responder invalidate `rkey`, a type 2 memory
     /// window's, as it arrives (RC only).
     SendWithInvalidate { rkey: u32 },
@@ -52,8 +57,15 @@ impl SendOp {
         matches!(self, SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
 
+    /// An 8-byte atomic: compare-and-swap, fetch-and-add, ATOMIC WRITE.
     pub fn is_atomic(&self) -> bool {
-        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } | SendOp::AtomicWrite { .. })
+    }
+
+    /// Does the request wait for the responder's answer (a READ's data,
+    /// an atomic's result or acknowledgement), holding a READ/ATOMIC slot?
+    pub fn awaits_response(&self) -> bool {
+        matches!(self, SendOp::Read { .. }) || self.is_atomic()
     }
 
     /// Does the NIC carry it out without sending anything (bind, local
@@ -68,7 +80,8 @@ impl SendOp {
             SendOp::Write { remote, .. }
             | SendOp::Read { remote }
             | SendOp::CompareSwap { remote, .. }
-            | SendOp::FetchAdd { remote, .. } => Some(remote),
+            | SendOp::FetchAdd { remote, .. }
+            | SendOp::AtomicWrite { remote, .. } => Some(remote),
             SendOp::Send { .. }
             | SendOp::SendWithInvalidate { .. }
             | SendOp::BindWindow(_)

@@ -63,6 +63,9 @@ pub const IBV_DEVICE_N_NOTIFY_CQ: c_uint = 1 << 14;
 pub const IBV_DEVICE_SYS_IMAGE_GUID: c_uint = 1 << 11;
 pub const IBV_DEVICE_MEM_WINDOW: c_uint = 1 << 17;
 pub const IBV_DEVICE_MEM_WINDOW_TYPE_2B: c_uint = 1 << 24;
+/// `device_cap_flags_ex`'s ATOMIC WRITE bit (the kernel's
+/// `IB_UVERBS_DEVICE_ATOMIC_WRITE`; rdma-core 44 has no name for it).
+pub const IB_UVERBS_DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
 
 pub const IBV_FORK_UNNEEDED: c_int = 2;
 
@@ -362,6 +365,7 @@ pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
 pub const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
 pub const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
 pub const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
+pub const IBV_QP_EX_WITH_ATOMIC_WRITE: u64 = 1 << 12;
 
 #[repr(C)]
 pub struct ibv_rx_hash_conf {
@@ -473,6 +477,7 @@ pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
 pub const IBV_WR_LOCAL_INV: c_int = 7;
 pub const IBV_WR_BIND_MW: c_int = 8;
 pub const IBV_WR_SEND_WITH_INV: c_int = 9;
+pub const IBV_WR_ATOMIC_WRITE: c_int = 15;
 
 /// `enum ibv_mw_type`.
 pub const IBV_MW_TYPE_1: c_int = 1;

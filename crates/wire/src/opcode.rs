@@ -34,6 +34,9 @@ pub enum Opcode {
     RcFetchAdd = 0x14,
     RcSendLastInv = 0x16,
     RcSendOnlyInv = 0x17,
+    /// IBTA 1.5's ATOMIC WRITE: 8 bytes stored whole at the RETH's
+    /// address, answered by a READ RESPONSE ONLY without data.
+    RcAtomicWrite = 0x1d,
     UcSendFirst = 0x20,
     UcSendMiddle = 0x21,
     UcSendLast = 0x22,
@@ -91,7 +94,7 @@ pub struct Layout {
 
 impl Opcode {
     /// Every opcode, for tests and tables.
-    pub const ALL: [Opcode; 38] = [
+    pub const ALL: [Opcode; 39] = [
         Opcode::RcSendFirst,
         Opcode::RcSendMiddle,
         Opcode::RcSendLast,
@@ -115,6 +118,7 @@ impl Opcode {
         Opcode::RcFetchAdd,
         Opcode::RcSendLastInv,
         Opcode::RcSendOnlyInv,
+        Opcode::RcAtomicWrite,
         Opcode::UcSendFirst,
         Opcode::UcSendMiddle,
         Opcode::UcSendLast,
@@ -163,7 +167,7 @@ impl Opcode {
                 l.ieth = true;
                 l.payload = true;
             }
-            RcWriteFirst | RcWriteOnly => {
+            RcWriteFirst | RcWriteOnly | RcAtomicWrite => {
                 l.reth = true;
                 l.payload = true;
             }
@@ -225,7 +229,9 @@ impl Opcode {
                 Some(Position::Last)
             }
             RcSendOnly | RcSendOnlyImm | RcSendOnlyInv | RcWriteOnly | RcWriteOnlyImm | RcReadResponseOnly
-            | RcReadRequest | RcCompareSwap | RcFetchAdd | UdSendOnly | UdSendOnlyImm => Some(Position::Only),
+            | RcReadRequest | RcCompareSwap | RcFetchAdd | RcAtomicWrite | UdSendOnly | UdSendOnlyImm => {
+                Some(Position::Only)
+            }
             RcAck | RcAtomicAck | Cnp => None,
             // As their RC twins, above.
             UcSendFirst | UcSendMiddle | UcSendLast | UcSendLastImm | UcSendOnly | UcSendOnlyImm | UcWriteFirst
@@ -359,6 +365,8 @@ mod tests {
         assert_eq!(Opcode::RcCompareSwap.extension_len(), 28);
         assert_eq!(Opcode::UdSendOnlyImm.extension_len(), 8 + 4);
         assert_eq!(Opcode::RcSendOnlyInv.extension_len(), 4);
+        assert_eq!(Opcode::RcAtomicWrite.extension_len(), 16, "a RETH, then the 8 bytes as payload");
+        assert!(Opcode::RcAtomicWrite.layout().payload);
         assert_eq!(Opcode::Cnp.extension_len(), 16);
     }
 
@@ -373,6 +381,9 @@ mod tests {
         assert!(!Opcode::RcAck.is_request());
         assert!(Opcode::RcReadRequest.is_request());
         assert!(Opcode::RcFetchAdd.is_atomic());
+        let atomic_write = Opcode::RcAtomicWrite;
+        assert!(atomic_write.is_request() && !atomic_write.is_write() && !atomic_write.is_atomic());
+        assert_eq!((atomic_write as u8, atomic_write.position()), (0x1d, Some(Position::Only)));
     }
 
     #[test]

@@ -95,7 +95,16 @@ impl QueuePair {
                 // Under selective repeat a result lands whatever came
                 // before it; the missing ones are asked for alone.
                 if in_order || self.attrs.selective_repeat {
-                    self.place_atomic_result(ctx, psn, original);
+                    self.place_atomic_result(ctx, psn, Some(original));
+                }
+            }
+            // An ATOMIC WRITE is answered by a READ RESPONSE ONLY without
+            // data (rare among READ responses: only a zero-length READ's
+            // looks the same, so only then is the queue searched).
+            Opcode::RcReadResponseOnly if packet.payload.is_empty() && self.awaits_atomic_write(psn) => {
+                let in_order = self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder;
+                if in_order || self.attrs.selective_repeat {
+                    self.place_atomic_result(ctx, psn, None);
                 }
             }
             op if op.is_read_response() && self.attrs.selective_repeat => self.take_read_response(ctx, psn, packet),
@@ -435,9 +444,17 @@ impl QueuePair {
         }
     }
 
-    /// Places the result of the ATOMIC at `psn`: the oldest request still
+    /// Is the request at `psn` an ATOMIC WRITE still waiting?
+    fn awaits_atomic_write(&self, psn: Psn) -> bool {
+        self.sq
+            .iter()
+            .any(|w| w.status.is_none() && matches!(w.wr.op, SendOp::AtomicWrite { .. }) && w.first_psn == Some(psn))
+    }
+
+    /// Places the result of the ATOMIC at `psn` (`original`, or `None` for
+    /// an ATOMIC WRITE's acknowledgement): the oldest request still
     /// waiting, or under selective repeat any ATOMIC still waiting.
-    fn place_atomic_result(&mut self, ctx: &mut Ctx, psn: Psn, original: u64) {
+    fn place_atomic_result(&mut self, ctx: &mut Ctx, psn: Psn, original: Option<u64>) {
         let waiting = match self.attrs.selective_repeat {
             true => self.sq.iter().position(|w| w.status.is_none() && w.wr.op.is_atomic() && w.first_psn == Some(psn)),
             false => self.awaiting_response(psn),
@@ -447,15 +464,18 @@ impl QueuePair {
             return;
         };
         let wqe = &self.sq[index];
-        if !wqe.wr.op.is_atomic() {
+        // A value answers only a request that returns one.
+        if !wqe.wr.op.is_atomic() || wqe.wr.op.writes_locally() != original.is_some() {
             self.fail_at(psn, WcStatus::BadRespErr);
             return;
         }
-        let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("ATOMIC into inline data") };
-        // The original value lands in local memory in host byte order.
-        if scatter(ctx.memory, self.init.pd, sges, 0, &original.to_ne_bytes()).is_err() {
-            self.fail_at(psn, WcStatus::LocProtErr);
-            return;
+        if let Some(original) = original {
+            let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("ATOMIC into inline data") };
+            // The original value lands in local memory in host byte order.
+            if scatter(ctx.memory, self.init.pd, sges, 0, &original.to_ne_bytes()).is_err() {
+                self.fail_at(psn, WcStatus::LocProtErr);
+                return;
+            }
         }
         let wqe = &mut self.sq[index];
         wqe.responses = 1;

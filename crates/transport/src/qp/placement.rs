@@ -51,11 +51,19 @@ enum Arrived {
     Placed { end: Option<MessageEnd>, ack_request: bool },
     /// A READ or ATOMIC request, to execute at its turn (boxed: rare, and
     /// its headers are large beside the other variants).
-    Deferred(Box<Headers>),
+    Deferred(Box<Deferred>),
     /// A PSN that a deferred READ's responses will take.
     Spanned,
     /// A packet that fails at its turn.
     Refused(Refusal),
+}
+
+/// A request executed at its turn, as it arrived.
+#[derive(Debug)]
+struct Deferred {
+    headers: Headers,
+    /// An ATOMIC WRITE's 8 bytes (the only such request with a payload).
+    payload: Option<[u8; 8]>,
 }
 
 /// What the last packet of a message completes.
@@ -209,7 +217,8 @@ impl QueuePair {
                 Err(refusal) => Arrived::Refused(refusal),
             }
         } else {
-            Arrived::Deferred(Box::new(packet.headers))
+            let payload = packet.payload.try_into().ok().filter(|_| op == Opcode::RcAtomicWrite);
+            Arrived::Deferred(Box::new(Deferred { headers: packet.headers, payload }))
         };
         // A READ waiting its turn holds the PSNs of its responses too, so
         // the requester does not take them for lost requests.
@@ -337,8 +346,9 @@ impl QueuePair {
                     ack |= ack_request;
                     1
                 }
-                Arrived::Deferred(headers) => {
-                    match self.execute(ctx, &PacketRepr { headers: *headers, payload: &[] }) {
+                Arrived::Deferred(deferred) => {
+                    let payload = deferred.payload.as_ref().map_or(&[][..], |bytes| &bytes[..]);
+                    match self.execute(ctx, &PacketRepr { headers: deferred.headers, payload }) {
                         Ok(psns) => psns,
                         Err(refusal) => {
                             self.refuse(ctx, psn, refusal);

@@ -211,8 +211,14 @@ pub fn check_send(qpn: u32, qp_type: QpType, caps: &QpCaps, state: QpState, wr: 
     if wr.payload.len() > 1 << 31 {
         return Err(VerbsError::invalid("a message is at most 2 GiB"));
     }
-    if wr.op.is_atomic() && wr.payload.len() != 8 {
-        return Err(VerbsError::invalid("an ATOMIC's local buffer must be exactly 8 bytes"));
+    match wr.op {
+        SendOp::AtomicWrite { .. } if !wr.payload.is_empty() => {
+            return Err(VerbsError::invalid("an ATOMIC WRITE carries its 8 bytes in the request, no data besides"));
+        }
+        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } if wr.payload.len() != 8 => {
+            return Err(VerbsError::invalid("an ATOMIC's local buffer must be exactly 8 bytes"));
+        }
+        _ => {}
     }
     if wr.op.is_local() && !wr.payload.is_empty() {
         return Err(VerbsError::invalid("a bind or local invalidate carries no data"));

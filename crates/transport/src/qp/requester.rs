@@ -22,7 +22,7 @@ use super::{Ctx, QpAttributes, QpState, QpType, QueuePair, Transmit};
 use crate::completion::WcStatus;
 use crate::memory::{Access, gather, validate_list};
 use crate::time::{Instant, ack_timeout};
-use crate::work_request::{Payload, SendOp};
+use crate::work_request::{Payload, RemoteAddr, SendOp};
 
 /// The requester's position and timers.
 #[derive(Debug, Default)]
@@ -191,7 +191,7 @@ impl QueuePair {
         };
         let built = match wqe.wr.op {
             SendOp::Read { .. } => self.build_read_request(buf, index, k, read_chunk),
-            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => self.build_atomic(buf, index, psn),
+            op if op.is_atomic() => self.build_atomic(buf, index, psn),
             _ => self.build_send_or_write(ctx, buf, index, k),
         };
         let len = match built {
@@ -275,7 +275,7 @@ impl QueuePair {
                     }
                     self.build_read_request(buf, index, k, count)
                 }
-                (_, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }) => self.build_atomic(buf, index, psn),
+                (_, op) if op.is_atomic() => self.build_atomic(buf, index, psn),
                 (Resend::Responses(_), _) => continue,
                 (Resend::Request(_), _) => self.build_send_or_write(ctx, buf, index, k),
             };
@@ -535,6 +535,7 @@ impl QueuePair {
         let (opcode, remote, swap_or_add, compare) = match wqe.wr.op {
             SendOp::CompareSwap { remote, compare, swap } => (Opcode::RcCompareSwap, remote, swap, compare),
             SendOp::FetchAdd { remote, add } => (Opcode::RcFetchAdd, remote, add, 0),
+            SendOp::AtomicWrite { remote, value } => return self.build_atomic_write(buf, psn, remote, value),
             _ => unreachable!(),
         };
         let ext = Extensions {
@@ -548,6 +549,25 @@ impl QueuePair {
         };
         let headers = Headers { bth: self.bth(opcode, psn, true, false), ext };
         headers.emit_around_payload(buf, 0).map_err(|_| WcStatus::LocLenErr)
+    }
+
+    /// An ATOMIC WRITE: a RETH for 8 bytes, and the 8 bytes as payload,
+    /// the same packet each time it is sent.
+    fn build_atomic_write(
+        &self,
+        buf: &mut [u8],
+        psn: Psn,
+        remote: RemoteAddr,
+        value: [u8; 8],
+    ) -> Result<usize, WcStatus> {
+        let reth = reth::Repr { virtual_address: remote.addr, rkey: remote.rkey, dma_length: value.len() as u32 };
+        let headers = Headers {
+            bth: self.bth(Opcode::RcAtomicWrite, psn, true, false),
+            ext: Extensions { reth: Some(reth), ..Extensions::default() },
+        };
+        let start = headers.len();
+        buf.get_mut(start..start + value.len()).ok_or(WcStatus::LocLenErr)?.copy_from_slice(&value);
+        headers.emit_around_payload(buf, value.len()).map_err(|_| WcStatus::LocLenErr)
     }
 
     /// Arms the retransmission timer if packets are in flight: the QP's

@@ -87,10 +87,12 @@ pub(super) enum Answer {
         psn: Psn,
         msn: u32,
     },
+    /// An ATOMIC's result, or (`original` `None`) an ATOMIC WRITE's
+    /// acknowledgement, a READ RESPONSE ONLY without data.
     AtomicAck {
         psn: Psn,
         msn: u32,
-        original: u64,
+        original: Option<u64>,
         replay: bool,
     },
     Read(ReadResponse),
@@ -129,8 +131,9 @@ pub(super) struct Responder {
     pub(super) nak_sent: bool,
     current: Option<Message>,
     pub(super) answers: VecDeque<Answer>,
-    /// Original values of recent ATOMICs, by PSN, to answer duplicates.
-    atomic_replay: VecDeque<(Psn, u64)>,
+    /// Original values of recent ATOMICs (`None` for an ATOMIC WRITE), by
+    /// PSN, to answer duplicates without executing them again.
+    atomic_replay: VecDeque<(Psn, Option<u64>)>,
     /// The last READs executed, oldest first, to answer duplicates.
     reads: VecDeque<ExecutedRead>,
     /// After a fatal error the QP is in ERR, but the answers to requests
@@ -368,7 +371,7 @@ impl QueuePair {
     /// Does the QP's own access allow remote requests of `op`?
     pub(super) fn permits(&self, op: Opcode) -> bool {
         match op {
-            _ if op.is_write() => self.attrs.access.contains(Access::REMOTE_WRITE),
+            _ if op.is_write() || op == Opcode::RcAtomicWrite => self.attrs.access.contains(Access::REMOTE_WRITE),
             Opcode::RcReadRequest => self.attrs.access.contains(Access::REMOTE_READ),
             _ if op.is_atomic() => self.attrs.access.contains(Access::REMOTE_ATOMIC),
             _ => true,
@@ -416,6 +419,7 @@ impl QueuePair {
             _ if op.is_write() => self.execute_write(ctx, packet, position).map(|()| 1),
             Opcode::RcReadRequest => self.execute_read(ctx, packet),
             _ if op.is_atomic() => self.execute_atomic(ctx, packet).map(|()| 1),
+            Opcode::RcAtomicWrite => self.execute_atomic_write(ctx, packet).map(|()| 1),
             _ => Err(invalid),
         }
     }
@@ -589,7 +593,36 @@ impl QueuePair {
         } else {
             view.atomic_update(|v| v.wrapping_add(atomic.swap_or_add))
         };
-        let psn = packet.headers.bth.psn;
+        self.answer_atomic(packet.headers.bth.psn, Some(original));
+        Ok(())
+    }
+
+    /// IBTA 1.5's ATOMIC WRITE: 8 bytes, 8-aligned, stored as one under
+    /// the remote write right; answered like an ATOMIC, and holding a
+    /// responder resource until answered, as rxe does.
+    fn execute_atomic_write(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<(), Refusal> {
+        let invalid = Refusal::Fatal(NakCode::InvalidRequest, None);
+        let reth = packet.headers.ext.reth.ok_or(invalid)?;
+        if self.resp.reads_and_atomics_pending() >= usize::from(self.attrs.max_dest_rd_atomic.max(1)) {
+            return Err(invalid);
+        }
+        let value: [u8; 8] = packet.payload.try_into().map_err(|_| invalid)?;
+        if reth.dma_length != 8 || reth.virtual_address % 8 != 0 {
+            return Err(invalid);
+        }
+        let view = ctx
+            .memory
+            .check_remote(self.init.pd, self.qpn, reth.rkey, reth.virtual_address, 8, Access::REMOTE_WRITE)
+            .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
+        // The bytes land as they came, all at once.
+        view.atomic_update(|_| u64::from_ne_bytes(value));
+        self.answer_atomic(packet.headers.bth.psn, None);
+        Ok(())
+    }
+
+    /// Answers the ATOMIC (or ATOMIC WRITE) at `psn` that executed, and
+    /// keeps its answer for a repeat of it.
+    fn answer_atomic(&mut self, psn: Psn, original: Option<u64>) {
         let replay = &mut self.resp.atomic_replay;
         replay.push_back((psn, original));
         while replay.len() > usize::from(MAX_RD_ATOMIC) {
@@ -598,7 +631,6 @@ impl QueuePair {
         self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
         let msn = self.resp.msn;
         self.resp.answers.push_back(Answer::AtomicAck { psn, msn, original, replay: false });
-        Ok(())
     }
 
     /// Answers a request the responder has already executed.
@@ -623,8 +655,11 @@ impl QueuePair {
                 }
                 self.resp.queue_replay(response, self.attrs.selective_repeat);
             }
-            _ if op.is_atomic() => {
-                let replay = self.resp.atomic_replay.iter().find(|(p, _)| *p == psn);
+            _ if op.is_atomic() || op == Opcode::RcAtomicWrite => {
+                // The same kind of request: an ATOMIC's answer carries a
+                // value, an ATOMIC WRITE's none.
+                let same = |original: &Option<u64>| original.is_some() == op.is_atomic();
+                let replay = self.resp.atomic_replay.iter().find(|(p, original)| *p == psn && same(original));
                 if let Some(&(_, original)) = replay {
                     let msn = self.resp.msn;
                     self.resp.answers.push_back(Answer::AtomicAck { psn, msn, original, replay: true });
@@ -681,10 +716,13 @@ impl QueuePair {
                 let timer = self.attrs.min_rnr_timer;
                 (self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::RnrNak { timer }), msn), 0)
             }
-            Answer::AtomicAck { psn, msn, original, .. } => {
+            Answer::AtomicAck { psn, msn, original: Some(original), .. } => {
                 let mut headers = self.answer_headers(Opcode::RcAtomicAck, psn, Some(self.credits()), msn);
                 headers.ext.atomic_ack = Some(original);
                 (headers, 0)
+            }
+            Answer::AtomicAck { psn, msn, original: None, .. } => {
+                (self.answer_headers(Opcode::RcReadResponseOnly, psn, Some(self.credits()), msn), 0)
             }
             Answer::FatalNak { psn, code, msn } => {
                 (self.answer_headers(Opcode::RcAck, psn, Some(Syndrome::Nak(code)), msn), 0)

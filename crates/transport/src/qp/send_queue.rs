@@ -72,7 +72,7 @@ impl SendWqe {
     }
 
     pub fn is_read_or_atomic(&self) -> bool {
-        self.wr.op.writes_locally()
+        self.wr.op.awaits_response()
     }
 
     /// The PSN the completer waits for next: the first response not yet
@@ -100,6 +100,7 @@ impl SendWqe {
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
             SendOp::BindWindow(_) => WcOpcode::BindMw,
             SendOp::LocalInvalidate { .. } => WcOpcode::LocalInv,
         }
