@@ -71,8 +71,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --locke
 # Unmodified RDMA programs over the drop-in libibverbs.so.1, both ends on
 # loopback and (as root) between two network namespaces.
 if command -v ibv_rc_pingpong >/dev/null 2>&1 && command -v ib_write_bw >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then
-    step "verbs programs over libibverbs.so.1, in the process and through softrnicd (scripts/verbs-matrix.py --daemon quick)"
-    scripts/verbs-matrix.py --daemon quick
+    step "verbs programs over libibverbs.so.1, in the process and through softrnicd (scripts/verbs-matrix.py --daemon quick --netns quick)"
+    scripts/verbs-matrix.py --daemon quick --netns quick
 else
     if [ "${CI:-}" = true ]; then
         echo "the verbs matrix needs python3, ibverbs-utils and perftest, and CI must run it (.ci/run installs them)" >&2

@@ -13,12 +13,14 @@ root; skipped with the reason otherwise). Prints a table of what passed
 with each program's bandwidth or latency, and exits non-zero when any
 entry fails.
 
-    scripts/verbs-matrix.py [--quick] [--only REGEX] [--markdown] [--no-netns] [--daemon [quick]]
+    scripts/verbs-matrix.py [--quick] [--only REGEX] [--markdown] [--no-netns | --netns quick]
+                            [--daemon [quick]]
 
 With --daemon, the loopback pairs run again with both ends' devices served
 by one softrnicd (SOFTRNIC_DAEMON), as unmodified programs do when a
-daemon runs; --daemon quick runs each program once that way (what the
-test command does, to keep CI's time).
+daemon runs; --daemon quick runs each program once that way, and --netns
+quick each program once between the namespaces (what the test command
+does, to keep CI's time: every mode of every program runs on loopback).
 
 Also checks the library's ABI first: every symbol the system's
 libibverbs.so.1 exports, with the same version node.
@@ -420,6 +422,8 @@ def main():
     parser.add_argument("--only", help="run only the entries whose name matches this regular expression")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--no-netns", action="store_true", help="skip the network-namespace half")
+    parser.add_argument("--netns", choices=["full", "quick"], default="full",
+                        help="the network-namespace half in full, or each program once (quick)")
     parser.add_argument("--daemon", nargs="?", const="full", choices=["full", "quick"],
                         help="the loopback pairs again, through one softrnicd (quick: each program once)")
     args = parser.parse_args()
@@ -459,7 +463,7 @@ def main():
         results.append(("netns", "all pairs", "skip", reason))
     else:
         with Namespaces() as site:
-            run_site(site)
+            run_site(site, quick=args.quick or args.netns == "quick")
 
     sys.exit(report(results, args.markdown))
 
