@@ -94,11 +94,12 @@ fn connect(q: *mut ibv_qp, remote_qpn: u32) {
     }
 }
 
-#[test]
-fn through_the_daemon_a_region_reregisters_a_refused_write_raises_an_async_event_and_a_cq_resizes() {
-    let ctx = open();
-    assert!(daemon().tenants() >= 1, "the context is the daemon's tenant");
-    // SAFETY: the verbs' own sequence, every object live while used.
+/// A PD, one CQ and two RC QPs of `ctx` connected to each other.
+///
+/// # Safety
+/// `ctx` must be a live context.
+unsafe fn rc_pair(ctx: *mut ibv_context) -> (*mut ibv_pd, *mut ibv_cq, *mut ibv_qp, *mut ibv_qp) {
+    // SAFETY: the verbs' own sequence on a live context (caller).
     unsafe {
         let pd = memory::ibv_alloc_pd(ctx);
         let cq = cq::ibv_create_cq(ctx, 16, null_mut(), null_mut(), 0);
@@ -114,6 +115,17 @@ fn through_the_daemon_a_region_reregisters_a_refused_write_raises_an_async_event
         let (a, b) = (qp::ibv_create_qp(pd, &mut init), qp::ibv_create_qp(pd, &mut init));
         connect(a, (*b).qp_num);
         connect(b, (*a).qp_num);
+        (pd, cq, a, b)
+    }
+}
+
+#[test]
+fn through_the_daemon_a_region_reregisters_a_refused_write_raises_an_async_event_and_a_cq_resizes() {
+    let ctx = open();
+    assert!(daemon().tenants() >= 1, "the context is the daemon's tenant");
+    // SAFETY: the verbs' own sequence, every object live while used.
+    unsafe {
+        let (pd, cq, a, b) = rc_pair(ctx);
         let mut bytes = b"moved\0\0\0".to_vec();
         let mr = memory::ibv_reg_mr(pd, bytes.as_mut_ptr() as *mut c_void, 8, IBV_ACCESS_LOCAL_WRITE as c_int);
         let mut wc: ibv_wc = std::mem::zeroed();
@@ -282,20 +294,7 @@ fn through_the_daemon_a_window_is_bound_written_through_and_invalidated() {
     let ctx = open();
     // SAFETY: the verbs' own sequence, every object live while used.
     unsafe {
-        let pd = memory::ibv_alloc_pd(ctx);
-        let cq = cq::ibv_create_cq(ctx, 16, null_mut(), null_mut(), 0);
-        let mut init = ibv_qp_init_attr {
-            qp_context: null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: null_mut(),
-            cap: ibv_qp_cap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-            qp_type: IBV_QPT_RC,
-            sq_sig_all: 1,
-        };
-        let (a, b) = (qp::ibv_create_qp(pd, &mut init), qp::ibv_create_qp(pd, &mut init));
-        connect(a, (*b).qp_num);
-        connect(b, (*a).qp_num);
+        let (pd, cq, a, b) = rc_pair(ctx);
         let mut source = b"windowed".to_vec();
         let mut target = vec![0u8; 256];
         let src = memory::ibv_reg_mr(pd, source.as_mut_ptr() as *mut c_void, 8, IBV_ACCESS_LOCAL_WRITE as c_int);
