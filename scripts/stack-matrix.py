@@ -3,7 +3,7 @@
 kernel's RDMA paths (infiniband-diags' ibstat and ibstatus) and UCX
 (ucx_info, ucx_perftest over rc_verbs and ud_verbs), each run through
 `softrnic run`; and rdma_cm programs over softrnic's librdmacm.so.1
-(rdmacm-utils' rping, ucmatose, udaddy, rdma_server/rdma_client, cmtime,
+(rdmacm-utils' rping, ucmatose, udaddy, mckey, rdma_server/rdma_client, cmtime,
 qperf -cm1, perftest's eight tests with -R, and scripts/programs/
 cm-ack-timeout.c for rdma_set_option); and libfabric's verbs
 provider (fi_info, fi_pingpong over DGRAM and MSG endpoints); and Open
@@ -82,6 +82,10 @@ def pairs():
     return out
 
 
+# The group mckey joins (administratively scoped: never routed off-site).
+MCKEY_GROUP = "239.255.88.1"
+
+
 def cm_pairs(ack_timeout):
     """(name, server argv, client argv, parse, how the server runs): rdma_cm
     programs, {S} and {C} standing for the server's and the client's
@@ -103,6 +107,14 @@ def cm_pairs(ack_timeout):
         ("udaddy (4 UD endpoints)", ["udaddy", "-b", "{S}", "-c", "4", "-C", "100"],
          ["udaddy", "-s", "{S}", "-b", "{C}", "-c", "4", "-C", "100"],
          expect(r"return status 0", "4 endpoints resolved by SIDR × 100 datagrams"), ONCE),
+        # mckey's receiver joins the group and waits for every datagram;
+        # the sender joins and sends at once, so it starts a second later.
+        ("mckey (multicast group)", ["mckey", "-m", MCKEY_GROUP, "-b", "{S}"],
+         ["sh", "-c", f"sleep 1; exec mckey -m {MCKEY_GROUP} -s -b {{C}}"],
+         expect(r"return status 0", "10 datagrams to an IP multicast group, joined through rdma_cm"), ONCE),
+        ("mckey -o (send-only join)", ["mckey", "-m", MCKEY_GROUP, "-b", "{S}"],
+         ["sh", "-c", f"sleep 1; exec mckey -m {MCKEY_GROUP} -s -o -b {{C}}"],
+         expect(r"return status 0", "the sender joins send-only (its QP not attached)"), ONCE),
         ("rdma_server/rdma_client", ["rdma_server", "-s", "{S}", "-p", "{P}"], ["rdma_client", "-s", "{S}", "-p", "{P}"],
          expect(r"rdma_client: end 0", "synchronous endpoints, one message each way"), ONCE),
         ("cmtime (1000 connections)", ["cmtime", "-b", "{S}", "-p", "{P}", "-c", "1000"],

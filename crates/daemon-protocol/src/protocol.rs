@@ -124,6 +124,15 @@ pub enum Request {
     DestroyQp {
         qpn: u32,
     },
+    /// Attaches a UD QP to a multicast group (an IP multicast address).
+    AttachMcast {
+        qpn: u32,
+        group: IpAddr,
+    },
+    DetachMcast {
+        qpn: u32,
+        group: IpAddr,
+    },
     /// Paces one QP (`None` lifts the limit), within the tenant's limit.
     SetRateLimit {
         qpn: u32,

@@ -113,6 +113,17 @@ pub trait Datapath: Send {
     fn int_datagrams(&self) -> (u64, u64) {
         (0, 0)
     }
+
+    /// Joins multicast `group`: what is sent to it arrives through
+    /// `receive`, its [`RecvMeta::multicast_group`] naming the group.
+    fn join(&mut self, group: IpAddr) -> std::io::Result<()>;
+
+    /// Leaves a group joined.
+    fn leave(&mut self, group: IpAddr);
+
+    /// The sockets of the groups joined, which the engine thread blocks on
+    /// too.
+    fn group_fds(&self, out: &mut Vec<RawFd>);
 }
 
 /// Which wire a device uses for peers on the same host.
@@ -166,6 +177,10 @@ pub struct Udp {
     /// a valid INT header (dropped).
     int_received: u64,
     int_malformed: u64,
+    /// A socket for each multicast group a QP of the shard joined, bound
+    /// to the group's address: the kernel gives every such socket on the
+    /// host (every device's) a copy of what is sent to the group.
+    groups: Vec<(IpAddr, RoceSocket)>,
 }
 
 impl Udp {
@@ -179,6 +194,7 @@ impl Udp {
             drops: [0; 2],
             int_received: 0,
             int_malformed: 0,
+            groups: Vec::new(),
         }
     }
 
@@ -246,23 +262,51 @@ impl Datapath for Udp {
                 delivered += 1;
             }
         }
-        let Some(int) = &self.int else { return delivered };
-        let n = int.recv_batch(&mut self.rx).unwrap_or(0);
-        if n > 0 {
-            self.drops[1] = u64::from(self.rx.kernel_drops());
+        if let Some(int) = &self.int {
+            let n = int.recv_batch(&mut self.rx).unwrap_or(0);
+            if n > 0 {
+                self.drops[1] = u64::from(self.rx.kernel_drops());
+            }
+            for i in 0..n {
+                let Some((from, tos, datagram)) = self.rx.get(i) else { continue };
+                self.int_received += 1;
+                match crate::int::unwrap(datagram) {
+                    Some((records, bytes)) => {
+                        deliver(from, RecvMeta { ce: tos.ce(), int: Some(records), ..RecvMeta::default() }, bytes);
+                        delivered += 1;
+                    }
+                    None => self.int_malformed += 1,
+                }
+            }
         }
-        for i in 0..n {
-            let Some((from, tos, datagram)) = self.rx.get(i) else { continue };
-            self.int_received += 1;
-            match crate::int::unwrap(datagram) {
-                Some((records, bytes)) => {
-                    deliver(from, RecvMeta { ce: tos.ce(), int: Some(records), ..RecvMeta::default() }, bytes);
+        for (group, socket) in &self.groups {
+            let n = socket.recv_batch(&mut self.rx).unwrap_or(0);
+            for i in 0..n {
+                if let Some((from, tos, bytes)) = self.rx.get(i) {
+                    let meta = RecvMeta { ce: tos.ce(), multicast_group: Some(*group), ..RecvMeta::default() };
+                    deliver(from, meta, bytes);
                     delivered += 1;
                 }
-                None => self.int_malformed += 1,
             }
         }
         delivered
+    }
+
+    fn join(&mut self, group: IpAddr) -> std::io::Result<()> {
+        if !self.groups.iter().any(|(g, _)| *g == group) {
+            let socket = RoceSocket::join(group, self.socket.local_addr().ip())?;
+            self.groups.push((group, socket));
+        }
+        Ok(())
+    }
+
+    fn leave(&mut self, group: IpAddr) {
+        // Closing the socket leaves the group.
+        self.groups.retain(|(g, _)| *g != group);
+    }
+
+    fn group_fds(&self, out: &mut Vec<RawFd>) {
+        out.extend(self.groups.iter().map(|(_, socket)| socket.fd()));
     }
 
     fn receive_drops(&self) -> u64 {
@@ -457,6 +501,21 @@ impl Datapath for SharedMemory {
 
     fn int_datagrams(&self) -> (u64, u64) {
         self.udp.int_datagrams()
+    }
+
+    // Multicast goes over UDP: the kernel fans a datagram out to every
+    // device whose socket joined the group, on this host or another.
+
+    fn join(&mut self, group: IpAddr) -> std::io::Result<()> {
+        self.udp.join(group)
+    }
+
+    fn leave(&mut self, group: IpAddr) {
+        self.udp.leave(group)
+    }
+
+    fn group_fds(&self, out: &mut Vec<RawFd>) {
+        self.udp.group_fds(out)
     }
 }
 

@@ -33,7 +33,7 @@ use softrnic_transport::qp::QpAttributes;
 use softrnic_transport::{
     AsyncEvent, Choice, Completion, CompletionQueue, Control, CqId, Entropy, Instant, MrKeys, PdId, PostQueues, Posted,
     QpAttr, QpInitAttr, QpState, RecvWorkRequest, Registration, Result, SendPoster, SendWorkRequest, Shard,
-    SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, WindowType, shard_of,
+    SharedReceiveQueue, SrqAttr, SrqId, TransportConfig, VerbsError, WindowType, shard_of,
 };
 use softrnic_wire::ROCEV2_UDP_PORT;
 use softrnic_wire::int::INT_UDP_PORT;
@@ -514,7 +514,14 @@ impl Nic {
     pub fn destroy_qp(&self, qpn: u32) -> Result<()> {
         let shard = self.core.shard(qpn);
         self.core.drive(shard, shard.lock_wire(), Pass::TRANSMIT);
-        let qp = shard.lock().transport.remove_qp(qpn)?;
+        let (qp, emptied) = {
+            let mut state = shard.lock();
+            let emptied = state.transport.detach_from_all_groups(qpn);
+            (state.transport.remove_qp(qpn)?, emptied)
+        };
+        for group in emptied {
+            shard.lock_wire().leave(group);
+        }
         self.core.receive_sources.forget_qp(qpn);
         self.core.control(|c| c.destroy_qp(qp))
     }
@@ -529,6 +536,36 @@ impl Nic {
     /// runs an algorithm.
     pub fn qp_congestion_rate(&self, qpn: u32) -> Option<u64> {
         self.core.shard(qpn).lock().transport.qp(qpn)?.congestion_rate()
+    }
+
+    /// Attaches UD QP `qpn` to multicast `group` (`ibv_attach_mcast`): the
+    /// QP's shard joins the group over IP multicast if it is the first of
+    /// its QPs there, and every datagram sent to the group reaches the QP.
+    pub fn attach_multicast(&self, qpn: u32, group: IpAddr) -> Result<()> {
+        let group = group.to_canonical();
+        let shard = self.core.shard(qpn);
+        let first = shard.lock().transport.attach_multicast(qpn, group)?;
+        // The wire lock is never taken under the state lock.
+        if first {
+            if let Err(e) = shard.lock_wire().join(group) {
+                let _ = shard.lock().transport.detach_multicast(qpn, group);
+                return Err(VerbsError::Device(format!("joining multicast group {group}: {e}")));
+            }
+            // An engine thread asleep waits on the sockets it had.
+            shard.wake_sleepers();
+        }
+        Ok(())
+    }
+
+    /// Detaches UD QP `qpn` from `group` (`ibv_detach_mcast`); the shard
+    /// leaves the group with its last QP there.
+    pub fn detach_multicast(&self, qpn: u32, group: IpAddr) -> Result<()> {
+        let group = group.to_canonical();
+        let shard = self.core.shard(qpn);
+        if shard.lock().transport.detach_multicast(qpn, group)? {
+            shard.lock_wire().leave(group);
+        }
+        Ok(())
     }
 
     /// `ibv_modify_qp`; returns the state the QP is in afterwards. A QP

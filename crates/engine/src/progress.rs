@@ -544,13 +544,14 @@ fn sleep(core: &Core, shard: &EngineShard, role: Role) -> Duration {
             }
             Role::Both | Role::Rx => {
                 // Shared-memory peers must know to ring the doorbell.
+                let mut groups = Vec::new();
                 let doorbell = {
                     let mut wire = shard.lock_wire();
+                    wire.group_fds(&mut groups);
                     wire.prepare_to_sleep().then(|| wire.doorbell())
                 };
                 if let Some(doorbell) = doorbell {
-                    let (fds, n) = shard.wait_fds(doorbell, waker);
-                    let _ = wait_readable(&fds[..n], timeout);
+                    let _ = wait_readable(&shard.wait_fds(doorbell, &groups, waker), timeout);
                 }
                 shard.lock_wire().awake();
             }

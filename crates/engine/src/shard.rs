@@ -196,16 +196,15 @@ impl EngineShard {
     }
 
     /// The descriptors its engine thread blocks on: the sockets', the
-    /// wire's doorbell if it has one, then `waker`; and how many of them
-    /// there are.
-    pub fn wait_fds(&self, doorbell: Option<RawFd>, waker: RawFd) -> ([RawFd; 4], usize) {
-        let mut fds = [self.socket.fd(); 4];
-        let mut n = 1;
-        for fd in [self.int_socket.as_ref().map(|int| int.fd()), doorbell, Some(waker)].into_iter().flatten() {
-            fds[n] = fd;
-            n += 1;
-        }
-        (fds, n)
+    /// wire's doorbell if it has one, its multicast groups' sockets, then
+    /// `waker`.
+    pub fn wait_fds(&self, doorbell: Option<RawFd>, groups: &[RawFd], waker: RawFd) -> Vec<RawFd> {
+        let mut fds = vec![self.socket.fd()];
+        fds.extend(self.int_socket.as_ref().map(|int| int.fd()));
+        fds.extend(doorbell);
+        fds.extend_from_slice(groups);
+        fds.push(waker);
+        fds
     }
 
     /// The state lock.
@@ -270,6 +269,16 @@ impl EngineShard {
     pub fn ring(&self) {
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             self.tx_waker.signal();
+        }
+    }
+
+    /// Wakes every thread blocked on this shard, so that each blocks again
+    /// on the descriptors as they are now (a multicast group's socket
+    /// joined meanwhile).
+    pub fn wake_sleepers(&self) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.tx_waker.signal();
+            self.rx_waker.signal();
         }
     }
 

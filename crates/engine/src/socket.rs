@@ -173,6 +173,18 @@ impl RoceSocket {
             io::ErrorKind::AddrInUse => BindError::InUse(addr, local.port()),
             _ => other(e),
         })?;
+        // What is sent to a multicast group leaves on the device's own
+        // interface (and loops back to the host's members), never by the
+        // default route; an IPv6 device whose interface cannot be named
+        // keeps it on the host.
+        match addr {
+            IpAddr::V4(a) if !a.is_unspecified() => socket.set_multicast_if_v4(&a).map_err(other)?,
+            IpAddr::V6(_) => match interface_index(addr) {
+                Ok(index) => socket.set_multicast_if_v6(index).map_err(other)?,
+                Err(_) => socket.set_multicast_hops_v6(0).map_err(other)?,
+            },
+            IpAddr::V4(_) => {}
+        }
         // Offloads where the kernel has them; `SOFTRNIC_NO_GSO` turns them off.
         let offload = environment::offloads();
         let gso = offload && set_int(&socket, libc::SOL_UDP, UDP_SEGMENT, 0).is_ok();
@@ -181,6 +193,34 @@ impl RoceSocket {
         // for want of buffer space: loss that is not the network's.
         let _ = set_int(&socket, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1);
         Ok(RoceSocket { socket: socket.into(), local, gso, gro, cnp_tos: None, peer: None })
+    }
+
+    /// A socket that receives what is sent to multicast `group` on port
+    /// 4791, joined on the interface of `local` (the device's address):
+    /// bound to the group's address, so nothing else reaches it, and
+    /// sharing it with every other device on the host that joined (the
+    /// kernel gives each a copy).
+    pub fn join(group: IpAddr, local: IpAddr) -> io::Result<RoceSocket> {
+        let at = SocketAddr::new(group, ROCEV2_UDP_PORT);
+        let socket = Socket::new(Domain::for_address(at), Type::DGRAM, Some(Protocol::UDP))?;
+        socket.set_nonblocking(true)?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        let _ = socket.set_recv_buffer_size(8 << 20);
+        match (group, local) {
+            (IpAddr::V4(group), IpAddr::V4(local)) => {
+                set_int(&socket, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
+                socket.join_multicast_v4(&group, &local)?;
+            }
+            (IpAddr::V6(group), IpAddr::V6(_)) => {
+                socket.set_only_v6(true)?;
+                set_int(&socket, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+                socket.join_multicast_v6(&group, interface_index(local)?)?;
+            }
+            _ => return Err(io::Error::new(io::ErrorKind::InvalidInput, "a group of the device's address family")),
+        }
+        socket.bind(&SockAddr::from(at))?;
+        Ok(RoceSocket { socket: socket.into(), local: at, gso: false, gro: false, cnp_tos: None, peer: None })
     }
 
     /// A socket to send this device's datagrams to `peer` from, connected
@@ -499,6 +539,14 @@ pub fn run_steering_program(program: &[libc::sock_filter], payload: &[u8]) -> Op
 /// `shard_of` as the steering program sees a datagram.
 pub fn steered_shard(datagram: &[u8], shards: usize) -> Option<usize> {
     softrnic_transport::dest_qpn(datagram).map(|qpn| shard_of(qpn, shards))
+}
+
+/// The index of the interface `addr` lives on, which IPv6 multicast
+/// names its interface by.
+fn interface_index(addr: IpAddr) -> io::Result<u32> {
+    crate::interface::interface_of(addr)
+        .map(|(_, index)| index)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface holds {addr}")))
 }
 
 fn set_int(socket: &Socket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {

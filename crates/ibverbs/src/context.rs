@@ -241,6 +241,10 @@ fn device_attr(device: &SoftDevice) -> ibv_device_attr {
     a.atomic_cap = IBV_ATOMIC_HCA;
     a.max_ah = MAX_AH as c_int;
     a.max_srq = MAX_SRQ as c_int;
+    a.max_mw = MAX_MW as c_int;
+    a.max_mcast_grp = MAX_MCAST_GRP as c_int;
+    a.max_mcast_qp_attach = MAX_MCAST_QP_ATTACH as c_int;
+    a.max_total_mcast_qp_attach = (MAX_MCAST_GRP * MAX_MCAST_QP_ATTACH) as c_int;
     a.max_srq_wr = MAX_QP_WR as c_int;
     a.max_srq_sge = MAX_SGE as c_int;
     a.max_pkeys = 1;

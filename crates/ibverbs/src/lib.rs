@@ -39,6 +39,7 @@ pub mod ece;
 pub mod engines;
 mod ffi;
 pub mod memory;
+pub mod multicast;
 pub mod qp;
 pub mod qp_ex;
 pub mod srq;

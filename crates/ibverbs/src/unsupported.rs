@@ -53,13 +53,7 @@ macro_rules! doing_nothing {
     )*};
 }
 
-failing_with_errno!(
-    ibv_attach_mcast,
-    ibv_detach_mcast,
-    ibv_resolve_eth_l2_from_gid,
-    ibv_read_ibdev_sysfs_file,
-    execute_ioctl,
-);
+failing_with_errno!(ibv_resolve_eth_l2_from_gid, ibv_read_ibdev_sysfs_file, execute_ioctl,);
 
 failing_with_null!(ibv_import_device, ibv_import_pd, ibv_import_mr, ibv_import_dm, ibv_reg_dmabuf_mr);
 

@@ -348,3 +348,42 @@ fn through_the_daemon_a_window_is_bound_written_through_and_invalidated() {
         assert_eq!(context::ibv_close_device(ctx), 0);
     }
 }
+
+/// A program that posts and destroys its QP at once (mckey's sender does)
+/// through the daemon: what it posted still goes before the QP does, as
+/// with the engine in the process. The processor had not always taken the
+/// ring's last entries when the destroy arrived, and they vanished.
+#[test]
+fn through_the_daemon_requests_posted_just_before_a_destroy_still_go() {
+    let ctx = open();
+    // SAFETY: the verbs' own sequence, every object live while used.
+    unsafe {
+        let mut bytes = vec![0u8; 64];
+        bytes[..4].copy_from_slice(b"last");
+        for round in 0..20u64 {
+            // A fresh pair each round; its sender destroyed right after
+            // its post.
+            let (pd, cq, a, b) = rc_pair(ctx);
+            let mr = memory::ibv_reg_mr(pd, bytes.as_mut_ptr() as *mut c_void, 64, IBV_ACCESS_LOCAL_WRITE as c_int);
+            let mut recv_sge = ibv_sge { addr: bytes.as_ptr() as u64 + 32, length: 32, lkey: (*mr).lkey };
+            let mut recv = ibv_recv_wr { wr_id: round, next: null_mut(), sg_list: &mut recv_sge, num_sge: 1 };
+            assert_eq!(((*ctx).ops.post_recv.unwrap())(b, &mut recv, &mut null_mut()), 0);
+            let mut sge = ibv_sge { addr: bytes.as_ptr() as u64, length: 4, lkey: (*mr).lkey };
+            let mut wr: ibv_send_wr = std::mem::zeroed();
+            (wr.wr_id, wr.sg_list, wr.num_sge, wr.opcode) = (round, &mut sge, 1, IBV_WR_SEND);
+            assert_eq!(((*ctx).ops.post_send.unwrap())(a, &mut wr, &mut null_mut()), 0);
+            assert_eq!(qp::ibv_destroy_qp(a), 0);
+            let mut wc: ibv_wc = std::mem::zeroed();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !(((*ctx).ops.poll_cq.unwrap())(cq, 1, &mut wc) == 1 && wc.opcode == IBV_WC_RECV) {
+                assert!(std::time::Instant::now() < deadline, "round {round}: the SEND never arrived");
+            }
+            assert_eq!((wc.wr_id, wc.status, wc.byte_len), (round, 0, 4));
+            assert_eq!(qp::ibv_destroy_qp(b), 0);
+            assert_eq!(memory::ibv_dereg_mr(mr), 0);
+            assert_eq!(cq::ibv_destroy_cq(cq), 0);
+            assert_eq!(memory::ibv_dealloc_pd(pd), 0);
+        }
+        assert_eq!(context::ibv_close_device(ctx), 0);
+    }
+}

@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use softrnic_ibverbs::abi::*;
-use softrnic_ibverbs::{ah, context, cq, device, ece, memory, qp, srq, unsupported};
+use softrnic_ibverbs::{ah, context, cq, device, ece, memory, multicast, qp, srq, unsupported};
 
 const ADDR: &str = "127.0.5.1";
 /// An address where nobody listens: a peer that died.
@@ -715,7 +715,10 @@ fn errors_follow_the_verbs_conventions() {
         assert!(mr.is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
         // Unsupported verbs answer EOPNOTSUPP, never success.
-        assert_eq!(unsupported::ibv_attach_mcast(), libc::EOPNOTSUPP);
+        assert_eq!(unsupported::ibv_resolve_eth_l2_from_gid(), libc::EOPNOTSUPP);
+        // Only UD QPs join multicast groups.
+        let group = gid_of("239.255.77.9");
+        assert_eq!(softrnic_ibverbs::multicast::ibv_attach_mcast(q, &group, 0), libc::EINVAL);
         assert!(unsupported::ibv_import_device().is_null());
         // An AH needs the GRH too.
         let mut ah_attr: ibv_ah_attr = std::mem::zeroed();
@@ -914,6 +917,26 @@ fn srq_receives_and_ud_sends_with_an_address_handle() {
         assert_eq!(ah::Ah::from_ibv(reply).dest, ADDR.parse::<std::net::IpAddr>().unwrap());
         assert_eq!(ah::ibv_destroy_ah(reply), 0);
         assert_eq!(ah::ibv_destroy_ah(ah), 0);
+
+        // To a multicast group b joined: QP number 0xFFFFFF, the group's
+        // GID in the AH, the group in the GRH b receives.
+        let group = gid_of("239.255.77.10");
+        assert_eq!(multicast::ibv_attach_mcast(b, &group, 0), 0);
+        post_recv(b, &mut dst.sge(0, 128), 78);
+        ah_attr.grh.dgid = group;
+        let to_group = ah::ibv_create_ah(pd, &mut ah_attr);
+        assert!(!to_group.is_null());
+        let mut wr = send_wr(6, IBV_WR_SEND, &mut sge);
+        wr.wr.ud = ibv_send_wr_ud { ah: to_group, remote_qpn: 0xff_ffff, remote_qkey: 0x1111 };
+        assert_eq!(post_send(a, &mut wr), 0);
+        let mut seen = [poll_one(cq), poll_one(cq)];
+        seen.sort_by_key(|w| w.wr_id);
+        assert_eq!((seen[0].wr_id, seen[0].status), (6, 0));
+        assert_eq!((seen[1].wr_id, seen[1].status, seen[1].byte_len), (78, 0, 40 + 8));
+        assert_eq!(dst.read(36, 4), [239, 255, 77, 10], "the GRH's destination");
+        assert_eq!(multicast::ibv_detach_mcast(b, &group, 0), 0);
+        assert_eq!(multicast::ibv_detach_mcast(b, &group, 0), libc::EINVAL, "detached once");
+        assert_eq!(ah::ibv_destroy_ah(to_group), 0);
     }
 }
 

@@ -414,6 +414,14 @@ impl Session {
         self.call_done(Request::DestroyQp { qpn })
     }
 
+    pub fn attach_multicast(&self, qpn: u32, group: IpAddr) -> Result<()> {
+        self.call_done(Request::AttachMcast { qpn, group })
+    }
+
+    pub fn detach_multicast(&self, qpn: u32, group: IpAddr) -> Result<()> {
+        self.call_done(Request::DetachMcast { qpn, group })
+    }
+
     /// `ibv_post_send`.
     pub fn post_send(&self, qp: &Qp, wr: &SendWorkRequest) -> Result<()> {
         check_send(qp.qpn, qp.qp_type, &qp.caps, qp.state(), wr)?;

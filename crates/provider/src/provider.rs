@@ -671,6 +671,21 @@ impl<E: EngineHolder> Provider<E> {
         }
     }
 
+    /// Attaches UD QP `qpn` to multicast `group` (`ibv_attach_mcast`).
+    pub fn attach_multicast(&self, qpn: u32, group: IpAddr) -> Result<()> {
+        match &self.0 {
+            Device::Engine(e) => e.nic().attach_multicast(qpn, group),
+            Device::Daemon(session) => session.attach_multicast(qpn, group),
+        }
+    }
+
+    pub fn detach_multicast(&self, qpn: u32, group: IpAddr) -> Result<()> {
+        match &self.0 {
+            Device::Engine(e) => e.nic().detach_multicast(qpn, group),
+            Device::Daemon(session) => session.detach_multicast(qpn, group),
+        }
+    }
+
     pub fn set_qp_rate_limit(&self, qpn: u32, bits_per_second: Option<u64>) -> Result<()> {
         match &self.0 {
             Device::Engine(e) => e.nic().set_qp_rate_limit(qpn, bits_per_second),

@@ -188,3 +188,9 @@ pub struct rdma_cm_join_mc_attr_ex {
     pub join_flags: u32,
     pub addr: *mut libc::sockaddr,
 }
+
+/// `rdma_cm_join_mc_attr_ex.comp_mask` and `join_flags`.
+pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1 << 0;
+pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 1 << 1;
+pub const RDMA_MC_JOIN_FLAG_FULLMEMBER: u32 = 0;
+pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;

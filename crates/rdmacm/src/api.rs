@@ -35,7 +35,7 @@ macro_rules! or_return {
 }
 
 /// Fails a call: -1 with `errno`.
-fn fail(verb: &str, errno: c_int, why: impl std::fmt::Display) -> c_int {
+pub(crate) fn fail(verb: &str, errno: c_int, why: impl std::fmt::Display) -> c_int {
     set_errno(refuse(verb, errno, why));
     -1
 }
@@ -53,7 +53,7 @@ fn the_device(verb: &str) -> Result<&'static CmDevice, c_int> {
 ///
 /// # Safety
 /// `id` is null or a live ID.
-unsafe fn live<'a>(verb: &str, id: *mut rdma_cm_id) -> Result<&'a mut Id, c_int> {
+pub(crate) unsafe fn live<'a>(verb: &str, id: *mut rdma_cm_id) -> Result<&'a mut Id, c_int> {
     match id.is_null() {
         true => Err(fail(verb, libc::EINVAL, "NULL rdma_cm_id")),
         // SAFETY: live (caller).
@@ -260,7 +260,7 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::so
 
 /// Queues an event the library raises itself (address and route
 /// resolution); a synchronous ID's call is its own answer.
-fn raise(id: &mut Id, what: Happened) {
+pub(crate) fn raise(id: &mut Id, what: Happened) {
     if !id.is_sync() {
         let me = id as *mut Id as usize;
         id.channel().queue.push(Pending { id: me, what });

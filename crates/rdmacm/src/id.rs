@@ -9,7 +9,7 @@
 //! a new ID for a connection request, the QP moved to RTS and the RTU sent
 //! when the REP arrives, the QP moved to the error state on a disconnect.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
@@ -62,6 +62,11 @@ pub enum Happened {
     Protocol(Box<Event>),
     /// The device went away.
     DeviceRemoved,
+    /// `rdma_join_multicast` joined `group`; `context` is the program's.
+    MulticastJoined {
+        group: IpAddr,
+        context: usize,
+    },
 }
 
 /// What the other side said about itself: from its REQ (passive side) or
@@ -105,6 +110,8 @@ pub struct IdState {
     /// CQs and channels `rdma_create_qp` made because the program gave
     /// none, destroyed with the QP.
     pub own_cqs: bool,
+    /// Multicast groups joined, and whether the ID's QP was attached.
+    pub multicast: Vec<(IpAddr, bool)>,
 }
 
 /// The local ACK timeout a connection's QP gets unless the program sets
@@ -507,6 +514,14 @@ pub unsafe fn finish(device: &CmDevice, pending: Pending) -> Option<Box<EventBox
         Happened::AddrResolved => return Some(EventBox::new(public, RDMA_CM_EVENT_ADDR_RESOLVED, 0)),
         Happened::RouteResolved => return Some(EventBox::new(public, RDMA_CM_EVENT_ROUTE_RESOLVED, 0)),
         Happened::DeviceRemoved => return Some(EventBox::new(public, RDMA_CM_EVENT_DEVICE_REMOVAL, 0)),
+        Happened::MulticastJoined { group, context } => {
+            let mut event = EventBox::new(public, RDMA_CM_EVENT_MULTICAST_JOIN, 0);
+            event.ud(&[], group, softrnic_wire::bth::MULTICAST_QPN, RDMA_UDP_QKEY);
+            // The program's context rides in `private_data`, as librdmacm
+            // hands it back.
+            event.public.param.ud.private_data = context as *const c_void;
+            return Some(event);
+        }
         Happened::Protocol(event) => *event,
     };
     let event = match raised {

@@ -28,6 +28,7 @@ pub mod agent;
 pub mod api;
 pub mod device;
 pub mod id;
+pub mod multicast;
 pub mod protocol;
 pub mod unsupported;
 pub mod verbs;

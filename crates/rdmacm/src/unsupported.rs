@@ -1,14 +1,13 @@
 //! What softrnic's librdmacm refuses, with the error rdma_cm programs
-//! check for and a line on stderr that says what is missing: multicast
-//! (softrnic's UD has no multicast groups), ECE (there is nothing to
-//! negotiate), and rsockets (the socket API over RDMA, which would need
+//! check for and a line on stderr that says what is missing: ECE (there is
+//! nothing to negotiate), and rsockets (the socket API over RDMA, which would need
 //! its own protocol on top of these connections).
 
 use std::ffi::{c_int, c_void};
 
 use softrnic_verbs_abi::ffi::{refuse, set_errno};
 
-use crate::abi::{rdma_cm_id, rdma_cm_join_mc_attr_ex};
+use crate::abi::rdma_cm_id;
 
 /// Refuses `call` with `errno`; said on stderr once per call site even
 /// without `SOFTRNIC_DEBUG`: a program that needs it cannot work.
@@ -16,29 +15,6 @@ fn refused(call: &str, errno: c_int, what: &str) -> c_int {
     eprintln!("softrnic librdmacm: {call}: {what} is not supported");
     set_errno(refuse(call, errno, what));
     -1
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn rdma_join_multicast(
-    _id: *mut rdma_cm_id,
-    _addr: *mut libc::sockaddr,
-    _context: *mut c_void,
-) -> c_int {
-    refused("rdma_join_multicast", libc::ENOSYS, "multicast")
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn rdma_join_multicast_ex(
-    _id: *mut rdma_cm_id,
-    _attr: *mut rdma_cm_join_mc_attr_ex,
-    _context: *mut c_void,
-) -> c_int {
-    refused("rdma_join_multicast_ex", libc::ENOSYS, "multicast")
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut libc::sockaddr) -> c_int {
-    refused("rdma_leave_multicast", libc::ENOSYS, "multicast")
 }
 
 #[unsafe(no_mangle)]

@@ -1,3 +1,4 @@
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use softrnic_transport::{
@@ -182,6 +183,16 @@ impl QueuePair {
     /// runs an algorithm.
     pub fn congestion_rate(&self) -> Option<u64> {
         self.pd.ctx.provider.qp_congestion_rate(self.qpn)
+    }
+
+    /// Attaches this UD QP to multicast `group` (an IP multicast address):
+    /// what is sent to the group's QP number, 0xFFFFFF, reaches it.
+    pub fn attach_multicast(&self, group: IpAddr) -> Result<(), Error> {
+        Ok(self.pd.ctx.provider.attach_multicast(self.qpn, group)?)
+    }
+
+    pub fn detach_multicast(&self, group: IpAddr) -> Result<(), Error> {
+        Ok(self.pd.ctx.provider.detach_multicast(self.qpn, group)?)
     }
 
     pub fn post_send(&self, wr: SendWorkRequest) -> Result<(), Error> {

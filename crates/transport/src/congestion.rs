@@ -195,6 +195,9 @@ pub struct RecvMeta {
     /// It came over a path within this host that carries no ICRC
     /// ([`crate::Egress::SameHost`]): none is checked.
     pub same_host: bool,
+    /// It was sent to this multicast group (which the datapath joined),
+    /// not to the device's own address.
+    pub multicast_group: Option<std::net::IpAddr>,
 }
 
 /// What a datagram to send carries beside its bytes.

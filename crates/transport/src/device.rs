@@ -187,6 +187,17 @@ impl Device {
         self.shard.qp(qpn)
     }
 
+    /// Attaches UD QP `qpn` to multicast `group`. A device in a
+    /// simulation has no datapath to join; its world delivers what is
+    /// sent to a group (`RecvMeta::multicast_group`).
+    pub fn attach_multicast(&mut self, qpn: u32, group: IpAddr) -> Result<()> {
+        self.shard.attach_multicast(qpn, group).map(drop)
+    }
+
+    pub fn detach_multicast(&mut self, qpn: u32, group: IpAddr) -> Result<()> {
+        self.shard.detach_multicast(qpn, group).map(drop)
+    }
+
     pub fn modify_qp(&mut self, now: Instant, qpn: u32, attr: &QpAttr) -> Result<()> {
         self.shard.modify_qp(now, qpn, attr)
     }

@@ -22,6 +22,7 @@ pub mod event;
 pub mod fetch_on_demand;
 pub mod limits;
 pub mod memory;
+pub mod multicast;
 pub mod qp;
 pub mod shard;
 pub mod srq;

@@ -17,6 +17,13 @@ pub const MAX_PD: u32 = 1 << 16;
 pub const MAX_RD_ATOMIC: u8 = 16;
 pub const MAX_AH: u32 = 1 << 16;
 pub const MAX_SRQ: u32 = 1 << 16;
+/// Memory windows a device may hold.
+pub const MAX_MW: u32 = 1 << 16;
+/// Multicast groups, and UD QPs per group, that each of a device's
+/// shards (a device has one unless configured with more) may hold: every
+/// group a shard joins takes a socket.
+pub const MAX_MCAST_GRP: u32 = 1024;
+pub const MAX_MCAST_QP_ATTACH: u32 = 56;
 /// Bytes of inline data per send work request.
 pub const MAX_INLINE_DATA: u32 = 1024;
 /// The largest message.

@@ -24,6 +24,8 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use rustc_hash::FxHashMap;
 use softrnic_wire::icrc::UdpFlow;
 use softrnic_wire::packet::ICRC_LEN;
@@ -38,6 +40,7 @@ use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::fetch_on_demand::{HOLD_FOR, HeldDatagram, HeldRequests, ReceivesWanted};
 use crate::memory::MemoryTable;
+use crate::multicast::{MULTICAST_QPN, MulticastGroups};
 use crate::qp::{Ctx, QpAttr, QpType, QueuePair, Transmit};
 use crate::time::Instant;
 use crate::work_request::{RecvWorkRequest, SendWorkRequest};
@@ -114,6 +117,8 @@ pub struct Shard {
     wanted: VecDeque<ReceivesWanted>,
     /// The requests held until the driver answers.
     held: HeldRequests,
+    /// The UD QPs attached to each multicast group.
+    multicast: MulticastGroups,
 }
 
 macro_rules! ctx {
@@ -148,6 +153,7 @@ impl Shard {
             cnps: VecDeque::new(),
             wanted: VecDeque::new(),
             held: HeldRequests::default(),
+            multicast: MulticastGroups::default(),
         }
     }
 
@@ -176,10 +182,37 @@ impl Shard {
     }
 
     /// Gives a QP back to the device to destroy; its outstanding work
-    /// requests vanish without completions.
+    /// requests vanish without completions, and it leaves its multicast
+    /// groups (call [`Shard::detach_from_all_groups`] first to learn which
+    /// it left empty).
     pub fn remove_qp(&mut self, qpn: u32) -> Result<QueuePair> {
         self.held.release(qpn);
+        self.multicast.detach_everywhere(qpn);
         self.qps.remove(&qpn).map(|slot| slot.qp).ok_or(VerbsError::NotFound("queue pair"))
+    }
+
+    // ----- multicast -----
+
+    /// Attaches UD QP `qpn` to multicast `group` (`ibv_attach_mcast`).
+    /// Returns whether it is the group's first QP on this shard: the
+    /// caller's datapath must then join the group.
+    pub fn attach_multicast(&mut self, qpn: u32, group: IpAddr) -> Result<bool> {
+        let slot = self.qps.get(&qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        if slot.qp.init_attr().qp_type != QpType::Ud {
+            return Err(VerbsError::invalid("only UD QPs join multicast groups"));
+        }
+        self.multicast.attach(qpn, group)
+    }
+
+    /// Detaches QP `qpn` from `group`. Returns whether no QP of this shard
+    /// is left in it: the caller's datapath may leave the group.
+    pub fn detach_multicast(&mut self, qpn: u32, group: IpAddr) -> Result<bool> {
+        self.multicast.detach(qpn, group)
+    }
+
+    /// Detaches QP `qpn` from every group; returns those it left empty.
+    pub fn detach_from_all_groups(&mut self, qpn: u32) -> Vec<IpAddr> {
+        self.multicast.detach_everywhere(qpn)
     }
 
     pub fn qp(&self, qpn: u32) -> Option<&QueuePair> {
@@ -293,8 +326,8 @@ impl Shard {
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, meta: RecvMeta, datagram: &[u8]) {
         self.counters.rx_packets += 1;
         self.counters.rx_bytes += datagram.len() as u64;
-        let flow =
-            UdpFlow { src: from.ip(), dst: self.config.local_addr, src_port: from.port(), dst_port: ROCEV2_UDP_PORT };
+        let dst = meta.multicast_group.unwrap_or(self.config.local_addr);
+        let flow = UdpFlow { src: from.ip(), dst, src_port: from.port(), dst_port: ROCEV2_UDP_PORT };
         if !meta.same_host && flow.verify(datagram).is_err() {
             self.counters.rx_icrc_errors += 1;
             return;
@@ -303,6 +336,10 @@ impl Shard {
             self.counters.rx_malformed += 1;
             return;
         };
+        if let Some(group) = meta.multicast_group {
+            self.handle_multicast(now, from, meta, group, qpn, datagram);
+            return;
+        }
         let Some(slot) = self.qps.get_mut(&qpn) else {
             self.counters.rx_unknown_qp += 1;
             return;
@@ -356,6 +393,33 @@ impl Shard {
             self.cnps.push_back((from.ip(), peer_qpn));
         }
         self.take(now, qpn, from, meta, &packet, datagram);
+    }
+
+    /// A datagram sent to multicast `group`: a UD SEND for QP 0xFFFFFF,
+    /// which every QP of this shard attached to the group takes a copy of.
+    fn handle_multicast(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        meta: RecvMeta,
+        group: IpAddr,
+        qpn: u32,
+        datagram: &[u8],
+    ) {
+        let packet = match PacketRepr::parse(datagram) {
+            Ok(packet) if qpn == MULTICAST_QPN && packet.headers.bth.opcode.is_ud() => packet,
+            _ => {
+                self.counters.rx_malformed += 1;
+                return;
+            }
+        };
+        let members: SmallVec<[u32; 4]> = self.multicast.members(group).iter().copied().collect();
+        if members.is_empty() {
+            self.counters.rx_unknown_qp += 1;
+        }
+        for member in members {
+            self.take(now, member, from, meta, &packet, datagram);
+        }
     }
 
     /// Hands a packet to its QP, or holds it behind the requests the QP

@@ -21,6 +21,10 @@
 use crate::view::{get_u24, put_u24};
 use crate::{Error, Opcode, Psn, Result};
 
+/// The DestQP of a datagram sent to a multicast group: every UD QP
+/// attached to the group takes it (IBTA 10.5.2.1).
+pub const MULTICAST_QPN: u32 = 0xff_ffff;
+
 mod field {
     use core::ops::Range;
     pub const OPCODE: usize = 0;

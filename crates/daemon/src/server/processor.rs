@@ -135,6 +135,14 @@ impl ServedQp {
         });
     }
 
+    /// Moves what the program posted and no pass has taken yet into the
+    /// engine now, before the QP is destroyed: a program that posts and
+    /// destroys at once (mckey's sender) has its last requests sent, as
+    /// the engine in the process sends what it was given first.
+    pub fn take_posted(&self) {
+        self.drain();
+    }
+
     /// Moves new WQEs into the engine. Returns whether it moved any.
     fn drain(&self) -> bool {
         let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());

@@ -402,6 +402,14 @@ impl Tenant {
                 self.destroy_qp(qpn).map_err(RemoteError::from)?;
                 Ok((Response::Done, Vec::new()))
             }
+            Request::AttachMcast { qpn, group } => {
+                self.own_qp(qpn)?;
+                done(nic.attach_multicast(qpn, group))
+            }
+            Request::DetachMcast { qpn, group } => {
+                self.own_qp(qpn)?;
+                done(nic.detach_multicast(qpn, group))
+            }
         }
     }
 
@@ -620,6 +628,9 @@ impl Tenant {
     }
 
     fn destroy_qp(&mut self, qpn: u32) -> softrnic_transport::Result<()> {
+        if let Some(served) = self.qps.get(&qpn) {
+            served.take_posted();
+        }
         self.device.nic.destroy_qp(qpn)?;
         self.device.events.disown(Element::Qp(qpn));
         if let Some(served) = self.qps.remove(&qpn) {

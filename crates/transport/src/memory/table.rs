@@ -106,6 +106,8 @@ impl<'a> MemoryView<'a> {
 #[derive(Debug, Default, Clone)]
 pub struct MemoryTable {
     keys: Map<Key>,
+    /// Memory windows allocated.
+    windows: u32,
 }
 
 /// What a key names.
@@ -163,7 +165,7 @@ impl MemoryTable {
     /// under an rkey drawn from `draw`, whose block of 256 keys holds no
     /// key yet. Returns the window's first rkey.
     pub fn alloc_window(&mut self, pd: PdId, kind: WindowType, draw: &mut impl FnMut() -> u32) -> Result<u32> {
-        if self.keys.len() >= 2 * MAX_REGIONS {
+        if self.keys.len() >= 2 * MAX_REGIONS || self.windows >= crate::limits::MAX_MW {
             return Err(VerbsError::OutOfResources("memory windows".into()));
         }
         let rkey = loop {
@@ -174,6 +176,7 @@ impl MemoryTable {
             }
         };
         self.keys.insert(handle_of(rkey), Key::Window(Arc::new(MemoryWindow::new(pd, kind, rkey))));
+        self.windows += 1;
         Ok(rkey)
     }
 
@@ -185,6 +188,7 @@ impl MemoryTable {
         }
         let Some(Key::Window(window)) = self.keys.remove(&handle_of(rkey)) else { unreachable!("looked up above") };
         window.free();
+        self.windows -= 1;
         Ok(window)
     }
 

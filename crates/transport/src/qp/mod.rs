@@ -328,7 +328,7 @@ impl QueuePair {
     /// Consumes one packet addressed to this QP from `src`.
     pub(crate) fn handle_packet(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &PacketRepr, meta: &RecvMeta) {
         match self.init.qp_type {
-            QpType::Ud => self.ud_receive(ctx, src, packet),
+            QpType::Ud => self.ud_receive(ctx, src, meta.multicast_group, packet),
             QpType::Uc => self.uc_receive(ctx, src, packet),
             QpType::Rc => {
                 let opcode = packet.headers.bth.opcode;

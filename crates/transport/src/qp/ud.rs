@@ -88,7 +88,9 @@ impl QueuePair {
         Some(Transmit::new(dest.addr, len))
     }
 
-    pub(super) fn ud_receive(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &PacketRepr) {
+    /// Takes a datagram from `src`, sent to this QP or (`group`) to a
+    /// multicast group it is attached to.
+    pub(super) fn ud_receive(&mut self, ctx: &mut Ctx, src: IpAddr, group: Option<IpAddr>, packet: &PacketRepr) {
         if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
             return;
         }
@@ -116,7 +118,7 @@ impl QueuePair {
             Err(_) => WcStatus::LocProtErr,
             Ok(capacity) if capacity < total as u64 => WcStatus::LocLenErr,
             Ok(_) => {
-                let grh = grh(src, ctx.config.local_addr, packet.payload.len());
+                let grh = grh(src, group.unwrap_or(ctx.config.local_addr), packet.payload.len());
                 let placed = scatter(ctx.memory, self.init.pd, &recv.sges, 0, &grh)
                     .and_then(|()| scatter(ctx.memory, self.init.pd, &recv.sges, GRH_LEN as u64, packet.payload));
                 if placed.is_ok() { WcStatus::Success } else { WcStatus::LocProtErr }
