@@ -19,7 +19,12 @@
 //! makes the RC connection authenticate its packets (no fuzzer forges a
 //! MAC: what it reaches then is the opening of every packet), and whose
 //! fifth bit puts a UC QP (connected to the same peer, receives posted)
-//! where the UD QP is; then frames of a
+//! where the UD QP is, whose sixth bit opens the remote region to the
+//! peer through a type 2 memory window bound on the RC QP (the key handed
+//! to RETH fields is then the window's; SEND with invalidate may shut
+//! it), and whose seventh attaches the UD QP to a multicast group, to
+//! which the frames for it are then sent (QP 0xFFFFFF, the ICRC sealed for
+//! the group); then frames of a
 //! selector byte (which QP, which peer, whether time passes, whether a
 //! RETH-shaped field gets one of the device's real keys and addresses,
 //! whether the datagram arrives CE-marked, with an INT record, or over a
@@ -39,9 +44,10 @@ use softrnic_cc::IntHop;
 use softrnic_transport::{
     Access, AuthKey, Choice, CongestionConfig, CqId, Device, DmaBuffer, Entropy, Instant, IntRecords, MAX_DATAGRAM_LEN,
     Mtu, Payload, Psn, QpCaps, QpInitAttr, QpType, RcConnection, RecvMeta, RecvWorkRequest, Registration, RemoteAddr,
-    SendOp, SendWorkRequest, Sge, TransportConfig, smallvec, ud_steps,
+    SendOp, SendWorkRequest, Sge, TransportConfig, WindowBind, WindowType, smallvec, ud_steps,
 };
 use softrnic_wire::ROCEV2_UDP_PORT;
+use softrnic_wire::bth::MULTICAST_QPN;
 use softrnic_wire::icrc::UdpFlow;
 
 const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
@@ -57,6 +63,8 @@ const LOCAL_IOVA: u64 = 0x1010_0000;
 /// Where a RETH (and an AtomicETH) sits: right after the 12-byte BTH.
 const RETH_VA: std::ops::Range<usize> = 12..20;
 const RETH_RKEY: std::ops::Range<usize> = 20..24;
+/// The group the UD QP joins with the mode's seventh bit.
+const GROUP: IpAddr = IpAddr::V4(Ipv4Addr::new(239, 1, 2, 3));
 
 struct Target {
     device: Device,
@@ -67,6 +75,8 @@ struct Target {
     rc: u32,
     /// The UD QP, or with the mode's fifth bit the UC QP.
     other: u32,
+    /// The group the UD QP joined, if it did.
+    group: Option<IpAddr>,
     now: Instant,
 }
 
@@ -94,7 +104,7 @@ fn setup(mode: u8) -> Target {
             offset: REMOTE_AT,
             len: REGION,
             iova: IOVA,
-            access: Access::LOCAL_WRITE | Access::REMOTE,
+            access: Access::LOCAL_WRITE | Access::REMOTE | Access::MW_BIND,
         })
         .expect("register");
     // Registered, but for local access only: no packet may reach it.
@@ -143,6 +153,10 @@ fn setup(mode: u8) -> Target {
         device.modify_qp(now, uc, &attr).expect("modify uc");
     }
     let other = if mode & 16 != 0 { uc } else { ud };
+    let group = (mode & 64 != 0 && other == ud).then(|| {
+        device.attach_multicast(ud, GROUP).expect("attach");
+        GROUP
+    });
     // Receives into the remotely writable region, for SENDs.
     for (qpn, i) in [(rc, 0u64), (rc, 1), (other, 2), (other, 3)] {
         let wr = RecvWorkRequest { wr_id: i, sges: smallvec![sge(i as usize * 2048, 2048)] };
@@ -161,7 +175,17 @@ fn setup(mode: u8) -> Target {
         let wr = SendWorkRequest::new(10 + i as u64, op, Payload::Gather(smallvec![sge(4096, len)]));
         device.post_send(now, rc, wr).expect("post_send");
     }
-    Target { device, buffer, cq, rkeys: [remote.rkey, local.rkey], rc, other, now }
+    // The remote region's key, or a window's over it, bound on the RC QP.
+    let mut remote_rkey = remote.rkey;
+    if mode & 32 != 0 {
+        let window = device.alloc_window(pd, WindowType::Two).expect("alloc_window");
+        let access = Access::REMOTE;
+        let bind = WindowBind { window, new_rkey: 1, region_lkey: remote.lkey, addr: IOVA, len: REGION as u64, access };
+        let wr = SendWorkRequest::new(9, SendOp::BindWindow(bind), Payload::Gather(smallvec![]));
+        device.post_send(now, rc, wr).expect("post the bind");
+        remote_rkey = (window & !0xff) | 1;
+    }
+    Target { device, buffer, cq, rkeys: [remote_rkey, local.rkey], rc, other, group, now }
 }
 
 impl Target {
@@ -192,6 +216,9 @@ fuzz_target!(|data: &[u8]| {
         let mut packet = body.to_vec();
         packet.extend_from_slice(&[0; 4]);
         let qpn = if selector & 1 == 0 { t.rc } else { t.other };
+        // To the UD QP's group, if it joined one.
+        let group = t.group.filter(|_| qpn == t.other);
+        let qpn = if group.is_some() { MULTICAST_QPN } else { qpn };
         packet[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
         let from = if selector & 2 == 0 { PEER } else { IpAddr::V4(Ipv4Addr::new(127, 0, 0, 9)) };
         if selector & 8 != 0 && packet.len() >= RETH_RKEY.end {
@@ -204,7 +231,8 @@ fuzz_target!(|data: &[u8]| {
         // Arrived over a same-host ring: no ICRC, none checked, so the
         // bytes reach the responder unsealed.
         let same_host = selector & 128 != 0;
-        let flow = UdpFlow { src: from, dst: LOCAL, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT };
+        let dst = group.unwrap_or(LOCAL);
+        let flow = UdpFlow { src: from, dst, src_port: ROCEV2_UDP_PORT, dst_port: ROCEV2_UDP_PORT };
         if !same_host && flow.seal(&mut packet).is_err() {
             continue;
         }
@@ -216,7 +244,7 @@ fuzz_target!(|data: &[u8]| {
             };
             IntRecords::new(&[hop])
         });
-        let meta = RecvMeta { ce: selector & 32 != 0, int, same_host };
+        let meta = RecvMeta { ce: selector & 32 != 0, int, same_host, multicast_group: group };
         t.device.handle_datagram(t.now, SocketAddr::new(from, ROCEV2_UDP_PORT), meta, &packet);
         t.drain();
         if selector & 4 != 0 {
