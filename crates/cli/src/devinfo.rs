@@ -37,11 +37,14 @@ pub fn run(args: &DevinfoArgs) -> Result<(), String> {
     println!("\tmax_qp_wr:\t\t\t{MAX_QP_WR}");
     println!("\tmax_sge:\t\t\t{MAX_SGE}");
     println!("\tmax_mr:\t\t\t\t{MAX_MR}");
+    println!("\tmax_mw:\t\t\t\t{MAX_MW}");
     println!("\tmax_cq:\t\t\t\t{MAX_CQ}");
     println!("\tmax_cqe:\t\t\t{MAX_CQE}");
     println!("\tmax_qp_rd_atom:\t\t\t{MAX_RD_ATOMIC}");
     println!("\tmax_qp_init_rd_atom:\t\t{MAX_RD_ATOMIC}");
     println!("\tatomic_cap:\t\t\tATOMIC_HCA");
+    println!("\tmax_mcast_grp:\t\t\t{MAX_MCAST_GRP}");
+    println!("\tmax_mcast_qp_attach:\t\t{MAX_MCAST_QP_ATTACH}");
     println!("\t\tport:\t1");
     println!("\t\t\tstate:\t\t\tPORT_ACTIVE (4)");
     println!("\t\t\tmax_mtu:\t\t{MAX_MTU} (5)");
