@@ -514,11 +514,7 @@ impl Nic {
     pub fn destroy_qp(&self, qpn: u32) -> Result<()> {
         let shard = self.core.shard(qpn);
         self.core.drive(shard, shard.lock_wire(), Pass::TRANSMIT);
-        let (qp, emptied) = {
-            let mut state = shard.lock();
-            let emptied = state.transport.detach_from_all_groups(qpn);
-            (state.transport.remove_qp(qpn)?, emptied)
-        };
+        let (qp, emptied) = shard.lock().transport.remove_qp(qpn)?;
         for group in emptied {
             shard.lock_wire().leave(group);
         }

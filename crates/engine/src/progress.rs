@@ -551,7 +551,15 @@ fn sleep(core: &Core, shard: &EngineShard, role: Role) -> Duration {
                     wire.prepare_to_sleep().then(|| wire.doorbell())
                 };
                 if let Some(doorbell) = doorbell {
-                    let _ = wait_readable(&shard.wait_fds(doorbell, &groups, waker), timeout);
+                    let (fds, n) = shard.wait_fds(doorbell, waker);
+                    // Nothing allocated to sleep unless the shard joined a
+                    // multicast group.
+                    if groups.is_empty() {
+                        let _ = wait_readable(&fds[..n], timeout);
+                    } else {
+                        groups.extend_from_slice(&fds[..n]);
+                        let _ = wait_readable(&groups, timeout);
+                    }
                 }
                 shard.lock_wire().awake();
             }

@@ -196,15 +196,17 @@ impl EngineShard {
     }
 
     /// The descriptors its engine thread blocks on: the sockets', the
-    /// wire's doorbell if it has one, its multicast groups' sockets, then
-    /// `waker`.
-    pub fn wait_fds(&self, doorbell: Option<RawFd>, groups: &[RawFd], waker: RawFd) -> Vec<RawFd> {
-        let mut fds = vec![self.socket.fd()];
-        fds.extend(self.int_socket.as_ref().map(|int| int.fd()));
-        fds.extend(doorbell);
-        fds.extend_from_slice(groups);
-        fds.push(waker);
-        fds
+    /// wire's doorbell if it has one, then `waker`; and how many of them
+    /// there are. (The wire's multicast groups' sockets come on top:
+    /// [`crate::datapath::Datapath::group_fds`].)
+    pub fn wait_fds(&self, doorbell: Option<RawFd>, waker: RawFd) -> ([RawFd; 4], usize) {
+        let mut fds = [self.socket.fd(); 4];
+        let mut n = 1;
+        for fd in [self.int_socket.as_ref().map(|int| int.fd()), doorbell, Some(waker)].into_iter().flatten() {
+            fds[n] = fd;
+            n += 1;
+        }
+        (fds, n)
     }
 
     /// The state lock.

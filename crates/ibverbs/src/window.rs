@@ -8,7 +8,7 @@
 
 use std::ffi::{c_int, c_uint};
 
-use softrnic_transport::{Access, Payload, SendOp, SendWorkRequest, WindowBind, WindowType};
+use softrnic_transport::{Access, Payload, SendOp, SendWorkRequest, WindowBind, WindowType, window_handle, with_key};
 
 use crate::abi::*;
 use crate::context::Context;
@@ -18,7 +18,7 @@ use crate::qp::Qp;
 
 /// `ibv_inc_rkey`: the next rkey of a window, its key byte moved on.
 fn next_rkey(rkey: u32) -> u32 {
-    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
+    with_key(rkey, (rkey as u8).wrapping_add(1))
 }
 
 /// The rights a bind grants, from `mw_access_flags`. Local write, which
@@ -77,7 +77,7 @@ pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: c_int) -> *mut ibv_m
             Ok(rkey) => rkey,
             Err(e) => return refuse_null(VERB, e.errno(), e),
         };
-        let handle = rkey & !0xff;
+        let handle = window_handle(rkey);
         p.context().objects().mws.insert(handle);
         // SAFETY: the PD's context field never changes.
         let context = unsafe { (*p.ibv.get()).context };

@@ -1,4 +1,4 @@
-use softrnic_transport::{Access, WindowBind, WindowType};
+use softrnic_transport::{Access, WindowBind, WindowType, with_key};
 
 use crate::{MemoryRegion, ProtectionDomain};
 
@@ -36,7 +36,7 @@ impl MemoryWindow {
             len: len as u64,
             access,
         };
-        (bind, (self.rkey & !0xff) | u32::from(key))
+        (bind, with_key(self.rkey, key))
     }
 }
 

@@ -14,7 +14,7 @@ use crate::config::TransportConfig;
 use crate::entropy::{Entropy, Recent};
 use crate::error::{Result, VerbsError};
 use crate::limits::MAX_QP;
-use crate::memory::{MemoryTable, MrKeys, PdId, ProtectionDomains, Registration, WindowType};
+use crate::memory::{MemoryTable, MrKeys, PdId, ProtectionDomains, Registration, WindowType, window_handle};
 use crate::qp::{QpInitAttr, QpQueues, QpType, QueuePair};
 use crate::shard::shard_of;
 use crate::srq::{SharedReceiveQueue, SharedReceiveQueues, SrqAttr, SrqId};
@@ -141,7 +141,8 @@ impl Control {
     pub fn alloc_window(&mut self, pd: PdId, kind: WindowType) -> Result<u32> {
         self.pds.check(pd)?;
         let (entropy, recent) = (&mut self.entropy, &self.recent_keys);
-        let mut draw = || std::iter::repeat_with(|| entropy.u32()).find(|k| !recent.contains(k & !0xff)).unwrap();
+        let mut draw =
+            || std::iter::repeat_with(|| entropy.u32()).find(|&k| !recent.contains(window_handle(k))).unwrap();
         self.memory_changed = true;
         let rkey = Arc::make_mut(&mut self.memory).alloc_window(pd, kind, &mut draw)?;
         self.pds.add_users(pd, 1)?;
@@ -151,7 +152,7 @@ impl Control {
     /// Frees the window `rkey` names (`ibv_dealloc_mw`), bound or not.
     pub fn dealloc_window(&mut self, rkey: u32) -> Result<()> {
         let window = self.memory_mut().dealloc_window(rkey)?;
-        self.recent_keys.let_go(window.rkey() & !0xff);
+        self.recent_keys.let_go(window_handle(window.rkey()));
         self.pds.add_users(window.pd, -1)
     }
 

@@ -178,7 +178,8 @@ impl Device {
 
     /// Destroys a QP; its outstanding work requests vanish without completions.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
-        let qp = self.shard.remove_qp(qpn)?;
+        // A device in a simulation has no datapath to leave groups.
+        let (qp, _) = self.shard.remove_qp(qpn)?;
         let out = self.control.destroy_qp(qp);
         self.sync_memory(out)
     }

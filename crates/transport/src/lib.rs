@@ -40,7 +40,10 @@ pub use entropy::Entropy;
 pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
 pub use fetch_on_demand::{HOLD_FOR, ReceivesWanted};
-pub use memory::{Access, DmaBuffer, MemoryWindow, MrKeys, PdId, Registration, WindowBind, WindowFault, WindowType};
+pub use memory::{
+    Access, DmaBuffer, MemoryWindow, MrKeys, PdId, Registration, WindowBind, WindowFault, WindowType, window_handle,
+    with_key,
+};
 pub use qp::{
     Mtu, PostQueues, Posted, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Retransmission,
     SendPoster, Transmit, check_recv, check_send, ud_steps,

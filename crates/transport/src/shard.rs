@@ -182,13 +182,13 @@ impl Shard {
     }
 
     /// Gives a QP back to the device to destroy; its outstanding work
-    /// requests vanish without completions, and it leaves its multicast
-    /// groups (call [`Shard::detach_from_all_groups`] first to learn which
-    /// it left empty).
-    pub fn remove_qp(&mut self, qpn: u32) -> Result<QueuePair> {
+    /// requests vanish without completions. It leaves its multicast
+    /// groups: returned with it are those it left with no QP of the shard
+    /// (the datapath may leave them).
+    pub fn remove_qp(&mut self, qpn: u32) -> Result<(QueuePair, Vec<IpAddr>)> {
         self.held.release(qpn);
-        self.multicast.detach_everywhere(qpn);
-        self.qps.remove(&qpn).map(|slot| slot.qp).ok_or(VerbsError::NotFound("queue pair"))
+        let slot = self.qps.remove(&qpn).ok_or(VerbsError::NotFound("queue pair"))?;
+        Ok((slot.qp, self.multicast.detach_everywhere(qpn)))
     }
 
     // ----- multicast -----
@@ -208,11 +208,6 @@ impl Shard {
     /// is left in it: the caller's datapath may leave the group.
     pub fn detach_multicast(&mut self, qpn: u32, group: IpAddr) -> Result<bool> {
         self.multicast.detach(qpn, group)
-    }
-
-    /// Detaches QP `qpn` from every group; returns those it left empty.
-    pub fn detach_from_all_groups(&mut self, qpn: u32) -> Vec<IpAddr> {
-        self.multicast.detach_everywhere(qpn)
     }
 
     pub fn qp(&self, qpn: u32) -> Option<&QueuePair> {

@@ -24,7 +24,7 @@ use softrnic_engine::{Nic, ProgressMode};
 use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
 use softrnic_transport::{
     AlgorithmSpec, Choice, CqId, DmaBuffer, PdId, PostQueues, QpAttr, QpInitAttr, QpState, Registration, SrqAttr,
-    SrqId, VerbsError,
+    SrqId, VerbsError, window_handle,
 };
 use softrnic_wire::mad::GSI_QPN;
 
@@ -227,16 +227,16 @@ impl Tenant {
                 self.own_pd(pd)?;
                 let held = self.usage.reserve(Resource::Mrs, 1)?;
                 let rkey = nic.alloc_window(pd, kind)?;
-                self.windows.insert(rkey & !0xff);
+                self.windows.insert(window_handle(rkey));
                 held.keep();
                 Ok((Response::Window(rkey), Vec::new()))
             }
             Request::DeallocMw { rkey } => {
-                if !self.windows.contains(&(rkey & !0xff)) {
+                if !self.windows.contains(&window_handle(rkey)) {
                     return Err(RemoteError::not_found("MW"));
                 }
                 done(nic.dealloc_window(rkey))?;
-                self.windows.remove(&(rkey & !0xff));
+                self.windows.remove(&window_handle(rkey));
                 self.usage.release(Resource::Mrs, 1);
                 Ok((Response::Done, Vec::new()))
             }

@@ -14,4 +14,4 @@ pub use domains::ProtectionDomains;
 pub use region::{Access, MemoryRegion, MrKeys, PdId, Registration};
 pub(crate) use scatter_gather::{gather, scatter, validate_list};
 pub use table::{AccessFault, MemoryTable, MemoryView};
-pub use window::{MemoryWindow, WindowBind, WindowFault, WindowType};
+pub use window::{MemoryWindow, WindowBind, WindowFault, WindowType, window_handle, with_key};

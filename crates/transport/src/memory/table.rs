@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::window::{MemoryWindow, WindowBind, WindowFault, WindowType, handle_of};
+use super::window::{MemoryWindow, WindowBind, WindowFault, WindowType, window_handle};
 use super::{Access, DmaBuffer, MemoryRegion, MrKeys, PdId, Registration};
 use crate::error::{Result, VerbsError};
 use imbl::shared_ptr::DefaultSharedPtr;
@@ -170,12 +170,12 @@ impl MemoryTable {
         }
         let rkey = loop {
             let key = draw();
-            let handle = handle_of(key);
+            let handle = window_handle(key);
             if handle != 0 && (0..=0xff).all(|low| !self.keys.contains_key(&(handle | low))) {
                 break key;
             }
         };
-        self.keys.insert(handle_of(rkey), Key::Window(Arc::new(MemoryWindow::new(pd, kind, rkey))));
+        self.keys.insert(window_handle(rkey), Key::Window(Arc::new(MemoryWindow::new(pd, kind, rkey))));
         self.windows += 1;
         Ok(rkey)
     }
@@ -186,7 +186,7 @@ impl MemoryTable {
         if self.window(rkey).is_none() {
             return Err(VerbsError::NotFound("memory window"));
         }
-        let Some(Key::Window(window)) = self.keys.remove(&handle_of(rkey)) else { unreachable!("looked up above") };
+        let Some(Key::Window(window)) = self.keys.remove(&window_handle(rkey)) else { unreachable!("looked up above") };
         window.free();
         self.windows -= 1;
         Ok(window)
@@ -194,7 +194,7 @@ impl MemoryTable {
 
     /// The window whose block holds `rkey`.
     pub fn window(&self, rkey: u32) -> Option<&Arc<MemoryWindow>> {
-        match self.keys.get(&handle_of(rkey))? {
+        match self.keys.get(&window_handle(rkey))? {
             Key::Window(window) => Some(window),
             _ => None,
         }
@@ -205,8 +205,7 @@ impl MemoryTable {
     /// lives in the window, which every snapshot shares.
     pub fn bind_window(&self, pd: PdId, qpn: u32, bind: &WindowBind) -> core::result::Result<u32, WindowFault> {
         let window = self.window(bind.window).ok_or(WindowFault::NoWindow)?;
-        let region = self.lookup(bind.region_lkey).map(|r| (r.pd, r.access, r.iova, r.len, &r.windows));
-        window.bind(pd, qpn, bind, region)
+        window.bind(pd, qpn, bind, self.lookup(bind.region_lkey))
     }
 
     /// Invalidates the type 2 window whose current rkey is `rkey`, for a

@@ -31,7 +31,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Access, PdId};
+use super::{Access, MemoryRegion, PdId};
 
 /// The two kinds of memory window, with the values of `ibv_mw_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -113,9 +113,17 @@ pub struct MemoryWindow {
     binding: Mutex<Binding>,
 }
 
-/// The 24 bits of an rkey that name a window.
-pub(super) fn handle_of(rkey: u32) -> u32 {
+/// The 24 bits of an rkey that name a window (its handle): the same in
+/// every rkey the window takes.
+pub fn window_handle(rkey: u32) -> u32 {
     rkey & !0xff
+}
+
+/// The window's rkey `rkey` with the consumer's key byte `key` in place
+/// of its own: what a bind under `key` makes it (`ibv_inc_rkey` moves
+/// `key` on by one).
+pub fn with_key(rkey: u32, key: u8) -> u32 {
+    window_handle(rkey) | u32::from(key)
 }
 
 impl MemoryWindow {
@@ -135,14 +143,13 @@ impl MemoryWindow {
     }
 
     /// Binds the window as `bind` asks, over QP `qpn` of `qp_pd`, onto
-    /// `region` (the region `bind.region_lkey` names, if it is live) whose
-    /// PD, rights, range and window count are given.
+    /// `region` (the region `bind.region_lkey` names, if it is live).
     pub(super) fn bind(
         &self,
         qp_pd: PdId,
         qpn: u32,
         bind: &WindowBind,
-        region: Option<(PdId, Access, u64, u64, &Arc<AtomicU32>)>,
+        region: Option<&MemoryRegion>,
     ) -> Result<u32, WindowFault> {
         let mut binding = self.lock();
         if binding.freed {
@@ -161,24 +168,24 @@ impl MemoryWindow {
         let bound = if bind.len == 0 {
             None
         } else {
-            let (pd, access, iova, len, windows) = region.ok_or(WindowFault::NoRegion)?;
-            if pd != self.pd {
+            let region = region.ok_or(WindowFault::NoRegion)?;
+            if region.pd != self.pd {
                 return Err(WindowFault::WrongPd);
             }
-            if !access.contains(Access::MW_BIND) {
+            if !region.access.contains(Access::MW_BIND) {
                 return Err(WindowFault::RegionNotBindable);
             }
             let writes = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-            if bind.access.intersects(writes) && !access.contains(Access::LOCAL_WRITE) {
+            if bind.access.intersects(writes) && !region.access.contains(Access::LOCAL_WRITE) {
                 return Err(WindowFault::RegionNotWritable);
             }
             let end = bind.addr.checked_add(bind.len).ok_or(WindowFault::OutOfRegion)?;
-            if bind.addr < iova || end > iova + len {
+            if bind.addr < region.iova || end > region.iova + region.len {
                 return Err(WindowFault::OutOfRegion);
             }
             Some(Bound {
                 region_lkey: bind.region_lkey,
-                region_windows: windows.clone(),
+                region_windows: region.windows.clone(),
                 addr: bind.addr,
                 len: bind.len,
                 access: bind.access & (Access::REMOTE | Access::ZERO_BASED),
@@ -191,7 +198,7 @@ impl MemoryWindow {
         if let Some(old) = std::mem::replace(&mut binding.bound, bound) {
             old.region_windows.fetch_sub(1, Ordering::Relaxed);
         }
-        binding.rkey = handle_of(binding.rkey) | (bind.new_rkey & 0xff);
+        binding.rkey = with_key(binding.rkey, bind.new_rkey as u8);
         Ok(binding.rkey)
     }
 
