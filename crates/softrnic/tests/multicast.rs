@@ -90,6 +90,15 @@ fn a_datagram_to_a_group_reaches_every_attached_qp_and_no_detached_one() {
         assert_eq!(next(&m.cq, None).unwrap().byte_len as usize, GRH + 11);
     }
     assert!(next(&members[2].cq, Some(Duration::from_millis(200))).is_none(), "a detached QP hears nothing");
+    // Nothing of the devices' own making went wrong: every copy checked,
+    // parsed, found a receive and was not dropped by the host.
+    for ctx in [&b, &c] {
+        let counters = ctx.counters();
+        let t = &counters.transport;
+        assert_eq!((t.rx_icrc_errors, t.rx_malformed, t.rx_no_receive_posted), (0, 0, 0), "{:?}", ctx.addr());
+        assert_eq!(counters.rx_dropped_by_kernel, 0);
+    }
+    assert_eq!(b.counters().transport.rx_unknown_qp, 0, "b's QPs stayed attached");
 }
 
 #[test]
