@@ -5,7 +5,9 @@ kernel's RDMA paths (infiniband-diags' ibstat and ibstatus) and UCX
 `softrnic run`; and rdma_cm programs over softrnic's librdmacm.so.1
 (rdmacm-utils' rping, ucmatose, udaddy, mckey, rdma_server/rdma_client, cmtime,
 qperf -cm1, perftest's eight tests with -R, and scripts/programs/
-cm-ack-timeout.c for rdma_set_option); and libfabric's verbs
+cm-ack-timeout.c for rdma_set_option); rsockets (rstream, riostream,
+rcopy, scripts/programs/rsocket-check.c, and sockperf's TCP ping-pong
+under librspreload.so, with no kernel TCP socket on its port); and libfabric's verbs
 provider (fi_info, fi_pingpong over DGRAM and MSG endpoints); and Open
 MPI over UCX (scripts/programs/mpi-check.c: ping-pong, an allreduce
 checked against the exact sum, MPI_Put through osc ucx). On loopback and
@@ -38,7 +40,7 @@ _spec.loader.exec_module(vm)
 SOFTRNIC = os.path.join(HERE, "..", "target", "release", "softrnic")
 TOOLS = {"ibstat": "infiniband-diags", "ibstatus": "infiniband-diags", "ucx_info": "ucx-utils", "ucx_perftest": "ucx-utils",
          "rping": "rdmacm-utils", "qperf": "qperf", "ib_send_bw": "perftest", "fi_pingpong": "libfabric-bin",
-         "mpirun": "openmpi-bin", "mpicc": "libopenmpi-dev"}
+         "mpirun": "openmpi-bin", "mpicc": "libopenmpi-dev", "rstream": "rdmacm-utils", "sockperf": "sockperf"}
 TIMEOUT = 90
 # How long a server may take to listen on its TCP port (a loaded 2-core
 # machine has taken seconds).
@@ -86,13 +88,15 @@ def pairs():
 MCKEY_GROUP = "239.255.88.1"
 
 
-def cm_pairs(ack_timeout):
+def cm_pairs(ack_timeout, rsocket_check, own_device):
     """(name, server argv, client argv, parse, how the server runs): rdma_cm
     programs, {S} and {C} standing for the server's and the client's
-    address, {P} for the port. A server ONCE serves the client and exits;
-    a server that SERVES_TCP listens on TCP port {P} too and, like one that
-    runs FOREVER, is stopped once the client is done. `ack_timeout` is
-    scripts/programs/cm-ack-timeout.c built."""
+    address, {P} for the port ({PX} in hex). A server ONCE serves the
+    client and exits; a server that SERVES_TCP listens on TCP port {P} too
+    and, like one that runs FOREVER, is stopped once the client is done.
+    `ack_timeout` and `rsocket_check` are scripts/programs/cm-ack-timeout.c
+    and rsocket-check.c built; `own_device`: each program has its own
+    device (not softrnicd's), whose counters it can check."""
     out = [
         # The server's check is its exit status: grep finds its line.
         ("rdma_set_option ACK_TIMEOUT", ["sh", "-c", f"{ack_timeout} -s {{S}} {{P}} | grep -x 'server timeout 18'"],
@@ -120,6 +124,7 @@ def cm_pairs(ack_timeout):
         ("cmtime (1000 connections)", ["cmtime", "-b", "{S}", "-p", "{P}", "-c", "1000"],
          ["cmtime", "-s", "{S}", "-b", "{C}", "-p", "{P}", "-c", "1000"], cmtime_figure, FOREVER),
     ]
+    out += rsocket_pairs(rsocket_check, own_device)
     for test in ["rc_lat", "rc_bw"]:
         out.append((f"qperf -cm1 {test}", ["qperf", "-lp", "{P}"], ["qperf", "{S}", "-lp", "{P}", "-t", "2", "-cm1", test],
                     qperf_figure, SERVES_TCP))
@@ -132,6 +137,64 @@ def cm_pairs(ack_timeout):
 
 
 ONCE, SERVES_TCP, FOREVER = "once", "serves TCP", "forever"
+
+PRELOAD = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so"
+
+
+def rsocket_pairs(rsocket_check, own_device):
+    """rsockets: rdma-core's rstream (verifying every byte; blocking; with
+    rpoll), riostream (riowrite into the peer's riomap'd buffer: custom
+    sizes, as its receiver spins on memory and a 2-core machine's engine
+    threads wait their turn), rcopy, rsocket-check, and an unmodified TCP
+    program (sockperf) under librspreload.so. librspreload falls back to
+    the kernel's TCP whenever an rsocket fails, so that client looks for a
+    kernel TCP socket on the port while it runs: finding one fails it."""
+    stream = lambda *a: (["rstream", "-b", "{S}", "-p", "{P}", *a], ["rstream", "-s", "{S}", "-p", "{P}", *a])
+    rcopy = ("f=$(mktemp); head -c 4000000 /dev/urandom > $f; "
+             "rcopy $f {S}:$f.copy -p {P} && cmp $f $f.copy && echo 'copied and compared'; rm -f $f $f.copy")
+    preloaded = (f"LD_PRELOAD={PRELOAD} sockperf ping-pong --tcp -i {{S}} -p {{P}} -t 3 & sleep 1.5; "
+                 "if grep -qi ':{PX} ' /proc/net/tcp /proc/net/tcp6; then echo 'kernel TCP carried it'; fi; wait")
+    # Its own device's counters are in the files `softrnic run` shows.
+    check = lambda side: (softrnic_run("{S}" if side == "-s" else "{C}", [rsocket_check, side, "{S}", "{P}", "-n"])
+                          if own_device else [rsocket_check, side, "{S}", "{P}"])
+    return [
+        ("rstream -T v (rsockets, verified)", *stream("-T", "v"), rstream_figure, ONCE),
+        ("rstream -T b (blocking, 64 KiB)", *stream("-T", "b", "-S", "65536", "-C", "1000"), rstream_figure, ONCE),
+        ("rstream -T a (rpoll, 4 KiB)", *stream("-T", "a", "-S", "4096", "-C", "10000"), rstream_figure, ONCE),
+        ("riostream (riowrite, 64 KiB)",
+         ["riostream", "-b", "{S}", "-p", "{P}", "-S", "65536", "-C", "100", "-I", "10"],
+         ["riostream", "-s", "{S}", "-p", "{P}", "-S", "65536", "-C", "100", "-I", "10"], rstream_figure, ONCE),
+        ("rcopy (4 MB file)", ["rcopy", "-p", "{P}"], ["sh", "-c", rcopy],
+         expect(r"copied and compared", "4 MB copied over rsockets and compared"), FOREVER),
+        ("rsocket-check", check("-s"), check("-c"), checks_figure(own_device), ONCE),
+        ("librspreload: sockperf --tcp", ["env", f"LD_PRELOAD={PRELOAD}", "sockperf", "server", "--tcp", "-i", "{S}",
+                                          "-p", "{P}"], ["sh", "-c", preloaded], preloaded_figure, FOREVER),
+    ]
+
+
+def rstream_figure(text, seconds):
+    """rstream's and riostream's table: the last row's rate and time per
+    transfer."""
+    rows = [l.split() for l in text.splitlines() if re.match(r"^\w+\s+\d+[kmg]?\s+\d", l)]
+    if not rows or len(rows[-1]) < 8:
+        return None
+    last = rows[-1]
+    return f"{len(rows)} tests; {last[0]}: {last[6]} Gb/s, {last[7]} µs/xfer"
+
+
+def checks_figure(own_device):
+    def parse(text, seconds):
+        m = re.search(r"^(\d+) checks passed", text, re.M)
+        tail = ", no RNR NAK, retransmission or timeout on either device" if own_device else ""
+        return m and f"{m.group(1)} client checks{tail}"
+    return parse
+
+
+def preloaded_figure(text, seconds):
+    if "kernel TCP carried it" in text:
+        return None
+    m = re.search(r"Summary: Latency is ([\d.]+) usec", text)
+    return m and f"{float(m.group(1)):.1f} µs average round trip, no kernel TCP socket on the port"
 
 
 def cmtime_figure(text, seconds):
@@ -213,8 +276,8 @@ def serve_and_run(site, server_cmd, client_cmd, ready_port=None, stop_server=Fal
 def run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, port):
     """Runs an rdma_cm server and client over softrnic's librdmacm; the
     client's output must parse."""
-    fill = lambda argv: [a.replace("{S}", site.server_addr).replace("{C}", site.client_addr).replace("{P}", str(port))
-                         for a in argv]
+    fill = lambda argv: [a.replace("{S}", site.server_addr).replace("{C}", site.client_addr)
+                         .replace("{PX}", f"{port:04X}").replace("{P}", str(port)) for a in argv]
     start = time.time()
     failed, text = serve_and_run(
         site, site.command(site.server_ns, fill(server_argv)), site.command(site.client_ns, fill(client_argv)),
@@ -276,17 +339,15 @@ def run_fabric(site, wanted, results):
 MPI_CHECK = os.path.join(HERE, "programs", "mpi-check.c")
 
 
-CM_ACK_TIMEOUT = os.path.join(HERE, "programs", "cm-ack-timeout.c")
-
-
-def build_cm_ack_timeout():
-    """Compiles scripts/programs/cm-ack-timeout.c against librdmacm's
-    headers; returns the binary (run over softrnic's library)."""
-    binary = os.path.join(tempfile.mkdtemp(prefix="cm-", dir=scratch()), "cm-ack-timeout")
-    built = subprocess.run(["cc", "-O2", "-o", binary, CM_ACK_TIMEOUT, "-lrdmacm", "-libverbs"],
+def build_cm_program(name):
+    """Compiles scripts/programs/NAME.c against librdmacm's headers;
+    returns the binary (run over softrnic's library)."""
+    source = os.path.join(HERE, "programs", f"{name}.c")
+    binary = os.path.join(tempfile.mkdtemp(prefix="cm-", dir=scratch()), name)
+    built = subprocess.run(["cc", "-O2", "-Wall", "-o", binary, source, "-lrdmacm", "-libverbs"],
                            capture_output=True, text=True)
     if built.returncode != 0:
-        sys.exit(f"cc {CM_ACK_TIMEOUT} failed (librdmacm-dev installed?):\n{built.stderr}")
+        sys.exit(f"cc {source} failed (librdmacm-dev installed?):\n{built.stderr}")
     return binary
 
 
@@ -499,12 +560,15 @@ def main():
         sys.exit("no target/release/softrnic: run cargo build --release first")
     libdir = vm.build_library()
     mpi_check = build_mpi_check()
-    ack_timeout = build_cm_ack_timeout()
+    ack_timeout = build_cm_program("cm-ack-timeout")
+    rsocket_check = build_cm_program("rsocket-check")
     wanted = re.compile(args.only) if args.only else None
     results = []
 
     def run_cm_site(site):
-        for i, (name, server_argv, client_argv, parse, runs) in enumerate(cm_pairs(ack_timeout)):
+        own_device = "SOFTRNIC_DAEMON" not in site.env
+        for i, (name, server_argv, client_argv, parse, runs) in enumerate(cm_pairs(ack_timeout, rsocket_check,
+                                                                                    own_device)):
             if wanted and not wanted.search(name):
                 continue
             verdict = run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, 18800 + i)

@@ -184,7 +184,8 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     })
 }
 
-/// Frees the event `rdma_get_request` left on the ID.
+/// Frees the event a synchronous call (`rdma_get_request`, `rdma_connect`,
+/// `rdma_accept`) left on the ID.
 fn free_event(id: &mut Id) {
     if !id.public.event.is_null() {
         // SAFETY: made by Box::into_raw in rdma_get_request.
@@ -611,6 +612,22 @@ unsafe fn next_event(device: &CmDevice, channel: &Channel) -> Result<Box<EventBo
     }
 }
 
+/// The next event on `channel` if one is queued; never waits (rsockets
+/// take their sockets' events so).
+///
+/// # Safety
+/// Every entry on `channel` is for a live ID.
+pub(crate) unsafe fn try_event(channel: &Channel) -> Option<Box<EventBox>> {
+    let device = device().ok()?;
+    loop {
+        let pending = channel.queue.try_pop()?;
+        // SAFETY: for a live ID (caller).
+        if let Some(event) = unsafe { id::finish(device, pending) } {
+            return Some(event);
+        }
+    }
+}
+
 /// Why a call fails once the device has gone.
 const DEVICE_GONE: &str = "the device has gone away (softrnicd stopped)";
 
@@ -621,7 +638,13 @@ fn wait_established(verb: &str, device: &CmDevice, id: &mut Id) -> c_int {
         let event = or_return!(unsafe { next_event(device, id.channel()) });
         let (kind, status) = (event.public.event, event.public.status);
         match kind {
-            RDMA_CM_EVENT_ESTABLISHED => return 0,
+            RDMA_CM_EVENT_ESTABLISHED => {
+                // Left on the ID with its private data, as rdma-core's
+                // synchronous calls leave their last event.
+                free_event(id);
+                id.public.event = Box::into_raw(event).cast();
+                return 0;
+            }
             RDMA_CM_EVENT_REJECTED => return fail(verb, libc::ECONNREFUSED, format!("rejected (reason {status})")),
             RDMA_CM_EVENT_UNREACHABLE | RDMA_CM_EVENT_CONNECT_ERROR => {
                 return fail(verb, status.unsigned_abs() as c_int, "the peer did not answer");

@@ -14,7 +14,8 @@
 //! - [`agent`]: the thread that receives CM MADs on QP1 and runs timers;
 //! - [`id`]: rdma_cm IDs, event channels and events, and what happens to a
 //!   QP as its connection comes up and goes down;
-//! - [`api`], [`addrinfo`]: the exported calls; [`unsupported`]: what is
+//! - [`api`], [`addrinfo`]: the exported calls; [`rsocket`]: the socket
+//!   calls over RC connections made with them; [`unsupported`]: what is
 //!   refused, and how.
 //!
 //! The messages travel as MADs in UD SENDs to QP1 with the GSI's Q_Key,
@@ -30,6 +31,7 @@ pub mod device;
 pub mod id;
 pub mod multicast;
 pub mod protocol;
+pub mod rsocket;
 pub mod unsupported;
 pub mod verbs;
 

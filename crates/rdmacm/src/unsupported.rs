@@ -1,7 +1,6 @@
 //! What softrnic's librdmacm refuses, with the error rdma_cm programs
 //! check for and a line on stderr that says what is missing: ECE (there is
-//! nothing to negotiate), and rsockets (the socket API over RDMA, which would need
-//! its own protocol on top of these connections).
+//! nothing to negotiate).
 
 use std::ffi::{c_int, c_void};
 
@@ -26,44 +25,3 @@ pub extern "C" fn rdma_set_local_ece(_id: *mut rdma_cm_id, _ece: *mut c_void) ->
 pub extern "C" fn rdma_get_remote_ece(_id: *mut rdma_cm_id, _ece: *mut c_void) -> c_int {
     refused("rdma_get_remote_ece", libc::EOPNOTSUPP, "enhanced connection establishment (ECE)")
 }
-
-/// The rsockets calls: each fails as a socket call does (-1, `errno`),
-/// whatever its arguments (the C caller passes them; none is read).
-macro_rules! rsockets_refused {
-    ($($name:ident),* $(,)?) => {$(
-        #[unsafe(no_mangle)]
-        pub extern "C" fn $name() -> isize {
-            refused(stringify!($name), libc::ENOSYS, "rsockets") as isize
-        }
-    )*};
-}
-
-rsockets_refused!(
-    raccept,
-    rbind,
-    rclose,
-    rconnect,
-    rfcntl,
-    rgetpeername,
-    rgetsockname,
-    rgetsockopt,
-    riomap,
-    riounmap,
-    riowrite,
-    rlisten,
-    rpoll,
-    rread,
-    rreadv,
-    rrecv,
-    rrecvfrom,
-    rrecvmsg,
-    rselect,
-    rsend,
-    rsendmsg,
-    rsendto,
-    rsetsockopt,
-    rshutdown,
-    rsocket,
-    rwrite,
-    rwritev,
-);

@@ -34,6 +34,7 @@ unsafe extern "C" {
     ) -> c_int;
     pub fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: std::ffi::c_uint);
     pub fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut std::ffi::c_void, length: usize, access: c_int) -> *mut ibv_mr;
+    pub fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
     pub fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah;
     pub fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int;
     pub fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;

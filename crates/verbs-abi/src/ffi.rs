@@ -86,6 +86,21 @@ impl OnPanic for isize {
     }
 }
 
+/// rsockets' `riomap` (an `off_t`) and `riowrite` (a `size_t`): -1.
+impl OnPanic for i64 {
+    fn on_panic() -> i64 {
+        set_errno(libc::EIO);
+        -1
+    }
+}
+
+impl OnPanic for usize {
+    fn on_panic() -> usize {
+        set_errno(libc::EIO);
+        usize::MAX
+    }
+}
+
 /// The extended CQ's `read_*` accessors have no way to fail: a zero.
 macro_rules! zero_on_panic {
     ($($t:ty),*) => {$(
