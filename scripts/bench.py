@@ -28,6 +28,12 @@ softrnic runs over its UDP datapath there. Other modes:
   --cm        connection set-up through rdma_cm: rdmacm-utils' cmtime
               over softrnic's librdmacm.so.1 (1 to 1000 connections) beside
               kernel TCP's connect and accept of as many connections;
+  --rsockets  rdmacm-utils' rstream over softrnic's rsockets beside the
+              same program's TCP mode (-T s), non-blocking and blocking,
+              64 B latency and 64 KiB bandwidth; riostream (riowrite)
+              beside it; and sockperf's TCP ping-pong under
+              librspreload.so beside plain kernel TCP; over the
+              default wire between two processes and over UDP;
   --mpi       Open MPI over UCX over softrnic (pml ucx) beside Open MPI's
               TCP BTL (pml ob1, btl self,tcp): scripts/programs/mpi-check.c's
               8 B latency, 1 MiB bandwidth and 64 Ki-double allreduce.
@@ -59,7 +65,7 @@ softrnic runs over its UDP datapath there. Other modes:
               second run of this build against the first is an A/A
               control, the noise any difference must stand out from.
 
-    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --mpi | --switch | --daemon | --auth | --account | --against OTHER]
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --rsockets | --mpi | --switch | --daemon | --auth | --account | --against OTHER]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -694,6 +700,89 @@ def cm_main(a):
     print("\nAll runs:", json.dumps({n: v for n, v in r.items()}))
 
 
+PRELOAD = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so"
+
+
+def rstream_row(program, args, port, env, server_addr="127.0.0.60", client_addr="127.0.0.61"):
+    """One rstream (or riostream) pair; its table's last row: (Gb/s,
+    µs per transfer, one way)."""
+    common = [program, "-p", str(port), *args]
+    with Server([*common, "-b", server_addr], env={**env, "SOFTRNIC_ADDR": server_addr}):
+        out = sh([*common, "-s", server_addr], env={**env, "SOFTRNIC_ADDR": client_addr}, timeout=300)
+    rows = [l.split() for l in out.stdout.splitlines() if re.match(r"^\w+\s+\d+[kmg]?\s+\d", l)]
+    if out.returncode != 0 or not rows:
+        raise RuntimeError(f"{' '.join(common)}: {out.stdout[-300:]} {out.stderr[-300:]}")
+    return float(rows[-1][6]), float(rows[-1][7])
+
+
+def sockperf_tcp_p50_us(port, env, preload):
+    """sockperf's blocking TCP ping-pong, 64 B, 3 s: the median round
+    trip's half, as sockperf reports it; under librspreload.so when
+    `preload`."""
+    pre = {"LD_PRELOAD": PRELOAD} if preload else {}
+    with Server(["sockperf", "server", "--tcp", "-i", "127.0.0.62", "-p", str(port)],
+                env={**env, **pre, "SOFTRNIC_ADDR": "127.0.0.62"}, settle=1):
+        out = sh(["sockperf", "ping-pong", "--tcp", "-i", "127.0.0.62", "-p", str(port), "-m", "64", "-t", "3"],
+                 env={**env, **pre, "SOFTRNIC_ADDR": "127.0.0.63"})
+    m = re.search(r"percentile 50\.000 =\s+([\d.]+)", out.stdout + out.stderr)
+    if out.returncode != 0 or not m:
+        raise RuntimeError(f"sockperf --tcp{' (preloaded)' if preload else ''}: {out.stdout[-300:]} {out.stderr[-300:]}")
+    return float(m.group(1))
+
+
+def rsockets_main(a):
+    """rsockets over softrnic beside kernel TCP through the same programs,
+    same run."""
+    for tool, package in [("rstream", "rdmacm-utils"), ("sockperf", "sockperf")]:
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is missing: sudo apt-get install {package}")
+    libdir = subprocess.run([os.path.join(ROOT, "scripts", "build-libibverbs.sh")], check=True, capture_output=True,
+                            text=True).stdout.strip().splitlines()[-1]
+    wires = {"default": {}, "udp": {"SOFTRNIC_DATAPATH": "udp"}}
+    lat, bw = ["-S", "64", "-C", "1", "-I", "20000"], ["-S", "65536", "-C", "5000"]
+    cases = [  # (key, program, arguments, figure: 0 Gb/s, 1 µs)
+        ("lat", "rstream", lat, 1), ("bw", "rstream", bw, 0),
+        ("blat", "rstream", ["-T", "b", *lat], 1), ("bbw", "rstream", ["-T", "b", *bw], 0),
+    ]
+    r = {}
+    port = 16000
+    for run in range(a.runs):
+        print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+        for key, program, args, figure in cases:
+            for wire, extra in wires.items():
+                env = {**os.environ, "LD_LIBRARY_PATH": libdir, **extra}
+                port += 1
+                r.setdefault(f"{key}_{wire}", []).append(rstream_row(program, args, port, env)[figure])
+            port += 1
+            r.setdefault(f"{key}_tcp", []).append(rstream_row(program, ["-T", "s", *args], port, dict(os.environ))[figure])
+        for wire, extra in wires.items():
+            env = {**os.environ, "LD_LIBRARY_PATH": libdir, **extra}
+            port += 1
+            r.setdefault(f"riobw_{wire}", []).append(rstream_row("riostream", ["-S", "65536", "-C", "1000"], port, env)[0])
+            port += 1
+            r.setdefault(f"preload_{wire}", []).append(sockperf_tcp_p50_us(port, env, preload=True))
+        port += 1
+        r.setdefault("preload_tcp", []).append(sockperf_tcp_p50_us(port, dict(os.environ), preload=False))
+    m = {k: median(v) for k, v in r.items()}
+    ratio = lambda x, y: per_run_ratio(r[x], r[y])
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores:\n")
+    print("| measure | wire | rsockets over softrnic | kernel TCP (same program) | ratio (median of per-run ratios) |")
+    print("| --- | --- | --- | --- | --- |")
+    rows = [("rstream 64 B latency, non-blocking", "lat", "µs", "{:.2f}"),
+            ("rstream 64 KiB bandwidth, non-blocking", "bw", "Gb/s", "{:.2f}"),
+            ("rstream 64 B latency, blocking (-T b)", "blat", "µs", "{:.2f}"),
+            ("rstream 64 KiB bandwidth, blocking (-T b)", "bbw", "Gb/s", "{:.2f}")]
+    for wire in wires:
+        for name, key, unit, fmt in rows:
+            ours, tcp = fmt.format(m[f"{key}_{wire}"]), fmt.format(m[f"{key}_tcp"])
+            print(f"| {name} | {wire} | {ours} {unit} | {tcp} {unit} | {ratio(f'{key}_{wire}', f'{key}_tcp'):.2f}× |")
+        print(f"| riostream 64 KiB bandwidth (riowrite) against rstream -T s | {wire} | {m[f'riobw_{wire}']:.2f} Gb/s | "
+              f"{m['bw_tcp']:.2f} Gb/s | {ratio(f'riobw_{wire}', 'bw_tcp'):.2f}× |")
+        print(f"| sockperf --tcp 64 B ping-pong p50, under librspreload.so | {wire} | {m[f'preload_{wire}']:.2f} µs | "
+              f"{m['preload_tcp']:.2f} µs | {ratio(f'preload_{wire}', 'preload_tcp'):.2f}× |")
+    print("\nAll runs:", json.dumps({k: [round(x, 2) for x in v] for k, v in r.items()}))
+
+
 def mpi_figures(argv):
     """Runs mpi-check; returns its latency (µs), bandwidth (MB/s) and
     allreduce time (µs)."""
@@ -902,6 +991,7 @@ def main():
     parser.add_argument("--scaling", action="store_true", help="8 QPs over 1, 2, 4 and 8 engine threads")
     parser.add_argument("--loss", action="store_true", help="throughput and tail latency under loss, each recovery, and against TCP")
     parser.add_argument("--cm", action="store_true", help="connection set-up through rdma_cm beside TCP's")
+    parser.add_argument("--rsockets", action="store_true", help="rstream, riostream and librspreload over softrnic beside TCP")
     parser.add_argument("--mpi", action="store_true", help="Open MPI over softrnic beside Open MPI over TCP")
     parser.add_argument("--switch", action="store_true", help="the lab's switch beside the Linux bridge; port rate accuracy; simulator speed")
     parser.add_argument("--daemon", action="store_true", help="softrnic bench through softrnicd beside the engine in the process")
@@ -925,6 +1015,8 @@ def main():
         return account_main(a)
     if a.cm:
         return cm_main(a)
+    if a.rsockets:
+        return rsockets_main(a)
     if a.mpi:
         return mpi_main(a)
     if a.shm:

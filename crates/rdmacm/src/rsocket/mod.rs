@@ -794,10 +794,13 @@ pub unsafe extern "C" fn riounmap(fd: c_int, buf: *mut c_void, _len: usize) -> c
             Err(rc) => return rc,
         };
         let unmapped = until_done(&socket, false, None, |s| {
+            let talking = s.talking();
             let Some(stream) = s.stream.as_mut() else { return Attempt::Failed(libc::ENOTCONN) };
-            match stream.can_send_message() {
-                true => stream.unmap(buf as u64).map_or_else(Attempt::Failed, Attempt::Done),
-                false => {
+            match (talking, stream.can_send_message()) {
+                (false, _) | (true, true) => {
+                    stream.unmap(buf as u64, talking).map_or_else(Attempt::Failed, Attempt::Done)
+                }
+                (true, false) => {
                     stream.progress();
                     Attempt::Wait
                 }

@@ -309,9 +309,19 @@ impl RSocket {
         }
     }
 
+    /// Whether the peer is there to hear a message: connected, neither
+    /// gone nor broken.
+    pub fn talking(&mut self) -> bool {
+        self.progress();
+        !self.peer_gone && self.stream.as_ref().is_some_and(|s| s.failed.is_none())
+    }
+
     /// A control message, once a slot is free.
     pub fn control(&mut self, kind: Kind, payload: &[u8]) -> Attempt<()> {
         self.progress();
+        if self.peer_gone {
+            return Attempt::Failed(libc::EPIPE);
+        }
         let stream = match self.connected() {
             Ok(s) => s,
             Err(e) => return Attempt::Failed(e),

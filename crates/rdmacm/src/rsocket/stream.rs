@@ -626,12 +626,15 @@ impl Stream {
     }
 
     /// Ends the mapping of the buffer at `addr`, telling the peer first
-    /// (needs a free slot).
-    pub fn unmap(&mut self, addr: u64) -> Result<(), c_int> {
+    /// when `tell` (that needs a free slot and a credit). A connection
+    /// that broke or whose peer left ends it all the same.
+    pub fn unmap(&mut self, addr: u64, tell: bool) -> Result<(), c_int> {
         let Some(at) = self.local_maps.iter().position(|m| m.addr == addr) else {
             return Err(libc::EINVAL);
         };
-        self.send_control(Kind::Unmap, &self.local_maps[at].offset.to_be_bytes())?;
+        if tell && self.failed.is_none() {
+            let _ = self.send_control(Kind::Unmap, &self.local_maps[at].offset.to_be_bytes());
+        }
         let map = self.local_maps.swap_remove(at);
         // SAFETY: the mapping's own registration.
         unsafe { verbs::ibv_dereg_mr(map.mr) };
