@@ -4,7 +4,7 @@
 //!
 //! Each round asks every rsocket for its events (taking its completions
 //! and CM events) and the kernel for the rest without waiting. With
-//! nothing ready, it spins for [`SPIN`](super::SPIN), then arms every
+//! nothing ready, it polls for [`struct@SPIN`](super::SPIN), then arms every
 //! rsocket's notifications and sleeps in one `ppoll` over the other
 //! descriptors and the rsockets' wake-up descriptors.
 
@@ -25,7 +25,7 @@ enum Watched {
 
 pub fn poll(fds: &mut [libc::pollfd], timeout: c_int) -> c_int {
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
-    let spin_until = Instant::now() + SPIN;
+    let spin_until = Instant::now() + *SPIN;
     let sockets = table().clone();
     let mut kernel: Vec<libc::pollfd> = Vec::with_capacity(fds.len());
     let watched: Vec<Watched> = fds
