@@ -18,6 +18,7 @@
 
 pub mod message;
 pub mod options;
+mod poll;
 pub mod socket;
 pub mod stream;
 
@@ -164,8 +165,14 @@ unsafe fn give_address(
     if len.is_null() {
         return libc::EFAULT;
     }
+    let mut storage = *storage;
     let full = match c_int::from(storage.ss_family) {
         libc::AF_INET6 => size_of::<libc::sockaddr_in6>(),
+        // Not bound yet: 0.0.0.0 port 0, as Linux names such a socket.
+        0 => {
+            storage.ss_family = libc::AF_INET as libc::sa_family_t;
+            size_of::<libc::sockaddr_in>()
+        }
         _ => size_of::<libc::sockaddr_in>(),
     };
     // SAFETY: as the contract says.
@@ -173,7 +180,7 @@ unsafe fn give_address(
         let room = (*len as usize).min(full);
         if !addr.is_null() {
             std::ptr::copy_nonoverlapping(
-                (storage as *const libc::sockaddr_storage).cast::<u8>(),
+                (&storage as *const libc::sockaddr_storage).cast::<u8>(),
                 addr.cast::<u8>(),
                 room,
             );
@@ -902,5 +909,3 @@ pub unsafe extern "C" fn rselect(
         unsafe { poll::select(nfds, read, write, except, timeout) }
     })
 }
-
-mod poll;

@@ -26,19 +26,20 @@ enum Watched {
 pub fn poll(fds: &mut [libc::pollfd], timeout: c_int) -> c_int {
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     let spin_until = Instant::now() + *SPIN;
-    let sockets = table().clone();
     let mut kernel: Vec<libc::pollfd> = Vec::with_capacity(fds.len());
-    let watched: Vec<Watched> = fds
-        .iter()
-        .map(|p| match sockets.get(&p.fd) {
-            _ if p.fd < 0 => Watched::Ignored,
-            Some(socket) => Watched::RSocket(socket.clone()),
-            None => {
-                kernel.push(libc::pollfd { fd: p.fd, events: p.events, revents: 0 });
-                Watched::Kernel(kernel.len() - 1)
-            }
-        })
-        .collect();
+    let watched: Vec<Watched> = {
+        let sockets = table();
+        fds.iter()
+            .map(|p| match sockets.get(&p.fd) {
+                _ if p.fd < 0 => Watched::Ignored,
+                Some(socket) => Watched::RSocket(socket.clone()),
+                None => {
+                    kernel.push(libc::pollfd { fd: p.fd, events: p.events, revents: 0 });
+                    Watched::Kernel(kernel.len() - 1)
+                }
+            })
+            .collect()
+    };
     let program_fds = kernel.len();
     loop {
         let mut ready = 0;
@@ -76,8 +77,12 @@ pub fn poll(fds: &mut [libc::pollfd], timeout: c_int) -> c_int {
         };
         let spec =
             libc::timespec { tv_sec: wait.as_secs() as libc::time_t, tv_nsec: wait.subsec_nanos() as libc::c_long };
-        // SAFETY: `kernel` holds its length of pollfds across the call.
-        let rc = unsafe { libc::ppoll(kernel.as_mut_ptr(), kernel.len() as libc::nfds_t, &spec, std::ptr::null()) };
+        let rc = match kernel.is_empty() && wait.is_zero() {
+            // Nothing for the kernel to look at or wait for.
+            true => 0,
+            // SAFETY: `kernel` holds its length of pollfds across the call.
+            false => unsafe { libc::ppoll(kernel.as_mut_ptr(), kernel.len() as libc::nfds_t, &spec, std::ptr::null()) },
+        };
         if rc < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
