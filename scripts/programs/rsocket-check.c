@@ -1,7 +1,7 @@
 /* rsockets end to end, through <rdma/rsocket.h> as rdma-core declares it:
  * a stream's bytes arrive whole and in order, a reader that stops holds
  * its writer (a non-blocking rsend says EAGAIN long before the bytes run
- * out, nothing is lost), MSG_PEEK and MSG_WAITALL, rpoll and rselect over
+ * out, nothing is lost, and riomap still waits for room), MSG_PEEK and MSG_WAITALL, rpoll and rselect over
  * an rsocket and a pipe together, riomap/riowrite into the peer's memory,
  * one thread sending while another receives on the same rsocket (the
  * server echoes), the end of the stream after rshutdown, the addresses, and what is
@@ -270,6 +270,12 @@ static void client(const char *ip, int port, int counters)
 	}
 	CHECK(errno == EAGAIN, "a full stream says EAGAIN");
 	CHECK(sent > 0 && sent < STREAM_BYTES / 2, "the reader's buffers held the writer at %zu bytes", sent);
+	/* riomap and riounmap finish what they start, room or not: they wait
+	 * for the reader even on a non-blocking socket. */
+	uint8_t *spare = calloc(1, 4096);
+	off_t at = riomap(s, spare, 4096, PROT_WRITE, 0, -1);
+	CHECK(at == 0, "riomap on a full non-blocking stream (got %lld)", (long long)at);
+	CHECK(!riounmap(s, spare, 4096), "riounmap on a full non-blocking stream");
 	CHECK(!rfcntl(s, F_SETFL, 0), "blocking again");
 	send_all(s, buf + sent, STREAM_BYTES - sent);
 	expect_line(s, "got it");

@@ -86,13 +86,23 @@ fn returned(verb: &str, result: Result<usize, c_int>) -> isize {
     }
 }
 
-/// Tries `attempt` until it is done or fails; between tries, spins for
+/// Whether a call may wait for what it needs.
+#[derive(Debug, Clone, Copy)]
+enum Waits {
+    /// As the socket's mode says (`O_NONBLOCK`: `EAGAIN` instead), and
+    /// never with the call's `MSG_DONTWAIT`.
+    AsTheSocket { dontwait: bool },
+    /// Whatever the socket's mode: calls that finish what they start
+    /// (`riomap`, `riounmap`, the end of the stream, `rclose`), which a
+    /// non-blocking TCP socket never answers with `EAGAIN` either.
+    Always,
+}
+
+/// Tries `attempt` until it is done or fails; between tries, polls for
 /// [`struct@SPIN`], then sleeps on the socket's descriptors without its lock.
-/// A non-blocking socket (or `dontwait`) fails with `EAGAIN` instead of
-/// waiting.
 fn until_done<T>(
     socket: &Shared,
-    dontwait: bool,
+    waits: Waits,
     deadline: Option<Instant>,
     mut attempt: impl FnMut(&mut RSocket) -> Attempt<T>,
 ) -> Result<T, c_int> {
@@ -105,7 +115,11 @@ fn until_done<T>(
                 Attempt::Failed(e) => return Err(e),
                 Attempt::Wait => {}
             }
-            if dontwait || s.options.nonblocking {
+            let may_wait = match waits {
+                Waits::AsTheSocket { dontwait } => !dontwait && !s.options.nonblocking,
+                Waits::Always => true,
+            };
+            if !may_wait {
                 return Err(libc::EAGAIN);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -124,6 +138,11 @@ fn until_done<T>(
 
 fn dontwait(flags: c_int) -> bool {
     flags & libc::MSG_DONTWAIT != 0
+}
+
+/// A data call's waiting: as the socket, unless `flags` say not to.
+fn as_the_socket(flags: c_int) -> Waits {
+    Waits::AsTheSocket { dontwait: dontwait(flags) }
 }
 
 /// Reads a program's `sockaddr` of `len` bytes: its pointer, once the
@@ -266,7 +285,7 @@ pub unsafe extern "C" fn raccept(fd: c_int, addr: *mut libc::sockaddr, len: *mut
             Ok(s) => s,
             Err(rc) => return rc,
         };
-        let socket = match until_done(&listener, false, None, RSocket::accept) {
+        let socket = match until_done(&listener, as_the_socket(0), None, RSocket::accept) {
             Ok(s) => s,
             Err(e) => return returned(VERB, Err(e)) as c_int,
         };
@@ -330,14 +349,16 @@ pub extern "C" fn rshutdown(fd: c_int, how: c_int) -> c_int {
 
 /// Sends the end of the stream once, if the connection still stands.
 fn shut_write(socket: &Shared, deadline: Instant) {
-    let _ = until_done(socket, false, Some(deadline), |s| match s.stream.as_ref().map(|stream| stream.shut_write) {
-        None | Some(true) => Attempt::Done(()),
-        Some(false) => {
-            let sent = s.control(Kind::Shutdown, &[]);
-            if let (Attempt::Done(()), Some(stream)) = (&sent, s.stream.as_mut()) {
-                stream.shut_write = true;
+    let _ = until_done(socket, Waits::Always, Some(deadline), |s| {
+        match s.stream.as_ref().map(|stream| stream.shut_write) {
+            None | Some(true) => Attempt::Done(()),
+            Some(false) => {
+                let sent = s.control(Kind::Shutdown, &[]);
+                if let (Attempt::Done(()), Some(stream)) = (&sent, s.stream.as_mut()) {
+                    stream.shut_write = true;
+                }
+                sent
             }
-            sent
         }
     });
 }
@@ -351,9 +372,8 @@ pub extern "C" fn rclose(fd: c_int) -> c_int {
         // What was sent reaches the peer before the connection goes
         // (blocking, whatever the socket's mode, as rdma-core's rclose).
         let deadline = Instant::now() + LINGER;
-        lock(&socket).options.nonblocking = false;
         shut_write(&socket, deadline);
-        let _ = until_done(&socket, false, Some(deadline), |s| match s.drained() {
+        let _ = until_done(&socket, Waits::Always, Some(deadline), |s| match s.drained() {
             true => Attempt::Done(()),
             false => Attempt::Wait,
         });
@@ -369,9 +389,9 @@ fn receive(verb: &str, fd: c_int, buf: &mut [u8], flags: c_int) -> Result<usize,
     let socket = lookup(verb, fd).map_err(|_| libc::EBADF)?;
     let peek = flags & libc::MSG_PEEK != 0;
     let wait_all = flags & libc::MSG_WAITALL != 0 && !peek;
-    let mut got = until_done(&socket, dontwait(flags), None, |s| s.receive(buf, peek))?;
+    let mut got = until_done(&socket, as_the_socket(flags), None, |s| s.receive(buf, peek))?;
     while wait_all && got > 0 && got < buf.len() {
-        match until_done(&socket, dontwait(flags), None, |s| s.receive(&mut buf[got..], false)) {
+        match until_done(&socket, as_the_socket(flags), None, |s| s.receive(&mut buf[got..], false)) {
             Ok(0) | Err(_) => break,
             Ok(n) => got += n,
         }
@@ -385,7 +405,7 @@ fn send(verb: &str, fd: c_int, bytes: &[u8], flags: c_int) -> Result<usize, c_in
     let socket = lookup(verb, fd).map_err(|_| libc::EBADF)?;
     let mut sent = 0;
     loop {
-        match until_done(&socket, dontwait(flags), None, |s| s.send(&bytes[sent..])) {
+        match until_done(&socket, as_the_socket(flags), None, |s| s.send(&bytes[sent..])) {
             Ok(n) => sent += n,
             Err(libc::EAGAIN) if sent > 0 => return Ok(sent),
             Err(e) => return Err(e),
@@ -777,7 +797,7 @@ pub unsafe extern "C" fn riomap(
             return fail(VERB, libc::EINVAL, "maps a buffer the peer writes: PROT_WRITE, an offset or -1").into();
         }
         let wanted = (offset != -1).then_some(offset as u64);
-        let mapped = until_done(&socket, false, None, |s| {
+        let mapped = until_done(&socket, Waits::Always, None, |s| {
             let room = s.options.iomap_size as usize;
             let Some(stream) = s.stream.as_mut() else { return Attempt::Failed(libc::ENOTCONN) };
             if stream.maps() >= room {
@@ -808,7 +828,7 @@ pub unsafe extern "C" fn riounmap(fd: c_int, buf: *mut c_void, _len: usize) -> c
             Ok(s) => s,
             Err(rc) => return rc,
         };
-        let unmapped = until_done(&socket, false, None, |s| {
+        let unmapped = until_done(&socket, Waits::Always, None, |s| {
             let talking = s.talking();
             let Some(stream) = s.stream.as_mut() else { return Attempt::Failed(libc::ENOTCONN) };
             match (talking, stream.can_send_message()) {
@@ -853,7 +873,7 @@ pub unsafe extern "C" fn riowrite(
         let mut sent = 0;
         while sent < bytes.len() {
             let at = offset as u64 + sent as u64;
-            let wrote = until_done(&socket, dontwait(flags), None, |s| {
+            let wrote = until_done(&socket, as_the_socket(flags), None, |s| {
                 s.progress();
                 let Some(stream) = s.stream.as_mut() else { return Attempt::Failed(libc::ENOTCONN) };
                 if let Some(e) = stream.failed {
