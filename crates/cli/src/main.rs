@@ -10,6 +10,7 @@ mod bench;
 mod careful;
 mod demo;
 mod devinfo;
+mod doctor;
 mod exp;
 mod lab;
 mod run;
@@ -38,6 +39,9 @@ enum Command {
     Agg(agg::AggArgs),
     /// Show a device's address, GID, limits and counters.
     Devinfo(devinfo::DevinfoArgs),
+    /// Check that this machine has what softrnic needs, and say how to
+    /// fix what it lacks (one line per check).
+    Doctor(doctor::DoctorArgs),
     /// Run the transport between two simulated RNICs over a faulty network.
     Demo(demo::DemoArgs),
     /// Throughput the careful way (E9): one end of a run, over softrnic
@@ -69,6 +73,7 @@ fn main() {
         Command::Bench(args) => bench::run(&args),
         Command::Agg(args) => agg::run(&args),
         Command::Devinfo(args) => devinfo::run(&args),
+        Command::Doctor(args) => doctor::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Careful(args) => careful::run(&args),
         Command::Exp(args) => exp::run(args),
