@@ -93,14 +93,15 @@ def pairs():
 MCKEY_GROUP = "239.255.88.1"
 
 
-def cm_pairs(ack_timeout, rsocket_check, own_device):
+def cm_pairs(ack_timeout, rsocket_check, rsocket_hostile, own_device):
     """(name, server argv, client argv, parse, how the server runs): rdma_cm
     programs, {S} and {C} standing for the server's and the client's
     address, {P} for the port ({PX} in hex). A server ONCE serves the
     client and exits; a server that SERVES_TCP listens on TCP port {P} too
     and, like one that runs FOREVER, is stopped once the client is done.
-    `ack_timeout` and `rsocket_check` are scripts/programs/cm-ack-timeout.c
-    and rsocket-check.c built; `own_device`: each program has its own
+    `ack_timeout`, `rsocket_check` and `rsocket_hostile` are
+    scripts/programs/cm-ack-timeout.c, rsocket-check.c and
+    rsocket-hostile.c built; `own_device`: each program has its own
     device (not softrnicd's), whose counters it can check."""
     out = [
         # The server's check is its exit status: grep finds its line.
@@ -129,7 +130,7 @@ def cm_pairs(ack_timeout, rsocket_check, own_device):
         ("cmtime (1000 connections)", ["cmtime", "-b", "{S}", "-p", "{P}", "-c", "1000"],
          ["cmtime", "-s", "{S}", "-b", "{C}", "-p", "{P}", "-c", "1000"], cmtime_figure, FOREVER),
     ]
-    out += rsocket_pairs(rsocket_check, own_device)
+    out += rsocket_pairs(rsocket_check, rsocket_hostile, own_device)
     for test in ["rc_lat", "rc_bw"]:
         out.append((f"qperf -cm1 {test}", ["qperf", "-lp", "{P}"], ["qperf", "{S}", "-lp", "{P}", "-t", "2", "-cm1", test],
                     qperf_figure, SERVES_TCP))
@@ -151,11 +152,13 @@ NETNS_QUICK_LEAVES = re.compile(r"tag_bw|ucp_put_bw|ib_(write|atomic)_|ib_send_l
 PRELOAD = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so"
 
 
-def rsocket_pairs(rsocket_check, own_device):
+def rsocket_pairs(rsocket_check, rsocket_hostile, own_device):
     """rsockets: rdma-core's rstream (verifying every byte; blocking; with
     rpoll), riostream (riowrite into the peer's riomap'd buffer: custom
     sizes, as its receiver spins on memory and a 2-core machine's engine
-    threads wait their turn), rcopy, rsocket-check, and an unmodified TCP
+    threads wait their turn), rcopy, rsocket-check, rsocket-hostile (a peer
+    that connects with another protocol version, then sends a message of
+    no kind), and an unmodified TCP
     program (sockperf) under librspreload.so. librspreload falls back to
     the kernel's TCP whenever an rsocket fails, so that client looks for a
     kernel TCP socket on the port while it runs: finding one fails it."""
@@ -177,6 +180,9 @@ def rsocket_pairs(rsocket_check, own_device):
         ("rcopy (4 MB file)", ["rcopy", "-p", "{P}"], ["sh", "-c", rcopy],
          expect(r"copied and compared", "4 MB copied over rsockets and compared"), FOREVER),
         ("rsocket-check", check("-s"), check("-c"), checks_figure(own_device), ONCE),
+        ("rsocket-hostile (a peer that is no rsocket)", [rsocket_hostile, "-s", "{S}", "{P}"],
+         [rsocket_hostile, "-c", "{S}", "{P}"],
+         expect(r"client: \d+ checks", "another version refused (ECONNABORTED), a kindless message EPROTO"), ONCE),
         ("librspreload: sockperf --tcp", ["env", f"LD_PRELOAD={PRELOAD}", "sockperf", "server", "--tcp", "-i", "{S}",
                                           "-p", "{P}"], ["sh", "-c", preloaded], preloaded_figure, FOREVER),
     ]
@@ -574,6 +580,7 @@ def main():
     mpi_check = build_mpi_check()
     ack_timeout = build_cm_program("cm-ack-timeout")
     rsocket_check = build_cm_program("rsocket-check")
+    rsocket_hostile = build_cm_program("rsocket-hostile")
     wanted = re.compile(args.only) if args.only else None
     results = []
     left = []
@@ -589,8 +596,8 @@ def main():
 
     def run_cm_site(site):
         own_device = "SOFTRNIC_DAEMON" not in site.env
-        for i, (name, server_argv, client_argv, parse, runs) in enumerate(cm_pairs(ack_timeout, rsocket_check,
-                                                                                    own_device)):
+        pairs = cm_pairs(ack_timeout, rsocket_check, rsocket_hostile, own_device)
+        for i, (name, server_argv, client_argv, parse, runs) in enumerate(pairs):
             if not chosen(site, name):
                 continue
             verdict = run_cm_pair(libdir, site, server_argv, client_argv, parse, runs, 18800 + i)
