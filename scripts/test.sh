@@ -112,7 +112,7 @@ fi
 fuzz_seconds=${SOFTRNIC_FUZZ_SECONDS:-10}
 if [ "$fuzz_seconds" -gt 0 ]; then
     if cargo fuzz --version >/dev/null 2>&1 && cargo +nightly --version >/dev/null 2>&1; then
-        step "fuzzing every parser for ${fuzz_seconds}s each: packets, responder, CM, aggregation, INT, inbox, daemon protocol, lab frames (scripts/fuzz.sh)"
+        step "fuzzing every parser for ${fuzz_seconds}s each: packets, responder, CM, rsocket messages, aggregation, INT, inbox, daemon protocol, lab frames (scripts/fuzz.sh)"
         scripts/fuzz.sh "$fuzz_seconds"
     else
         if [ "${CI:-}" = true ]; then
