@@ -30,27 +30,11 @@
 #include <arpa/inet.h>
 #include <rdma/rsocket.h>
 
+#include "check.h"
+
 #define STREAM_BYTES (8 << 20)
 #define MAP_BYTES (64 << 10)
 #define ECHO_BYTES (4 << 20)
-
-static int checks;
-
-/* REQUIRE fails the run; CHECK does too, and counts a check passed. */
-#define REQUIRE(cond, ...)                                                 \
-	do {                                                               \
-		if (!(cond)) {                                             \
-			fprintf(stderr, "FAILED %s:%d: ", __FILE__, __LINE__); \
-			fprintf(stderr, __VA_ARGS__);                      \
-			fprintf(stderr, " (errno %s)\n", strerror(errno)); \
-			exit(1);                                           \
-		}                                                          \
-	} while (0)
-#define CHECK(cond, ...)                  \
-	do {                              \
-		REQUIRE(cond, __VA_ARGS__); \
-		checks++;                 \
-	} while (0)
 
 static uint8_t pattern(size_t at)
 {
@@ -99,17 +83,6 @@ static void expect_line(int s, const char *word)
 
 	recv_all(s, buf, sizeof buf);
 	CHECK(!strcmp(buf, word), "wanted \"%s\", got \"%.16s\"", word, buf);
-}
-
-static struct sockaddr_in address(const char *ip, int port)
-{
-	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(port) };
-
-	if (inet_pton(AF_INET, ip, &sin.sin_addr) != 1) {
-		fprintf(stderr, "not an IPv4 address: %s\n", ip);
-		exit(2);
-	}
-	return sin;
 }
 
 /* The device's counter NAME, from the port's hw_counters. */

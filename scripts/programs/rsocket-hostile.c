@@ -19,29 +19,7 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 
-static int checks;
-
-#define CHECK(cond, ...)                                                   \
-	do {                                                               \
-		if (!(cond)) {                                             \
-			fprintf(stderr, "FAILED %s:%d: ", __FILE__, __LINE__); \
-			fprintf(stderr, __VA_ARGS__);                      \
-			fprintf(stderr, " (errno %s)\n", strerror(errno)); \
-			exit(1);                                           \
-		}                                                          \
-		checks++;                                                  \
-	} while (0)
-
-static struct sockaddr_in address(const char *ip, int port)
-{
-	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(port) };
-
-	if (inet_pton(AF_INET, ip, &sin.sin_addr) != 1) {
-		fprintf(stderr, "not an IPv4 address: %s\n", ip);
-		exit(2);
-	}
-	return sin;
-}
+#include "check.h"
 
 static void server(const char *ip, int port)
 {
