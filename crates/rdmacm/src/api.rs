@@ -188,7 +188,8 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
 /// `rdma_accept`) left on the ID.
 fn free_event(id: &mut Id) {
     if !id.public.event.is_null() {
-        // SAFETY: made by Box::into_raw in rdma_get_request.
+        // SAFETY: made by Box::into_raw where it was left (rdma_get_request,
+        // wait_established, rsockets' accept), freed only here.
         drop(unsafe { Box::from_raw(id.public.event.cast::<EventBox>()) });
         id.public.event = std::ptr::null_mut();
     }
