@@ -3,8 +3,8 @@
 //!
 //! Three checks every device needs (its run-time directory, `/dev/shm` for
 //! the same-host wire, UDP port 4791 on its address) fail the command when
-//! they fail; the rest say what a feature needs (user namespaces for
-//! `softrnic run`, a reachable softrnicd, root for the lab, netem for the
+//! they fail; the rest say what a feature needs (the drop-in libraries
+//! for unmodified programs, user namespaces for `softrnic run`, a reachable softrnicd, root for the lab, netem for the
 //! lossy-link benchmarks) and fail it only when asked for with `--need`.
 //! GSO, GRO and ECN on the device's socket are reported, never required.
 
@@ -29,6 +29,8 @@ pub struct DoctorArgs {
 /// What a user may ask the machine to be ready for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Feature {
+    /// Unmodified RDMA programs (the drop-in libibverbs.so.1 and librdmacm.so.1).
+    Programs,
     /// `softrnic run` (a mount namespace: user namespaces, or root).
     Run,
     /// A softrnicd the programs reach (`SOFTRNIC_DAEMON`, or the default socket).
@@ -85,6 +87,7 @@ pub fn run(args: &DoctorArgs) -> Result<(), String> {
         Check::new("runtime directory", None, runtime_dir()),
         Check::new("/dev/shm", None, dev_shm()),
         Check::new("UDP port 4791", None, port),
+        Check::new("drop-in libraries", Some(Feature::Programs), libraries()),
         Check::new("softrnic run", Some(Feature::Run), softrnic_run(addr)),
         Check::new("softrnicd", Some(Feature::Daemon), daemon()),
         Check::new("root (the lab)", Some(Feature::Lab), lab()),
@@ -153,6 +156,12 @@ fn next_loopback(addr: IpAddr) -> IpAddr {
         }
         _ => DEFAULT_ADDR.parse().expect("an address"),
     }
+}
+
+fn libraries() -> Result<String, String> {
+    crate::libraries::dir()
+        .map(|lib| format!("libibverbs.so.1 and librdmacm.so.1 in {} (softrnic env exports it)", lib.display()))
+        .ok_or_else(|| crate::libraries::MISSING.to_string())
 }
 
 /// `softrnic run -- true`, for real: the mount namespace (a user

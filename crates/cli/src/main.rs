@@ -11,8 +11,10 @@ mod careful;
 mod demo;
 mod devinfo;
 mod doctor;
+mod env;
 mod exp;
 mod lab;
+mod libraries;
 mod run;
 mod sim;
 
@@ -42,6 +44,9 @@ enum Command {
     /// Check that this machine has what softrnic needs, and say how to
     /// fix what it lacks (one line per check).
     Doctor(doctor::DoctorArgs),
+    /// Print the shell lines that put unmodified RDMA programs on
+    /// softrnic: eval "$(softrnic env --addr 127.0.0.2)".
+    Env(env::EnvArgs),
     /// Run the transport between two simulated RNICs over a faulty network.
     Demo(demo::DemoArgs),
     /// Throughput the careful way (E9): one end of a run, over softrnic
@@ -74,6 +79,7 @@ fn main() {
         Command::Agg(args) => agg::run(&args),
         Command::Devinfo(args) => devinfo::run(&args),
         Command::Doctor(args) => doctor::run(&args),
+        Command::Env(args) => env::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Careful(args) => careful::run(&args),
         Command::Exp(args) => exp::run(args),

@@ -48,14 +48,8 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     let (program, rest) = args.command.split_first().ok_or("give the program to run after --")?;
     let mut command = std::process::Command::new(program);
     command.args(rest).env("SOFTRNIC_ADDR", addr.to_string());
-    if let Some(lib) = drop_in_library() {
-        let path = std::env::var_os("LD_LIBRARY_PATH").map(|old| {
-            let mut joined = lib.clone().into_os_string();
-            joined.push(":");
-            joined.push(old);
-            joined
-        });
-        command.env("LD_LIBRARY_PATH", path.unwrap_or_else(|| lib.into_os_string()));
+    if let Some(lib) = crate::libraries::dir() {
+        command.env("LD_LIBRARY_PATH", crate::libraries::search_path(&lib, std::env::var_os("LD_LIBRARY_PATH")));
     }
     let error = command.exec();
     Err(format!("cannot run {}: {error}", program.to_string_lossy()))
@@ -208,12 +202,4 @@ fn add_entries(dir: &Path, saved: &Path, extra: &[(&str, PathBuf)]) -> Result<()
 
 fn bind(from: &Path, to: &Path) -> Result<(), String> {
     rustix::mount::mount_bind(from, to).map_err(|e| format!("softrnic run: binding {}: {e}", to.display()))
-}
-
-/// softrnic's `libibverbs.so.1`, where `scripts/build-libibverbs.sh` puts it
-/// beside this build.
-fn drop_in_library() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let lib = exe.parent()?.join("../softrnic/lib").canonicalize().ok()?;
-    lib.join("libibverbs.so.1").exists().then_some(lib)
 }

@@ -34,6 +34,7 @@ fn every_check_has_its_line_and_a_free_address_passes() {
         "runtime directory",
         "/dev/shm",
         "UDP port 4791",
+        "drop-in libraries",
         "softrnic run",
         "softrnicd",
         "root (the lab)",
@@ -107,5 +108,36 @@ fn an_unknown_need_names_the_ones_there_are() {
     let out = doctor(&["--need", "warp"], &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("run") && err.contains("daemon") && err.contains("lab") && err.contains("loss"), "{err}");
+    for need in ["programs", "run", "daemon", "lab", "loss"] {
+        assert!(err.contains(need), "{need} missing from: {err}");
+    }
+}
+
+/// `softrnic env`'s lines, evaluated by a shell, put unmodified programs
+/// on softrnic: `ibv_devices` lists softrnic0 (the library is built
+/// before the tests run; without it or ibverbs-utils a developer's
+/// machine skips, CI fails).
+#[test]
+fn softrnic_env_puts_unmodified_programs_on_softrnic() {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let env = Command::new(env!("CARGO_BIN_EXE_softrnic")).args(["env", "--addr", "127.0.0.76"]).output().unwrap();
+    let lines = stdout(&env);
+    if !env.status.success() {
+        let why = String::from_utf8_lossy(&env.stderr);
+        assert!(why.contains("scripts/build-libibverbs.sh"), "{why}");
+        assert!(!ci, "CI builds the library first: {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    assert!(
+        lines.starts_with("export LD_LIBRARY_PATH='") && lines.contains("export SOFTRNIC_ADDR=127.0.0.76"),
+        "{lines}"
+    );
+    let script = format!("{lines}\nexec ibv_devices");
+    let out = Command::new("sh").args(["-c", &script]).env_remove("SOFTRNIC_DAEMON").output().unwrap();
+    if out.status.code() == Some(127) && !ci {
+        eprintln!("skipped: needs ibv_devices (apt-get install ibverbs-utils)");
+        return;
+    }
+    assert!(stdout(&out).contains("softrnic0"), "{out:?}");
 }
