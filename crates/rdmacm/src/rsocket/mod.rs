@@ -797,20 +797,7 @@ pub unsafe extern "C" fn riomap(
             return fail(VERB, libc::EINVAL, "maps a buffer the peer writes: PROT_WRITE, an offset or -1").into();
         }
         let wanted = (offset != -1).then_some(offset as u64);
-        let mapped = until_done(&socket, Waits::Always, None, |s| {
-            let room = s.options.iomap_size as usize;
-            let Some(stream) = s.stream.as_mut() else { return Attempt::Failed(libc::ENOTCONN) };
-            if stream.maps() >= room {
-                return Attempt::Failed(libc::ENOMEM);
-            }
-            match stream.can_send_message() {
-                true => stream.map(buf as u64, len as u64, wanted).map_or_else(Attempt::Failed, Attempt::Done),
-                false => {
-                    stream.progress();
-                    Attempt::Wait
-                }
-            }
-        });
+        let mapped = until_done(&socket, Waits::Always, None, |s| s.map(buf as u64, len as u64, wanted));
         match mapped {
             Ok(offset) => offset as libc::off_t,
             Err(libc::ENOMEM) => fail(VERB, libc::ENOMEM, "as many buffers mapped as RDMA_IOMAPSIZE allows").into(),
@@ -828,19 +815,7 @@ pub unsafe extern "C" fn riounmap(fd: c_int, buf: *mut c_void, _len: usize) -> c
             Ok(s) => s,
             Err(rc) => return rc,
         };
-        let unmapped = until_done(&socket, Waits::Always, None, |s| {
-            let talking = s.talking();
-            let Some(stream) = s.stream.as_mut() else { return Attempt::Failed(libc::ENOTCONN) };
-            match (talking, stream.can_send_message()) {
-                (false, _) | (true, true) => {
-                    stream.unmap(buf as u64, talking).map_or_else(Attempt::Failed, Attempt::Done)
-                }
-                (true, false) => {
-                    stream.progress();
-                    Attempt::Wait
-                }
-            }
-        });
+        let unmapped = until_done(&socket, Waits::Always, None, |s| s.unmap(buf as u64));
         match unmapped {
             Ok(()) => 0,
             Err(e) => fail("riounmap", e, "not a mapped buffer of this socket"),
@@ -873,19 +848,7 @@ pub unsafe extern "C" fn riowrite(
         let mut sent = 0;
         while sent < bytes.len() {
             let at = offset as u64 + sent as u64;
-            let wrote = until_done(&socket, as_the_socket(flags), None, |s| {
-                s.progress();
-                let Some(stream) = s.stream.as_mut() else { return Attempt::Failed(libc::ENOTCONN) };
-                if let Some(e) = stream.failed {
-                    return Attempt::Failed(e);
-                }
-                // The peer's map may still be on its way (it rides the
-                // stream, ahead of anything the peer sent after it).
-                if !stream.can_send() || !stream.peer_mapped(at) {
-                    return Attempt::Wait;
-                }
-                stream.write(&bytes[sent..], at).map_or_else(Attempt::Failed, Attempt::Done)
-            });
+            let wrote = until_done(&socket, as_the_socket(flags), None, |s| s.write(&bytes[sent..], at));
             match wrote {
                 Ok(n) => sent += n,
                 Err(libc::EAGAIN) if sent > 0 => break,

@@ -26,6 +26,12 @@ pub enum Attempt<T> {
     Wait,
 }
 
+impl<T> From<Result<T, c_int>> for Attempt<T> {
+    fn from(result: Result<T, c_int>) -> Attempt<T> {
+        result.map_or_else(Attempt::Failed, Attempt::Done)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
     Open,
@@ -304,8 +310,7 @@ impl RSocket {
         }
         match stream.send(bytes) {
             Ok(0) if !bytes.is_empty() => Attempt::Wait,
-            Ok(n) => Attempt::Done(n),
-            Err(e) => Attempt::Failed(e),
+            sent => sent.into(),
         }
     }
 
@@ -332,10 +337,56 @@ impl RSocket {
         if !stream.can_send_message() {
             return Attempt::Wait;
         }
-        match stream.send_control(kind, payload) {
-            Ok(()) => Attempt::Done(()),
-            Err(e) => Attempt::Failed(e),
+        stream.send_control(kind, payload).into()
+    }
+
+    /// `riomap`: `len` bytes at `addr` for the peer to write, at `offset`
+    /// (the first free one when `None`), once the peer can be told.
+    pub fn map(&mut self, addr: u64, len: u64, offset: Option<u64>) -> Attempt<u64> {
+        self.progress();
+        let room = self.options.iomap_size as usize;
+        let stream = match self.connected() {
+            Ok(s) => s,
+            Err(e) => return Attempt::Failed(e),
+        };
+        if stream.maps() >= room {
+            return Attempt::Failed(libc::ENOMEM);
         }
+        if !stream.can_send_message() {
+            return Attempt::Wait;
+        }
+        stream.map(addr, len, offset).into()
+    }
+
+    /// `riounmap`: the peer is told first while it is there to hear it.
+    pub fn unmap(&mut self, addr: u64) -> Attempt<()> {
+        let talking = self.talking();
+        let stream = match self.connected() {
+            Ok(s) => s,
+            Err(e) => return Attempt::Failed(e),
+        };
+        if talking && !stream.can_send_message() {
+            return Attempt::Wait;
+        }
+        stream.unmap(addr, talking).into()
+    }
+
+    /// `riowrite`'s next piece of `bytes`, to the peer's map at `at`, once
+    /// the peer has mapped it (its map rides the stream ahead of anything
+    /// it sent after) and a send slot is free.
+    pub fn write(&mut self, bytes: &[u8], at: u64) -> Attempt<usize> {
+        self.progress();
+        let stream = match self.connected() {
+            Ok(s) => s,
+            Err(e) => return Attempt::Failed(e),
+        };
+        if let Some(e) = stream.failed {
+            return Attempt::Failed(e);
+        }
+        if !stream.can_send() || !stream.peer_mapped(at) {
+            return Attempt::Wait;
+        }
+        stream.write(bytes, at).into()
     }
 
     /// `rshutdown`'s read half: reads return the end of the stream.

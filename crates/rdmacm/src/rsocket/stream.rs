@@ -364,18 +364,21 @@ impl Stream {
 
     /// Takes every completion there is; whether there were any.
     pub fn progress(&mut self) -> bool {
-        // SAFETY: plain data, which poll_cq overwrites.
-        let mut wcs: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+        // Not zeroed: every call polls (spins included), and poll_cq
+        // writes each completion it returns.
+        let mut wcs = [const { std::mem::MaybeUninit::<ibv_wc>::uninit() }; 32];
         let mut any = false;
         loop {
             // SAFETY: the stream's live CQ; room for 32.
-            let n = unsafe { verbs::poll_cq(self.cq, wcs.len() as c_int, wcs.as_mut_ptr()) };
+            let n = unsafe { verbs::poll_cq(self.cq, wcs.len() as c_int, wcs.as_mut_ptr().cast()) };
             if n <= 0 {
                 self.report();
                 return any;
             }
             any = true;
             for wc in &wcs[..n as usize] {
+                // SAFETY: the first `n` were written by poll_cq.
+                let wc = unsafe { wc.assume_init_ref() };
                 match wc.wr_id & RECEIVE != 0 {
                     true => self.received(wc),
                     false => self.sent(wc),
