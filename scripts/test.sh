@@ -96,6 +96,21 @@ else
     step "RDMA stack programs skipped: needs infiniband-diags and ucx-utils (sudo apt-get install infiniband-diags ucx-utils)"
 fi
 
+# Installing it as users do: the Debian package built, checked by lintian,
+# installed with apt-get, used by ib_write_bw and rping from its files
+# alone, and purged; and the GitHub action's steps as a runner runs them.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && command -v lintian >/dev/null 2>&1; then
+    step "installing it: the Debian package (scripts/package.sh --check) and the CI action (contrib/github-action/check.sh)"
+    scripts/package.sh --check
+    contrib/github-action/check.sh
+else
+    if [ "${CI:-}" = true ]; then
+        echo "the package's check needs root, apt-get and lintian, and CI must run it (.ci/run installs lintian)" >&2
+        exit 1
+    fi
+    step "the package's check skipped: needs root, apt-get and lintian (apt-get install lintian)"
+fi
+
 # In-network aggregation from Python: NumPy tensors of four worker
 # processes summed through the lab's switch over the C ABI.
 if [ "$(id -u)" = 0 ] && { python3 -c 'import numpy' 2>/dev/null || /usr/bin/python3 -c 'import numpy' 2>/dev/null; }; then

@@ -159,9 +159,9 @@ fn next_loopback(addr: IpAddr) -> IpAddr {
 }
 
 fn libraries() -> Result<String, String> {
-    crate::libraries::dir()
+    crate::layout::dir()
         .map(|lib| format!("libibverbs.so.1 and librdmacm.so.1 in {} (softrnic env exports it)", lib.display()))
-        .ok_or_else(|| crate::libraries::MISSING.to_string())
+        .ok_or_else(crate::layout::missing)
 }
 
 /// `softrnic run -- true`, for real: the mount namespace (a user
@@ -193,11 +193,19 @@ fn daemon() -> Result<String, String> {
     let start = format!(
         "programs run the engine themselves; start one with softrnicd --socket {at}, or let the first program start it (SOFTRNIC_DAEMON=start)"
     );
-    match std::os::unix::net::UnixStream::connect(&socket) {
-        Ok(_) => Ok(format!("accepts connections at {at}")),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!("none at {at}: {start}")),
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+    // The daemon's kind of socket: a stream probe is refused by it
+    // (EPROTOTYPE) and would pass a listener that is no softrnicd.
+    let probe = rustix::net::socket(rustix::net::AddressFamily::UNIX, rustix::net::SocketType::SEQPACKET, None)
+        .map_err(|e| format!("cannot make a socket to probe {at}: {e}"))?;
+    let addr = rustix::net::SocketAddrUnix::new(socket.as_path()).map_err(|e| format!("{at}: {e}"))?;
+    match rustix::net::connect(&probe, &addr) {
+        Ok(()) => Ok(format!("accepts connections at {at}")),
+        Err(rustix::io::Errno::NOENT) => Err(format!("none at {at}: {start}")),
+        Err(rustix::io::Errno::CONNREFUSED) => {
             Err(format!("a socket at {at} that nobody answers (a softrnicd that died?): remove it; {start}"))
+        }
+        Err(rustix::io::Errno::PROTOTYPE) => {
+            Err(format!("{at} is some other program's socket, no softrnicd's: {start}"))
         }
         Err(e) => Err(format!("cannot reach {at} ({e}): {start}")),
     }

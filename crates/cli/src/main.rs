@@ -14,7 +14,8 @@ mod doctor;
 mod env;
 mod exp;
 mod lab;
-mod libraries;
+mod layout;
+mod manuals;
 mod run;
 mod sim;
 
@@ -26,7 +27,7 @@ use clap::{Parser, Subcommand};
     version = env!("SOFTRNIC_VERSION"),
     about = "An RDMA NIC in software: RoCEv2 over UDP, the verbs API, no kernel module"
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -41,6 +42,9 @@ enum Command {
     Agg(agg::AggArgs),
     /// Show a device's address, GID, limits and counters.
     Devinfo(devinfo::DevinfoArgs),
+    /// Print the shell completion script for softrnic:
+    /// softrnic completions bash > ~/.local/share/bash-completion/completions/softrnic
+    Completions(manuals::CompletionsArgs),
     /// Check that this machine has what softrnic needs, and say how to
     /// fix what it lacks (one line per check).
     Doctor(doctor::DoctorArgs),
@@ -62,6 +66,10 @@ enum Command {
     /// (/sys/class/infiniband, /dev/infiniband) and the drop-in library:
     /// ibstat, ibstatus, UCX.
     Run(run::RunArgs),
+    /// Write the manual pages and shell completions of softrnic, softrnicd
+    /// and rdma_bench (the package's build runs it).
+    #[command(hide = true)]
+    Manuals(manuals::ManualsArgs),
     /// Run the simulator on fresh seeds for a while (softrnic sim --for
     /// 1h): every failing seed, with the line that replays it.
     Sim(sim::SimArgs),
@@ -78,6 +86,7 @@ fn main() {
         Command::Bench(args) => bench::run(&args),
         Command::Agg(args) => agg::run(&args),
         Command::Devinfo(args) => devinfo::run(&args),
+        Command::Completions(args) => manuals::completions(&args),
         Command::Doctor(args) => doctor::run(&args),
         Command::Env(args) => env::run(&args),
         Command::Demo(args) => demo::run(&args),
@@ -85,6 +94,7 @@ fn main() {
         Command::Exp(args) => exp::run(args),
         Command::Run(args) => run::run(&args),
         Command::Lab(args) => lab::run(&args),
+        Command::Manuals(args) => manuals::manuals(&args),
         Command::Sim(args) => sim::run(&args),
     };
     if let Err(message) = result {

@@ -48,9 +48,9 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
     let (program, rest) = args.command.split_first().ok_or("give the program to run after --")?;
     let mut command = std::process::Command::new(program);
     command.args(rest).env("SOFTRNIC_ADDR", addr.to_string());
-    if let Some(lib) = crate::libraries::dir() {
-        command.env("LD_LIBRARY_PATH", crate::libraries::search_path(&lib, std::env::var_os("LD_LIBRARY_PATH")));
-    }
+    // Without the libraries the program still sees the device's files
+    // (a NIC's driver may serve it); `softrnic doctor` says what is missing.
+    command.envs(crate::layout::program_env().unwrap_or_default());
     let error = command.exec();
     Err(format!("cannot run {}: {error}", program.to_string_lossy()))
 }

@@ -3,6 +3,7 @@
 
 use std::net::UdpSocket;
 use std::os::unix::net::UnixListener;
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn doctor(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -80,9 +81,29 @@ fn a_daemon_asked_for_must_be_reachable() {
     let says = line(&stdout(&out), "softrnicd").to_string();
     assert!(says.starts_with("FAIL") && says.contains(&format!("softrnicd --socket {path}")), "{says}");
 
-    // Something accepts there.
-    let _listener = UnixListener::bind(&socket).unwrap();
+    // A listener of the wrong kind is no softrnicd.
+    let stream = UnixListener::bind(&socket).unwrap();
     let out = doctor(&["--addr", "127.0.0.74", "--need", "daemon"], &[("SOFTRNIC_DAEMON", path)]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(line(&stdout(&out), "softrnicd").contains("no softrnicd's"), "{}", stdout(&out));
+    drop(stream);
+    std::fs::remove_file(&socket).unwrap();
+
+    // A real softrnicd (built beside softrnic by scripts/build-libibverbs.sh).
+    let daemon = Path::new(env!("CARGO_BIN_EXE_softrnic")).with_file_name("softrnicd");
+    if !daemon.exists() {
+        assert!(!std::env::var("CI").is_ok_and(|v| v == "true"), "CI builds softrnicd beside softrnic");
+        eprintln!("skipped the live daemon: no {} (scripts/build-libibverbs.sh)", daemon.display());
+        return;
+    }
+    let mut softrnicd = Command::new(daemon).args(["--socket", path, "--nice", "0"]).spawn().unwrap();
+    let start = std::time::Instant::now();
+    while !socket.exists() && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = doctor(&["--addr", "127.0.0.74", "--need", "daemon"], &[("SOFTRNIC_DAEMON", path)]);
+    softrnicd.kill().unwrap();
+    softrnicd.wait().unwrap();
     assert!(out.status.success(), "{}", stdout(&out));
     assert!(line(&stdout(&out), "softrnicd").contains(&format!("accepts connections at {path}")), "{}", stdout(&out));
     let _ = std::fs::remove_dir_all(&dir);
@@ -130,9 +151,18 @@ fn softrnic_env_puts_unmodified_programs_on_softrnic() {
         return;
     }
     assert!(
-        lines.starts_with("export LD_LIBRARY_PATH='") && lines.contains("export SOFTRNIC_ADDR=127.0.0.76"),
+        lines.starts_with("export LD_LIBRARY_PATH='") && lines.contains("export SOFTRNIC_ADDR='127.0.0.76'"),
         "{lines}"
     );
+    // The build's softrnicd, for SOFTRNIC_DAEMON=start.
+    assert!(lines.contains("export SOFTRNIC_DAEMON_BIN='") && lines.contains("softrnicd'"), "{lines}");
+    // The same variables as NAME=value lines ($GITHUB_ENV, --env-file).
+    let plain = Command::new(env!("CARGO_BIN_EXE_softrnic"))
+        .args(["env", "--addr", "127.0.0.76", "--format", "plain"])
+        .output()
+        .unwrap();
+    let plain = stdout(&plain);
+    assert!(plain.starts_with("LD_LIBRARY_PATH=/") && plain.contains("\nSOFTRNIC_ADDR=127.0.0.76\n"), "{plain}");
     let script = format!("{lines}\nexec ibv_devices");
     let out = Command::new("sh").args(["-c", &script]).env_remove("SOFTRNIC_DAEMON").output().unwrap();
     if out.status.code() == Some(127) && !ci {

@@ -14,5 +14,6 @@
 //! maybe an eventfd, `poll_cq` reads CQEs. Memory is shared as sealed
 //! memfds (`shared_memory`).
 
+pub mod command_line;
 pub mod limits;
 pub mod server;

@@ -20,7 +20,6 @@
 //!   loop; `report` (in the library, shared with `softrnic bench` and the
 //!   experiment runner): the output lines and how to read them back.
 
-mod args;
 mod exchange;
 mod run;
 mod snap;
@@ -31,8 +30,8 @@ use softrnic_rdma_bench::report;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use args::Args;
 use exchange::{Channel, Workload};
+use softrnic_rdma_bench::args::Args;
 use verbs::{Buffer, Qp, QpInfo, Verbs};
 
 fn main() -> ExitCode {

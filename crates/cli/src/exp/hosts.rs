@@ -64,13 +64,12 @@ pub struct Build {
 }
 
 impl Build {
-    /// This `softrnic`'s build: its directory, and the drop-in library's
-    /// place in a build tree (`scripts/build-libibverbs.sh`).
+    /// This `softrnic`'s build: its directory, and its drop-in library's
+    /// ([`crate::layout`]).
     pub fn here() -> Result<Build, String> {
         let exe = std::env::current_exe().map_err(|e| format!("cannot find softrnic's own path: {e}"))?;
         let bin = exe.parent().ok_or("softrnic has no directory")?.to_path_buf();
-        let lib = bin.join("../softrnic/lib");
-        Ok(Build { lib: lib.canonicalize().unwrap_or(lib), bin })
+        Ok(Build { lib: crate::layout::dir_or_build_tree(), bin })
     }
 }
 
