@@ -98,17 +98,20 @@ fi
 
 # Installing it as users do: the Debian package built, checked by lintian,
 # installed with apt-get, used by ib_write_bw and rping from its files
-# alone, and purged; and the GitHub action's steps as a runner runs them.
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && command -v lintian >/dev/null 2>&1; then
-    step "installing it: the Debian package (scripts/package.sh --check) and the CI action (contrib/github-action/check.sh)"
+# alone, and purged; the GitHub action's steps as a runner runs them; and
+# the CDI spec validated by the CNCF's implementation and run in two runc
+# containers.
+if [ "$(id -u)" = 0 ] && command -v lintian >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && command -v go >/dev/null 2>&1; then
+    step "installing it: the Debian package, the CI action, containers through CDI (scripts/package.sh --check, contrib/*/check.sh)"
     scripts/package.sh --check
     contrib/github-action/check.sh
+    contrib/cdi/check.sh
 else
     if [ "${CI:-}" = true ]; then
-        echo "the package's check needs root, apt-get and lintian, and CI must run it (.ci/run installs lintian)" >&2
+        echo "the install checks need root, lintian, runc and Go, and CI must run them (.ci/run installs them)" >&2
         exit 1
     fi
-    step "the package's check skipped: needs root, apt-get and lintian (apt-get install lintian)"
+    step "the install checks skipped: need root, lintian, runc and Go >= 1.23 (apt-get install lintian runc)"
 fi
 
 # In-network aggregation from Python: NumPy tensors of four worker

@@ -8,6 +8,7 @@ mod addr;
 mod agg;
 mod bench;
 mod careful;
+mod cdi;
 mod demo;
 mod devinfo;
 mod doctor;
@@ -42,6 +43,10 @@ enum Command {
     Agg(agg::AggArgs),
     /// Show a device's address, GID, limits and counters.
     Devinfo(devinfo::DevinfoArgs),
+    /// Write a Container Device Interface spec (softrnic.dev/rdma=softrnic0)
+    /// that gives containers the host softrnicd's socket and the drop-in
+    /// libraries: no device node, capability or privilege.
+    Cdi(cdi::CdiArgs),
     /// Print the shell completion script for softrnic:
     /// softrnic completions bash > ~/.local/share/bash-completion/completions/softrnic
     Completions(manuals::CompletionsArgs),
@@ -86,6 +91,7 @@ fn main() {
         Command::Bench(args) => bench::run(&args),
         Command::Agg(args) => agg::run(&args),
         Command::Devinfo(args) => devinfo::run(&args),
+        Command::Cdi(args) => cdi::run(&args),
         Command::Completions(args) => manuals::completions(&args),
         Command::Doctor(args) => doctor::run(&args),
         Command::Env(args) => env::run(&args),
