@@ -98,20 +98,22 @@ fi
 
 # Installing it as users do: the Debian package built, checked by lintian,
 # installed with apt-get, used by ib_write_bw and rping from its files
-# alone, and purged; the GitHub action's steps as a runner runs them; and
-# the CDI spec validated by the CNCF's implementation and run in two runc
-# containers.
+# alone, and purged; the GitHub action's steps as a runner runs them; the
+# CDI spec validated by the CNCF's implementation and run in two runc
+# containers; and the Kubernetes device plugin against the kubelet's API,
+# with the manifests' commands.
 if [ "$(id -u)" = 0 ] && command -v lintian >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && command -v go >/dev/null 2>&1; then
-    step "installing it: the Debian package, the CI action, containers through CDI (scripts/package.sh --check, contrib/*/check.sh)"
+    step "installing it: the Debian package, the CI action, CDI containers, Kubernetes (scripts/package.sh --check, contrib/*/check.sh)"
     scripts/package.sh --check
     contrib/github-action/check.sh
     contrib/cdi/check.sh
+    contrib/kubernetes/check.sh
 else
     if [ "${CI:-}" = true ]; then
         echo "the install checks need root, lintian, runc and Go, and CI must run them (.ci/run installs them)" >&2
         exit 1
     fi
-    step "the install checks skipped: need root, lintian, runc and Go >= 1.23 (apt-get install lintian runc)"
+    step "the install checks skipped: need root, lintian, runc and Go >= 1.26 (apt-get install lintian runc python3-yaml)"
 fi
 
 # In-network aggregation from Python: NumPy tensors of four worker

@@ -31,6 +31,10 @@ pub struct CdiArgs {
     /// The host softrnicd's socket, whose directory each container mounts.
     #[arg(long, default_value = HOST_SOCKET)]
     pub socket: PathBuf,
+    /// The host's directory of the drop-in libraries the containers mount
+    /// (default: this softrnic's own).
+    #[arg(long)]
+    pub libraries: Option<PathBuf>,
     /// The device's name in the spec (softrnic.dev/rdma=NAME).
     #[arg(long, default_value = "softrnic0")]
     pub device: String,
@@ -44,7 +48,12 @@ pub struct CdiArgs {
 }
 
 pub fn run(args: &CdiArgs) -> Result<(), String> {
-    let libraries = crate::layout::dir().ok_or_else(crate::layout::missing)?;
+    let libraries = match &args.libraries {
+        // Absolute: the runtime mounts it from wherever it runs.
+        Some(dir) if dir.join("libibverbs.so.1").exists() => dir.canonicalize().map_err(|e| e.to_string())?,
+        Some(dir) => return Err(format!("--libraries {}: no libibverbs.so.1 there", dir.display())),
+        None => crate::layout::dir().ok_or_else(crate::layout::missing)?,
+    };
     let spec = spec(&args.device, &args.socket, &libraries)?;
     let text = serde_json::to_string_pretty(&spec).map_err(|e| e.to_string())? + "\n";
     if args.print {

@@ -27,6 +27,11 @@ pub struct Args {
     /// max_cqs, max_mrs, max_pds, max_srqs, max_memory_mib, max_rate_gbps).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Print the configuration it would run with (--config's file, the
+    /// defaults for what it leaves out) as JSON, and exit: what the
+    /// Kubernetes device plugin reads the tenant limits from.
+    #[arg(long)]
+    pub print_config: bool,
     /// How a send's payload reaches the wire (E4): the engine gathers it
     /// from the program's memory (header-only), or it is first copied into
     /// the daemon's memory whole (bulk-copy) or a packet at a time

@@ -31,11 +31,11 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use softrnic_daemon_protocol::protocol::RemoteError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TenantLimits {
     pub max_qps: u32,
@@ -212,7 +212,7 @@ impl Accounts {
 }
 
 /// What the daemon admits, all tenants together (`[daemon]`).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DaemonLimits {
     /// Programs connected at once.
@@ -255,7 +255,7 @@ impl DaemonLimits {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DaemonConfig {
     #[serde(default)]

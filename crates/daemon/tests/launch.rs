@@ -56,3 +56,36 @@ fn a_missing_daemon_program_is_named_in_the_error() {
     let _ = std::fs::remove_file(socket.with_extension("log"));
     assert!(err.contains("cannot start /nonexistent/softrnicd") && err.contains(BIN_ENV), "{err}");
 }
+
+/// `--print-config`: the file's values, the defaults for the rest, as
+/// JSON, without starting (the Kubernetes device plugin reads it); a bad
+/// file says what is wrong.
+#[test]
+fn print_config_shows_the_limits_it_would_run_with() {
+    let dir = std::env::temp_dir().join(format!("softrnic-print-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("softrnicd.toml");
+    std::fs::write(&file, "[tenant]\nmax_connections = 8\n[daemon]\nmax_connections = 64\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_softrnicd"))
+        .arg("--config")
+        .arg(&file)
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(config["tenant"]["max_connections"], 8);
+    assert_eq!(config["daemon"]["max_connections"], 64);
+    assert_eq!(config["tenant"]["max_qps"], 4096, "a default fills what the file leaves out");
+
+    std::fs::write(&file, "[tenant]\nmax_conections = 8\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_softrnicd"))
+        .arg("--config")
+        .arg(&file)
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_conections"), "{out:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

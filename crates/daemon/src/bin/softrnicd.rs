@@ -22,6 +22,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.print_config {
+        return match serde_json::to_string_pretty(&config) {
+            Ok(json) => {
+                println!("{json}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("softrnicd: cannot print the configuration: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     // Before the daemon's threads start, so that it knows its own.
     let realtime = (args.realtime > 0).then_some(args.realtime);
     let mut priority = Priority::new(args.nice, realtime, usize::from(args.processors));
