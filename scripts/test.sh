@@ -23,7 +23,12 @@ step "formatting"
 cargo fmt --all -- --check
 
 step "lints"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+# In the release profile, as the tests build: the build scripts and
+# procedural macros (syn, serde's and clap's derives, cranelift's
+# generators) it compiles are then the tests' own, not built a second
+# time for the dev profile. The code has no cfg(debug_assertions) that
+# the lints would miss.
+cargo clippy --release --workspace --all-targets --locked -- -D warnings
 
 step "tests (simulation seeds: ${SOFTRNIC_SIM_SEEDS:=2000})"
 export SOFTRNIC_SIM_SEEDS

@@ -313,6 +313,9 @@ def entries(quick):
         out.append((lat, lat, [], lat_within(1000) if op == "write" else lat_figure))
         if quick:
             continue
+        # The latency sweeps take 10 to 20 s whatever -n says: perftest
+        # calibrates its clock from /proc/cpuinfo over 0.2 s at each end
+        # for each of the 23 sizes.
         all_sizes = [] if op == "atomic" else ["-a", "-n", "200"]
         if all_sizes:
             out.append((f"{bw} -a", bw, all_sizes, bw_figure))
@@ -446,12 +449,15 @@ def main():
         for i, (name, program, argv, parse, env) in enumerate(entries(quick)):
             if wanted and not wanted.search(name):
                 continue
+            started = time.monotonic()
             verdict = run_pair(libdir, site, program, argv, 18600 + i, parse, env)
             if verdict[0] == "FAIL" and CLOCK_CALIBRATION_FAILED in verdict[1]:
                 verdict = run_pair(libdir, site, program, argv, 18600 + i, parse, env)
                 verdict = (verdict[0], verdict[1] + " (run twice: perftest's clock calibration failed the first time)")
             results.append((site.name, name, *verdict))
-            print(f"  {site.name:9} {name:32} {verdict[0]}", file=sys.stderr, flush=True)
+            # With its seconds: where CI's time goes.
+            print(f"  {site.name:9} {name:32} {verdict[0]:5} {time.monotonic() - started:5.1f} s", file=sys.stderr,
+                  flush=True)
 
     run_site(Site("loopback", "127.0.77.1", "127.0.77.2"))
     if args.daemon:
