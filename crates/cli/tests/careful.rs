@@ -56,7 +56,7 @@ fn one_way(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
 }
 
 /// One careful run over TCP through a delay line of `delay`: the printed
-/// round trip and the `size  Mbps` lines.
+/// round trip and the seed's `size  Mbps` lines.
 fn careful_through(delay: Duration, octet: u8) -> (Duration, Vec<(usize, f64)>) {
     let server: IpAddr = format!("127.61.{octet}.1").parse().unwrap();
     let relay: IpAddr = format!("127.61.{octet}.2").parse().unwrap();
@@ -78,17 +78,21 @@ fn careful_through(delay: Duration, octet: u8) -> (Duration, Vec<(usize, f64)>) 
     let _ = serve.kill();
     let _ = serve.wait();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    let rtt_us: f64 = text
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}{said}");
+    let rtt_us: f64 = said
         .lines()
         .find_map(|l| l.strip_prefix("# rtt ")?.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no # rtt line in {text}"));
+        .unwrap_or_else(|| panic!("no # rtt line in {said}"));
+    // Standard output is the seed's lines and nothing else:
+    // `1024\t890.618743  Mbps`.
     let points = text
         .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        .map(|l| {
+            let (size, rest) = l.split_once('\t').unwrap_or_else(|| panic!("not the seed's line: {l:?}"));
+            let mbps = rest.strip_suffix("  Mbps").unwrap_or_else(|| panic!("not the seed's line: {l:?}"));
+            assert_eq!(mbps.split_once('.').map(|(_, d)| d.len()), Some(6), "six decimals: {l:?}");
+            (size.parse().unwrap(), mbps.parse().unwrap())
         })
         .collect();
     (Duration::from_secs_f64(rtt_us / 1e6), points)

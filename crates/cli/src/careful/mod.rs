@@ -237,8 +237,8 @@ fn method(
     Ok(rtt)
 }
 
-/// The client: the method over `--transport`, printed as `size  Mbps`
-/// lines.
+/// The client: the method over `--transport`, printed as the seed's
+/// `size  Mbps` lines.
 fn measure(addr: IpAddr, server: SocketAddr, args: &CarefulArgs, timeout: Duration) -> Result<(), String> {
     let plan = Plan::new(args.quick);
     let mut control = Exchange::connect(server, timeout).map_err(|_| {
@@ -250,21 +250,22 @@ fn measure(addr: IpAddr, server: SocketAddr, args: &CarefulArgs, timeout: Durati
     control.send_text(&format!("transport {}", name(args.transport))).map_err(|e| e.to_string())?;
     let link = Link::connect(args.transport, addr, server, &mut control, timeout)?;
     let mut client = Client { control, link };
-    println!("# careful throughput over {}", name(args.transport));
-    println!("# size  Mbps");
+    // Standard output holds the seed's lines alone, so that its readers'
+    // scripts parse ours; what else the method says goes to stderr.
+    eprintln!("# careful throughput over {}", name(args.transport));
     let rtt = method(&mut client, &plan, &plan.sizes(args.max_size, args.quick), |p| {
-        println!("{}  {:.2}{}", p.size, p.mbps, note(&p));
+        println!("{}", seed_line(p.size, p.mbps));
+        if p.variation >= TARGET_VARIATION {
+            eprintln!("# {} B never settled: variation {:.1} % after {} rounds", p.size, p.variation * 100.0, p.rounds);
+        }
     })?;
-    println!("# rtt {:.2} us (median of {} pings), half taken off each round", rtt.as_secs_f64() * 1e6, plan.pings);
+    eprintln!("# rtt {:.2} us (median of {} pings), half taken off each round", rtt.as_secs_f64() * 1e6, plan.pings);
     client.control.send_text("quit").map_err(|e| e.to_string())
 }
 
-/// Marks a point whose rounds never settled under the target.
-fn note(p: &Point) -> String {
-    match p.variation < TARGET_VARIATION {
-        true => String::new(),
-        false => format!("  # variation {:.1} % after {} rounds", p.variation * 100.0, p.rounds),
-    }
+/// One size's line as the seed prints it: `1024\t890.618743  Mbps`.
+fn seed_line(size: usize, mbps: f64) -> String {
+    format!("{size}\t{mbps:.6}  Mbps")
 }
 
 pub fn name(t: Transport) -> &'static str {
@@ -286,7 +287,8 @@ fn variation(xs: &[f64]) -> f64 {
     if m > 0.0 { var.sqrt() / m } else { f64::INFINITY }
 }
 
-/// Parses the client's `size  Mbps` lines (comments skipped).
+/// Parses the client's `size  Mbps` lines (comments skipped, as an older
+/// client printed them there).
 pub fn parse_lines(text: &str) -> Vec<(usize, f64)> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
@@ -308,6 +310,13 @@ mod tests {
         assert_eq!(plan.messages(1), 200_000);
         assert_eq!(plan.messages(256 * 1024), 2_000);
         assert_eq!(Plan::new(true).sizes(256 * 1024, true), [1, 64, 1024, 16384, 65536]);
+    }
+
+    #[test]
+    fn lines_are_the_seeds_and_parse_back() {
+        // The seed's line for 1024 B: `1024    890.618743  Mbps` (a tab).
+        assert_eq!(seed_line(1024, 890.618743), "1024\t890.618743  Mbps");
+        assert_eq!(parse_lines(&format!("{}\n{}\n", seed_line(1, 4.5), seed_line(2, 9.0))), [(1, 4.5), (2, 9.0)]);
     }
 
     #[test]
