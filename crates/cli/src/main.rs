@@ -63,6 +63,7 @@ enum Command {
     Careful(careful::CarefulArgs),
     /// Run an evaluation (`softrnic exp` lists them): its sweep, a CSV,
     /// the logs and an SVG figure.
+    #[command(after_help = exp::NOT_COMMANDS)]
     Exp(exp::ExpArgs),
     /// The network lab: hosts in network namespaces joined by softrnic's
     /// software switch; runs a command on each host (needs root).
