@@ -66,12 +66,15 @@ fn print_config_shows_the_limits_it_would_run_with() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("softrnicd.toml");
     std::fs::write(&file, "[tenant]\nmax_connections = 8\n[daemon]\nmax_connections = 64\n").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_softrnicd"))
-        .arg("--config")
-        .arg(&file)
-        .arg("--print-config")
-        .output()
-        .unwrap();
+    let print_config = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_softrnicd"))
+            .arg("--config")
+            .arg(&file)
+            .arg("--print-config")
+            .output()
+            .unwrap()
+    };
+    let out = print_config();
     assert!(out.status.success(), "{out:?}");
     let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(config["tenant"]["max_connections"], 8);
@@ -79,12 +82,7 @@ fn print_config_shows_the_limits_it_would_run_with() {
     assert_eq!(config["tenant"]["max_qps"], 4096, "a default fills what the file leaves out");
 
     std::fs::write(&file, "[tenant]\nmax_conections = 8\n").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_softrnicd"))
-        .arg("--config")
-        .arg(&file)
-        .arg("--print-config")
-        .output()
-        .unwrap();
+    let out = print_config();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_conections"), "{out:?}");
     std::fs::remove_dir_all(&dir).unwrap();
