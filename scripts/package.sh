@@ -175,11 +175,13 @@ check() {
         exit 1
     fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$deb" >/dev/null
-    trap 'DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq softrnic >/dev/null' EXIT
     # Nothing of the build tree on any path: a clean environment, the
     # system's PATH, and what the installed softrnic exports.
     local scratch installed
     scratch=$(mktemp -d)
+    # Whatever fails, the programs started here stop and the package goes.
+    trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$scratch"
+          DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq softrnic >/dev/null' EXIT
     installed=(env -i "PATH=/usr/sbin:/usr/bin:/sbin:/bin" "HOME=$scratch" "TMPDIR=$scratch")
     on_softrnic() {
         local addr=$1
