@@ -152,6 +152,14 @@ softrnic ($version) unstable; urgency=medium
 EOF
 }
 
+# Runs a client until it reaches its server, which may take seconds to
+# listen on a loaded machine: up to 40 tries half a second apart.
+reach() {
+    local try
+    for try in $(seq 40); do "$@" && return 0; sleep 0.5; done
+    return 1
+}
+
 # Installs the package, runs a verbs pair and an rdma_cm pair from the
 # installed files alone, and purges it, leaving nothing behind.
 check() {
@@ -202,8 +210,7 @@ check() {
     # perftest, each end its own engine.
     on_softrnic 127.0.79.1 SOFTRNIC_DAEMON=off ib_write_bw -p 18771 -n 500 >"$scratch/server" 2>&1 &
     local server=$!
-    sleep 1
-    on_softrnic 127.0.79.2 SOFTRNIC_DAEMON=off ib_write_bw -p 18771 -n 500 127.0.0.1 >"$scratch/client" 2>&1 || {
+    reach on_softrnic 127.0.79.2 SOFTRNIC_DAEMON=off ib_write_bw -p 18771 -n 500 127.0.0.1 >"$scratch/client" 2>&1 || {
         cat "$scratch/server" "$scratch/client" >&2
         exit 1
     }
@@ -218,8 +225,7 @@ check() {
     on_softrnic 127.0.79.3 SOFTRNIC_DAEMON="$scratch/softrnicd.sock" rping -s -a 127.0.79.3 -p 18772 -C 100 -V \
         >"$scratch/server" 2>&1 &
     server=$!
-    sleep 1
-    on_softrnic 127.0.79.4 SOFTRNIC_DAEMON="$scratch/softrnicd.sock" rping -c -a 127.0.79.3 -p 18772 -C 100 -V \
+    reach on_softrnic 127.0.79.4 SOFTRNIC_DAEMON="$scratch/softrnicd.sock" rping -c -a 127.0.79.3 -p 18772 -C 100 -V \
         >"$scratch/client" 2>&1 || { cat "$scratch/server" "$scratch/client" "$scratch/daemon" >&2; exit 1; }
     wait "$server"
     kill "$daemon"

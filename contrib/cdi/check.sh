@@ -87,13 +87,15 @@ EOF
     "$work/cdi-check" "$work/cdi" softrnic.dev/rdma=softrnic0 "$dir/config.json" >/dev/null
 }
 
+# The client tries each program until its server listens (a container
+# starts in seconds on a loaded machine), up to 40 times.
+until_served() { echo "(ok=0; for try in \$(seq 40); do $1 && { ok=1; break; }; sleep 0.5; done; [ \$ok = 1 ])"; }
 bundle server "$tag-a" "ib_write_bw -p 18791 -n 500 && rping -s -a 10.79.0.1 -p 18792 -C 100 -V"
-bundle client "$tag-b" "ib_write_bw -p 18791 -n 500 10.79.0.1 && sleep 1 && rping -c -a 10.79.0.1 -p 18792 -C 100 -V"
+bundle client "$tag-b" "$(until_served "ib_write_bw -p 18791 -n 500 10.79.0.1") && $(until_served "rping -c -a 10.79.0.1 -p 18792 -C 100 -V")"
 
 containers+=("$tag-server")
 runc run --bundle "$work/server" "$tag-server" >"$work/server.out" 2>&1 &
 server=$!
-sleep 1
 containers+=("$tag-client")
 if ! runc run --bundle "$work/client" "$tag-client" >"$work/client.out" 2>&1 || ! wait "$server"; then
     echo "the containers failed:" >&2

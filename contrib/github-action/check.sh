@@ -24,12 +24,13 @@ job=(env -i "HOME=$runner" "PATH=$(cat "$runner/path"):/usr/sbin:/usr/bin:/sbin:
 while IFS= read -r line; do job+=("$line"); done <"$runner/env"
 grep -q '^SOFTRNIC_DAEMON=/' "$runner/env" || { echo "the action exported no daemon: $(cat "$runner/env")" >&2; exit 1; }
 
+# A server and its client; the client tries until the server listens
+# (seconds, on a loaded machine), up to 40 times half a second apart.
 pair() {
     local name=$1 server=$2 client=$3
     "${job[@]}" sh -c "$server" >"$runner/server" 2>&1 &
     local pid=$!
-    sleep 1
-    "${job[@]}" sh -c "$client" >"$runner/client" 2>&1 || {
+    "${job[@]}" sh -c "for try in \$(seq 40); do $client && exit 0; sleep 0.5; done; exit 1" >"$runner/client" 2>&1 || {
         echo "$name failed after the action's setup:" >&2
         cat "$runner/server" "$runner/client" "$runner/softrnic/softrnicd.log" >&2
         exit 1
