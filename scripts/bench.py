@@ -48,6 +48,10 @@ softrnic runs over its UDP datapath there. Other modes:
               over UDP and over the shared-memory wire, same run;
   --daemon    softrnic bench through softrnicd (queues shared with the
               daemon's engine) beside the engine in the process.
+  --read      RDMA READ beside RDMA WRITE at 64 KiB and 1 MiB (issue 32,
+              item 4): softrnic bench over UDP, shared memory and
+              softrnicd, and perftest in the process and through
+              softrnicd, the two operations alternating in each run.
   --account   where the time goes: per 64 B round trip and per 64 KiB
               message, the system calls by kind, context switches and CPU
               time of softrnic (UDP, the shared-memory wire, and through
@@ -65,7 +69,7 @@ softrnic runs over its UDP datapath there. Other modes:
               second run of this build against the first is an A/A
               control, the noise any difference must stand out from.
 
-    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --cm | --rsockets | --mpi | --switch | --daemon | --auth | --account | --against OTHER]
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --read | --cm | --rsockets | --mpi | --switch | --daemon | --auth | --account | --against OTHER]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -153,15 +157,16 @@ def ucx(test, size, port, tls="tcp"):
     return {"p50_us": float(cols[1]), "mbps": float(cols[5]), "msg_rate": float(cols[7])}
 
 
-def perftest(program, args, port):
+def perftest(program, args, port, more_env=None, addrs=("127.0.0.30", "127.0.0.31")):
     """Runs a perftest pair over softrnic's libibverbs.so.1 (both ends on
-    loopback addresses); returns the client's first result row."""
+    loopback addresses, `more_env` added to their environment); returns
+    the client's first result row."""
     libdir = os.path.join(ROOT, "target", "softrnic", "lib")
-    env = lambda addr: {**os.environ, "LD_LIBRARY_PATH": libdir, "SOFTRNIC_ADDR": addr}
-    server = subprocess.Popen([program, *args, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env("127.0.0.30"))
+    env = lambda addr: {**os.environ, "LD_LIBRARY_PATH": libdir, "SOFTRNIC_ADDR": addr, **(more_env or {})}
+    server = subprocess.Popen([program, *args, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(addrs[0]))
     time.sleep(0.5)
     try:
-        out = sh([program, *args, "-p", str(port), "127.0.0.30"], env=env("127.0.0.31"))
+        out = sh([program, *args, "-p", str(port), addrs[0]], env=env(addrs[1]))
     finally:
         server.wait(timeout=30)
     rows = [l.split() for l in out.stdout.splitlines() if l.split() and l.split()[0].isdigit() and len(l.split()) >= 4]
@@ -193,6 +198,56 @@ def perftest_main(a, extra):
     print(f"| 64 B send_bw message rate (`ib_send_bw -s 64`) | {m['pt_rate'] / 1e6:.3f} M/s | {m['sr_rate'] / 1e6:.3f} M/s | {ratio('pt_rate', 'sr_rate'):.2f}× |")
     print(f"| 64 KiB write_bw (`ib_write_bw -s 65536`) | {m['pt_bw']:.2f} Gb/s | {m['sr_bw']:.2f} Gb/s | {ratio('pt_bw', 'sr_bw'):.2f}× |")
     print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
+
+
+def read_main(a, extra):
+    """Issue 32's item 4: RDMA READ beside RDMA WRITE at 64 KiB and 1 MiB,
+    by `softrnic bench` over UDP, over the shared-memory wire and through
+    softrnicd, and by perftest over libibverbs.so.1 with the engine in the
+    process and through softrnicd. Within each run the two operations
+    alternate (which goes first swaps each run); the ratio is the median
+    of per-run ratios (target: READ at 0.9x WRITE or better)."""
+    subprocess.run([os.path.join(ROOT, "scripts", "build-libibverbs.sh")], check=True, stdout=subprocess.DEVNULL)
+    socket = f"/tmp/softrnicd-bench-{os.getpid()}.sock"
+    softrnicd = os.path.join(os.path.dirname(SOFTRNIC), "softrnicd")
+    here = {**os.environ, "SOFTRNIC_DAEMON": "off"}
+    there = {**os.environ, "SOFTRNIC_DAEMON": socket}
+    messages = {65536: 20000, 1048576: 1500}
+
+    def bench(env, flags):
+        return lambda op, size: softrnic(op, size, [*extra, *flags, "-n", str(messages[size])], env)["bw_avg_gbps"]
+
+    def pt(more_env, addrs, port):
+        def run(op, size):
+            row = perftest(f"ib_{op}", ["-s", str(size), "-n", str(messages[size]), "--report_gbits"], port, more_env, addrs)
+            return row[3]
+        return run
+
+    configs = [
+        ("softrnic bench, UDP", bench(here, ["--datapath", "udp"])),
+        ("softrnic bench, shared memory", bench(here, ["--datapath", "shm"])),
+        ("softrnic bench, through softrnicd", bench(there, ["--addr", "127.0.0.12"])),
+        ("perftest, engine in the process", pt({"SOFTRNIC_DAEMON": "off"}, ("127.0.0.30", "127.0.0.31"), 18960)),
+        ("perftest, through softrnicd", pt({"SOFTRNIC_DAEMON": socket}, ("127.0.0.32", "127.0.0.33"), 18961)),
+    ]
+    r = {}
+    with Server([softrnicd, "--socket", socket]):
+        for run in range(a.runs):
+            print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+            for name, measure in configs:
+                for size in messages:
+                    ops = ["write_bw", "read_bw"] if run % 2 == 0 else ["read_bw", "write_bw"]
+                    for op in ops:
+                        r.setdefault((name, size, op), []).append(measure(op, size))
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores:\n")
+    print("| path | size | WRITE | READ | READ / WRITE (median of per-run ratios) | target |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, _ in configs:
+        for size in messages:
+            write, read = r[(name, size, "write_bw")], r[(name, size, "read_bw")]
+            print(f"| {name} | {size // 1024} KiB | {median(write):.2f} Gb/s | {median(read):.2f} Gb/s | "
+                  f"{per_run_ratio(read, write):.2f}× | ≥ 0.9× |")
+    print("\nAll runs:", json.dumps({f"{k[0]} {k[1]} {k[2]}": [round(x, 3) for x in v] for k, v in r.items()}))
 
 
 def shm_main(a, extra):
@@ -987,6 +1042,8 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--engine-threads", type=int, default=1)
     parser.add_argument("--perftest", action="store_true", help="perftest over libibverbs.so.1 beside softrnic bench")
+    parser.add_argument("--read", action="store_true",
+                        help="RDMA READ beside RDMA WRITE at 64 KiB and 1 MiB: softrnic bench (UDP, shared memory, softrnicd) and perftest")
     parser.add_argument("--shm", action="store_true", help="the shared-memory wire against UCX's")
     parser.add_argument("--scaling", action="store_true", help="8 QPs over 1, 2, 4 and 8 engine threads")
     parser.add_argument("--loss", action="store_true", help="throughput and tail latency under loss, each recovery, and against TCP")
@@ -1029,6 +1086,10 @@ def main():
         if shutil.which("ib_send_lat") is None:
             sys.exit("perftest is missing: sudo apt-get install perftest")
         return perftest_main(a, extra)
+    if a.read:
+        if shutil.which("ib_read_bw") is None:
+            sys.exit("perftest is missing: sudo apt-get install perftest")
+        return read_main(a, extra)
     install_peers()
     extra = extra + ["--datapath", "udp"]
     r = {k: [] for k in ["lat", "udp", "ucx_lat", "rate", "ucx_rate", "bw", "tcp", "ucx_put"]}
