@@ -38,6 +38,10 @@ type Options struct {
 // endpoint is the plugin's socket's name in the kubelet's directory.
 const endpoint = "softrnic.sock"
 
+// registerRetry is how long the plugin waits before asking a kubelet
+// that refused (or was not there) again.
+var registerRetry = 5 * time.Second
+
 // Run serves the kubelet until ctx ends: it registers, and registers
 // again whenever a restarting kubelet has removed the plugin's socket.
 func Run(ctx context.Context, opts Options, log func(string, ...any)) error {
@@ -97,9 +101,10 @@ func slotsFromDaemon(softrnicd, config string) (int, error) {
 	return max(1, limits.Daemon.MaxConnections/limits.Tenant.MaxConnections), nil
 }
 
-// serveOnce serves on a fresh socket and registers with the kubelet; it
-// returns nil when the socket disappears (the kubelet restarted) and an
-// error when it cannot serve or register at all.
+// serveOnce serves on a fresh socket and registers with the kubelet
+// (again and again until one answers); it returns nil when the socket
+// disappears (the kubelet restarted) or ctx ends, and an error when it
+// cannot serve at all.
 func serveOnce(ctx context.Context, opts Options, edits *pluginapi.ContainerAllocateResponse, log func(string, ...any)) error {
 	path := filepath.Join(opts.KubeletDir, endpoint)
 	_ = os.Remove(path)
@@ -116,8 +121,18 @@ func serveOnce(ctx context.Context, opts Options, edits *pluginapi.ContainerAllo
 		server.Stop()
 	}()
 
-	if err := register(ctx, opts); err != nil {
-		return err
+	// A kubelet that is not up yet (the node starting) is waited for.
+	for {
+		err := register(ctx, opts)
+		if err == nil {
+			break
+		}
+		log("softrnic-device-plugin: %v; trying again in %v", err, registerRetry)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(registerRetry):
+		}
 	}
 	log("softrnic-device-plugin: %d slots of %s registered with the kubelet (%s)", opts.Slots, opts.Resource, answer(opts))
 	ticker := time.NewTicker(opts.Every)

@@ -34,6 +34,11 @@ func (k *fakeKubelet) Register(_ context.Context, request *pluginapi.RegisterReq
 // directory.
 func startKubelet(t *testing.T) (string, *fakeKubelet) {
 	dir := t.TempDir()
+	return dir, serveKubelet(t, dir)
+}
+
+// serveKubelet serves the registration API in `dir`.
+func serveKubelet(t *testing.T, dir string) *fakeKubelet {
 	listener, err := net.Listen("unix", filepath.Join(dir, "kubelet.sock"))
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +48,7 @@ func startKubelet(t *testing.T) (string, *fakeKubelet) {
 	pluginapi.RegisterRegistrationServer(server, kubelet)
 	go func() { _ = server.Serve(listener) }()
 	t.Cleanup(server.Stop)
-	return dir, kubelet
+	return kubelet
 }
 
 // built is a program of the build tree (scripts/build-libibverbs.sh).
@@ -200,6 +205,19 @@ func TestWithoutCDIAllocationsCarryTheSpecsMountsAndVariables(t *testing.T) {
 	}
 	if len(container.CdiDevices) != 0 {
 		t.Fatalf("--no-cdi named a CDI device: %v", container.CdiDevices)
+	}
+}
+
+func TestAKubeletNotUpYetIsWaitedFor(t *testing.T) {
+	registerRetry = 50 * time.Millisecond
+	dir := t.TempDir()
+	run(t, Options{KubeletDir: dir, Resource: "softrnic.dev/rdma", Socket: filepath.Join(dir, "none.sock"),
+		Slots: 1, Every: 50 * time.Millisecond})
+	// The plugin starts first; the kubelet's socket comes a moment later.
+	time.Sleep(200 * time.Millisecond)
+	kubelet := serveKubelet(t, dir)
+	if request := registration(t, kubelet); request.ResourceName != "softrnic.dev/rdma" {
+		t.Fatalf("registered as %+v", request)
 	}
 }
 
