@@ -223,6 +223,18 @@ impl Link {
     }
 }
 
+/// What a failed completion means for the run: a peer that stopped
+/// answering is the usual one (a server stopped or killed mid-sweep).
+fn failed(status: WcStatus) -> String {
+    match status {
+        WcStatus::RetryExcErr => {
+            "the peer stopped answering: the transport's retries ran out (RetryExcErr); is its server still running?"
+                .to_string()
+        }
+        status => format!("a work request failed: {status:?}"),
+    }
+}
+
 fn io(e: std::io::Error) -> String {
     format!("the peer went away: {e}")
 }
@@ -326,7 +338,7 @@ impl Rdma {
             std::hint::spin_loop();
         }
         match self.completions.iter().find(|c| c.status != WcStatus::Success) {
-            Some(c) => Err(format!("a work request failed: {:?}", c.status)),
+            Some(c) => Err(failed(c.status)),
             None => Ok(self.completions.len()),
         }
     }
@@ -351,7 +363,7 @@ impl Rdma {
         let c = self.completions[0];
         match c.status {
             WcStatus::Success => Ok(c),
-            status => Err(format!("a work request failed: {status:?}")),
+            status => Err(failed(status)),
         }
     }
 }
