@@ -70,19 +70,30 @@ func Run(ctx context.Context, opts Options, log func(string, ...any)) error {
 	return nil
 }
 
+// output runs a softrnic program and returns what it printed, or what it
+// said on stderr when it failed, or `fix` when it could not run at all.
+func output(fix, program string, args ...string) ([]byte, error) {
+	out, err := exec.Command(program, args...).Output()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return out, nil
+	case errors.As(err, &exit):
+		return nil, fmt.Errorf("%s %s: %s", program, args[0], exit.Stderr)
+	default:
+		return nil, fmt.Errorf("cannot run %s %s (%v): %s", program, args[0], err, fix)
+	}
+}
+
 // slotsFromDaemon is how many tenants softrnicd holds at their limits.
 func slotsFromDaemon(softrnicd, config string) (int, error) {
 	args := []string{"--print-config"}
 	if config != "" {
 		args = append(args, "--config", config)
 	}
-	out, err := exec.Command(softrnicd, args...).Output()
+	out, err := output("give --softrnicd, or --slots", softrnicd, args...)
 	if err != nil {
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			return 0, fmt.Errorf("%s --print-config: %s", softrnicd, exit.Stderr)
-		}
-		return 0, fmt.Errorf("cannot run %s --print-config (%v): give --softrnicd, or --slots", softrnicd, err)
+		return 0, err
 	}
 	var limits struct {
 		Tenant struct {
@@ -266,13 +277,9 @@ func (p *plugin) ours(id string) bool {
 // that knows the device's mounts and variables) into an allocation's
 // mounts and variables, for a runtime without CDI.
 func editsFromSpec(opts Options) (*pluginapi.ContainerAllocateResponse, error) {
-	out, err := exec.Command(opts.Softrnic, "cdi", "--print", "--socket", opts.Socket, "--libraries", opts.Libraries).Output()
+	out, err := output("give --softrnic", opts.Softrnic, "cdi", "--print", "--socket", opts.Socket, "--libraries", opts.Libraries)
 	if err != nil {
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			return nil, fmt.Errorf("%s cdi --print: %s", opts.Softrnic, exit.Stderr)
-		}
-		return nil, fmt.Errorf("cannot run %s cdi --print (%v): give --softrnic", opts.Softrnic, err)
+		return nil, err
 	}
 	var spec struct {
 		Devices []struct {

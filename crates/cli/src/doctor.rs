@@ -193,12 +193,9 @@ fn daemon() -> Result<String, String> {
     let start = format!(
         "programs run the engine themselves; start one with softrnicd --socket {at}, or let the first program start it (SOFTRNIC_DAEMON=start)"
     );
-    // The daemon's kind of socket: a stream probe is refused by it
+    // As programs connect: a stream probe is refused by the daemon
     // (EPROTOTYPE) and would pass a listener that is no softrnicd.
-    let probe = rustix::net::socket(rustix::net::AddressFamily::UNIX, rustix::net::SocketType::SEQPACKET, None)
-        .map_err(|e| format!("cannot make a socket to probe {at}: {e}"))?;
-    let addr = rustix::net::SocketAddrUnix::new(socket.as_path()).map_err(|e| format!("{at}: {e}"))?;
-    match rustix::net::connect(&probe, &addr) {
+    match softrnic_provider::launch::probe(&socket) {
         Ok(()) => Ok(format!("accepts connections at {at}")),
         Err(rustix::io::Errno::NOENT) => Err(format!("none at {at}: {start}")),
         Err(rustix::io::Errno::CONNREFUSED) => {

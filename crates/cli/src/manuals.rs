@@ -23,7 +23,7 @@ pub struct ManualsArgs {
 
 /// The shells the package installs completions for, and where each
 /// looks for them under /usr/share.
-pub const PACKAGED_SHELLS: [Shell; 3] = [Shell::Bash, Shell::Zsh, Shell::Fish];
+const PACKAGED_SHELLS: [Shell; 3] = [Shell::Bash, Shell::Zsh, Shell::Fish];
 
 pub fn completions(args: &CompletionsArgs) -> Result<(), String> {
     let mut command = crate::Cli::command();

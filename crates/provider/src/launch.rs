@@ -28,9 +28,16 @@ const START_WAIT: Duration = Duration::from_secs(10);
 
 /// Whether a daemon listens on `socket`.
 pub fn listening(socket: &Path) -> bool {
-    let Ok(addr) = SocketAddrUnix::new(socket) else { return false };
-    rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None)
-        .is_ok_and(|probe| rustix::net::connect(&probe, &addr).is_ok())
+    probe(socket).is_ok()
+}
+
+/// Connects to `socket` as programs do (SOCK_SEQPACKET) and hangs up, or
+/// says why not: `NOENT` (nothing there), `CONNREFUSED` (nobody listens),
+/// `PROTOTYPE` (a socket of another kind, no softrnicd's).
+pub fn probe(socket: &Path) -> rustix::io::Result<()> {
+    let addr = SocketAddrUnix::new(socket)?;
+    let probe = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None)?;
+    rustix::net::connect(&probe, &addr)
 }
 
 /// Makes sure a daemon listens on `socket`, starting one if none does.
