@@ -2,11 +2,13 @@
 //! control socket's messages ([`protocol`]), and the shared memory the data
 //! path lives in: the queues' rings ([`queue`]), the work and completion
 //! entries in their slots ([`wqe`]), the doorbells ([`doorbell`]), and the
-//! memfds behind them all ([`shared_memory`]).
+//! memfds behind them all ([`shared_memory`]); and the storage blocks
+//! softrnicd's block offload parses ([`block`]).
 //!
 //! The server (`softrnic-daemon`) and the client (`softrnic-provider`)
 //! both build on this crate and on nothing of each other.
 
+pub mod block;
 pub mod doorbell;
 pub mod peer;
 pub mod protocol;

@@ -21,6 +21,7 @@ use rustix::net::{
 use serde::{Deserialize, Serialize};
 use softrnic_engine::NicCounters;
 
+pub use crate::block::BlockOffload;
 pub use crate::shared_memory::Segment;
 use softrnic_transport::{
     Access, AsyncEvent, CqId, MrKeys, PdId, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, SrqAttr, SrqId,
@@ -28,7 +29,7 @@ use softrnic_transport::{
 };
 
 /// Bumped whenever a message or a shared layout changes.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// What a second tenant on an address is refused (`CreateGsiQp`), as the
 /// busy object: "... is still in use".
@@ -107,6 +108,9 @@ pub enum Request {
     /// receive ring.
     CreateQp {
         init: QpInitAttr,
+        /// The daemon offloads the QP's storage blocks' CRCs, and places
+        /// their payloads ([`crate::block`]).
+        blocks: Option<BlockOffload>,
     },
     /// The device's GSI QP (QP1), where rdma_cm's MADs arrive: a UD QP
     /// answered as `CreateQp` is. A device has one, so one program on an

@@ -23,8 +23,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use softrnic_transport::{
-    Access, Completion, InlineData, Instant, Payload, RecvWorkRequest, RemoteAddr, SendOp, SendWorkRequest, Sge,
-    SgeList, UdDestination, WcOpcode, WcStatus, WindowBind,
+    Access, BlockOutcome, Completion, InlineData, Instant, Payload, RecvWorkRequest, RemoteAddr, SendOp,
+    SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode, WcStatus, WindowBind,
 };
 
 /// The bytes of each entry's fixed part, and of a scatter/gather entry.
@@ -81,6 +81,8 @@ mod field {
         pub const QP_NUM: Range<usize> = 24..28;
         pub const SRC_QP: Range<usize> = 28..32;
         pub const FLAGS: Range<usize> = 32..36;
+        /// A block offload's [`BlockOutcome`](softrnic_transport::BlockOutcome), 0 for none.
+        pub const BLOCK: usize = 36;
         pub const TIMESTAMP: Range<usize> = 40..48;
         pub const SOURCE: Range<usize> = 48..64;
     }
@@ -419,6 +421,7 @@ pub fn emit_completion(c: &Completion, slot: &mut [u8; CQE_LEN]) {
         None => {}
     }
     e.put(FLAGS.start, &flags.to_le_bytes());
+    e.put(BLOCK, &[c.block.map_or(0, |b| b as u8)]);
     e.put(TIMESTAMP.start, &c.timestamp.as_nanos().to_le_bytes());
 }
 
@@ -455,6 +458,8 @@ pub fn parse_completion(slot: &[u8; CQE_LEN]) -> Completion {
         WcOpcode::Recv,
         WcOpcode::RecvRdmaWithImm,
     ];
+    const BLOCK_OUTCOMES: [BlockOutcome; 4] =
+        [BlockOutcome::Verified, BlockOutcome::Placed, BlockOutcome::Corrupt, BlockOutcome::OutOfRange];
     let e = Entry { bytes: &slot[..] };
     let (status, opcode, flags) = (e.u32(STATUS), e.u32(OPCODE), e.u32(FLAGS));
     let family = match flags {
@@ -475,6 +480,7 @@ pub fn parse_completion(slot: &[u8; CQE_LEN]) -> Completion {
         grh: flags & CQE_GRH != 0,
         solicited: flags & CQE_SOLICITED != 0,
         timestamp: Instant::from_nanos(e.u64(TIMESTAMP)),
+        block: BLOCK_OUTCOMES.into_iter().find(|b| *b as u8 == e.bytes(BLOCK..BLOCK + 1)[0]),
     }
 }
 
@@ -584,11 +590,13 @@ mod tests {
             grh: true,
             solicited: false,
             timestamp: Instant::from_nanos(1234),
+            block: Some(BlockOutcome::Placed),
         };
         let mut slot = [0u8; CQE_LEN];
         emit_completion(&c, &mut slot);
         assert_eq!(slot[8..16], [0, 0, 0, 0, 128, 0, 0, 0], "status, opcode");
         assert_eq!(slot[48..52], [127, 0, 0, 9]);
+        assert_eq!(slot[36], 2, "placed by the block offload");
         assert_eq!(parse_completion(&slot), c);
     }
 

@@ -88,7 +88,7 @@ fn fuzz(daemon: &Running) {
         let (Response::Cq(cq), cq_fds) = call(&fd, Request::CreateCq { capacity: 16, channel: None }) else { panic!() };
         let cq_ring = SharedQueue::attach(cq_fds.into_iter().next().unwrap(), cq.slots, 64).unwrap();
         let init = QpInitAttr { sq_sig_all: true, ..qp_init(QpType::Rc, pd, cq.cq) };
-        let (Response::Qp(layout), fds) = call(&fd, Request::CreateQp { init }) else { panic!() };
+        let (Response::Qp(layout), fds) = call(&fd, Request::CreateQp { init, blocks: None }) else { panic!() };
         let mut rings = fds.into_iter();
         let send = SharedQueue::attach(rings.next().unwrap(), layout.send_slots, layout.send_slot_size).unwrap();
         let recv = SharedQueue::attach(rings.next().unwrap(), layout.recv_slots, layout.recv_slot_size).unwrap();
@@ -258,10 +258,10 @@ fn garbage_and_lies_on_the_socket_are_refused() {
     let (Response::Cq(cq), _) = call(&fd, Request::CreateCq { capacity: 4, channel: None }) else { panic!() };
     let mut init =
         QpInitAttr { caps: QpCaps { max_send_wr: u32::MAX, ..QpCaps::default() }, ..qp_init(QpType::Rc, pd, cq.cq) };
-    assert!(refused(Request::CreateQp { init }, &[]).contains("capabilities"));
+    assert!(refused(Request::CreateQp { init, blocks: None }, &[]).contains("capabilities"));
     init.caps = QpCaps::default();
     init.send_cq = CqId(cq.cq.0 + 1000);
-    assert!(refused(Request::CreateQp { init }, &[]).contains("CQ"));
+    assert!(refused(Request::CreateQp { init, blocks: None }, &[]).contains("CQ"));
     assert!(refused(Request::ModifyQp { qpn: 1, attr: QpAttr::default() }, &[]).contains("QP"));
     // SRQs: only one's own PD and SRQs, sizes the device has; a ring
     // entry that is not a receive stops only that SRQ.
@@ -271,7 +271,7 @@ fn garbage_and_lies_on_the_socket_are_refused() {
     assert!(refused(Request::QuerySrq { srq: SrqId(77) }, &[]).contains("SRQ"));
     init.send_cq = cq.cq;
     init.srq = Some(SrqId(77));
-    assert!(refused(Request::CreateQp { init }, &[]).contains("SRQ"));
+    assert!(refused(Request::CreateQp { init, blocks: None }, &[]).contains("SRQ"));
     let (Response::Srq(layout), fds) = call(&fd, Request::CreateSrq { pd, attr }) else { panic!() };
     let ring = SharedQueue::attach(fds.into_iter().next().unwrap(), layout.slots, layout.slot_size).unwrap();
     let mut producer = Producer::default();
@@ -298,7 +298,8 @@ fn a_forwarded_work_request_too_short_is_refused() {
     call(&fd, Request::Open { version: PROTOCOL_VERSION, addr: address(), forward: true });
     let (Response::Pd(pd), _) = call(&fd, Request::AllocPd) else { panic!() };
     let (Response::Cq(cq), _) = call(&fd, Request::CreateCq { capacity: 4, channel: None }) else { panic!() };
-    let (Response::Qp(layout), _) = call(&fd, Request::CreateQp { init: qp_init(QpType::Rc, pd, cq.cq) }) else {
+    let (Response::Qp(layout), _) = call(&fd, Request::CreateQp { init: qp_init(QpType::Rc, pd, cq.cq), blocks: None })
+    else {
         panic!()
     };
     for len in [0, 5, 11, 71] {
@@ -340,7 +341,7 @@ fn the_gsi_qp_of_an_address_is_one_tenants_at_a_time() {
     let (Response::Cq(cq), _) = call(&holder, Request::CreateCq { capacity: 16, channel: None }) else { panic!() };
     for _ in 0..1000 {
         let init = qp_init(QpType::Rc, pd, cq.cq);
-        assert!(matches!(call(&holder, Request::CreateQp { init }).0, Response::Qp(_)));
+        assert!(matches!(call(&holder, Request::CreateQp { init, blocks: None }).0, Response::Qp(_)));
     }
     let refused = ask(&raw_connect(socket));
     let Response::Error(e) = refused else { panic!("a second QP1 on {addr}: {refused:?}") };

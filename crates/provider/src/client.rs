@@ -23,6 +23,7 @@ use softrnic_transport::{
     check_send,
 };
 
+use softrnic_daemon_protocol::block::BlockOffload;
 use softrnic_daemon_protocol::doorbell::DoorbellPage;
 use softrnic_daemon_protocol::protocol::{
     self, Opened, PROTOCOL_VERSION, RemoteAlgorithm, Request, Response, Translation,
@@ -363,8 +364,10 @@ impl Session {
         }
     }
 
-    pub fn create_qp(&self, init: QpInitAttr) -> Result<Qp> {
-        self.create_qp_by(Request::CreateQp { init }, init)
+    /// A QP, whose storage blocks the daemon offloads if `blocks` asks
+    /// ([`softrnic_daemon_protocol::block`]).
+    pub fn create_qp(&self, init: QpInitAttr, blocks: Option<BlockOffload>) -> Result<Qp> {
+        self.create_qp_by(Request::CreateQp { init, blocks }, init)
     }
 
     /// The device's GSI QP (QP1), for rdma_cm.

@@ -20,3 +20,5 @@ pub mod socket_path;
 pub use provider::{
     CompletionChannel, DeviceCq, DeviceEvent, DeviceQp, DeviceSrq, EngineHolder, OpenError, Provider, SendChain,
 };
+/// The storage blocks softrnicd's block offload parses (E7).
+pub use softrnic_daemon_protocol::block;

@@ -14,6 +14,7 @@ use softrnic_event::{EventQueue, wait_readable};
 use softrnic_transport::{AsyncEvent, Mtu};
 
 use crate::client::{self, Session};
+use softrnic_daemon_protocol::block::BlockOffload;
 use softrnic_daemon_protocol::protocol::Translation;
 use softrnic_daemon_protocol::shared_memory::SharedMapping;
 use softrnic_transport::{
@@ -560,7 +561,22 @@ impl<E: EngineHolder> Provider<E> {
     pub fn create_qp(&self, init: QpInitAttr) -> Result<DeviceQp> {
         match &self.0 {
             Device::Engine(e) => e.nic().create_qp(init).map(|posts| DeviceQp(QpOf::Engine(posts))),
-            Device::Daemon(session) => session.create_qp(init).map(|qp| DeviceQp(QpOf::Daemon(Box::new(qp)))),
+            Device::Daemon(session) => session.create_qp(init, None).map(|qp| DeviceQp(QpOf::Daemon(Box::new(qp)))),
+        }
+    }
+
+    /// A QP whose storage blocks the device offloads (E7): softrnicd's
+    /// command processors compute and check their CRCs, and place their
+    /// payloads. The engine in the process has no cores of its own to
+    /// offload to, so it refuses.
+    pub fn create_block_qp(&self, init: QpInitAttr, offload: BlockOffload) -> Result<DeviceQp> {
+        match &self.0 {
+            Device::Engine(_) => Err(VerbsError::NotSupported(
+                "block offloads run in softrnicd: start one and set SOFTRNIC_DAEMON (or SOFTRNIC_DAEMON=start)".into(),
+            )),
+            Device::Daemon(session) => {
+                session.create_qp(init, Some(offload)).map(|qp| DeviceQp(QpOf::Daemon(Box::new(qp))))
+            }
         }
     }
 

@@ -969,6 +969,7 @@ mod tests {
             grh: false,
             solicited: false,
             timestamp: Instant::ZERO,
+            block: None,
         }
     }
 

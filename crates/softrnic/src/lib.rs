@@ -53,12 +53,13 @@ pub use qp::{ConnectOptions, QueuePair};
 
 pub use softrnic_engine::congestion::choose as choose_congestion_control;
 pub use softrnic_engine::{DatapathKind, EngineConfig, FaultConfig, NicCounters, ProgressMode, Role, environment};
+pub use softrnic_provider::block;
 /// The socket of the softrnicd that [`Context::open`] would use, if any.
 pub use softrnic_provider::socket_path::from_env as daemon_socket;
 pub use softrnic_transport::{
-    Access, Choice, Completion, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpState, QpType, RecvWorkRequest,
-    RemoteAddr, Retransmission, SendOp, SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode, WcStatus, WindowBind,
-    WindowType, smallvec,
+    Access, BlockOutcome, Choice, Completion, InlineData, Mtu, Payload, Psn, QpAttr, QpCaps, QpState, QpType,
+    RecvWorkRequest, RemoteAddr, Retransmission, SendOp, SendWorkRequest, Sge, SgeList, UdDestination, WcOpcode,
+    WcStatus, WindowBind, WindowType, smallvec,
 };
 
 /// The status helpers verbs users expect.

@@ -2,6 +2,7 @@ use std::sync::Arc;
 
 use softrnic_transport::{Access, DmaBuffer, PdId, Psn, QpCaps, QpInitAttr, QpType, VerbsError, WindowType};
 
+use crate::block::BlockOffload;
 use crate::{CompletionQueue, Context, Error, MemoryRegion, MemoryWindow, QueuePair};
 
 pub(crate) struct PdHandle {
@@ -62,6 +63,41 @@ impl ProtectionDomain {
         caps: QpCaps,
         sq_sig_all: bool,
     ) -> Result<QueuePair, Error> {
+        self.create_qp_with(qp_type, [send_cq, recv_cq], caps, sq_sig_all, None)
+    }
+
+    /// A reliable connected QP whose storage blocks ([`crate::block`])
+    /// softrnicd offloads, as a storage NIC would (E7): it computes the
+    /// CRC of each block sent and checks it on each block received,
+    /// saying what it found in the receive's [`Completion::block`]; with
+    /// a `store` it also places each received write's payload there at
+    /// the block's offset (the receive gets the header alone), and gives
+    /// a read's answer posted as a header alone its payload from there.
+    /// Refused by the engine in the process: the offload is the daemon's.
+    ///
+    /// [`Completion::block`]: crate::Completion::block
+    pub fn create_block_qp(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+        store: Option<&MemoryRegion>,
+    ) -> Result<QueuePair, Error> {
+        let offload = match store {
+            None => BlockOffload::Crc,
+            Some(store) => BlockOffload::CrcAndPlacement { store: store.lkey() },
+        };
+        self.create_qp_with(QpType::Rc, [send_cq, recv_cq], caps, false, Some(offload))
+    }
+
+    fn create_qp_with(
+        &self,
+        qp_type: QpType,
+        [send_cq, recv_cq]: [&CompletionQueue; 2],
+        caps: QpCaps,
+        sq_sig_all: bool,
+        blocks: Option<BlockOffload>,
+    ) -> Result<QueuePair, Error> {
         let init = QpInitAttr {
             qp_type,
             pd: self.id.id,
@@ -75,7 +111,10 @@ impl ProtectionDomain {
         // made is not left behind by a failure.
         let psn = getrandom::u32()
             .map_err(|e| VerbsError::Device(format!("no random initial PSN from the operating system: {e}")))?;
-        let qp = self.ctx.provider.create_qp(init)?;
+        let qp = match blocks {
+            None => self.ctx.provider.create_qp(init)?,
+            Some(offload) => self.ctx.provider.create_block_qp(init, offload)?,
+        };
         Ok(QueuePair::new(self.clone(), qp, qp_type, Psn::new(psn), [send_cq.handle(), recv_cq.handle()]))
     }
 }

@@ -93,6 +93,27 @@ pub struct Completion {
     /// engine's: nanoseconds since the device opened). Verbs' completion
     /// timestamp.
     pub timestamp: Instant,
+    /// What a device that parses storage blocks found in the message
+    /// received (softrnicd's block offload, E7), as a NIC with checksum
+    /// offload reports a packet's checksum; `None` where nothing parsed it.
+    pub block: Option<BlockOutcome>,
+}
+
+/// What a block offload did with a block received: the receive
+/// completes successfully whatever it found, and this says whether the
+/// payload can be trusted and where it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockOutcome {
+    /// Its CRC matched; the payload is where the receive put it.
+    Verified = 1,
+    /// Its CRC matched and its payload went straight into the store at
+    /// its offset: the receive holds the header only.
+    Placed = 2,
+    /// Its CRC did not match: nothing was stored.
+    Corrupt = 3,
+    /// Its CRC matched but its range lies outside the store: nothing was
+    /// stored.
+    OutOfRange = 4,
 }
 
 impl Completion {
@@ -116,6 +137,7 @@ impl Completion {
             grh: false,
             solicited: false,
             timestamp: Instant::ZERO,
+            block: None,
         }
     }
 }

@@ -30,7 +30,7 @@ pub mod time;
 pub mod work_request;
 
 pub use auth::{AuthKey, MAC_LEN, PacketAuth};
-pub use completion::{Completion, CompletionQueue, CqId, WcOpcode, WcStatus};
+pub use completion::{BlockOutcome, Completion, CompletionQueue, CqId, WcOpcode, WcStatus};
 pub use config::TransportConfig;
 pub use congestion::{AlgorithmSpec, Choice, CongestionConfig, IntMark, IntRecords, RecvMeta};
 pub use control::Control;

@@ -74,6 +74,9 @@ fn main() -> ExitCode {
         }
     }
     eprintln!("softrnicd: {}", running.offload_stats());
+    if !running.block_counters().is_idle() {
+        eprintln!("softrnicd: {}", running.block_counters());
+    }
     // Stopping joins the acceptor and the command processor; a thread that
     // does not stop (a bug) must not keep the daemon from exiting.
     let (stopped, wait) = std::sync::mpsc::channel();

@@ -284,6 +284,11 @@ impl Running {
         self.devices.offload.counters.snapshot()
     }
 
+    /// What the block offload did so far.
+    pub fn block_counters(&self) -> &offload::blocks::BlockCounters {
+        &self.devices.offload.blocks
+    }
+
     /// Runs until the process ends.
     pub fn wait(mut self) {
         if let Some(acceptor) = self.acceptor.take() {

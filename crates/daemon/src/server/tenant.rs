@@ -23,8 +23,8 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use softrnic_engine::{Nic, ProgressMode};
 use softrnic_transport::limits::{MAX_CQE, MAX_INLINE_DATA, MAX_QP_WR, MAX_SGE};
 use softrnic_transport::{
-    AlgorithmSpec, Choice, CqId, DmaBuffer, PdId, PostQueues, QpAttr, QpInitAttr, QpState, Registration, SrqAttr,
-    SrqId, VerbsError, window_handle,
+    AlgorithmSpec, Choice, CqId, DmaBuffer, PdId, PostQueues, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
+    Registration, SrqAttr, SrqId, VerbsError, window_handle,
 };
 use softrnic_wire::mad::GSI_QPN;
 
@@ -32,6 +32,7 @@ use super::device::{Device, Devices, Element, NetNs};
 use super::offload::Stages;
 use super::processor::{Processors, Registry, ServedCq, ServedQp, ServedSrq};
 use crate::limits::{Accounts, Resource, Usage};
+use softrnic_daemon_protocol::block::BlockOffload;
 use softrnic_daemon_protocol::doorbell::DoorbellPage;
 use softrnic_daemon_protocol::peer::Peer;
 use softrnic_daemon_protocol::protocol::{
@@ -317,8 +318,8 @@ impl Tenant {
                 self.registry.update(|s| s.srqs.retain(|q| !Arc::ptr_eq(q, &served)));
                 Ok((Response::Done, Vec::new()))
             }
-            Request::CreateQp { init } => self.create_qp(init, false),
-            Request::CreateGsiQp { init } => self.create_qp(init, true),
+            Request::CreateQp { init, blocks } => self.create_qp(init, false, blocks),
+            Request::CreateGsiQp { init } => self.create_qp(init, true, None),
             Request::ModifyQp { qpn, attr } => {
                 let served = self.qps.get(&qpn).ok_or(RemoteError::not_found("QP"))?;
                 let state = match attr.state {
@@ -546,7 +547,14 @@ impl Tenant {
     }
 
     /// A QP, or with `gsi` the device's QP1.
-    fn create_qp(&mut self, init: QpInitAttr, gsi: bool) -> Answer {
+    /// A QP (the GSI QP with `gsi`), whose storage blocks the daemon
+    /// offloads if `blocks` asks.
+    fn create_qp(&mut self, init: QpInitAttr, gsi: bool, blocks: Option<BlockOffload>) -> Answer {
+        if blocks.is_some() && (init.qp_type != QpType::Rc || self.forward) {
+            return Err(RemoteError::invalid(
+                "the block offload is for RC QPs whose queues the daemon's processors serve (not forwarded)",
+            ));
+        }
         let held = self.usage.reserve(Resource::Qps, 1)?;
         self.own_pd(init.pd)?;
         for cq in [init.send_cq, init.recv_cq] {
@@ -562,7 +570,8 @@ impl Tenant {
         let (caps, pd) = (init.caps, init.pd);
         if caps.max_send_wr > MAX_QP_WR
             || caps.max_recv_wr > MAX_QP_WR
-            || caps.max_send_sge > MAX_SGE
+            // The block offload keeps one gather entry for itself.
+            || caps.max_send_sge + u32::from(blocks.is_some()) > MAX_SGE
             || caps.max_recv_sge > MAX_SGE
             || caps.max_inline_data > MAX_INLINE_DATA
         {
@@ -581,8 +590,11 @@ impl Tenant {
         let recv_wr = if init.srq.is_some() { 1 } else { caps.max_recv_wr };
         let recv = SharedQueue::create("softrnic-rq", recv_wr, wqe::recv_slot_size(caps.max_recv_sge)).map_err(io)?;
         let nic = &self.device.nic;
+        // The block offload sends a block's header from a slot of its own
+        // ahead of the program's entries: one more gather entry.
+        let engine_caps = QpCaps { max_send_sge: caps.max_send_sge + u32::from(blocks.is_some()), ..caps };
         let posts = match gsi {
-            false => nic.create_qp(init),
+            false => nic.create_qp(QpInitAttr { caps: engine_caps, ..init }),
             true => claim_gsi(nic, init),
         }?;
         let qpn = posts.qpn();
@@ -605,7 +617,10 @@ impl Tenant {
             false => {
                 // A QP's receives from an SRQ land directly: not staged.
                 let depths = (caps.max_send_wr, init.srq.is_none().then_some(caps.max_recv_wr));
-                self.device.offload.stages(nic, pd, depths, self.device.copy.as_ref())
+                match blocks {
+                    Some(offload) => self.device.offload.block_stages(nic, pd, depths, offload),
+                    None => self.device.offload.stages(nic, pd, depths, self.device.copy.as_ref()),
+                }
             }
         };
         let stages = match stages {

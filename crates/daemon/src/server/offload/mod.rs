@@ -38,6 +38,10 @@
 //! Staging buffers are registered for local access only: no key a peer
 //! could learn reaches them.
 //!
+//! Apart from the designs, a QP may ask for the block offload ([`blocks`],
+//! E7): its storage blocks' CRCs computed and checked here, and with a
+//! store their payloads placed.
+//!
 //! Each copying design is a stage, a [`SendStage`] or a [`ReceiveStage`],
 //! that a QP's command processor hands its new WQEs and its receives'
 //! completions to. The default designs (`header-only`, `direct`) have
@@ -45,12 +49,14 @@
 
 use std::sync::Arc;
 
+use softrnic_daemon_protocol::block::BlockOffload;
 use softrnic_engine::Nic;
 use softrnic_transport::memory::MemoryTable;
-use softrnic_transport::{Completion, PdId, RecvWorkRequest, Result};
+use softrnic_transport::{Completion, PdId, RecvWorkRequest, Result, VerbsError};
 
 use crate::server::processor::Sends;
 
+pub mod blocks;
 mod bulk_copy;
 pub mod copy_engine;
 mod counters;
@@ -58,6 +64,7 @@ mod engine_copy;
 mod staged_receive;
 mod staging;
 
+use blocks::{BlockCounters, BlockSends, CheckedReceives, Placement, Store};
 use bulk_copy::BulkCopy;
 use copy_engine::CopyEngine;
 pub use counters::{OffloadCounters, OffloadStats};
@@ -192,6 +199,8 @@ pub struct Stages {
 pub struct Offload {
     pub designs: Designs,
     pub counters: Arc<OffloadCounters>,
+    /// What the block offload did, for every QP that asked for it.
+    pub blocks: Arc<BlockCounters>,
     /// The in-cache design's pool (allocated only for it).
     pool: Option<Arc<Pool>>,
 }
@@ -200,7 +209,43 @@ impl Offload {
     pub fn new(designs: Designs) -> Offload {
         let counters = Arc::new(OffloadCounters::default());
         let pool = (designs.rx == RxDesign::InCache).then(|| Arc::new(Pool::new(&counters)));
-        Offload { designs, counters, pool }
+        Offload { designs, counters, blocks: Arc::default(), pool }
+    }
+
+    /// The stages of a QP that asked for the block offload ([`blocks`]),
+    /// in place of the daemon's designs: its sends' blocks checksummed, its
+    /// receives' checked, and with a store placed.
+    pub fn block_stages(
+        &self,
+        nic: &Nic,
+        pd: PdId,
+        (depth, recv_depth): (u32, Option<u32>),
+        offload: BlockOffload,
+    ) -> Result<Stages> {
+        let Some(recv_depth) = recv_depth else {
+            return Err(VerbsError::NotSupported(
+                "the block offload checks the receives of a QP's own queue, not of an SRQ".into(),
+            ));
+        };
+        let store = match offload {
+            BlockOffload::Crc => None,
+            BlockOffload::CrcAndPlacement { store } => Some(Store::new(nic, pd, store)?),
+        };
+        let send = BlockSends::new(nic, pd, depth, store, (&self.counters, &self.blocks))?;
+        let receive: Result<Box<dyn ReceiveStage>> = match store {
+            None => Ok(Box::new(CheckedReceives::new(pd, recv_depth, &self.blocks))),
+            Some(store) => {
+                let placement = Placement { store, counters: self.blocks.clone() };
+                StagedReceives::placing(nic, pd, recv_depth, placement, &self.counters).map(|r| Box::new(r) as _)
+            }
+        };
+        match receive {
+            Ok(receive) => Ok(Stages { send: Some(Box::new(send)), receive: Some(receive) }),
+            Err(e) => {
+                Box::new(send).release(nic);
+                Err(e)
+            }
+        }
     }
 
     /// The stages of a new QP of `pd` whose engine holds `depth` sends and

@@ -7,6 +7,10 @@
 //! - `in-cache`: every QP of the daemon draws from one [`Pool`] of
 //!   [`IN_CACHE_BUFFERS`], the most recently freed first, and a receive
 //!   takes its buffer only when a message arrives for it.
+//!
+//! The block offload's placement ([`Placement`]) is a ring of the QP's own
+//! whose buffers hold a whole block whatever the receive's length, and
+//! whose messages are delivered as it says.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -17,6 +21,7 @@ use softrnic_transport::{
     Access, Completion, PdId, RecvWorkRequest, Result, Sge, SgeList, VerbsError, WcOpcode, WcStatus,
 };
 
+use super::blocks::Placement;
 use super::counters::OffloadCounters;
 use super::staging::{SLOT, Staging};
 use super::{Moment, Post, ReceiveStage, Undo};
@@ -113,6 +118,8 @@ pub struct StagedReceives {
     waiting: VecDeque<RecvWorkRequest>,
     next_token: u64,
     counters: Arc<OffloadCounters>,
+    /// The block offload's store: each message goes through it.
+    placement: Option<Placement>,
 }
 
 impl StagedReceives {
@@ -136,6 +143,20 @@ impl StagedReceives {
         Ok(StagedReceives::with(buffers, pd, depth, counters))
     }
 
+    /// The block offload with a store: a ring of `depth` whole-slot
+    /// buffers for a QP of `pd`, each message delivered by `placement`.
+    pub fn placing(
+        nic: &Nic,
+        pd: PdId,
+        depth: u32,
+        placement: Placement,
+        counters: &Arc<OffloadCounters>,
+    ) -> Result<StagedReceives> {
+        let mut staged = StagedReceives::own(nic, pd, depth, counters)?;
+        staged.placement = Some(placement);
+        Ok(staged)
+    }
+
     fn with(buffers: Buffers, pd: PdId, depth: u32, counters: &Arc<OffloadCounters>) -> StagedReceives {
         StagedReceives {
             buffers,
@@ -145,6 +166,7 @@ impl StagedReceives {
             waiting: VecDeque::new(),
             next_token: 0,
             counters: counters.clone(),
+            placement: None,
         }
     }
 
@@ -212,7 +234,8 @@ impl StagedReceives {
             None
         } else {
             let Some(buffer) = self.take_buffer() else { return Ok(false) };
-            Some((buffer, len))
+            // A placing receive takes a whole block into a header's room.
+            Some((buffer, if self.placement.is_some() { SLOT } else { len }))
         };
         self.post_with(post, request, staging)?;
         Ok(true)
@@ -336,13 +359,27 @@ impl ReceiveStage for StagedReceives {
         // A WRITE with immediate consumes the receive but lands in place:
         // its byte_len is the WRITE's, and nothing is in the buffer.
         if completion.status == WcStatus::Success && completion.opcode == WcOpcode::Recv {
-            let len = completion.byte_len as usize;
-            match self.copy_out(buffer, len, &posted.request.sges, memory) {
-                Ok(()) => self.counters.received(len),
-                // A message longer than the receive failed on the staging
-                // buffer, posted at the receive's length; here the
-                // program's key, bounds or access failed.
-                Err(_) => (completion.status, fine) = (WcStatus::LocProtErr, false),
+            let len = match &self.placement {
+                Some(placement) => {
+                    placement.deliver(&self.staging().buffer, buffer as usize * SLOT, completion, memory)
+                }
+                None => completion.byte_len as usize,
+            };
+            let room = posted.request.sges.iter().map(|s| s.length as usize).sum::<usize>();
+            // A message longer than the receive failed on the staging
+            // buffer, posted at the receive's length, unless a whole-slot
+            // buffer took it for a placement that did not happen.
+            if len > room {
+                (completion.status, fine) = (WcStatus::LocLenErr, false);
+            } else {
+                match self.copy_out(buffer, len, &posted.request.sges, memory) {
+                    Ok(()) => {
+                        completion.byte_len = len as u32;
+                        self.counters.received(len);
+                    }
+                    // The program's key, bounds or access failed.
+                    Err(_) => (completion.status, fine) = (WcStatus::LocProtErr, false),
+                }
             }
         }
         self.give_back(buffer);
