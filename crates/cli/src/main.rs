@@ -19,6 +19,7 @@ mod layout;
 mod manuals;
 mod run;
 mod sim;
+mod storage;
 
 use clap::{Parser, Subcommand};
 
@@ -76,6 +77,10 @@ enum Command {
     /// and rdma_bench (the package's build runs it).
     #[command(hide = true)]
     Manuals(manuals::ManualsArgs),
+    /// E7's block-storage service, either end: 4 KiB blocks with a CRC-32
+    /// each, written and read back, with the CRC and the copy done by the
+    /// applications, or offloaded to softrnicd, or over kernel TCP.
+    Storage(storage::StorageArgs),
     /// Run the simulator on fresh seeds for a while (softrnic sim --for
     /// 1h): every failing seed, with the line that replays it.
     Sim(sim::SimArgs),
@@ -98,6 +103,7 @@ fn main() {
         Command::Env(args) => env::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Careful(args) => careful::run(&args),
+        Command::Storage(args) => storage::run(&args),
         Command::Exp(args) => exp::run(args),
         Command::Run(args) => run::run(&args),
         Command::Lab(args) => lab::run(&args),
