@@ -204,6 +204,7 @@ fn bad_experiment_input_gets_one_clear_line() {
         (&["exp", "incast", "--runs", "3"], "--runs"),
         (&["exp", "e3", "--runs", "3"], "--runs"),
         (&["exp", "fct", "--pairs", "2"], "--pairs"),
+        (&["exp", "e7", "--pairs", "2"], "--pairs"),
     ] {
         let o = run(args);
         let err = String::from_utf8_lossy(&o.stderr);
@@ -228,7 +229,7 @@ fn bad_experiment_input_gets_one_clear_line() {
     let listing = run(&["exp"]);
     let help = run(&["exp", "--help"]);
     for text in [String::from_utf8_lossy(&listing.stdout), String::from_utf8_lossy(&help.stdout)] {
-        for id in ["e1", "e2", "e3", "e4", "e5", "e6", "e9", "e10", "e11", "e12", "incast", "fct"] {
+        for id in ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e9", "e10", "e11", "e12", "incast", "fct"] {
             assert!(text.lines().any(|l| l.split_whitespace().next() == Some(id)), "{id} in {text}");
         }
     }
@@ -444,6 +445,23 @@ fn e5_quick_runs_each_receive_design_with_eight_threads() {
     // The in-cache pool is 1024 buffers of 8448 B, whatever the traffic.
     assert!(rows.iter().filter(|r| r[0] == "in-cache").all(|r| r[5] == "8.3" || r[5] == "8.2"), "{rows:?}");
     assert!(printed.contains("]s, recv speed ["), "the seed's lines: {printed}");
+}
+
+/// E7: each design at 1 and 2 client threads, every point's corrupt
+/// block refused (the runner fails otherwise), and the offloaded designs'
+/// CRCs computed by softrnicd (the runner reads its count).
+#[test]
+fn e7_quick_runs_each_storage_design_beside_tcp() {
+    let header = "design,threads,mops,gbps,server_work_us_per_block,server_cpu_us_per_block,daemon_cpu_us_per_block,\
+                  client_cpu_us_per_block";
+    let Some((rows, printed)) = offload_quick("e7", header) else { return };
+    let keys: Vec<(&str, &str)> = rows.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    let designs = ["cpu", "crc", "crc-copy", "tcp"];
+    let expected: Vec<(&str, &str)> = ["1", "2"].iter().flat_map(|n| designs.map(|d| (d, *n))).collect();
+    assert_eq!(keys, expected);
+    assert!(rows.iter().all(|r| r[4].parse::<f64>().unwrap() > 0.0), "the server's work measured: {rows:?}");
+    assert_eq!(printed.matches("  Total Speed: ").count(), 8, "the seed's lines: {printed}");
+    assert!(printed.contains("crc-copy at 2 thread(s): "), "{printed}");
 }
 
 #[test]

@@ -364,10 +364,14 @@ impl Session {
         }
     }
 
-    /// A QP, whose storage blocks the daemon offloads if `blocks` asks
+    pub fn create_qp(&self, init: QpInitAttr) -> Result<Qp> {
+        self.create_qp_by(Request::CreateQp { init, blocks: None }, init)
+    }
+
+    /// A QP whose storage blocks the daemon offloads
     /// ([`softrnic_daemon_protocol::block`]).
-    pub fn create_qp(&self, init: QpInitAttr, blocks: Option<BlockOffload>) -> Result<Qp> {
-        self.create_qp_by(Request::CreateQp { init, blocks }, init)
+    pub fn create_block_qp(&self, init: QpInitAttr, offload: BlockOffload) -> Result<Qp> {
+        self.create_qp_by(Request::CreateQp { init, blocks: Some(offload) }, init)
     }
 
     /// The device's GSI QP (QP1), for rdma_cm.

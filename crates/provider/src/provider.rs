@@ -561,7 +561,7 @@ impl<E: EngineHolder> Provider<E> {
     pub fn create_qp(&self, init: QpInitAttr) -> Result<DeviceQp> {
         match &self.0 {
             Device::Engine(e) => e.nic().create_qp(init).map(|posts| DeviceQp(QpOf::Engine(posts))),
-            Device::Daemon(session) => session.create_qp(init, None).map(|qp| DeviceQp(QpOf::Daemon(Box::new(qp)))),
+            Device::Daemon(session) => session.create_qp(init).map(|qp| DeviceQp(QpOf::Daemon(Box::new(qp)))),
         }
     }
 
@@ -575,7 +575,7 @@ impl<E: EngineHolder> Provider<E> {
                 "block offloads run in softrnicd: start one and set SOFTRNIC_DAEMON (or SOFTRNIC_DAEMON=start)".into(),
             )),
             Device::Daemon(session) => {
-                session.create_qp(init, Some(offload)).map(|qp| DeviceQp(QpOf::Daemon(Box::new(qp))))
+                session.create_block_qp(init, offload).map(|qp| DeviceQp(QpOf::Daemon(Box::new(qp))))
             }
         }
     }

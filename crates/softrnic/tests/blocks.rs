@@ -153,3 +153,24 @@ fn the_engine_in_the_process_refuses_the_offload() {
     let refused = pd.create_block_qp(&cq, &cq, QpCaps::default(), None).err().expect("refused").to_string();
     assert!(refused.contains("softrnicd"), "{refused}");
 }
+
+#[test]
+fn the_daemon_refuses_a_store_it_cannot_place_into() {
+    let daemon = daemon("refusals");
+    let ctx = Context::through_daemon(daemon.socket(), IpAddr::from([127, 0, 7, 50])).unwrap();
+    let (pd, other) = (ctx.alloc_pd().unwrap(), ctx.alloc_pd().unwrap());
+    let cq = ctx.create_cq(8).unwrap();
+    let caps = QpCaps::default();
+    let foreign = other.register(BLOCK_LEN, Access::LOCAL_WRITE).unwrap();
+    let refused = pd.create_block_qp(&cq, &cq, caps, Some(&foreign)).err().expect("refused").to_string();
+    assert!(refused.contains("protection domain"), "{refused}");
+    let read_only = pd.register(BLOCK_LEN, Access::empty()).unwrap();
+    let refused = pd.create_block_qp(&cq, &cq, caps, Some(&read_only)).err().expect("refused").to_string();
+    assert!(refused.contains("local write"), "{refused}");
+    // The gather entry the offload keeps for a header is one of the
+    // device's 32.
+    let all = QpCaps { max_send_sge: 32, ..caps };
+    let refused = pd.create_block_qp(&cq, &cq, all, None).err().expect("refused").to_string();
+    assert!(refused.contains("capabilities"), "{refused}");
+    assert!(pd.create_block_qp(&cq, &cq, caps, None).is_ok(), "and then a good one");
+}

@@ -76,14 +76,20 @@ impl Build {
 
     /// softrnicd and the library beside this `softrnic`.
     pub(super) fn daemon_and_library() -> Result<Build, String> {
+        let build = Build::daemon()?;
+        let library = build.lib.join("libibverbs.so.1");
+        if !library.exists() {
+            return Err(format!("{} is missing: run scripts/build-libibverbs.sh", library.display()));
+        }
+        Ok(build)
+    }
+
+    /// softrnicd beside this `softrnic`.
+    pub(super) fn daemon() -> Result<Build, String> {
         let build = Build::here()?;
-        for (path, how) in [
-            (build.bin.join("softrnicd"), "cargo build --release -p softrnic-daemon"),
-            (build.lib.join("libibverbs.so.1"), "scripts/build-libibverbs.sh"),
-        ] {
-            if !path.exists() {
-                return Err(format!("{} is missing: run {how}", path.display()));
-            }
+        let daemon = build.bin.join("softrnicd");
+        if !daemon.exists() {
+            return Err(format!("{} is missing: run cargo build --release -p softrnic-daemon", daemon.display()));
         }
         Ok(build)
     }
@@ -171,6 +177,11 @@ impl Daemon {
     /// The end of the daemon's log, for an error a tenant met.
     fn log_tail(&self) -> String {
         format!("{} ends:\n{}", self.log.display(), log_tail(&self.log))
+    }
+
+    /// The CPU time the daemon has used, seconds.
+    pub(super) fn cpu_seconds(&self) -> f64 {
+        crate::storage::cpu_seconds(Some(self.child.id()))
     }
 
     /// The daemon's resident memory, bytes.

@@ -25,6 +25,7 @@ mod listening;
 mod offload;
 mod panels;
 mod roles;
+mod storage;
 mod sweep;
 mod sweeps;
 
@@ -63,6 +64,9 @@ enum Experiment {
     /// 2 KiB over 1..8 connections: the offloaded stack, plain RDMA, a Snap-like stack, TCP
     #[command(name = "e6", visible_alias = "stacks")]
     E6(offload::OffloadArgs),
+    /// 4 KiB block storage with a CRC each: CPU-only, CRC offloaded, CRC and copy offloaded to softrnicd, TCP
+    #[command(name = "e7", visible_alias = "storage")]
+    E7(storage::StorageArgs),
     /// Throughput the careful way: softrnic SEND and WRITE (UDP, shared memory) beside a TCP socket
     #[command(name = "e9", visible_alias = "careful")]
     E9(sweep::SweepArgs),
@@ -80,9 +84,7 @@ enum Experiment {
     /// Flow completion times on HPCC's fat tree, in the simulator
     #[command(visible_alias = "fattree")]
     Fct(fct::FctArgs),
-    /// E7 and E13, not built yet: refused with what is missing.
-    #[command(name = "e7", hide = true, visible_alias = "storage")]
-    E7(NotBuilt),
+    /// E13, not built yet: refused with what is missing.
     #[command(name = "e13", hide = true, visible_alias = "applications")]
     E13(NotBuilt),
 }
@@ -97,8 +99,7 @@ pub struct NotBuilt {
 /// The evaluations of ../shared/EXPERIMENTS.md that are no command yet,
 /// and E8, which is what every command here does.
 pub(crate) const NOT_COMMANDS: &str = "\
-Not commands yet (issue 34): e7, a storage service (4 KiB block RPCs with CRC-32, CPU-only against CRC
-  and copy offloaded to softrnicd); e13, applications (Graph 500 BFS and SSSP over MPI, a shuffle job).
+Not a command yet (issue 34): e13, applications (Graph 500 BFS and SSSP over MPI, a shuffle job).
 E8 (automation) is how each command above runs: its sweep, every role stopped when done, a CSV, logs, a figure.
 ";
 
@@ -134,13 +135,13 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Experiment::E4(args) => offload::e4(&args),
         Experiment::E5(args) => offload::e5(&args),
         Experiment::E6(args) => offload::e6(&args),
+        Experiment::E7(args) => storage::run(&args),
         Experiment::E9(args) => sweep::run(&sweeps::E9, &args),
         Experiment::E10(args) => aggregation::run(&args),
         Experiment::E11(args) => daemon::e11(&args),
         Experiment::E12(args) => daemon::e12(&args),
         Experiment::Incast(args) => incast::run(&args),
         Experiment::Fct(args) => fct::run(&args),
-        Experiment::E7(_) => Err(not_built("e7", "the storage service (4 KiB block RPCs, CRC offload)")),
         Experiment::E13(_) => Err(not_built("e13", "the applications (Graph 500, a shuffle job)")),
     }
 }

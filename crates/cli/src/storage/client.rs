@@ -138,7 +138,7 @@ pub fn measure(addr: IpAddr, args: &StorageArgs) -> Result<(), String> {
         })
         .collect();
     start.wait();
-    let (began, cpu) = (Instant::now(), cpu_seconds());
+    let (began, cpu) = (Instant::now(), cpu_seconds(None));
     let mut total = Done::default();
     let mut failure = None;
     for handle in handles {
@@ -150,7 +150,7 @@ pub fn measure(addr: IpAddr, args: &StorageArgs) -> Result<(), String> {
     if let Some(e) = failure {
         return Err(e);
     }
-    let (seconds, cpu) = (args.seconds, cpu_seconds() - cpu);
+    let (seconds, cpu) = (args.seconds, cpu_seconds(None) - cpu);
     let blocks = total.written + total.read;
     let mops = blocks as f64 / seconds / 1e6;
     println!("Total Speed: {mops:.6} Mops");

@@ -6,6 +6,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use softrnic::block::{Ack, AckStatus, BLOCK_LEN, BlockKind, BlockRepr, HEADER_LEN, crc32};
 use softrnic::{
@@ -106,17 +107,52 @@ fn answer_in_software(shared: &Shared, request: &[u8], payload_out: &mut [u8; BL
 /// application.
 fn serve_tcp(mut reader: BufReader<TcpStream>, mut stream: TcpStream, shared: &Shared) -> Result<(), String> {
     let (mut request, mut payload) = (Box::new([0u8; MESSAGE]), Box::new([0u8; BLOCK_LEN]));
+    let mut work = Work::new(Design::Tcp);
     loop {
         let len = match tcp::receive(&mut reader, &mut request) {
             Ok(len) => len,
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e.to_string()),
         };
+        let began = Instant::now();
         let sent = match answer_in_software(shared, &request[..len], &mut payload) {
             Ok(data) => tcp::send(&mut stream, &[&data.to_bytes(), &payload[..data.length as usize]]),
             Err(ack) => tcp::send(&mut stream, &[&ack.to_bytes()]),
         };
+        work.add(began);
         sent.map_err(|e| e.to_string())?;
+    }
+}
+
+/// The time the application spends answering requests (parsing, the
+/// CRCs and copies its design leaves it, posting or writing the answer),
+/// said when the connection ends: what an offload saves it per block.
+struct Work {
+    design: Design,
+    requests: u64,
+    spent: Duration,
+}
+
+impl Work {
+    fn new(design: Design) -> Work {
+        Work { design, requests: 0, spent: Duration::ZERO }
+    }
+
+    fn add(&mut self, began: Instant) {
+        (self.requests, self.spent) = (self.requests + 1, self.spent + began.elapsed());
+    }
+}
+
+/// How [`Work`]'s line starts (`softrnic exp e7` reads it back).
+pub(crate) const WORK_LINE: &str = "server: connection done:";
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        let per = self.spent.as_secs_f64() * 1e6 / self.requests.max(1) as f64;
+        println!(
+            "{WORK_LINE} {} requests, {per:.3} us of application work per request ({})",
+            self.requests, self.design
+        );
     }
 }
 
@@ -134,6 +170,7 @@ struct Rdma<'a> {
     /// Requests waiting for a free send slot (their receive slots).
     waiting: std::collections::VecDeque<(usize, Completion)>,
     control: TcpStream,
+    work: Work,
 }
 
 impl<'a> Rdma<'a> {
@@ -170,6 +207,7 @@ impl<'a> Rdma<'a> {
             free_sends: (depth..3 * depth).collect(),
             waiting: Default::default(),
             control: control.try_clone().map_err(|e| e.to_string())?,
+            work: Work::new(design),
         };
         control.write_all(rdma.qp.endpoint(&rdma.slots).to_line().as_bytes()).map_err(|e| e.to_string())?;
         let mut line = String::new();
@@ -226,7 +264,9 @@ impl<'a> Rdma<'a> {
             }
             while !self.free_sends.is_empty() {
                 let Some((slot, c)) = self.waiting.pop_front() else { break };
+                let began = Instant::now();
                 self.answer(slot, &c)?;
+                self.work.add(began);
             }
         }
     }

@@ -393,7 +393,7 @@ impl Placement {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use softrnic_transport::smallvec::smallvec;
+    use softrnic_transport::smallvec;
 
     #[test]
     fn after_skips_whole_and_partial_entries() {
