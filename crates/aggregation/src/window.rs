@@ -18,7 +18,11 @@
 //!   straggler's aggregators sit idle while it waits for its last worker,
 //!   and another job could fill them. It never exceeds the link window.
 //!
-//! ATP's policy is the link window alone.
+//! The link window bounds every chunk outstanding; the aggregator window
+//! bounds those that ask the switch for an aggregator, and the rest fall
+//! back to the job's server, which sums them in software: a job that gives
+//! up aggregators keeps its link's rate. ATP's policy is the link window
+//! alone, every chunk asking the switch.
 
 /// DCTCP's gain for α.
 const G: f64 = 1.0 / 16.0;

@@ -1,6 +1,9 @@
 //! A worker as a sans-IO state machine: it streams one tensor per step,
 //! in chunks of `values_per_packet`, to its job's parameter server, no
-//! more chunks outstanding than its windows allow, resends a chunk whose
+//! more chunks outstanding than its link window allows and no more of
+//! them asking the switch for an aggregator than its aggregator window
+//! allows (A2TP: the rest fall back to the server, flagged to bypass the
+//! switch), resends a chunk whose
 //! answer is late, and puts each answer (the chunk's sum over all
 //! workers) into the step's result. Time is passed in (since the driver's
 //! start); packets come in through [`Worker::handle_packet`] and leave
@@ -94,6 +97,9 @@ struct Outstanding {
     queued: bool,
     /// Bumped at each send, so a stale timer is known.
     generation: u32,
+    /// Sent for the switch to aggregate; otherwise a fallback straight to
+    /// the server (A2TP, beyond the aggregator window).
+    switched: bool,
 }
 
 /// One step in progress: a tensor being summed.
@@ -106,6 +112,8 @@ struct Step {
     /// Chunks not sent yet start here.
     next_chunk: u32,
     outstanding: BTreeMap<u32, Outstanding>,
+    /// Of those, the ones sent for the switch to aggregate.
+    switched: u32,
     /// Chunks to resend, in order.
     resend: VecDeque<u32>,
     answered: u32,
@@ -150,14 +158,19 @@ impl Worker {
         self.stats
     }
 
-    /// Chunks that may be outstanding now.
+    /// Chunks that may be outstanding now: the link window's.
     pub fn window(&self) -> u32 {
-        let link = self.link.chunks();
-        let window = match self.config.policy {
-            Policy::Atp => link,
-            Policy::A2tp => self.aggregators.chunks().min(link),
-        };
-        window as u32
+        self.link.chunks() as u32
+    }
+
+    /// Of those, the chunks that may be sent for the switch to aggregate:
+    /// under A2TP the aggregator window's (never above the link window),
+    /// the rest falling back to the job's server; under ATP all of them.
+    pub fn aggregator_window(&self) -> u32 {
+        match self.config.policy {
+            Policy::Atp => self.window(),
+            Policy::A2tp => self.aggregators.chunks().min(self.link.chunks()) as u32,
+        }
     }
 
     /// γ: 1 while the switch's aggregators wait little for the job's last
@@ -183,6 +196,7 @@ impl Worker {
             chunks,
             next_chunk: 0,
             outstanding: BTreeMap::new(),
+            switched: 0,
             resend: VecDeque::new(),
             answered: 0,
             overflow: false,
@@ -206,6 +220,7 @@ impl Worker {
     /// or the step allow none now.
     pub fn poll_transmit(&mut self, now: Duration, buf: &mut Vec<u8>) -> bool {
         let window = self.window().max(1) as usize;
+        let aggregator_window = self.aggregator_window().max(1);
         let Some(step) = &mut self.step else { return false };
         // The queue may hold chunks answered since they were queued.
         let mut queued = None;
@@ -227,8 +242,14 @@ impl Worker {
         let per = self.config.values_per_packet;
         let start = chunk as usize * per;
         let values = &step.tensor[start..(start + per).min(step.tensor.len())];
+        // A new chunk takes an aggregator while the aggregator window has
+        // room; a resend goes as its first copy went.
+        let switched = match step.outstanding.get(&chunk) {
+            Some(o) => o.switched,
+            None => step.switched < aggregator_window,
+        };
         let mut flags = if resend { FLAG_RESEND } else { 0 };
-        if self.config.bypass {
+        if self.config.bypass || !switched {
             flags |= FLAG_BYPASS;
         }
         let header = Repr {
@@ -248,7 +269,11 @@ impl Worker {
             resends: 0,
             queued: false,
             generation: 0,
+            switched,
         });
+        if !resend && switched {
+            step.switched += 1;
+        }
         entry.resends += u32::from(resend);
         entry.generation += 1;
         // Each resend of a chunk waits twice as long as the one before.
@@ -279,6 +304,7 @@ impl Worker {
         }
         step.overflow |= packet.has(FLAG_OVERFLOW);
         step.outstanding.remove(&chunk);
+        step.switched -= u32::from(sent.switched);
         step.answered += 1;
         if packet.slot() != NO_SLOT {
             self.rtt.aggregator_sample(Duration::from_micros(packet.wait_us().into()));
@@ -289,7 +315,10 @@ impl Worker {
         }
         let (ecn, collided) = (ce || packet.has(FLAG_ECN), packet.has(FLAG_COLLISION));
         self.link.on_ack(ecn);
-        self.aggregators.on_ack(collided, self.rtt.health(), self.link.chunks());
+        // A fallback chunk never asked the pool: it says nothing of it.
+        if sent.switched {
+            self.aggregators.on_ack(collided, self.rtt.health(), self.link.chunks());
+        }
         self.stats.acked += 1;
         self.stats.marked += u64::from(ecn);
         self.stats.collided += u64::from(collided);
@@ -391,24 +420,33 @@ mod tests {
         assert_eq!(w.stats().resent, 1);
     }
 
+    /// Under A2TP collisions shrink the aggregator window, and the chunks
+    /// beyond it fall back to the server (bypassing the switch) while the
+    /// link window keeps the job sending; ATP keeps asking the switch.
     #[test]
-    fn collisions_shrink_the_window_under_a2tp_but_not_atp() {
+    fn collisions_shrink_the_aggregator_window_under_a2tp_and_the_rest_falls_back() {
         let run = |policy| {
             let config =
                 WorkerConfig { values_per_packet: 1, initial_window: 64, policy, ..WorkerConfig::new(1, 0, 2) };
             let mut w = Worker::new(config);
             w.start(&[0; 4096]).unwrap();
-            let mut now = Duration::ZERO;
+            let (mut now, mut fallbacks) = (Duration::ZERO, 0);
             for _ in 0..20 {
                 now += Duration::from_micros(50);
                 for sent in drain(&mut w, now) {
-                    w.handle_packet(now, &ack(&sent, vec![0], FLAG_COLLISION), false);
+                    fallbacks += u32::from(sent.flags & FLAG_BYPASS != 0);
+                    // Only a chunk that asked the switch can collide.
+                    let flags = if sent.flags & FLAG_BYPASS == 0 { FLAG_COLLISION } else { 0 };
+                    w.handle_packet(now, &ack(&sent, vec![0], flags), false);
                 }
             }
-            w.window()
+            (w.aggregator_window(), w.window(), fallbacks)
         };
-        assert!(run(Policy::A2tp) < 16, "every chunk collided: the aggregator window fell");
-        assert!(run(Policy::Atp) >= 64, "ATP's link window saw no ECN");
+        let (aggregators, link, fallbacks) = run(Policy::A2tp);
+        assert!(aggregators < 16, "every chunk collided: the aggregator window fell to {aggregators}");
+        assert!(link >= 64 && fallbacks > 1000, "the link window ({link}) sent the rest as {fallbacks} fallbacks");
+        let (aggregators, _, fallbacks) = run(Policy::Atp);
+        assert!(aggregators >= 64 && fallbacks == 0, "ATP's link window saw no ECN and never falls back");
     }
 
     #[test]

@@ -184,8 +184,10 @@ fn worker(a: &WorkerArgs) -> Result<(), String> {
                 (step - last_report.1) as f64 * a.values as f64 * 32.0 / last_report.0.elapsed().as_secs_f64() / 1e9;
             let s = allreduce.worker().stats();
             println!(
-                "worker {worker} job {job}: step {step}, {gbps:.3} Gb/s, window {}, health {:.2}, resent {}, collided {}",
+                "worker {worker} job {job}: step {step}, {gbps:.3} Gb/s, window {} ({} for the switch), health {:.2}, \
+                 resent {}, collided {}",
                 allreduce.worker().window(),
+                allreduce.worker().aggregator_window(),
                 allreduce.worker().health(),
                 s.resent,
                 s.collided

@@ -97,6 +97,39 @@ impl Scenario {
     }
 }
 
+impl Scenario {
+    /// The seed's own shape (EXPERIMENTS.md, E10): two jobs of four
+    /// workers and a parameter server on 100 Gb/s links, 62 values a
+    /// chunk (308 B packets), job 1's last worker 100 µs late each step,
+    /// job 0 ending after 20 steps of 256 Ki values; 12 ms. The pool (400
+    /// aggregators) is sized as the seed's 20,000 are for its jobs: the
+    /// healthy job alone fills about 40 % of it (it is the jobs' windows
+    /// against the pool that set the shares, not the pool's size alone).
+    /// The seed's UDP background traffic is not modelled: the links here
+    /// carry the jobs alone.
+    pub fn seed(policy: Policy) -> Scenario {
+        Scenario {
+            jobs: 2,
+            workers: 4,
+            slots: 400,
+            tensor: 256 * 1024,
+            values_per_packet: 62,
+            first_job_steps: Some(20),
+            straggler: Some((1, Duration::from_micros(100))),
+            min_rto: Duration::from_micros(300),
+            duration: Duration::from_millis(12),
+            sample_every: Duration::from_micros(100),
+            ..Scenario::cluster(policy)
+        }
+    }
+
+    /// The same with its healthy job alone: what "near its alone
+    /// throughput" is measured against.
+    pub fn alone(self) -> Scenario {
+        Scenario { jobs: 1, straggler: None, first_job_steps: None, ..self }
+    }
+}
+
 /// One sample of one job.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {

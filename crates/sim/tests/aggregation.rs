@@ -67,3 +67,29 @@ fn a_straggler_gives_up_the_pool_while_the_healthy_job_runs() {
         "alone the straggler takes more: {a2tp_alone:.1} % after {a2tp_straggler:.1} %"
     );
 }
+
+/// The seed's shape while both jobs run (`Scenario::seed`): the healthy
+/// job holds 30 to 60 % of the pool at 85 % or more of its throughput
+/// alone; the straggler gives the pool up (under a tenth of it, less than
+/// under ATP) and keeps its link's rate by falling back to its server
+/// rather than starving (the seed: 15 Gb/s at 1-5 %).
+#[test]
+fn at_the_seeds_shape_the_straggler_falls_back_and_the_healthy_job_keeps_its_rate() {
+    let shape = |policy| {
+        let s = Scenario { duration: Duration::from_millis(6), ..Scenario::seed(policy) };
+        let outcome = run(&s).unwrap();
+        let ended = outcome.ended[0].unwrap_or(s.duration);
+        let (healthy, straggler) =
+            (outcome.mean(0, s.sample_every * 5, ended), outcome.mean(1, s.sample_every * 5, ended));
+        let alone = Scenario { duration: Duration::from_millis(3), ..s.alone() };
+        let (_, alone_gbps) = run(&alone).unwrap().mean(0, alone.sample_every * 5, alone.duration);
+        (healthy, straggler, alone_gbps)
+    };
+    let ((occupancy, gbps), (straggler_occupancy, straggler_gbps), alone_gbps) = shape(Policy::A2tp);
+    assert!((30.0..60.0).contains(&occupancy), "the healthy job holds {occupancy:.1} % of the pool");
+    assert!(gbps >= 0.85 * alone_gbps, "the healthy job: {gbps:.1} Gb/s, {alone_gbps:.1} alone");
+    assert!(straggler_occupancy < 10.0, "the straggler holds {straggler_occupancy:.1} %");
+    assert!(straggler_gbps > 10.0, "the straggler falls back at {straggler_gbps:.1} Gb/s, not starving");
+    let (_, (atp_straggler, _), _) = shape(Policy::Atp);
+    assert!(straggler_occupancy < atp_straggler, "A2TP {straggler_occupancy:.1} %, ATP {atp_straggler:.1} %");
+}

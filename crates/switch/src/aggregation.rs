@@ -17,6 +17,12 @@
 //!   chunk's later packets (the aggregator remembers the last few chunks
 //!   it turned away), so that no chunk is split between the two.
 //!
+//! A packet flagged to bypass the switch (the whole job's choice, or an
+//! A2TP worker's chunk beyond its aggregator window) goes to the server
+//! as it is, and its chunk is remembered as turned away, unless its chunk
+//! already holds an aggregator, where it is summed: a chunk's first packet
+//! decides where the chunk is summed, as workers' windows differ a little.
+//!
 //! A resent chunk is never added (its first copy may be in already): if
 //! the aggregator holds its chunk with its bit, the packet leaves carrying
 //! the aggregator's sum so far (partial or whole) and a partial one frees
@@ -149,6 +155,16 @@ struct Slot {
     values: Vec<i32>,
 }
 
+impl Slot {
+    /// Remembers that chunk `sequence` of `job` is summed by the server.
+    fn turn_away(&mut self, job: u16, sequence: u32) {
+        if !self.turned_away.contains(&Some((job, sequence))) {
+            self.turned_away[self.next_turned_away] = Some((job, sequence));
+            self.next_turned_away = (self.next_turned_away + 1) % TURNED_AWAY;
+        }
+    }
+}
+
 /// The aggregation stage of one switch.
 #[derive(Debug)]
 pub struct Aggregator {
@@ -256,16 +272,22 @@ impl Aggregator {
             self.impostors += 1;
             return Verdict::Consume;
         }
-        let counters = self.jobs.entry(job).or_default();
-        if packet.has(FLAG_BYPASS) {
-            counters.bypassed += 1;
-            return Verdict::Forward { ce: false };
-        }
         let bit = 1u32 << worker;
         let index = self.slot_of(job, sequence);
         let reclaim_after = self.config.reclaim_after;
         let slot = &mut self.slots[index];
         let ours = slot.holder == Some((job, sequence));
+        if packet.has(FLAG_BYPASS) {
+            self.jobs.entry(job).or_default().bypassed += 1;
+            // A chunk's first packet decides where the chunk is summed:
+            // one already in an aggregator is summed there (this worker's
+            // aggregator window was smaller than the first's); otherwise
+            // its later packets follow this one to the server.
+            if !ours {
+                slot.turn_away(job, sequence);
+                return Verdict::Forward { ce: false };
+            }
+        }
         if packet.has(FLAG_RESEND) {
             // (A resend of another length is not this chunk's to carry.)
             if !(ours && slot.bitmap & bit != 0 && slot.values.len() == packet.count()) {
@@ -312,10 +334,7 @@ impl Aggregator {
                 self.finish_if_complete(now, index, &mut packet)
             }
             Some(_) if now.saturating_sub(slot.touched) < reclaim_after => {
-                if !slot.turned_away.contains(&Some((job, sequence))) {
-                    slot.turned_away[slot.next_turned_away] = Some((job, sequence));
-                    slot.next_turned_away = (slot.next_turned_away + 1) % TURNED_AWAY;
-                }
+                slot.turn_away(job, sequence);
                 packet.set_flags(packet.flags() | FLAG_COLLISION);
                 self.jobs.entry(job).or_default().collisions += 1;
                 Verdict::Forward { ce: false }
@@ -660,6 +679,28 @@ mod tests {
         let at = Time::from_millis(300);
         assert!((agg.jobs()[&1].held_seconds(at) - (2.0 * 0.2 + 0.1)).abs() < 1e-9);
         assert!((agg.jobs()[&2].held_seconds(at) - 0.1).abs() < 1e-9);
+    }
+
+    /// A chunk's first packet decides where it is summed: a fallback
+    /// (bypass) first sends the whole chunk to the server, and a fallback
+    /// of a chunk already in an aggregator is summed there.
+    #[test]
+    fn a_chunks_first_packet_decides_where_it_is_summed() {
+        let mut agg = Aggregator::new(AggregationConfig::new(4));
+        let bypassing = |mut packet: Vec<u8>| {
+            packet[1] |= FLAG_BYPASS;
+            packet
+        };
+        assert_eq!(send(&mut agg, 0, &mut bypassing(chunk(1, 7, 2, 0, &[1]))), Verdict::Forward { ce: false });
+        let mut second = chunk(1, 7, 2, 1, &[2]);
+        assert_eq!(send(&mut agg, 0, &mut second), Verdict::Forward { ce: false }, "follows the first");
+        assert!(Packet::new_unchecked(&second[..]).has(FLAG_COLLISION) && agg.held() == 0);
+        // Chunk 8 asks first: the fallback joins it in its aggregator.
+        assert_eq!(send(&mut agg, 0, &mut chunk(1, 8, 2, 0, &[1])), Verdict::Consume);
+        let mut last = bypassing(chunk(1, 8, 2, 1, &[2]));
+        assert!(matches!(send(&mut agg, 0, &mut last), Verdict::Forward { .. }));
+        assert_eq!(Packet::new_unchecked(&last[..]).values().collect::<Vec<_>>(), vec![3], "the whole sum");
+        assert_eq!(agg.jobs()[&1].bypassed, 2);
     }
 
     #[test]

@@ -176,21 +176,22 @@ pub fn run(args: &AggregationArgs) -> Result<(), String> {
     }
     let csv = args.common.out.join("result.csv");
     std::fs::write(&csv, rows.join("\n") + "\n").map_err(|e| format!("cannot write {}: {e}", csv.display()))?;
-    let (sim_rows, sim_series) = simulate(args.common.quick)?;
+    let (sim_rows, sim_series, seed_series) = simulate(args.common.quick)?;
     let sim_csv = args.common.out.join("aggregation_sim.csv");
     std::fs::write(&sim_csv, sim_rows.join("\n") + "\n")
         .map_err(|e| format!("cannot write {}: {e}", sim_csv.display()))?;
     let figure = args.common.out.join("aggregation_figure.svg");
     let axis = |y: &str, series| Panel { x_label: "time (s)".into(), y_label: y.into(), x_log: false, series };
-    panels::write(
-        &figure,
-        "E10: two jobs share the switch's aggregators; job 1 straggles, job 0 ends first",
-        &[
-            axis("aggregation throughput (Gb/s)", panels_rate),
-            axis("aggregator occupancy (%)", panels_pool),
-            Panel { x_label: "simulated time (ms)".into(), ..axis("occupancy, simulator (%)", sim_series) },
-        ],
-    )?;
+    let simulated = |y: &str, series| Panel { x_label: "simulated time (ms)".into(), ..axis(y, series) };
+    let mut panels = vec![
+        axis("aggregation throughput (Gb/s)", panels_rate),
+        axis("aggregator occupancy (%)", panels_pool),
+        simulated("occupancy, simulator (%)", sim_series),
+    ];
+    if !seed_series.is_empty() {
+        panels.push(simulated("occupancy, simulator at the seed's shape (%)", seed_series));
+    }
+    panels::write(&figure, "E10: two jobs share the switch's aggregators; job 1 straggles, job 0 ends first", &panels)?;
     println!(
         "e10: {} and {}; logs in {}; figure {}",
         csv.display(),
@@ -399,36 +400,75 @@ fn report(policy: &str, run: &LabRun) -> String {
     )
 }
 
-/// The simulator at cluster scale (a small scenario with --quick): one
-/// run per policy; rows and each job's occupancy series.
-fn simulate(quick: bool) -> Result<(Vec<String>, Vec<Series>), String> {
+/// The simulator: at cluster scale (a small scenario with --quick), and
+/// without --quick at the seed's own shape too, beside the seed's
+/// numbers; one run per policy each. The rows, and each job's occupancy
+/// series at scale and at the seed's shape.
+fn simulate(quick: bool) -> Result<(Vec<String>, Vec<Series>, Vec<Series>), String> {
     let mut rows = vec!["policy,time_ms,job,throughput_gbps,occupancy_pct".to_string()];
-    let mut series = Vec::new();
+    let (mut scale, mut seed) = (Vec::new(), Vec::new());
     for policy in [Policy::A2tp, Policy::Atp] {
         let scenario = if quick { Scenario::small(policy) } else { Scenario::cluster(policy) };
-        let name = match policy {
-            Policy::A2tp => "a2tp",
-            Policy::Atp => "atp",
-        };
-        let outcome = softrnic_sim::aggregation::run(&scenario)?;
-        println!("{}", sim_report(name, &scenario, &outcome));
-        for s in &outcome.samples {
-            rows.push(format!("{name},{:.3},{},{:.3},{:.2}", s.time.as_secs_f64() * 1e3, s.job, s.gbps, s.occupancy));
-        }
-        for job in [0, 1] {
-            let points = outcome
-                .samples
-                .iter()
-                .filter(|s| s.job == job)
-                .map(|s| (s.time.as_secs_f64() * 1e3, s.occupancy))
-                .collect();
-            series.push(Series {
-                name: format!("sim {name} job {job}{}", if job == 1 { " (straggler)" } else { "" }),
-                points,
-            });
+        let outcome = sim_run(&scenario, policy_name(policy), &mut rows, &mut scale)?;
+        println!("{}", sim_report(policy_name(policy), &scenario, &outcome));
+    }
+    if !quick {
+        for policy in [Policy::A2tp, Policy::Atp] {
+            let scenario = Scenario::seed(policy);
+            let outcome = sim_run(&scenario, &format!("seed-{}", policy_name(policy)), &mut rows, &mut seed)?;
+            let alone = Scenario { duration: scenario.duration / 3, ..scenario.clone().alone() };
+            let (_, alone_gbps) = softrnic_sim::aggregation::run(&alone)?.mean(0, alone.duration / 10, alone.duration);
+            println!("{}", seed_report(policy_name(policy), &scenario, &outcome, alone_gbps));
         }
     }
-    Ok((rows, series))
+    Ok((rows, scale, seed))
+}
+
+fn policy_name(policy: Policy) -> &'static str {
+    match policy {
+        Policy::A2tp => "a2tp",
+        Policy::Atp => "atp",
+    }
+}
+
+/// Runs `scenario`, its samples into `rows` (as `name`) and its two jobs'
+/// occupancy into `series`.
+fn sim_run(
+    scenario: &Scenario,
+    name: &str,
+    rows: &mut Vec<String>,
+    series: &mut Vec<Series>,
+) -> Result<Outcome, String> {
+    let outcome = softrnic_sim::aggregation::run(scenario)?;
+    for s in &outcome.samples {
+        rows.push(format!("{name},{:.3},{},{:.3},{:.2}", s.time.as_secs_f64() * 1e3, s.job, s.gbps, s.occupancy));
+    }
+    for job in [0, 1] {
+        let points = outcome
+            .samples
+            .iter()
+            .filter(|s| s.job == job)
+            .map(|s| (s.time.as_secs_f64() * 1e3, s.occupancy))
+            .collect();
+        let straggler = if job == 1 { " (straggler)" } else { "" };
+        series.push(Series { name: format!("sim {name} job {job}{straggler}"), points });
+    }
+    Ok(outcome)
+}
+
+/// The seed's shape beside the seed's numbers.
+fn seed_report(policy: &str, s: &Scenario, o: &Outcome, alone_gbps: f64) -> String {
+    let ended = o.ended[0].unwrap_or(s.duration);
+    let warm = s.sample_every * 5;
+    let ((healthy, healthy_gbps), (straggler, straggler_gbps)) = (o.mean(0, warm, ended), o.mean(1, warm, ended));
+    let (alone, after_gbps) = o.mean(1, ended + warm, s.duration);
+    format!(
+        "e10 simulated at the seed's shape, {policy:>4}: healthy job {healthy_gbps:.1} Gb/s at {healthy:.1} % \
+         ({:.2}x its {alone_gbps:.1} Gb/s alone), straggler {straggler_gbps:.1} Gb/s at {straggler:.1} %; \
+         straggler alone {after_gbps:.1} Gb/s at {alone:.1} % (the seed: about 50 Gb/s at 41-55 %, \
+         15 Gb/s at 1-5 %, 85-97 % alone)",
+        healthy_gbps / alone_gbps.max(f64::MIN_POSITIVE),
+    )
 }
 
 fn sim_report(policy: &str, s: &Scenario, o: &Outcome) -> String {
