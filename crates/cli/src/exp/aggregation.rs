@@ -176,7 +176,7 @@ pub fn run(args: &AggregationArgs) -> Result<(), String> {
     }
     let csv = args.common.out.join("result.csv");
     std::fs::write(&csv, rows.join("\n") + "\n").map_err(|e| format!("cannot write {}: {e}", csv.display()))?;
-    let (sim_rows, sim_series, seed_series) = simulate(args.common.quick)?;
+    let Simulated { rows: sim_rows, scale: sim_series, seed: seed_series } = simulate(args.common.quick)?;
     let sim_csv = args.common.out.join("aggregation_sim.csv");
     std::fs::write(&sim_csv, sim_rows.join("\n") + "\n")
         .map_err(|e| format!("cannot write {}: {e}", sim_csv.display()))?;
@@ -400,11 +400,18 @@ fn report(policy: &str, run: &LabRun) -> String {
     )
 }
 
+/// What the simulator's runs give the figure and the CSV.
+struct Simulated {
+    rows: Vec<String>,
+    /// Each job's occupancy, at scale and at the seed's shape.
+    scale: Vec<Series>,
+    seed: Vec<Series>,
+}
+
 /// The simulator: at cluster scale (a small scenario with --quick), and
 /// without --quick at the seed's own shape too, beside the seed's
-/// numbers; one run per policy each. The rows, and each job's occupancy
-/// series at scale and at the seed's shape.
-fn simulate(quick: bool) -> Result<(Vec<String>, Vec<Series>, Vec<Series>), String> {
+/// numbers; one run per policy each.
+fn simulate(quick: bool) -> Result<Simulated, String> {
     let mut rows = vec!["policy,time_ms,job,throughput_gbps,occupancy_pct".to_string()];
     let (mut scale, mut seed) = (Vec::new(), Vec::new());
     for policy in [Policy::A2tp, Policy::Atp] {
@@ -421,7 +428,7 @@ fn simulate(quick: bool) -> Result<(Vec<String>, Vec<Series>, Vec<Series>), Stri
             println!("{}", seed_report(policy_name(policy), &scenario, &outcome, alone_gbps));
         }
     }
-    Ok((rows, scale, seed))
+    Ok(Simulated { rows, scale, seed })
 }
 
 fn policy_name(policy: Policy) -> &'static str {
