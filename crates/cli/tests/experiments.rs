@@ -351,6 +351,62 @@ fn e11_quick_runs_perftest_through_the_daemon_on_the_host_and_forwarded() {
     assert_no_namespaces_left();
 }
 
+/// QEMU, a kernel in /boot, busybox and cpio, and root for the guests'
+/// taps: present, or the test says why it does not run; under CI it must.
+fn guests_here(test: &str) -> bool {
+    let on_path = |program: &str| {
+        std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).exists()))
+    };
+    let kernel = std::fs::read_dir("/boot")
+        .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("vmlinuz-")));
+    let missing = [
+        (!rustix::process::geteuid().is_root()).then_some("root"),
+        (!on_path("qemu-system-x86_64")).then_some("qemu-system-x86"),
+        (!kernel).then_some("linux-image-cloud-amd64"),
+        (!on_path("busybox")).then_some("busybox-static"),
+        (!on_path("cpio")).then_some("cpio"),
+    ];
+    let missing: Vec<&str> = missing.into_iter().flatten().collect();
+    if !missing.is_empty() {
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{test}: CI must run it (.ci/run installs {missing:?})");
+        eprintln!("{test}: skipped: it needs {}", missing.join(", "));
+    }
+    missing.is_empty()
+}
+
+/// E11 in QEMU guests under TCG: every perftest program guest to host and
+/// guest to guest beside host to host, and rdma_bench's server verifying
+/// every byte at each placement (the runner fails otherwise); nothing
+/// left behind (the namespace, its taps, the guests).
+#[test]
+fn e11_vm_quick_runs_perftest_in_guests() {
+    if !perftest_here("e11 --vm") || !guests_here("e11 --vm") {
+        return;
+    }
+    let out = out_dir("e11-vm");
+    let o = run(&["exp", "e11", "--vm", "--quick", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (header, rows) = csv(&out.join("e11_vm_results.csv"));
+    assert_eq!(header, "placement,accel,test,size,value,unit");
+    for placement in ["host-host", "guest-host", "guest-guest"] {
+        let tests: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.starts_with(&format!("{placement},tcg,")))
+            .map(|r| r.split(',').nth(2).unwrap())
+            .collect();
+        assert_eq!(tests, ["ib_send_bw", "ib_send_lat", "ib_write_bw", "ib_write_lat", "rdma_bench"], "{rows:?}");
+        assert!(rows.contains(&format!("{placement},tcg,rdma_bench,4096,400,verified")), "{rows:?}");
+    }
+    assert!(rows.iter().all(|r| r.split(',').nth(4).unwrap().parse::<f64>().unwrap() > 0.0), "{rows:?}");
+    assert_figure_parses(&out.join("e11_vm_figure.svg"), &["host-host", "guest-host", "guest-guest"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("not ratios"), "no ratio from TCG: {text}");
+    let left: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(!left.iter().any(|n| n.starts_with("srnic-vm")), "the guests' namespace is removed: {left:?}");
+}
+
 #[test]
 fn e12_quick_runs_sixteen_pairs_at_once() {
     if !perftest_here("e12") {

@@ -64,7 +64,7 @@ impl Mode {
 
 impl Build {
     /// The build beside this `softrnic`, with perftest installed.
-    fn with_perftest() -> Result<Build, String> {
+    pub(super) fn with_perftest() -> Result<Build, String> {
         let build = Build::daemon_and_library()?;
         for program in ["ib_send_bw", "ib_write_bw"] {
             if super::roles::which(program).is_none() {
@@ -115,6 +115,15 @@ pub struct E11Args {
     /// ib_write_bw,ib_write_lat).
     #[arg(long, value_delimiter = ',')]
     pub tests: Vec<String>,
+    /// Run them in QEMU guests instead: guest to host and guest to guest,
+    /// against host to host (root; qemu-system-x86, a kernel in /boot,
+    /// busybox-static, cpio).
+    #[arg(long)]
+    pub vm: bool,
+    /// How the guests' CPUs run: tcg (QEMU's translator, function only)
+    /// or kvm (the figures to compare).
+    #[arg(long, value_enum, default_value_t = super::vm::Accel::Tcg, requires = "vm")]
+    pub accel: super::vm::Accel,
 }
 
 /// The flags of e12.
@@ -267,7 +276,7 @@ fn log_tail(log: &Path) -> String {
 }
 
 /// perftest's result rows: lines of numbers that start with the size.
-fn result_rows(text: &str) -> Vec<Vec<f64>> {
+pub(super) fn result_rows(text: &str) -> Vec<Vec<f64>> {
     text.lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
         .filter(|f| f.len() >= 4 && f[0].parse::<u64>().is_ok())
@@ -396,7 +405,7 @@ impl Drop for Containers {
     }
 }
 
-fn ip(args: &[&str]) -> Result<(), String> {
+pub(super) fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
     match out.status.success() {
         true => Ok(()),
@@ -472,7 +481,7 @@ const MODES: [Mode; 3] = [Mode::Host, Mode::Daemon, Mode::Forwarding];
 const E11_TESTS: [&str; 4] = ["ib_send_bw", "ib_send_lat", "ib_write_bw", "ib_write_lat"];
 
 /// The perftest programs `--tests` names, in E11's order; all without it.
-fn e11_tests(asked: &[String]) -> Result<Vec<&'static str>, String> {
+pub(super) fn e11_tests(asked: &[String]) -> Result<Vec<&'static str>, String> {
     if let Some(bad) = asked.iter().find(|t| !E11_TESTS.contains(&t.as_str())) {
         return Err(format!("--tests {bad}: e11 runs {}", E11_TESTS.join(", ")));
     }

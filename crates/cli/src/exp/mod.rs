@@ -28,6 +28,7 @@ mod roles;
 mod storage;
 mod sweep;
 mod sweeps;
+mod vm;
 
 use std::path::PathBuf;
 
@@ -73,7 +74,7 @@ enum Experiment {
     /// In-network aggregation shared by two jobs, one straggling (the lab's switch, needs root; and the simulator)
     #[command(name = "e10", visible_alias = "aggregation")]
     E10(aggregation::AggregationArgs),
-    /// perftest through softrnicd, against the host and the forwarding design
+    /// perftest through softrnicd, against the host and the forwarding design; --vm: in QEMU guests
     #[command(name = "e11", visible_alias = "containers")]
     E11(daemon::E11Args),
     /// 2 to 128 pairs of ib_write_bw through one softrnicd, and forwarded
@@ -138,6 +139,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Experiment::E7(args) => storage::run(&args),
         Experiment::E9(args) => sweep::run(&sweeps::E9, &args),
         Experiment::E10(args) => aggregation::run(&args),
+        Experiment::E11(args) if args.vm => vm::run(&args),
         Experiment::E11(args) => daemon::e11(&args),
         Experiment::E12(args) => daemon::e12(&args),
         Experiment::Incast(args) => incast::run(&args),
