@@ -536,7 +536,28 @@ pub fn e11(args: &E11Args) -> Result<(), String> {
     drop(daemon);
     drop(containers);
     write_csv(&csv, "mode,instances,test,size,value,unit", &rows)?;
-    let panels: Vec<Panel> = tests
+    let panels = e11_panels(&tests, &series);
+    let figure = out.join("e11_figure.svg");
+    panels::write(&figure, "E11: perftest through softrnicd, on the host, and forwarded", &panels)?;
+    print_e11_summary(&tests, &rows);
+    println!("wrote {}, {} and the logs in {}", csv.display(), figure.display(), logs.display());
+    Ok(())
+}
+
+/// The value of an E11 row (`how,where,test,size,value,unit`) whose
+/// first field is `how`.
+pub(super) fn e11_value(rows: &[String], how: &str, test: &str, size: f64) -> Option<f64> {
+    rows.iter().map(|r| r.split(',').collect::<Vec<_>>()).find_map(|f| {
+        (f[0] == how && f[2] == test && f[3].parse::<f64>().ok() == Some(size))
+            .then(|| f[4].parse::<f64>().ok())
+            .flatten()
+    })
+}
+
+/// A panel per perftest program: message size against its figure, a
+/// series per way of running it (`series`, by the program's index).
+pub(super) fn e11_panels(tests: &[&str], series: &[(usize, Series)]) -> Vec<Panel> {
+    tests
         .iter()
         .enumerate()
         .map(|(t, test)| Panel {
@@ -545,23 +566,12 @@ pub fn e11(args: &E11Args) -> Result<(), String> {
             x_log: true,
             series: series.iter().filter(|(i, _)| *i == t).map(|(_, s)| s.clone()).collect(),
         })
-        .collect();
-    let figure = out.join("e11_figure.svg");
-    panels::write(&figure, "E11: perftest through softrnicd, on the host, and forwarded", &panels)?;
-    print_e11_summary(&tests, &rows);
-    println!("wrote {}, {} and the logs in {}", csv.display(), figure.display(), logs.display());
-    Ok(())
+        .collect()
 }
 
 /// The ratios at 64 B and at 64 KiB and above.
 fn print_e11_summary(tests: &[&str], rows: &[String]) {
-    let value = |mode: &str, test: &str, size: f64| {
-        rows.iter().map(|r| r.split(',').collect::<Vec<_>>()).find_map(|f| {
-            (f[0] == mode && f[2] == test && f[3].parse::<f64>().ok() == Some(size))
-                .then(|| f[4].parse::<f64>().ok())
-                .flatten()
-        })
-    };
+    let value = |mode: &str, test: &str, size: f64| e11_value(rows, mode, test, size);
     println!("\nE11 ratios (softrnicd against forwarding, and against the host):");
     for test in tests {
         for size in [64.0, 65536.0] {

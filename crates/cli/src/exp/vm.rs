@@ -29,7 +29,7 @@ use super::daemon::{self, E11Args, ip};
 use super::figure::Series;
 use super::hosts::Build;
 use super::listening::wait_for_listener;
-use super::panels::{self, Panel};
+use super::panels;
 
 /// How QEMU runs a guest's CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -675,16 +675,7 @@ pub fn run(args: &E11Args) -> Result<(), String> {
     }
     drop(network);
     daemon::write_csv(&csv, "placement,accel,test,size,value,unit", &rows)?;
-    let panels: Vec<Panel> = programs
-        .iter()
-        .enumerate()
-        .map(|(t, test)| Panel {
-            x_label: format!("{test}: message size (B)"),
-            y_label: if test.ends_with("_lat") { "typical latency (µs)".into() } else { "Gb/s".into() },
-            x_log: true,
-            series: series.iter().filter(|(i, _)| *i == t).map(|(_, s)| s.clone()).collect(),
-        })
-        .collect();
+    let panels = daemon::e11_panels(&programs, &series);
     let figure = out.join("e11_vm_figure.svg");
     let title =
         format!("E11 in virtual machines ({accel}): perftest guest to host and guest to guest, against host to host");
@@ -705,13 +696,7 @@ fn print_summary(accel: Accel, tests: &[&str], rows: &[String]) {
         );
         return;
     }
-    let value = |placement: &str, test: &str, size: f64| {
-        rows.iter().map(|r| r.split(',').collect::<Vec<_>>()).find_map(|f| {
-            (f[0] == placement && f[2] == test && f[3].parse::<f64>().ok() == Some(size))
-                .then(|| f[4].parse::<f64>().ok())
-                .flatten()
-        })
-    };
+    let value = |placement: &str, test: &str, size: f64| daemon::e11_value(rows, placement, test, size);
     println!("\nE11 in virtual machines (KVM), against host to host:");
     for test in tests {
         for size in [64.0, 65536.0] {
