@@ -46,6 +46,20 @@ pub struct Placement {
     pub hosts: Option<Inventory>,
 }
 
+/// Makes `command`'s process die with the runner (even a killed one)
+/// instead of spinning on as an orphan.
+pub fn dies_with_runner(command: &mut Command) {
+    // SAFETY: runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed; prctl is one, and it touches
+    // nothing of the parent's.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        })
+    };
+}
+
 /// A program on PATH.
 pub fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(program)).find(|p| p.is_file())
@@ -137,16 +151,7 @@ pub fn run_point(
         let (mut command, line) = role.command(placement);
         writeln!(log, "$ {line}").map_err(|e| e.to_string())?;
         let stderr = log.try_clone().map_err(|e| e.to_string())?;
-        // SAFETY: runs in the child between fork and exec, where only
-        // async-signal-safe calls are allowed; prctl is one, and it touches
-        // nothing of the parent's. A role dies with the runner (even a
-        // killed one) instead of spinning on as an orphan.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            })
-        };
+        dies_with_runner(&mut command);
         let child = command
             .stdout(log)
             .stderr(stderr)

@@ -64,8 +64,9 @@ const MOST_TESTS: usize = 5;
 fn server_addr(in_guest: bool, t: usize) -> String {
     format!("10.77.0.{}", if in_guest { 20 } else { 10 } + t)
 }
-/// How long a guest may run, boot to power-off.
-const GUEST_LIMIT: Duration = Duration::from_secs(600);
+/// How long a guest may run, boot to power-off (a full sweep under TCG
+/// takes minutes).
+const GUEST_LIMIT: Duration = Duration::from_secs(1800);
 /// How long a guest may take to come up (TCG boots in seconds here).
 const BOOT_LIMIT: Duration = Duration::from_secs(120);
 /// The virtio modules a guest loads, in order (with what they need).
@@ -286,10 +287,11 @@ impl Network {
         Ok(network)
     }
 
-    /// `program` with `args`, in the namespace.
+    /// `program` with `args`, in the namespace, dying with the runner.
     fn command(&self, program: &Path, args: &[String]) -> Command {
         let mut command = Command::new("ip");
         command.args(["netns", "exec", &self.name]).arg(program).args(args);
+        super::roles::dies_with_runner(&mut command);
         command
     }
 }
@@ -413,60 +415,60 @@ impl Guest {
     }
 }
 
-/// A host program in the namespace, its output in `log`.
-fn host_program(network: &Network, build: &Build, addr: &str, argv: &[String], log: &Path) -> Result<Child, String> {
+/// A shell script run on the host, in the namespace, with a device at
+/// `addr`; its output in `log`.
+fn host_script(network: &Network, build: &Build, addr: &str, script: &str, log: &Path) -> Result<Child, String> {
     let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-    let program = super::roles::which(&argv[0]).unwrap_or_else(|| build.bin.join(&argv[0]));
+    let path = format!("PATH={}:{}", build.bin.display(), std::env::var("PATH").unwrap_or_default());
     network
         .command(Path::new("env"), &[])
         .args([
+            path,
             format!("LD_LIBRARY_PATH={}", build.lib.display()),
             format!("SOFTRNIC_ADDR={addr}"),
             "SOFTRNIC_DAEMON=off".into(),
             // Two host devices would meet through shared memory; the
             // guests' only way is UDP, and so is the host's baseline.
             "SOFTRNIC_DATAPATH=udp".into(),
+            "sh".into(),
+            "-c".into(),
+            script.into(),
         ])
-        .arg(program)
-        .args(&argv[1..])
         .stdin(Stdio::null())
         .stdout(file.try_clone().map_err(|e| e.to_string())?)
         .stderr(file)
         .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", argv[0]))
+        .map_err(|e| format!("cannot start a shell in the namespace: {e}"))
 }
 
-/// One test of a batch: a server and a client (argv without the
-/// server's address, which the client's end appends), on its own port.
+/// One test of a batch: its server's and its client's shell scripts (a
+/// run per size, the client's tried while its server is not up yet), on
+/// a port and a server address of its own.
 struct Test {
     name: String,
-    server: Vec<String>,
-    client: Vec<String>,
+    server: String,
+    client: String,
     port: u16,
     /// Where its server's device is.
     addr: String,
 }
 
-/// The shell lines that run `test`'s client in a guest, tried while it
-/// fails (its server may still be booting), marked so the console can be
-/// split by test.
+/// `command` tried until it succeeds (its server may still be booting,
+/// or starting its next run), up to a minute.
+fn tried(command: &str) -> String {
+    format!("n=0; until {command}; do n=$((n + 1)); [ $n -ge 60 ] && exit 1; sleep 1; done")
+}
+
+/// The shell lines that run `test`'s client in a guest, marked so the
+/// console can be split by test.
 fn client_lines(test: &Test) -> String {
-    format!(
-        "echo '=== {name}'\nn=0\nuntil {cmd} {addr}; do n=$((n + 1)); [ $n -ge 60 ] && exit 1; sleep 1; done\n",
-        name = test.name,
-        cmd = test.client.join(" "),
-        addr = test.addr
-    )
+    format!("echo '=== {}'\n( {} ) || exit 1\n", test.name, test.client)
 }
 
 /// The shell lines that start `test`'s server in guest A, in the
 /// background, on an address of its own.
 fn server_lines(test: &Test) -> String {
-    format!(
-        "ip addr add {addr}/24 dev eth0\nSOFTRNIC_ADDR={addr} {cmd} &\n",
-        addr = test.addr,
-        cmd = test.server.join(" ")
-    )
+    format!("ip addr add {addr}/24 dev eth0\n( export SOFTRNIC_ADDR={addr}; {} ) &\n", test.server, addr = test.addr)
 }
 
 /// A console split at the `=== name` lines: each test's part.
@@ -501,9 +503,7 @@ impl Lab<'_> {
                 for test in tests {
                     let (mut server, server_log) = self.host_server(placement, test)?;
                     let client_log = self.logs.join(format!("{}_{}_client.log", placement.name(), test.name));
-                    let mut argv = test.client.clone();
-                    argv.push(test.addr.clone());
-                    let mut client = host_program(self.network, self.build, HOST_PEER, &argv, &client_log)?;
+                    let mut client = host_script(self.network, self.build, HOST_PEER, &test.client, &client_log)?;
                     let client_text = daemon::finish(&mut client, &client_log, GUEST_LIMIT);
                     if client_text.is_err() {
                         super::stop_child(&mut server);
@@ -552,7 +552,7 @@ impl Lab<'_> {
     /// `test`'s server on the host, listening; and its log.
     fn host_server(&self, placement: Placement, test: &Test) -> Result<(Child, PathBuf), String> {
         let log = self.logs.join(format!("{}_{}_server.log", placement.name(), test.name));
-        let mut child = host_program(self.network, self.build, &test.addr, &test.server, &log)?;
+        let mut child = host_script(self.network, self.build, &test.addr, &test.server, &log)?;
         if let Err(e) = wait_for_listener(&mut child, test.port, Duration::from_secs(30)) {
             super::stop_child(&mut child);
             return Err(format!("{e}; see {}", log.display()));
@@ -561,56 +561,48 @@ impl Lab<'_> {
     }
 }
 
-/// The batch: each perftest program, and `rdma_bench` (whose server checks
-/// every byte), their servers in guest A or on the host.
+/// The batch: each perftest program over its sizes, and `rdma_bench`
+/// (whose server checks every byte), their servers in guest A or on the
+/// host.
 fn tests(programs: &[&str], quick: bool, accel: Accel, in_guest: bool) -> Vec<Test> {
     let base = 23_500 + (std::process::id() % 1000) as u16;
+    // Under TCG the runs check function: few iterations.
     let iterations = match (quick, accel) {
-        (false, Accel::Kvm) => "1000",
-        _ => "100",
+        (false, Accel::Kvm) => 1000,
+        (false, Accel::Tcg) => 20,
+        (true, _) => 100,
     };
     let mut tests: Vec<Test> = programs
         .iter()
         .enumerate()
         .map(|(t, program)| {
             let lat = program.ends_with("_lat");
-            let size: &[&str] = match (quick, lat) {
-                (false, _) => &["-a"],
-                (true, true) => &["-s", "64"],
-                (true, false) => &["-s", "65536"],
+            // E11's 4 B to 1 MiB, a run each (perftest's -a goes on to
+            // 8 MiB, minutes a size under TCG); one size with --quick.
+            let sizes = match (quick, lat) {
+                (false, _) => (2..=20).map(|p| (1u32 << p).to_string()).collect::<Vec<_>>().join(" "),
+                (true, true) => "64".into(),
+                (true, false) => "65536".into(),
             };
-            let port = base + t as u16;
-            let mut argv: Vec<String> =
-                std::iter::once(program.to_string()).chain(size.iter().map(|s| s.to_string())).collect();
-            argv.extend(["-n".into(), iterations.into(), "-p".into(), port.to_string()]);
-            if !lat {
-                argv.push("--report_gbits".into());
+            let (port, addr) = (base + t as u16, server_addr(in_guest, t));
+            let gbits = if lat { "" } else { " --report_gbits" };
+            let run = format!("{program} -s $s -n {iterations} -p {port}{gbits}");
+            Test {
+                name: program.to_string(),
+                server: format!("for s in {sizes}; do {run} || exit 1; done"),
+                client: format!("for s in {sizes}; do {}; done", tried(&format!("{run} {addr}"))),
+                port,
+                addr,
             }
-            Test { name: program.to_string(), server: argv.clone(), client: argv, port, addr: server_addr(in_guest, t) }
         })
         .collect();
     let (port, addr) = (base + programs.len() as u16, server_addr(in_guest, programs.len()));
-    let argv = |args: &[&str]| -> Vec<String> {
-        std::iter::once("rdma_bench").chain(args.iter().copied()).map(String::from).collect()
-    };
     tests.push(Test {
         name: "rdma_bench".into(),
-        server: argv(&["-nodeId", "0", "-port", &port.to_string(), "-serverIp", &addr]),
-        client: argv(&[
-            "-nodeId",
-            "1",
-            "-port",
-            &port.to_string(),
-            "-packSize",
-            "4096",
-            "-numPack",
-            "200",
-            "-iterations",
-            "2",
-            "-outstanding",
-            "16",
-            "-serverIp",
-        ]),
+        server: format!("rdma_bench -nodeId 0 -port {port} -serverIp {addr}"),
+        client: tried(&format!(
+            "rdma_bench -nodeId 1 -port {port} -packSize 4096 -numPack 200 -iterations 2 -outstanding 16 -serverIp {addr}"
+        )),
         port,
         addr,
     });
