@@ -174,20 +174,18 @@ impl Image {
             list.push_str(&format!("/{name}\n"));
         }
         std::fs::write(root.join("modules.list"), &list).map_err(|e| e.to_string())?;
-        let mut files: Vec<PathBuf> = programs.to_vec();
-        files.push(busybox);
-        for lib in ["libibverbs.so.1", "librdmacm.so.1"] {
-            files.push(build.lib.join(lib));
-        }
+        // The programs in /usr/bin; softrnic's drop-ins and every library
+        // anything loads where the host has them.
+        let drop_ins = ["libibverbs.so.1", "librdmacm.so.1"].map(|lib| build.lib.join(lib));
         let mut libraries = Vec::new();
-        for file in &files {
+        for file in programs.iter().chain(&drop_ins).chain([&busybox]) {
             libraries.extend(loaded_libraries(file, &build.lib)?);
         }
         for program in programs {
             let name = program.file_name().and_then(|n| n.to_str()).ok_or("a program without a name")?;
             copy_into(&root, program, Some(&Path::new("usr/bin").join(name)))?;
         }
-        for file in files.iter().skip(programs.len()).chain(&libraries) {
+        for file in drop_ins.iter().chain(&libraries) {
             copy_into(&root, file, None)?;
         }
         let init = root.join("init");
@@ -265,22 +263,16 @@ impl Network {
         let network = Network { name: format!("{PREFIX}{}", std::process::id()) };
         let ns = network.name.as_str();
         ip(&["netns", "add", ns])?;
-        let steps: [&[&str]; 6] = [
-            &["-n", ns, "link", "set", "lo", "up"],
-            &["-n", ns, "link", "add", "br0", "type", "bridge"],
-            &["-n", ns, "addr", "add", &format!("{HOST}/24"), "dev", "br0"],
-            &["-n", ns, "addr", "add", &format!("{HOST_PEER}/24"), "dev", "br0"],
-            &["-n", ns, "link", "set", "br0", "up"],
-            &["-n", ns, "tuntap", "add", "tap0", "mode", "tap"],
-        ];
-        for step in steps {
-            ip(step)?;
+        for step in [["link", "set", "lo", "up"].as_slice(), &["link", "add", "br0", "type", "bridge"]] {
+            ip(&[&["-n", ns], step].concat())?;
         }
-        ip(&["-n", ns, "tuntap", "add", "tap1", "mode", "tap"])?;
-        for t in 0..MOST_TESTS {
-            ip(&["-n", ns, "addr", "add", &format!("{}/24", server_addr(false, t)), "dev", "br0"])?;
+        let addresses = [HOST.to_string(), HOST_PEER.to_string()].into_iter();
+        for addr in addresses.chain((0..MOST_TESTS).map(|t| server_addr(false, t))) {
+            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", "br0"])?;
         }
+        ip(&["-n", ns, "link", "set", "br0", "up"])?;
         for tap in ["tap0", "tap1"] {
+            ip(&["-n", ns, "tuntap", "add", tap, "mode", "tap"])?;
             ip(&["-n", ns, "link", "set", tap, "master", "br0"])?;
             ip(&["-n", ns, "link", "set", tap, "up"])?;
         }
