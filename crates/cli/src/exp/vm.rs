@@ -21,6 +21,7 @@
 //! are function only, every byte checked by `rdma_bench`; ratios against
 //! the host come from `--accel kvm` where KVM works.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -424,8 +425,13 @@ fn host_script(network: &Network, build: &Build, addr: &str, script: &str, log: 
             "SOFTRNIC_DATAPATH=udp".into(),
             "sh".into(),
             "-c".into(),
-            script.into(),
+            // The shell dies with the runner (or is stopped by it) and a
+            // program it started would live on: it runs the script in the
+            // background, in a process group of its own, and passes a
+            // signal on to the whole group.
+            format!("trap 'trap - INT TERM; kill 0' INT TERM; ( {script} ) & wait $!"),
         ])
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(file.try_clone().map_err(|e| e.to_string())?)
         .stderr(file)
