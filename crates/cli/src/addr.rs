@@ -26,3 +26,40 @@ pub fn device_addr(given: Option<IpAddr>, peer: Option<IpAddr>) -> Result<IpAddr
         None => Err("a server needs its device address: give --addr (or SOFTRNIC_ADDR), e.g. --addr 127.0.0.3".into()),
     }
 }
+
+/// The flags of a command with two ends, a server and a client
+/// (`softrnic careful`, `softrnic storage`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Ends {
+    /// Serve clients instead of measuring.
+    #[arg(long, conflicts_with = "client")]
+    pub server: bool,
+    /// Measure against a server.
+    #[arg(long)]
+    pub client: bool,
+    /// This end's address: its softrnic device, and where a server listens
+    /// (default: SOFTRNIC_ADDR, else the address that reaches the server).
+    #[arg(long)]
+    pub addr: Option<IpAddr>,
+    /// The server's address (client).
+    #[arg(long, required_if_eq("client", "true"))]
+    pub server_addr: Option<IpAddr>,
+}
+
+/// Which end runs, with its device's address.
+pub enum End {
+    Server(IpAddr),
+    Client { addr: IpAddr, server: IpAddr },
+}
+
+impl Ends {
+    pub fn end(&self) -> Result<End, String> {
+        let addr = device_addr(self.addr, self.server_addr)?;
+        match (self.server, self.client, self.server_addr) {
+            (true, _, _) => Ok(End::Server(addr)),
+            (false, true, Some(server)) => Ok(End::Client { addr, server }),
+            (false, true, None) => Err("--client needs --server-addr".into()),
+            (false, false, _) => Err("give --server or --client (the other end runs the other)".into()),
+        }
+    }
+}

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use softrnic::exchange::{DEFAULT_PORT, Exchange};
 
+use crate::addr::End;
 use link::Link;
 
 /// What carries the data.
@@ -41,19 +42,8 @@ pub enum Transport {
 
 #[derive(Args, Debug, Clone)]
 pub struct CarefulArgs {
-    /// Serve clients (any transport) instead of measuring.
-    #[arg(long, conflicts_with = "client")]
-    pub server: bool,
-    /// Measure against a server.
-    #[arg(long)]
-    pub client: bool,
-    /// This end's address: its softrnic device, and where a server listens
-    /// (default: SOFTRNIC_ADDR, else 127.0.0.1).
-    #[arg(long)]
-    pub addr: Option<IpAddr>,
-    /// The server's address (client).
-    #[arg(long, required_if_eq("client", "true"))]
-    pub server_addr: Option<IpAddr>,
+    #[command(flatten)]
+    pub ends: crate::addr::Ends,
     /// The server's control port; the TCP transport uses the next one.
     #[arg(long, default_value_t = DEFAULT_PORT + 100)]
     pub port: u16,
@@ -126,15 +116,10 @@ pub struct Point {
 }
 
 pub fn run(args: &CarefulArgs) -> Result<(), String> {
-    let addr = crate::addr::device_addr(args.addr, args.server_addr)?;
     let timeout = Duration::from_secs(args.timeout);
-    match (args.server, args.client) {
-        (true, _) => serve(addr, args.port, timeout),
-        (false, true) => {
-            let server = args.server_addr.ok_or("--client needs --server-addr")?;
-            measure(addr, SocketAddr::new(server, args.port), args, timeout)
-        }
-        (false, false) => Err("give --server or --client (the other end runs the other)".to_string()),
+    match args.ends.end()? {
+        End::Server(addr) => serve(addr, args.port, timeout),
+        End::Client { addr, server } => measure(addr, SocketAddr::new(server, args.port), args, timeout),
     }
 }
 

@@ -122,8 +122,7 @@ enum Crc {
     Offloaded(Option<BlockOutcome>),
 }
 
-pub fn measure(addr: IpAddr, args: &StorageArgs) -> Result<(), String> {
-    let server = SocketAddr::new(args.server_addr.ok_or("--client needs --server-addr")?, args.port);
+pub fn measure(addr: IpAddr, server: SocketAddr, args: &StorageArgs) -> Result<(), String> {
     let ctx = match args.design {
         Design::Tcp => None,
         _ => Some(Context::open(addr).map_err(|e| format!("cannot open the device at {addr}: {e}"))?),

@@ -22,11 +22,13 @@ mod tcp;
 
 pub(crate) use server::WORK_LINE;
 
-use std::net::IpAddr;
+use std::net::SocketAddr;
 
 use clap::{Args, ValueEnum};
 use softrnic::block::BLOCK_LEN;
 use softrnic::exchange::DEFAULT_PORT;
+
+use crate::addr::End;
 
 /// Who computes and checks the CRCs and copies the blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -67,19 +69,8 @@ impl std::fmt::Display for Design {
 
 #[derive(Args, Debug, Clone)]
 pub struct StorageArgs {
-    /// Serve clients (any design) instead of measuring.
-    #[arg(long, conflicts_with = "client")]
-    pub server: bool,
-    /// Measure against a server.
-    #[arg(long)]
-    pub client: bool,
-    /// This end's address: its softrnic device, and where a server listens
-    /// (default: SOFTRNIC_ADDR).
-    #[arg(long)]
-    pub addr: Option<IpAddr>,
-    /// The server's address (client).
-    #[arg(long, required_if_eq("client", "true"))]
-    pub server_addr: Option<IpAddr>,
+    #[command(flatten)]
+    pub ends: crate::addr::Ends,
     /// The server's port (connections name their design there).
     #[arg(long, default_value_t = DEFAULT_PORT + 200)]
     pub port: u16,
@@ -108,16 +99,14 @@ pub struct StorageArgs {
 }
 
 pub fn run(args: &StorageArgs) -> Result<(), String> {
-    let addr = crate::addr::device_addr(args.addr, args.server_addr)?;
-    match (args.server, args.client) {
-        (true, _) => server::serve(addr, args.port, args.store_mib as usize * (1 << 20)),
-        (false, true) => {
+    match args.ends.end()? {
+        End::Server(addr) => server::serve(addr, args.port, args.store_mib as usize * (1 << 20)),
+        End::Client { addr, server } => {
             if !(args.seconds > 0.0 && args.seconds.is_finite()) {
                 return Err(format!("--seconds {} is not a positive number of seconds", args.seconds));
             }
-            client::measure(addr, args)
+            client::measure(addr, SocketAddr::new(server, args.port), args)
         }
-        (false, false) => Err("give --server or --client (the other end runs the other)".to_string()),
     }
 }
 

@@ -28,6 +28,7 @@ use softrnic_engine::Nic;
 use softrnic_event::{EventQueue, wait_readable};
 use softrnic_ring::spsc::{Consumer, Producer};
 use softrnic_ring::wakeup;
+use softrnic_transport::memory::MemoryTable;
 use softrnic_transport::{
     Completion, CompletionQueue, CqId, Payload, PostQueues, QpAttr, QpCaps, QpState, RecvWorkRequest, SendOp,
     SendWorkRequest, SgeList, SharedReceiveQueue, VerbsError, WcOpcode,
@@ -344,6 +345,28 @@ impl<'a> Sends<'a> {
         });
         self.fault = fault;
         moved
+    }
+
+    /// Takes up to a batch of new WQEs through `stage`, which rewrites
+    /// each (reading the program's memory as registered now) and posts it
+    /// with `post`, in order: one lock and one doorbell for the batch, as
+    /// without a stage. Returns whether it took any.
+    pub fn stage_each(
+        &mut self,
+        mut stage: impl FnMut(
+            SendWorkRequest,
+            &MemoryTable,
+            &mut dyn FnMut(SendWorkRequest) -> Result<(), VerbsError>,
+        ) -> Result<(), VerbsError>,
+    ) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        let nic = self.nic();
+        let memory = nic.memory();
+        let mut queue = nic.send_queue(self.posts());
+        let mut post = |wr| queue.post(wr);
+        self.take(|wr| stage(wr, &memory, &mut post)) > 0
     }
 
     /// The engine refused send `wr_id` outright (not for want of room).

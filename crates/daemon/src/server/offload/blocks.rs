@@ -253,18 +253,12 @@ impl BlockSends {
 
 impl SendStage for BlockSends {
     fn move_sends(&mut self, sends: &mut Sends<'_>) -> bool {
-        if sends.is_empty() {
-            return false;
-        }
-        let nic = sends.nic();
-        let memory = nic.memory();
-        let mut queue = nic.send_queue(sends.posts());
-        sends.take(|wr| {
-            let (wr, took_slot) = self.stage(wr, &memory, self.staged);
-            queue.post(wr)?;
+        sends.stage_each(|wr, memory, post| {
+            let (wr, took_slot) = self.stage(wr, memory, self.staged);
+            post(wr)?;
             self.staged += u64::from(took_slot);
             Ok(())
-        }) > 0
+        })
     }
 
     fn release(self: Box<Self>, nic: &Nic) {

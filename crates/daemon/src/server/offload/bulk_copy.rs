@@ -50,22 +50,14 @@ impl BulkCopy {
 
 impl SendStage for BulkCopy {
     fn move_sends(&mut self, sends: &mut Sends<'_>) -> bool {
-        if sends.is_empty() {
-            return false;
-        }
-        let nic = sends.nic();
-        // The program's memory is read with the checks a request gets, in
-        // the regions registered now.
-        let memory = nic.memory();
-        // One lock and one doorbell for the batch, as without a stage.
-        let mut queue = nic.send_queue(sends.posts());
-        sends.take(|wr| {
-            let (wr, copied) = self.stage(wr, &memory, self.staged);
-            queue.post(wr)?;
+        sends.stage_each(|wr, memory, post| {
+            let (wr, copied) = self.stage(wr, memory, self.staged);
+            post(wr)?;
+            // The slot is the next send's only once this one is posted.
             self.staged += u64::from(copied.is_some());
             self.counters.sent(copied);
             Ok(())
-        }) > 0
+        })
     }
 
     fn release(self: Box<Self>, nic: &Nic) {
