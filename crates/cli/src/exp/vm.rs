@@ -311,11 +311,10 @@ fn remove_leftovers() {
 /// Stops what runs in namespace `name` (guests included), then deletes it.
 fn kill_and_remove(name: &str) {
     if let Ok(out) = Command::new("ip").args(["netns", "pids", name]).output() {
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse().ok()) {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_raw(pid).expect("a pid is positive"),
-                rustix::process::Signal::KILL,
-            );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let pids = text.split_whitespace().filter_map(|p| p.parse().ok()).filter_map(rustix::process::Pid::from_raw);
+        for pid in pids {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         }
     }
     let _ = ip(&["netns", "del", name]);
