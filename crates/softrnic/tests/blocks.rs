@@ -22,7 +22,7 @@ fn daemon(name: &str) -> softrnic_daemon::server::Running {
 /// One end: its device, its buffers (`mr`: a message slot per request,
 /// `store`: a volume), a CQ and its block QP.
 struct End {
-    _ctx: Context,
+    ctx: Context,
     mr: MemoryRegion,
     store: MemoryRegion,
     cq: CompletionQueue,
@@ -38,15 +38,16 @@ fn end(daemon: &softrnic_daemon::server::Running, addr: [u8; 4], placing: bool) 
     let pd = ctx.alloc_pd().unwrap();
     let mr = pd.register(SLOTS * SLOT, Access::LOCAL_WRITE).unwrap();
     let store = pd.register(STORE, Access::LOCAL_WRITE).unwrap();
-    let cq = ctx.create_cq(64).unwrap();
+    let cq = ctx.create_cq(256).unwrap();
     let caps = QpCaps { max_send_sge: 1, max_recv_sge: 1, ..QpCaps::default() };
     let qp = pd.create_block_qp(&cq, &cq, caps, placing.then_some(&store)).unwrap();
-    End { _ctx: ctx, mr, store, cq, qp }
+    End { ctx, mr, store, cq, qp }
 }
 
-/// A client that offloads CRCs and a server that places into its store.
-fn connected(daemon: &softrnic_daemon::server::Running) -> (End, End) {
-    let (client, server) = (end(daemon, [127, 0, 7, 20], false), end(daemon, [127, 0, 7, 21], true));
+/// A client that offloads CRCs (at 127.0.7.`n`) and a server that places
+/// into its store (at `n` + 1).
+fn connected(daemon: &softrnic_daemon::server::Running, n: u8) -> (End, End) {
+    let (client, server) = (end(daemon, [127, 0, 7, n], false), end(daemon, [127, 0, 7, n + 1], true));
     let options = ConnectOptions { timeout: 10, ..ConnectOptions::default() };
     client.qp.connect(&server.qp.endpoint(&server.mr), &options).unwrap();
     server.qp.connect(&client.qp.endpoint(&client.mr), &options).unwrap();
@@ -98,7 +99,7 @@ impl End {
 #[test]
 fn blocks_are_checksummed_checked_and_placed_by_the_daemon() {
     let daemon = daemon("offload");
-    let (client, server) = connected(&daemon);
+    let (client, server) = connected(&daemon, 20);
 
     // A write of block 3: the client's payload with no CRC of its own.
     server.receive(0, HEADER_LEN);
@@ -143,6 +144,59 @@ fn blocks_are_checksummed_checked_and_placed_by_the_daemon() {
     let got = client.next(WcOpcode::Recv);
     assert_eq!((got.block, got.byte_len), (None, 8));
     assert_eq!(client.read(4 * SLOT, 8), b"ack12345");
+}
+
+/// Four pairs at once through one softrnicd (its two command processors
+/// checksumming and placing for all of them): every block placed, the
+/// store holding each block's last write, and no retransmission, NAK or
+/// out-of-sequence packet on any device.
+#[test]
+fn pairs_at_once_place_every_block_with_nothing_resent() {
+    const BLOCKS: usize = 128;
+    let daemon = daemon("concurrent");
+    let pairs: Vec<(End, End)> = (0..4).map(|p| connected(&daemon, 60 + 2 * p)).collect();
+    std::thread::scope(|scope| {
+        for (p, (client, server)) in pairs.iter().enumerate() {
+            // Every receive is posted before the first block leaves.
+            for i in 0..BLOCKS {
+                server.receive(i % SLOTS, HEADER_LEN);
+            }
+            scope.spawn(move || {
+                for window in (0..BLOCKS).collect::<Vec<_>>().chunks(SLOTS) {
+                    for &i in window {
+                        let offset = ((i % (STORE / BLOCK_LEN)) * BLOCK_LEN) as u64;
+                        let block = payload((p * BLOCKS + i) as u8);
+                        client.send(
+                            i % SLOTS,
+                            &[&header(BlockKind::Write, offset, i as u64).to_bytes()[..], &block].concat(),
+                        );
+                    }
+                    for _ in window {
+                        client.next(WcOpcode::Send);
+                    }
+                }
+            });
+            scope.spawn(move || {
+                for i in 0..BLOCKS {
+                    assert_eq!(server.next(WcOpcode::Recv).block, Some(BlockOutcome::Placed), "pair {p} block {i}");
+                }
+            });
+        }
+    });
+    for (p, (client, server)) in pairs.iter().enumerate() {
+        for b in 0..STORE / BLOCK_LEN {
+            let last = (0..BLOCKS).filter(|i| i % (STORE / BLOCK_LEN) == b).max().unwrap();
+            let mut stored = vec![0; BLOCK_LEN];
+            server.store.read(b * BLOCK_LEN, &mut stored);
+            assert_eq!(stored, payload((p * BLOCKS + last) as u8), "pair {p} block {b}");
+        }
+        let (sent, got) = (client.ctx.counters().transport, server.ctx.counters().transport);
+        assert_eq!(
+            (sent.retransmitted_packets, sent.seq_naks_received, sent.rnr_naks_received, got.rx_out_of_sequence),
+            (0, 0, 0, 0),
+            "pair {p}: nothing resent, NAKed or out of order"
+        );
+    }
 }
 
 #[test]
