@@ -98,21 +98,18 @@ impl Store {
     }
 
     /// The store's `len` bytes at `offset`, if it has them and still grants
-    /// `access` (the region may have been deregistered since).
+    /// `access` (the region may have been deregistered since), and the
+    /// gather entry that names them.
     fn range<'m>(
         &self,
         memory: &'m MemoryTable,
         offset: u64,
         len: usize,
         access: Access,
-    ) -> Option<softrnic_transport::memory::MemoryView<'m>> {
+    ) -> Option<(softrnic_transport::memory::MemoryView<'m>, Sge)> {
         let addr = memory.lookup(self.lkey)?.iova.checked_add(offset)?;
-        memory.check(self.pd, self.lkey, addr, len, access).ok()
-    }
-
-    fn sge(&self, memory: &MemoryTable, offset: u64, len: u32) -> Option<Sge> {
-        let addr = memory.lookup(self.lkey)?.iova.checked_add(offset)?;
-        Some(Sge { addr, length: len, lkey: self.lkey })
+        let view = memory.check(self.pd, self.lkey, addr, len, access).ok()?;
+        Some((view, Sge { addr, length: len as u32, lkey: self.lkey }))
     }
 }
 
@@ -227,13 +224,12 @@ impl BlockSends {
             after(sges, HEADER_LEN)
         } else if let (HEADER_LEN, BlockKind::ReadData, Some(store)) = (len, repr.kind, &self.store) {
             // A read's answer as a header alone: its payload from the store.
-            let Some(range) = store.range(memory, repr.offset, payload.len(), Access::empty()) else {
+            let Some((range, sge)) = store.range(memory, repr.offset, payload.len(), Access::empty()) else {
                 // Out of the store: sent as posted, which its receiver
                 // refuses as a block without its payload.
                 return (wr, false);
             };
             range.read(payload);
-            let sge = store.sge(memory, repr.offset, repr.length).expect("the range checked out above");
             BlockCounters::add(&self.counters.gathered_bytes, payload.len());
             SgeList::from_iter([sge])
         } else {
@@ -244,9 +240,9 @@ impl BlockSends {
         (header.crc, header.crc_set) = (crc32(payload), true);
         let slot = self.slots.offset(n);
         self.slots.staging.buffer.write(slot, &header.to_bytes());
-        let mut staged = wr.clone();
         let head = Sge { addr: self.slots.addr(n), length: HEADER_LEN as u32, lkey: self.slots.lkey };
-        staged.payload = Payload::Gather(std::iter::once(head).chain(gather.iter().copied()).collect());
+        let mut staged = wr;
+        staged.payload = Payload::Gather(std::iter::once(head).chain(gather).collect());
         (staged, true)
     }
 }
@@ -371,7 +367,7 @@ impl Placement {
         }
         completion.block = Some(match outcome {
             BlockOutcome::Verified => match self.store.range(memory, repr.offset, payload.len(), Access::LOCAL_WRITE) {
-                Some(range) => {
+                Some((range, _)) => {
                     range.write(payload);
                     BlockCounters::add(&self.counters.placed_bytes, payload.len());
                     BlockOutcome::Placed
