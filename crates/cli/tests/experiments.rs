@@ -205,6 +205,7 @@ fn bad_experiment_input_gets_one_clear_line() {
         (&["exp", "e3", "--runs", "3"], "--runs"),
         (&["exp", "fct", "--pairs", "2"], "--pairs"),
         (&["exp", "e7", "--pairs", "2"], "--pairs"),
+        (&["exp", "e13", "--threads", "2"], "--threads"),
     ] {
         let o = run(args);
         let err = String::from_utf8_lossy(&o.stderr);
@@ -222,6 +223,9 @@ fn bad_experiment_input_gets_one_clear_line() {
     let o = run(&["exp", "e12", "--processors", "0"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("--processors") && err.contains("1..=64"), "{err}");
+    let o = run(&["exp", "e13", "--per-host", "1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--per-host") && err.contains("2..=32"), "{err}");
     let o = run(&["exp", "e11", "--tests", "ib_read_bw"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("--tests ib_read_bw: e11 runs ib_send_bw, ib_send_lat"), "{err}");
@@ -229,7 +233,7 @@ fn bad_experiment_input_gets_one_clear_line() {
     let listing = run(&["exp"]);
     let help = run(&["exp", "--help"]);
     for text in [String::from_utf8_lossy(&listing.stdout), String::from_utf8_lossy(&help.stdout)] {
-        for id in ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e9", "e10", "e11", "e12", "incast", "fct"] {
+        for id in ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e9", "e10", "e11", "e12", "e13", "incast", "fct"] {
             assert!(text.lines().any(|l| l.split_whitespace().next() == Some(id)), "{id} in {text}");
         }
     }
@@ -405,6 +409,63 @@ fn e11_vm_quick_runs_perftest_in_guests() {
         .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default();
     assert!(!left.iter().any(|n| n.starts_with("srnic-vm")), "the guests' namespace is removed: {left:?}");
+}
+
+/// Root (the two hosts are namespaces), Open MPI, a C compiler and
+/// rdma-core's headers: present, or the test says why it does not run;
+/// under CI it must.
+fn applications_here(test: &str) -> bool {
+    let on_path = |program: &str| {
+        std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).exists()))
+    };
+    let missing = [
+        (!rustix::process::geteuid().is_root()).then_some("root"),
+        (!on_path("mpicc")).then_some("libopenmpi-dev"),
+        (!on_path("mpirun")).then_some("openmpi-bin"),
+        (!Path::new("/usr/include/rdma/rdma_cma.h").exists()).then_some("librdmacm-dev"),
+    ];
+    let missing: Vec<&str> = missing.into_iter().flatten().collect();
+    if !missing.is_empty() {
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{test}: CI must run it (.ci/run installs {missing:?})");
+        eprintln!("{test}: skipped: it needs {}", missing.join(", "));
+    }
+    missing.is_empty() && library_built(test)
+}
+
+/// E13's quick run: Graph 500 over 16 MPI ranks on two hosts, over
+/// softrnic and over TCP, every search validated (the runner fails
+/// otherwise); GroupBy and SortBy with 8 mappers and 8 reducers, every
+/// reducer's output checked; the two namespaces removed.
+#[test]
+fn e13_quick_runs_graph500_and_the_shuffle_beside_tcp() {
+    if !applications_here("e13") {
+        return;
+    }
+    let out = out_dir("e13");
+    let o = run(&["exp", "applications", "--quick", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (header, rows) = csv(&out.join("e13_results.csv"));
+    assert_eq!(header, "app,transport,size,processes,teps,seconds,shuffle_seconds");
+    let keys: Vec<String> = rows.iter().map(|r| r.split(',').take(4).collect::<Vec<_>>().join(",")).collect();
+    let mut expected = Vec::new();
+    for transport in ["softrnic", "tcp"] {
+        expected.extend(["bfs", "sssp"].map(|k| format!("graph500-{k},{transport},8,16")));
+    }
+    for op in ["groupby", "sortby"] {
+        expected.extend(["softrnic", "tcp"].map(|t| format!("{op},{t},16384,16")));
+    }
+    assert_eq!(keys, expected);
+    for row in &rows {
+        let figures: Vec<f64> = row.split(',').skip(4).filter(|f| !f.is_empty()).map(|f| f.parse().unwrap()).collect();
+        assert!(figures.len() == 2 && figures.iter().all(|&f| f > 0.0), "{row}");
+    }
+    assert_figure_parses(&out.join("e13_figure.svg"), &["BFS softrnic", "SSSP tcp", "groupby softrnic", "sortby tcp"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("x TCP's BFS TEPS") && text.contains("x TCP's time"), "the ratios: {text}");
+    let left: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(!left.iter().any(|n| n.starts_with("srnic-e13-")), "the hosts are removed: {left:?}");
 }
 
 #[test]

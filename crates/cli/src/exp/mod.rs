@@ -15,6 +15,7 @@
 //! --help` list what the table holds.
 
 mod aggregation;
+mod applications;
 mod cc;
 mod daemon;
 mod fct;
@@ -22,6 +23,7 @@ mod figure;
 mod hosts;
 mod incast;
 mod listening;
+mod namespace;
 mod offload;
 mod panels;
 mod roles;
@@ -85,22 +87,13 @@ enum Experiment {
     /// Flow completion times on HPCC's fat tree, in the simulator
     #[command(visible_alias = "fattree")]
     Fct(fct::FctArgs),
-    /// E13, not built yet: refused with what is missing.
-    #[command(name = "e13", hide = true, visible_alias = "applications")]
-    E13(NotBuilt),
+    /// Graph 500 BFS and SSSP over MPI and a GroupBy/SortBy shuffle, 16 processes on two hosts, beside TCP (needs root)
+    #[command(name = "e13", visible_alias = "applications")]
+    E13(applications::ApplicationsArgs),
 }
 
-/// Whatever flags a run of an experiment not built yet was given.
-#[derive(Args, Debug, Clone)]
-pub struct NotBuilt {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    _flags: Vec<String>,
-}
-
-/// The evaluations of ../shared/EXPERIMENTS.md that are no command yet,
-/// and E8, which is what every command here does.
+/// E8, which is what every command here does.
 pub(crate) const NOT_COMMANDS: &str = "\
-Not a command yet (issue 34): e13, applications (Graph 500 BFS and SSSP over MPI, a shuffle job).
 E8 (automation) is how each command above runs: its sweep, every role stopped when done, a CSV, logs, a figure.
 ";
 
@@ -144,12 +137,8 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Experiment::E12(args) => daemon::e12(&args),
         Experiment::Incast(args) => incast::run(&args),
         Experiment::Fct(args) => fct::run(&args),
-        Experiment::E13(_) => Err(not_built("e13", "the applications (Graph 500, a shuffle job)")),
+        Experiment::E13(args) => applications::run(&args),
     }
-}
-
-fn not_built(name: &str, what: &str) -> String {
-    format!("softrnic exp {name}, {what}, is not built yet (issue 34); softrnic exp lists the ones there are")
 }
 
 /// `softrnic exp` alone: a line per experiment, read from the table.
@@ -191,25 +180,11 @@ mod tests {
     #[test]
     fn the_listing_names_every_experiment_once() {
         let text = listing();
-        for id in ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e9", "e10", "e11", "e12", "incast", "fct"] {
+        for id in ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e9", "e10", "e11", "e12", "e13", "incast", "fct"] {
             let lines = text.lines().filter(|l| l.split_whitespace().next() == Some(id)).count();
             assert_eq!(lines, 1, "{id} in\n{text}");
         }
-        assert!(text.contains("careful") && text.contains("fattree") && text.contains("storage"), "{text}");
-        // The one not built yet is named as such, not as a command.
-        assert!(text.contains("Not a command yet (issue 34): e13, applications"), "{text}");
-        assert!(!text.lines().any(|l| l.starts_with("  e13 ")), "{text}");
-    }
-
-    #[test]
-    fn an_experiment_not_built_is_refused_with_what_is_missing() {
-        #[derive(clap::Parser)]
-        struct Exp {
-            #[command(flatten)]
-            args: ExpArgs,
-        }
-        let exp = <Exp as clap::Parser>::try_parse_from(["exp", "e13", "--quick", "--scale", "20"]).unwrap();
-        let err = run(exp.args).unwrap_err();
-        assert!(err.contains("softrnic exp e13") && err.contains("not built yet"), "{err}");
+        assert!(text.contains("careful") && text.contains("fattree") && text.contains("applications"), "{text}");
+        assert!(!text.contains("Not a command yet"), "{text}");
     }
 }

@@ -70,6 +70,9 @@ where
             .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))?
             .label(s.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+        // Each measured point marked too: a series of one point (a quick
+        // run's) draws no line.
+        chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
     }
     chart
         .configure_series_labels()

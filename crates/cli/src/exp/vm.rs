@@ -30,6 +30,7 @@ use super::daemon::{self, E11Args, ip};
 use super::figure::Series;
 use super::hosts::Build;
 use super::listening::wait_for_listener;
+use super::namespace::{kill_and_remove, remove_leftovers};
 use super::panels;
 
 /// How QEMU runs a guest's CPU.
@@ -260,7 +261,7 @@ const PREFIX: &str = "srnic-vm";
 
 impl Network {
     fn create() -> Result<Network, String> {
-        remove_leftovers();
+        remove_leftovers(PREFIX, "e11 --vm");
         let network = Network { name: format!("{PREFIX}{}", std::process::id()) };
         let ns = network.name.as_str();
         ip(&["netns", "add", ns])?;
@@ -293,31 +294,6 @@ impl Drop for Network {
     fn drop(&mut self) {
         kill_and_remove(&self.name);
     }
-}
-
-/// Namespaces of runs whose process is gone.
-fn remove_leftovers() {
-    let Ok(entries) = std::fs::read_dir("/run/netns") else { return };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix(PREFIX).and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            eprintln!("e11 --vm: removing namespace {name}, left by run {pid}, which ended without cleaning up");
-            kill_and_remove(&name);
-        }
-    }
-}
-
-/// Stops what runs in namespace `name` (guests included), then deletes it.
-fn kill_and_remove(name: &str) {
-    if let Ok(out) = Command::new("ip").args(["netns", "pids", name]).output() {
-        let text = String::from_utf8_lossy(&out.stdout);
-        let pids = text.split_whitespace().filter_map(|p| p.parse().ok()).filter_map(rustix::process::Pid::from_raw);
-        for pid in pids {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
-    }
-    let _ = ip(&["netns", "del", name]);
 }
 
 /// One guest: a QEMU process whose serial console is its log.
