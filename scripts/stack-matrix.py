@@ -15,12 +15,13 @@ between two network namespaces, with each program's figure; with
 --daemon, the rdma_cm programs once more through one softrnicd, and rping
 hearing that softrnicd stop under it (RDMA_CM_EVENT_DEVICE_REMOVAL).
 
-    scripts/stack-matrix.py [--only REGEX] [--no-netns | --netns quick] [--daemon]
+    scripts/stack-matrix.py [--only REGEX] [--no-netns | --netns quick] [--daemon [quick]]
 
 --netns quick leaves out, between the namespaces, what only repeats the
 loopback half (the bandwidth variants, most of perftest's -R tests, the
-rsocket programs but rsocket-check and librspreload): what the test
-command runs.
+rsocket programs but rsocket-check and librspreload); --daemon quick
+leaves rstream's verified sweep through softrnicd to the other rsocket
+programs there: what the test command runs.
 
 verbs-matrix.py runs libibverbs' own programs and perftest; this is its
 companion for what stands on top."""
@@ -149,6 +150,11 @@ ONCE, SERVES_TCP, FOREVER = "once", "serves TCP", "forever"
 # sweep, the longest entry there at 14 s, by rsocket-check's).
 NETNS_QUICK_LEAVES = re.compile(r"tag_bw|ucp_put_bw|ib_(write|atomic)_|ib_send_lat|ib_read_bw|qperf -cm1 rc_bw|"
                                 r"rstream -T [abv]|riostream|rcopy|mckey -o|cmtime")
+
+# What --daemon quick leaves: rstream's verified sweep, the longest entry
+# through softrnicd (12 s here), whose rsocket path through the daemon
+# rstream -T b and -T a, riostream, rcopy and rsocket-check take too.
+DAEMON_QUICK_LEAVES = re.compile(r"rstream -T v")
 
 PRELOAD = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so"
 
@@ -575,8 +581,9 @@ def main():
     parser.add_argument("--no-netns", action="store_true", help="skip the network-namespace half")
     parser.add_argument("--netns", choices=["full", "quick"], default="full",
                         help="the network-namespace half in full, or without what only repeats loopback (quick)")
-    parser.add_argument("--daemon", action="store_true",
-                        help="the rdma_cm programs again on loopback, through one softrnicd")
+    parser.add_argument("--daemon", nargs="?", const="full", choices=["full", "quick"],
+                        help="the rdma_cm programs again on loopback, through one softrnicd "
+                             "(quick: without rstream's verified sweep)")
     args = parser.parse_args()
     missing = sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
     if missing:
@@ -591,6 +598,7 @@ def main():
     wanted = re.compile(args.only) if args.only else None
     results = []
     left = []
+    daemon_left = []
 
     def chosen(site, name):
         """Whether to run `name` at `site` (noting what --netns quick leaves)."""
@@ -598,6 +606,9 @@ def main():
             return False
         if site.name == "netns" and args.netns == "quick" and NETNS_QUICK_LEAVES.search(name):
             left.append(name)
+            return False
+        if site.name == "softrnicd" and args.daemon == "quick" and DAEMON_QUICK_LEAVES.search(name):
+            daemon_left.append(name)
             return False
         return True
 
@@ -640,6 +651,9 @@ def main():
             run_cm_site(vm.Site("softrnicd", "127.0.78.3", "127.0.78.4", env={"SOFTRNIC_DAEMON": socket}))
         if not wanted or wanted.search("device removal"):
             results.append(("softrnicd", "rping hears the device removal", *device_removal(libdir)))
+        if daemon_left:
+            results.append(("softrnicd", f"{len(daemon_left)} entries", "skip",
+                            "--daemon quick: the other rsocket programs ran through it"))
     reason = "--no-netns given" if args.no_netns else vm.namespaces_unavailable()
     if reason:
         results.append(("netns", "all entries", "skip", reason))

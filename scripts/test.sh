@@ -91,8 +91,8 @@ fi
 # drop-in librdmacm.so.1, libfabric and Open MPI. The script names any
 # other package it misses, and fails.
 if command -v ibstat >/dev/null 2>&1 && command -v ucx_perftest >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then
-    step "the RDMA stack over softrnic, rdma_cm through softrnicd too (scripts/stack-matrix.py --daemon --netns quick)"
-    scripts/stack-matrix.py --daemon --netns quick
+    step "the RDMA stack over softrnic, rdma_cm through softrnicd too (scripts/stack-matrix.py --daemon quick --netns quick)"
+    scripts/stack-matrix.py --daemon quick --netns quick
 else
     if [ "${CI:-}" = true ]; then
         echo "the stack matrix needs python3, infiniband-diags and ucx-utils, and CI must run it (.ci/run installs them)" >&2

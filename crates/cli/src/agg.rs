@@ -128,6 +128,10 @@ fn server(a: &ServerArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// How long past its deadline a worker waits for peers to join its last
+/// step.
+const LAST_STEP_GRACE: Duration = Duration::from_secs(1);
+
 fn worker(a: &WorkerArgs) -> Result<(), String> {
     if a.values == 0 {
         return Err("--values: a tensor needs at least one value".into());
@@ -156,8 +160,15 @@ fn worker(a: &WorkerArgs) -> Result<(), String> {
     let mut last_report = (start, 0u64);
     let mut step = 0u64;
     let mut tensor = vec![0i32; a.values];
+    let give_up = allreduce.give_up_after;
     while a.steps.is_none_or(|n| step < n) && start.elapsed() < duration {
         std::thread::sleep(straggle);
+        if a.steps.is_none() {
+            // Peers done at the deadline never join a step begun just
+            // before it: wait for them a second past it, not the whole
+            // give-up time.
+            allreduce.give_up_after = give_up.min(duration.saturating_sub(start.elapsed()) + LAST_STEP_GRACE);
+        }
         for (i, v) in tensor.iter_mut().enumerate() {
             *v = contribution(job, step, worker, i);
         }

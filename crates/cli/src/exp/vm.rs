@@ -542,8 +542,8 @@ fn tests(programs: &[&str], quick: bool, accel: Accel, in_guest: bool) -> Vec<Te
     // Under TCG the runs check function: few iterations.
     let iterations = match (quick, accel) {
         (false, Accel::Kvm) => 1000,
-        (false, Accel::Tcg) => 20,
-        (true, _) => 100,
+        (true, Accel::Kvm) => 100,
+        (_, Accel::Tcg) => 20,
     };
     let mut tests: Vec<Test> = programs
         .iter()
