@@ -90,7 +90,7 @@ switch = "s0"
     let stats = dir.join("queues.csv");
     let server = |addr: &str, port: u16| format!("rx={SOFTRNIC} bench send_bw --server --addr ${addr} -p {port}");
     let client = |host: &str, addr: &str, port: u16| {
-        format!("{host}=sleep 0.5; {SOFTRNIC} bench send_bw ${addr} -p {port} -n 400 --verify")
+        format!("{host}=sleep 0.5; {SOFTRNIC} bench send_bw ${addr} -p {port} -n 150 --verify")
     };
     let out = Command::new(SOFTRNIC)
         .args(["lab", topology.to_str().unwrap(), "--stats", stats.to_str().unwrap()])
