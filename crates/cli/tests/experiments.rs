@@ -313,13 +313,7 @@ fn fct_quick_writes_flows_buckets_and_the_figure() {
 /// perftest (Debian's package) plays E11's and E12's instances: present
 /// here, or the test says why it does not run; under CI it must run.
 fn perftest_here(test: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("ib_write_bw").exists()));
-    if !found {
-        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{test}: CI must install perftest (.ci/run does)");
-        eprintln!("{test}: skipped: perftest is not installed (sudo apt-get install perftest)");
-    }
-    found
+    nothing_missing(test, &[(!on_path("ib_write_bw")).then_some("perftest")])
 }
 
 /// Containers (namespaces) take root; without it the instances are
@@ -355,27 +349,46 @@ fn e11_quick_runs_perftest_through_the_daemon_on_the_host_and_forwarded() {
     assert_no_namespaces_left();
 }
 
-/// QEMU, a kernel in /boot, busybox and cpio, and root for the guests'
-/// taps: present, or the test says why it does not run; under CI it must.
-fn guests_here(test: &str) -> bool {
-    let on_path = |program: &str| {
-        std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).exists()))
-    };
-    let kernel = std::fs::read_dir("/boot")
-        .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("vmlinuz-")));
-    let missing = [
-        (!rustix::process::geteuid().is_root()).then_some("root"),
-        (!on_path("qemu-system-x86_64")).then_some("qemu-system-x86"),
-        (!kernel).then_some("linux-image-cloud-amd64"),
-        (!on_path("busybox")).then_some("busybox-static"),
-        (!on_path("cpio")).then_some("cpio"),
-    ];
-    let missing: Vec<&str> = missing.into_iter().flatten().collect();
+/// A program on PATH.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).exists()))
+}
+
+/// Whether `test` has all it needs (each of `missing` that is `Some`
+/// names a package, or root): if not, it says why it does not run; under
+/// CI it must.
+fn nothing_missing(test: &str, missing: &[Option<&str>]) -> bool {
+    let missing: Vec<&str> = missing.iter().flatten().copied().collect();
     if !missing.is_empty() {
         assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{test}: CI must run it (.ci/run installs {missing:?})");
         eprintln!("{test}: skipped: it needs {}", missing.join(", "));
     }
     missing.is_empty()
+}
+
+/// The network namespaces whose names start with `prefix`.
+fn namespaces_named(prefix: &str) -> Vec<String> {
+    let names: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.into_iter().filter(|n| n.starts_with(prefix)).collect()
+}
+
+/// QEMU, a kernel in /boot, busybox and cpio, and root for the guests'
+/// taps: present, or the test says why it does not run; under CI it must.
+fn guests_here(test: &str) -> bool {
+    let kernel = std::fs::read_dir("/boot")
+        .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("vmlinuz-")));
+    nothing_missing(
+        test,
+        &[
+            (!rustix::process::geteuid().is_root()).then_some("root"),
+            (!on_path("qemu-system-x86_64")).then_some("qemu-system-x86"),
+            (!kernel).then_some("linux-image-cloud-amd64"),
+            (!on_path("busybox")).then_some("busybox-static"),
+            (!on_path("cpio")).then_some("cpio"),
+        ],
+    )
 }
 
 /// E11 in QEMU guests under TCG: every perftest program guest to host and
@@ -405,31 +418,23 @@ fn e11_vm_quick_runs_perftest_in_guests() {
     assert_figure_parses(&out.join("e11_vm_figure.svg"), &["host-host", "guest-host", "guest-guest"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("not ratios"), "no ratio from TCG: {text}");
-    let left: Vec<String> = std::fs::read_dir("/run/netns")
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
-    assert!(!left.iter().any(|n| n.starts_with("srnic-vm")), "the guests' namespace is removed: {left:?}");
+    assert_eq!(namespaces_named("srnic-vm"), Vec::<String>::new(), "the guests' namespace is removed");
 }
 
 /// Root (the two hosts are namespaces), Open MPI, a C compiler and
 /// rdma-core's headers: present, or the test says why it does not run;
 /// under CI it must.
 fn applications_here(test: &str) -> bool {
-    let on_path = |program: &str| {
-        std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).exists()))
-    };
-    let missing = [
-        (!rustix::process::geteuid().is_root()).then_some("root"),
-        (!on_path("mpicc")).then_some("libopenmpi-dev"),
-        (!on_path("mpirun")).then_some("openmpi-bin"),
-        (!Path::new("/usr/include/rdma/rdma_cma.h").exists()).then_some("librdmacm-dev"),
-    ];
-    let missing: Vec<&str> = missing.into_iter().flatten().collect();
-    if !missing.is_empty() {
-        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{test}: CI must run it (.ci/run installs {missing:?})");
-        eprintln!("{test}: skipped: it needs {}", missing.join(", "));
-    }
-    missing.is_empty() && library_built(test)
+    let here = nothing_missing(
+        test,
+        &[
+            (!rustix::process::geteuid().is_root()).then_some("root"),
+            (!on_path("mpicc")).then_some("libopenmpi-dev"),
+            (!on_path("mpirun")).then_some("openmpi-bin"),
+            (!Path::new("/usr/include/rdma/rdma_cma.h").exists()).then_some("librdmacm-dev"),
+        ],
+    );
+    here && library_built(test)
 }
 
 /// E13's quick run: Graph 500 over 16 MPI ranks on two hosts, over
@@ -462,10 +467,7 @@ fn e13_quick_runs_graph500_and_the_shuffle_beside_tcp() {
     assert_figure_parses(&out.join("e13_figure.svg"), &["BFS softrnic", "SSSP tcp", "groupby softrnic", "sortby tcp"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("x TCP's BFS TEPS") && text.contains("x TCP's time"), "the ratios: {text}");
-    let left: Vec<String> = std::fs::read_dir("/run/netns")
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
-    assert!(!left.iter().any(|n| n.starts_with("srnic-e13-")), "the hosts are removed: {left:?}");
+    assert_eq!(namespaces_named("srnic-e13-"), Vec::<String>::new(), "the hosts are removed");
 }
 
 #[test]
