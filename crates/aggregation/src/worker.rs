@@ -239,15 +239,19 @@ impl Worker {
         } else {
             return false;
         };
+        // A new chunk takes an aggregator while the aggregator window has
+        // room; a resend goes as its first copy went.
+        let entry = step.outstanding.entry(chunk).or_insert(Outstanding {
+            first_sent: now,
+            resends: 0,
+            queued: false,
+            generation: 0,
+            switched: step.switched < aggregator_window,
+        });
+        let switched = entry.switched;
         let per = self.config.values_per_packet;
         let start = chunk as usize * per;
         let values = &step.tensor[start..(start + per).min(step.tensor.len())];
-        // A new chunk takes an aggregator while the aggregator window has
-        // room; a resend goes as its first copy went.
-        let switched = match step.outstanding.get(&chunk) {
-            Some(o) => o.switched,
-            None => step.switched < aggregator_window,
-        };
         let mut flags = if resend { FLAG_RESEND } else { 0 };
         if self.config.bypass || !switched {
             flags |= FLAG_BYPASS;
@@ -264,13 +268,6 @@ impl Worker {
             values: Vec::new(),
         };
         header.emit_with_values(values, buf).expect("a chunk fits a packet (config checked)");
-        let entry = step.outstanding.entry(chunk).or_insert(Outstanding {
-            first_sent: now,
-            resends: 0,
-            queued: false,
-            generation: 0,
-            switched,
-        });
         if !resend && switched {
             step.switched += 1;
         }
