@@ -29,9 +29,9 @@ use clap::Args;
 use super::daemon::{self, ip};
 use super::figure::Series;
 use super::hosts::Build;
-use super::namespace::{kill_and_remove, remove_leftovers};
+use super::namespace::{exec_in, kill_and_remove, remove_leftovers};
 use super::panels::{self, Panel};
-use super::roles::{dies_with_runner, which};
+use super::roles::which;
 use super::{Common, Runs, median_by};
 
 #[derive(Args, Debug, Clone)]
@@ -145,11 +145,10 @@ impl TwoHosts {
     /// output into `log`.
     fn spawn(&self, side: usize, argv: &[String], env: &[(&str, String)], log: &Path) -> Result<Child, String> {
         let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let mut command = Command::new("ip");
-        command.args(["netns", "exec", &self.names[side]]).args(argv);
-        command.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        let (program, args) = argv.split_first().ok_or("nothing to run")?;
+        let mut command = exec_in(&self.names[side], program);
+        command.args(args).envs(env.iter().map(|(k, v)| (*k, v.as_str())));
         command.stdin(Stdio::null()).stdout(file.try_clone().map_err(|e| e.to_string())?).stderr(file);
-        dies_with_runner(&mut command);
         command.spawn().map_err(|e| format!("cannot start {}: {e}", argv.join(" ")))
     }
 }

@@ -3,10 +3,19 @@
 //! one left behind (its pid is gone) and never another's; removing one
 //! stops what still runs in it first, so nothing spins on detached.
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 
 use super::daemon::ip;
+
+/// `program` in namespace `ns` (`ip netns exec`), dying with the runner.
+pub(super) fn exec_in(ns: &str, program: impl AsRef<OsStr>) -> Command {
+    let mut command = Command::new("ip");
+    command.args(["netns", "exec", ns]).arg(program);
+    super::roles::dies_with_runner(&mut command);
+    command
+}
 
 /// Removes the namespaces named `prefix<pid>...` whose pid is gone.
 pub(super) fn remove_leftovers(prefix: &str, exp: &str) {

@@ -30,7 +30,7 @@ use super::daemon::{self, E11Args, ip};
 use super::figure::Series;
 use super::hosts::Build;
 use super::listening::wait_for_listener;
-use super::namespace::{kill_and_remove, remove_leftovers};
+use super::namespace::{exec_in, kill_and_remove, remove_leftovers};
 use super::panels;
 
 /// How QEMU runs a guest's CPU.
@@ -283,9 +283,8 @@ impl Network {
 
     /// `program` with `args`, in the namespace, dying with the runner.
     fn command(&self, program: &Path, args: &[String]) -> Command {
-        let mut command = Command::new("ip");
-        command.args(["netns", "exec", &self.name]).arg(program).args(args);
-        super::roles::dies_with_runner(&mut command);
+        let mut command = exec_in(&self.name, program);
+        command.args(args);
         command
     }
 }
