@@ -23,6 +23,10 @@ pub struct Args {
     /// The GID index on port 1.
     #[arg(long = "gidIndex", default_value_t = 0)]
     pub gid_index: i32,
+    /// The QPs' local ACK timeout, 4.096 µs × 2^N (perftest's `-u`); each
+    /// of its 7 retries waits this long for an ACK.
+    #[arg(long = "qpTimeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    pub qp_timeout: u8,
     /// Bytes of registered memory per QP; by default just what the
     /// messages in flight need.
     #[arg(long = "bufSize")]
@@ -109,6 +113,8 @@ mod tests {
         );
         assert_eq!((a.auto_exit_sec, a.messages(), a.latency_mode()), (Some(20), 1000, false));
         assert!(parse("--serverIp 10.0.0.1 --nodeId 0 --outstanding 1").unwrap().latency_mode());
+        assert_eq!(a.qp_timeout, 14, "perftest's default");
+        assert_eq!(parse("-serverIp 10.0.0.1 -nodeId 0 -qpTimeout 18").unwrap().qp_timeout, 18);
     }
 
     #[test]
@@ -117,5 +123,6 @@ mod tests {
         assert!(parse("-serverIp 10.0.0.1 -nodeId 0 -packSize 0").is_err());
         assert!(parse("-nodeId 0").is_err(), "the server's address is needed");
         assert!(parse("-serverIp 10.0.0.1 -nodeId 0 -bogus 1").is_err());
+        assert!(parse("-serverIp 10.0.0.1 -nodeId 0 -qpTimeout 32").is_err(), "the field has 5 bits");
     }
 }

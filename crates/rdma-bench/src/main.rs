@@ -101,8 +101,10 @@ fn endpoints<'v>(verbs: &'v Verbs, args: &Args, w: &Workload, server: bool) -> R
         .collect()
 }
 
-fn connect_all(ends: &[Endpoint], remote: &[QpInfo], gid_index: i32) -> Result<(), String> {
-    ends.iter().zip(remote).try_for_each(|(end, remote)| end.qp.connect(&end.info, remote, gid_index))
+fn connect_all(ends: &[Endpoint], remote: &[QpInfo], args: &Args) -> Result<(), String> {
+    ends.iter()
+        .zip(remote)
+        .try_for_each(|(end, remote)| end.qp.connect(&end.info, remote, args.gid_index, args.qp_timeout))
 }
 
 /// The receiving end: takes the client's workload, verifies every
@@ -113,7 +115,7 @@ fn server(args: &Args) -> Result<bool, String> {
     let w = channel.receive_workload()?;
     let remote = channel.receive_qps(w.threads)?;
     let mut ends = endpoints(&verbs, args, &w, true)?;
-    connect_all(&ends, &remote, args.gid_index)?;
+    connect_all(&ends, &remote, args)?;
     for end in &ends {
         run::post_receives(&end.qp, &end.buf, &w)?;
     }
@@ -161,7 +163,7 @@ fn client(args: &Args) -> Result<bool, String> {
     channel.send_workload(&w)?;
     channel.send_qps(&ends.iter().map(|e| e.info).collect::<Vec<_>>())?;
     let remote = channel.receive_qps(w.threads)?;
-    connect_all(&ends, &remote, args.gid_index)?;
+    connect_all(&ends, &remote, args)?;
     println!("{}", describe("client", &verbs, &w));
 
     if args.latency_mode() {

@@ -348,7 +348,7 @@ impl<'v> Qp<'v> {
     }
 
     /// INIT, RTR to `remote`, RTS: the usual three steps of an RC QP.
-    pub fn connect(&self, local: &QpInfo, remote: &QpInfo, gid_index: i32) -> Result<(), String> {
+    pub fn connect(&self, local: &QpInfo, remote: &QpInfo, gid_index: i32, timeout: u8) -> Result<(), String> {
         // SAFETY: all-zero is a valid ibv_qp_attr to fill in.
         let mut attr: abi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = abi::IBV_QPS_INIT;
@@ -386,7 +386,7 @@ impl<'v> Qp<'v> {
         let mut attr: abi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = abi::IBV_QPS_RTS;
         attr.sq_psn = local.psn;
-        attr.timeout = 14;
+        attr.timeout = timeout;
         attr.retry_cnt = 7;
         // 7: retry for ever while the receiver is not ready.
         attr.rnr_retry = 7;
