@@ -5,7 +5,6 @@
 //! workload over a hostile network, checked against the oracle. Every
 //! failure is printed as it is found, with the line that replays it.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -172,7 +171,7 @@ fn hunt(
                     }
                     let seed = first.wrapping_add(i);
                     for &network in networks {
-                        if let Err(verdict) = judge(seed, network) {
+                        if let Err(verdict) = scenario::judge(seed, network) {
                             let failure = Failure { network, seed, verdict };
                             // Printed whether or not the bar is drawn (it is not in CI's log).
                             bar.suspend(|| println!("{failure}"));
@@ -196,28 +195,12 @@ fn hunt(
     Ok(Report { tried: done.load(Ordering::Relaxed), failures })
 }
 
-/// Runs one seed over `network`: the oracle's verdict, or the message of
-/// an invariant the transport asserted on the way.
-fn judge(seed: u64, network: Network) -> Result<scenario::Outcome, String> {
-    match catch_unwind(AssertUnwindSafe(|| scenario::run(seed, network.limits()))) {
-        Ok(verdict) => verdict,
-        Err(panic) => {
-            let message = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("a panic without a message");
-            Err(format!("panicked: {message}"))
-        }
-    }
-}
-
 /// Runs `seed` over each network and prints what it did.
 fn replay(seed: u64, networks: &[Network]) -> Result<(), String> {
     let mut failed = 0;
     for &network in networks {
         let started = Instant::now();
-        match judge(seed, network) {
+        match scenario::judge(seed, network) {
             Ok(outcome) => println!(
                 "{} seed {seed}: passed in {:.2?} ({:.3} ms simulated): {} packets sent, {} dropped, {} retransmitted, {} timeouts",
                 network.name(),

@@ -196,6 +196,23 @@ fn two_switches(faults: Faults, seed: u64, lossless: bool) -> FabricSpec {
     }
 }
 
+/// Runs `seed` over `network` and judges it: [`run`]'s verdict, or the
+/// message of an invariant the transport asserted on the way (a panic,
+/// caught so that one seed's failure is reported as any other).
+pub fn judge(seed: u64, network: Network) -> Result<Outcome, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(seed, network.limits()))) {
+        Ok(verdict) => verdict,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("a panic without a message");
+            Err(format!("panicked: {message}"))
+        }
+    }
+}
+
 /// Runs the scenario of `seed` and checks every invariant; the error says
 /// which one failed and how to replay it.
 pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {

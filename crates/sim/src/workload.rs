@@ -470,6 +470,11 @@ fn pieces_at(start: usize, sizes: &[usize]) -> Vec<(u64, u32)> {
 
 /// The first byte where two images differ, described for a failure message.
 pub fn first_difference(actual: &[u8], expected: &[u8]) -> Option<String> {
+    // Nearly always equal: one vectorised comparison (a byte-by-byte
+    // search for the first difference was a tenth of the simulator's time).
+    if actual == expected {
+        return None;
+    }
     let at = actual.iter().zip(expected).position(|(a, e)| a != e)?;
     let zone = if at < GUARD || at >= expected.len() - GUARD { "guard (unregistered)" } else { "region" };
     let differing = actual.iter().zip(expected).filter(|(a, e)| a != e).count();

@@ -6,7 +6,10 @@
 //! - `SOFTRNIC_SIM_SEED=S` replays one seed;
 //! - `SOFTRNIC_SIM_FIRST=F` starts at seed F (for long runs in slices).
 
-use softrnic_sim::scenario::{self, Limits, Network};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use softrnic_sim::scenario::{self, Limits, Network, Outcome};
 
 fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name} must be a number, not {v:?}")))
@@ -23,6 +26,34 @@ fn seeds(default: u64) -> Vec<u64> {
     }
 }
 
+/// Runs every seed over `network`, on every core (each seed is its own
+/// deterministic world, so the order they run in changes nothing): the
+/// outcomes in seed order, or a panic naming the lowest seed that failed
+/// and how to replay it.
+fn run_all(seeds: &[u64], network: Network) -> Vec<Outcome> {
+    let next = AtomicUsize::new(0);
+    let results = Mutex::new(Vec::with_capacity(seeds.len()));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                while let Some(&seed) = seeds.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let result = scenario::judge(seed, network);
+                    results.lock().unwrap().push((seed, result));
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_by_key(|&(seed, _)| seed);
+    results
+        .into_iter()
+        .map(|(seed, result)| {
+            result.unwrap_or_else(|failure| panic!("{failure}\nreplay with: {}", network.replay(seed)))
+        })
+        .collect()
+}
+
 #[test]
 fn random_workloads_survive_a_hostile_network() {
     let seeds = seeds(1000);
@@ -31,27 +62,20 @@ fn random_workloads_survive_a_hostile_network() {
     // Messages held for credits, probes, requesters that spent their RNR
     // retries, and requesters with few that credits had to spare.
     let mut credits = [0u64; 4];
-    for &seed in &seeds {
-        match scenario::run(seed, Network::Hostile.limits()) {
-            Ok(outcome) => {
-                totals[0] += outcome.network.dropped;
-                totals[1] += outcome.retransmitted;
-                totals[2] += outcome.rnr_naks;
-                totals[3] += outcome.seq_naks;
-                totals[4] += outcome.duplicates;
-                totals[5] += outcome.icrc_drops;
-                totals[6] += outcome.tail_loss_probes;
-                totals[7] += outcome.placed_out_of_order;
-                recoveries[usize::from(outcome.selective_repeat)] += 1;
-                credits[0] += outcome.credit_waits;
-                credits[1] += outcome.credit_probes;
-                credits[2] += outcome.rnr_retries_spent as u64;
-                credits[3] += outcome.credits_relied_on as u64;
-            }
-            Err(failure) => {
-                panic!("{failure}\nreplay with: {}", Network::Hostile.replay(seed))
-            }
-        }
+    for outcome in run_all(&seeds, Network::Hostile) {
+        totals[0] += outcome.network.dropped;
+        totals[1] += outcome.retransmitted;
+        totals[2] += outcome.rnr_naks;
+        totals[3] += outcome.seq_naks;
+        totals[4] += outcome.duplicates;
+        totals[5] += outcome.icrc_drops;
+        totals[6] += outcome.tail_loss_probes;
+        totals[7] += outcome.placed_out_of_order;
+        recoveries[usize::from(outcome.selective_repeat)] += 1;
+        credits[0] += outcome.credit_waits;
+        credits[1] += outcome.credit_probes;
+        credits[2] += outcome.rnr_retries_spent as u64;
+        credits[3] += outcome.credits_relied_on as u64;
     }
     println!(
         "{} seeds ({} go-back-N, {} selective repeat): {} packets dropped, {} retransmitted, {} RNR NAKs, {} sequence NAKs, {} duplicates, {} ICRC drops, {} tail-loss probes, {} packets placed out of order",
@@ -110,12 +134,9 @@ fn a_perfect_network_needs_no_recovery() {
 /// reorder packets.
 #[test]
 fn random_workloads_survive_a_switched_network() {
-    let limits = Network::Switched.limits();
     let (mut dropped, mut retransmitted) = (0, 0);
     let seeds = seeds(100);
-    for &seed in &seeds {
-        let outcome = scenario::run(seed, limits)
-            .unwrap_or_else(|failure| panic!("{failure}\nreplay with: {}", Network::Switched.replay(seed)));
+    for outcome in run_all(&seeds, Network::Switched) {
         dropped += outcome.network.dropped;
         retransmitted += outcome.retransmitted;
     }
