@@ -52,6 +52,12 @@ softrnic runs over its UDP datapath there. Other modes:
               item 4): softrnic bench over UDP, shared memory and
               softrnicd, and perftest in the process and through
               softrnicd, the two operations alternating in each run.
+  --qps       many QPs on one host (issue 32, item 3's scale): 4 KiB
+              write_bw over the shared-memory wire with 256 QPs beside
+              one QP, alternating in each run: the rates and their ratio,
+              every run's retransmissions and timer expiries, and the
+              engine's own memory per QP (peak resident memory less the
+              registered buffers, 256 QPs against one);
   --account   where the time goes: per 64 B round trip and per 64 KiB
               message, the system calls by kind, context switches and CPU
               time of softrnic (UDP, the shared-memory wire, and through
@@ -69,7 +75,7 @@ softrnic runs over its UDP datapath there. Other modes:
               second run of this build against the first is an A/A
               control, the noise any difference must stand out from.
 
-    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --read | --cm | --rsockets | --mpi | --switch | --daemon | --auth | --account | --against OTHER]
+    scripts/bench.py [--runs 5] [--engine-threads 1] [--shm | --scaling | --loss | --perftest | --read | --cm | --rsockets | --mpi | --switch | --daemon | --auth | --qps | --account | --against OTHER]
 
 Installs the peers from Debian's packages when run as root and they are
 missing. Benchmarks are not tests: nothing here asserts a speed.
@@ -884,6 +890,32 @@ def mpi_main(a):
     print("\nAll runs:", json.dumps({k: [round(x, 2) for x in v] for k, v in r.items()}))
 
 
+def qps_main(a, extra):
+    """256 QPs of 4 KiB write_bw on the shared-memory wire beside one QP."""
+    many = 256
+    r = {k: [] for k in ["one", "many", "ratio", "lost", "per_qp"]}
+    for run in range(a.runs):
+        print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
+        rows = {}
+        for qps in ([1, many] if run % 2 == 0 else [many, 1]):
+            rows[qps] = softrnic("write_bw", 4096, extra + ["--datapath", "shm", "-q", str(qps), "-D", "3"])
+        one, lots = rows[1], rows[many]
+        r["one"].append(one["bw_avg_gbps"])
+        r["many"].append(lots["bw_avg_gbps"])
+        r["ratio"].append(lots["bw_avg_gbps"] / one["bw_avg_gbps"])
+        r["lost"].append((lots["retransmitted"], lots["timeouts"]))
+        # One process holds both ends: each end's buffers, and twice the QPs.
+        own = lambda row: row["resident_peak_bytes"] - 2 * row["registered_bytes"]
+        r["per_qp"].append((own(lots) - own(one)) / (2 * (many - 1)))
+    print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores:\n")
+    print("| 4 KiB write_bw, shared memory | 1 QP | 256 QPs | 256 ÷ 1 (median of per-run ratios) | retransmitted, timeouts (each run, 256 QPs) | engine memory per QP |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    lost = ", ".join(f"{x}/{y}" for x, y in r["lost"])
+    print(f"| | {median(r['one']):.2f} Gb/s | {median(r['many']):.2f} Gb/s | {median(r['ratio']):.2f}× "
+          f"({min(r['ratio']):.2f} to {max(r['ratio']):.2f}) | {lost} | {median(r['per_qp']) / 1024:.1f} KiB |")
+    print("\nAll runs:", json.dumps({k: v for k, v in r.items()}))
+
+
 def per_run_ratio(xs, ys):
     """The median of the runs' own ratios: the machine drifts between runs,
     and each peer ran beside softrnic in the same run."""
@@ -1054,6 +1086,7 @@ def main():
     parser.add_argument("--daemon", action="store_true", help="softrnic bench through softrnicd beside the engine in the process")
     parser.add_argument("--auth", action="store_true", help="packet authentication on and off, over UDP and shared memory")
     parser.add_argument("--account", action="store_true", help="where the time goes: system calls, switches, copies per message, beside sockperf and UCX")
+    parser.add_argument("--qps", action="store_true", help="256 QPs of 4 KiB write_bw on one host beside one QP; memory per QP")
     parser.add_argument("--datapath", default="udp", choices=["udp", "shm"], help="the wire for --scaling")
     parser.add_argument("--against", metavar="OTHER", help="this build's softrnic beside OTHER, another build's, with an A/A control")
     a = parser.parse_args()
@@ -1070,6 +1103,8 @@ def main():
         return auth_main(a, extra)
     if a.account:
         return account_main(a)
+    if a.qps:
+        return qps_main(a, extra)
     if a.cm:
         return cm_main(a)
     if a.rsockets:

@@ -53,6 +53,12 @@ fn every_bandwidth_test_verifies_its_data() {
         assert!(row["bw_avg_gbps"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["msg_rate_mpps"].as_f64().unwrap() > 0.0);
         assert_eq!(row["qps"], 2);
+        // Each QP's 128 slots out and 128 in, registered (and pinned) at
+        // both ends, which this one process holds.
+        let message = if test == "atomic_bw" { 8 } else { 5000 };
+        let registered = row["registered_bytes"].as_u64().unwrap();
+        assert!(registered >= 2 * 2 * 128 * message, "{row}");
+        assert!(row["resident_peak_bytes"].as_u64().unwrap() > 2 * registered, "{row}");
     }
 }
 

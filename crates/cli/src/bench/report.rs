@@ -30,9 +30,23 @@ pub struct BwResult {
     /// expiries since its device opened: what loss recovery cost.
     pub retransmitted: u64,
     pub timeouts: u64,
+    /// Bytes this end registered for its messages (the benchmark's
+    /// buffers, pinned).
+    pub registered_bytes: usize,
+    /// The process's peak resident memory (`VmHWM`), both ends where one
+    /// process runs both: less the registered bytes, what the engines
+    /// and the program hold themselves.
+    pub resident_peak_bytes: Option<u64>,
     /// Where the time went (`--account`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub account: Option<Account>,
+}
+
+/// The process's peak resident memory so far, from `/proc/self/status`.
+pub fn resident_peak_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().strip_suffix("kB")?.trim();
+    kib.parse::<u64>().ok().map(|k| k << 10)
 }
 
 /// One size of a latency test.
