@@ -89,9 +89,16 @@ impl Plan {
                 max_messages: 200_000,
                 pings: 200,
             },
-            true => {
-                Plan { warm_up: 1, max_rounds: 8, bytes: 1 << 20, min_messages: 200, max_messages: 20_000, pings: 50 }
-            }
+            // One window of rounds: --quick checks the method and its
+            // output, and settling is for the full run to seek.
+            true => Plan {
+                warm_up: 1,
+                max_rounds: WINDOW,
+                bytes: 1 << 20,
+                min_messages: 200,
+                max_messages: 20_000,
+                pings: 50,
+            },
         }
     }
 
