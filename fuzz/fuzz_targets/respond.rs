@@ -28,8 +28,11 @@
 //! selector byte (which QP, which peer, whether time passes, whether a
 //! RETH-shaped field gets one of the device's real keys and addresses,
 //! whether the datagram arrives CE-marked, with an INT record, or over a
-//! same-host ring with no ICRC and none checked), a length
-//! byte and that many bytes of packet, BTH first.
+//! same-host ring with no ICRC and none checked: then, if the packet's
+//! last byte is odd, marked as carrying its payload by reference, which
+//! the device resolves against one peer file it can map, 8 KiB named
+//! pid 1, descriptor 3, inode 7), a length byte and that many bytes of
+//! packet, BTH first.
 //! The keys are handed over because no fuzzer guesses a 32-bit key and an
 //! address at once: what is under test is what the device does with a
 //! valid key used where its rights do not reach.
@@ -43,8 +46,8 @@ use libfuzzer_sys::fuzz_target;
 use softrnic_cc::IntHop;
 use softrnic_transport::{
     Access, AuthKey, Choice, CongestionConfig, CqId, Device, DmaBuffer, Entropy, Instant, IntRecords, MAX_DATAGRAM_LEN,
-    Mtu, Payload, Psn, QpCaps, QpInitAttr, QpType, RcConnection, RecvMeta, RecvWorkRequest, Registration, RemoteAddr,
-    SendOp, SendWorkRequest, Sge, TransportConfig, WindowBind, WindowType, smallvec, ud_steps,
+    Mtu, Payload, PeerMemory, Psn, QpCaps, QpInitAttr, QpType, RcConnection, RecvMeta, RecvWorkRequest, Registration,
+    RemoteAddr, SendOp, SendWorkRequest, Sge, SharedFile, TransportConfig, WindowBind, WindowType, smallvec, ud_steps,
 };
 use softrnic_wire::ROCEV2_UDP_PORT;
 use softrnic_wire::bth::MULTICAST_QPN;
@@ -65,6 +68,15 @@ const RETH_VA: std::ops::Range<usize> = 12..20;
 const RETH_RKEY: std::ops::Range<usize> = 20..24;
 /// The group the UD QP joins with the mode's seventh bit.
 const GROUP: IpAddr = IpAddr::V4(Ipv4Addr::new(239, 1, 2, 3));
+
+/// The one file of a same-host peer the device can map.
+struct PeerFile(Arc<DmaBuffer>);
+
+impl PeerMemory for PeerFile {
+    fn map(&mut self, file: &SharedFile) -> Option<Arc<DmaBuffer>> {
+        (*file == SharedFile { pid: 1, fd: 3, inode: 7 }).then(|| self.0.clone())
+    }
+}
 
 struct Target {
     device: Device,
@@ -95,6 +107,7 @@ fn setup(mode: u8) -> Target {
     let auth_key = Some(AuthKey::from_secret("the fuzzer's shared secret").expect("16 bytes"));
     let config = TransportConfig { local_addr: LOCAL, congestion, auth_key, ..TransportConfig::default() };
     let mut device = Device::new(config, Entropy::from_u64(0));
+    device.set_peer_memory(Box::new(PeerFile(Arc::new(DmaBuffer::from_bytes(&[0xc3; 8192])))));
     let buffer = Arc::new(DmaBuffer::from_bytes(&vec![0x5a; LEN]));
     let pd = device.alloc_pd();
     let remote = device
@@ -214,7 +227,8 @@ fuzz_target!(|data: &[u8]| {
         // The fuzzer's headers and payload, with room for the ICRC, to one
         // of the QPs, from the RC QP's peer (or another host).
         let mut packet = body.to_vec();
-        packet.extend_from_slice(&[0; 4]);
+        let by_reference = selector & 128 != 0 && body[body.len() - 1] & 1 == 1;
+        packet.extend_from_slice(if by_reference { &softrnic_transport::by_reference::MARK } else { &[0; 4] });
         let qpn = if selector & 1 == 0 { t.rc } else { t.other };
         // To the UD QP's group, if it joined one.
         let group = t.group.filter(|_| qpn == t.other);

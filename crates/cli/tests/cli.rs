@@ -59,6 +59,10 @@ fn every_bandwidth_test_verifies_its_data() {
         let registered = row["registered_bytes"].as_u64().unwrap();
         assert!(registered >= 2 * 2 * 128 * message, "{row}");
         assert!(row["resident_peak_bytes"].as_u64().unwrap() > 2 * registered, "{row}");
+        // Between two devices of this host every payload is copied once,
+        // by reference; an atomic's 8 bytes travel in the packet.
+        let by_reference = row["by_reference"].as_u64().unwrap();
+        assert_eq!(by_reference > 0, test != "atomic_bw", "{row}");
     }
 }
 
@@ -190,34 +194,39 @@ fn server_process(addr: &str, port: u16, extra: &[&str]) -> Child {
     softrnic().args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start server")
 }
 
+/// Two processes, each with its own engine: every payload is copied once,
+/// straight out of the other process's region, and every byte arrives.
 #[test]
 fn two_processes_talk_over_the_exchange() {
-    let (client, server, port) = fresh();
-    let mut srv = server_process(&server, port, &["send_bw"]);
-    let out = run(&[
-        "bench",
-        "send_bw",
-        &server,
-        "--addr",
-        &client,
-        "-p",
-        &port.to_string(),
-        "-n",
-        "500",
-        "--verify",
-        "--json",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(srv.wait().expect("server exits").success());
+    for test in ["send_bw", "write_bw", "read_bw"] {
+        let (client, server, port) = fresh();
+        let mut srv = server_process(&server, port, &[test]);
+        let port = port.to_string();
+        let out = run(&["bench", test, &server, "--addr", &client, "-p", &port, "-n", "500", "--verify", "--json"]);
+        assert!(out.status.success(), "{test}: {}", text(&out));
+        assert!(srv.wait().expect("server exits").success());
+        let row: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+        assert!(row["by_reference"].as_u64().unwrap() > 0, "{test}: {row}");
+    }
 }
 
+/// The server dies while the client WRITEs from its region (the server
+/// copies out of it) and while it READs from the server's (the client
+/// copies out of the dead process's): the client fails, quickly, and
+/// nothing crashes.
 #[test]
 fn killing_the_server_mid_run_fails_the_client_quickly() {
+    for test in ["write_bw", "read_bw"] {
+        killing_the_server_mid_run(test);
+    }
+}
+
+fn killing_the_server_mid_run(test: &str) {
     let (client, server, port) = fresh();
-    let mut srv = server_process(&server, port, &["write_bw"]);
+    let mut srv = server_process(&server, port, &[test]);
     let started = Instant::now();
     let cli = softrnic()
-        .args(["bench", "write_bw", &server, "--addr", &client, "-p", &port.to_string(), "-D", "20"])
+        .args(["bench", test, &server, "--addr", &client, "-p", &port.to_string(), "-D", "20"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -227,7 +236,7 @@ fn killing_the_server_mid_run_fails_the_client_quickly() {
     srv.wait().unwrap();
     let out = cli.wait_with_output().unwrap();
     let t = text(&out);
-    assert!(!out.status.success(), "the client should fail:\n{t}");
+    assert!(!out.status.success(), "{test}: the client should fail:\n{t}");
     assert!(t.contains("retry counter exceeded") || t.contains("stopped answering") || t.contains("closed"), "{t}");
     assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
 }

@@ -9,14 +9,14 @@
 //! against shrinking first.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 use serde::{Deserialize, Serialize};
-use softrnic_transport::DmaBuffer;
+use softrnic_transport::{DmaBuffer, SharedFile, SharedPart};
 
 /// One memfd's part of a mapping: `len` bytes from `offset` (a multiple
 /// of the page size).
@@ -33,7 +33,9 @@ pub struct SharedMapping {
     len: usize,
     /// Bytes mapped: each segment rounded up to whole pages.
     mapped: usize,
+    /// The memfds, and which part of each is mapped, in mapping order.
     fds: Vec<OwnedFd>,
+    segments: Vec<Segment>,
 }
 
 // SAFETY: a mapping of shared memory; every access goes through atomics or
@@ -92,7 +94,8 @@ impl SharedMapping {
         let base =
             unsafe { rustix::mm::mmap_anonymous(std::ptr::null_mut(), mapped, ProtFlags::empty(), MapFlags::PRIVATE)? };
         let ptr = NonNull::new(base.cast()).expect("mmap returns no NULL");
-        let mut mapping = SharedMapping { ptr, len, mapped, fds: Vec::new() };
+        let segments = parts.iter().map(|(_, segment)| *segment).collect();
+        let mut mapping = SharedMapping { ptr, len, mapped, fds: Vec::new(), segments };
         let mut at = 0;
         let mut fds = Vec::with_capacity(parts.len());
         for (fd, segment) in parts {
@@ -166,12 +169,39 @@ impl SharedMapping {
     /// `len` bytes from `offset` as a buffer that owns the mapping: the
     /// memory stays mapped for as long as anyone (a memory region, the
     /// engine's table) holds the buffer.
+    /// The buffer says where its bytes lie in the memfds, so that devices
+    /// on this host read them from there ([`DmaBuffer::shared_in`]).
     pub fn into_buffer(self, offset: usize, len: usize) -> DmaBuffer {
         assert!(offset.checked_add(len).is_some_and(|end| end <= self.len()), "bytes outside the mapping");
+        let parts = self.shared_parts(offset, len);
         // SAFETY: the range lies in the mapping, and the buffer owns the
         // mapping; the memfd is sealed against shrinking, so no page of it
         // can vanish while mapped.
-        unsafe { DmaBuffer::with_keeper(self.as_ptr().add(offset), len, Box::new(self)) }
+        let buffer = unsafe { DmaBuffer::with_keeper(self.as_ptr().add(offset), len, Box::new(self)) };
+        match parts {
+            Some(parts) => buffer.shared_in(parts),
+            None => buffer,
+        }
+    }
+
+    /// Where bytes `[offset, offset + len)` of the mapping lie in its
+    /// memfds, as this process holds them (`None` if one cannot be
+    /// named).
+    fn shared_parts(&self, offset: usize, len: usize) -> Option<Vec<SharedPart>> {
+        let page = rustix::param::page_size();
+        let pid = std::process::id();
+        let (end, mut parts, mut at) = (offset + len, Vec::new(), 0);
+        for (fd, segment) in self.fds.iter().zip(&self.segments) {
+            let held = (at, at + segment.len as usize);
+            let (from, to) = (offset.max(held.0), end.min(held.1));
+            if from < to {
+                let file = SharedFile { pid, fd: fd.as_raw_fd(), inode: rustix::fs::fstat(fd).ok()?.st_ino };
+                let file_offset = segment.offset + (from - held.0) as u64;
+                parts.push(SharedPart { at: from - offset, len: to - from, file, file_offset });
+            }
+            at += (segment.len as usize).next_multiple_of(page);
+        }
+        Some(parts)
     }
 
     /// `len` bytes from `offset` as a buffer of atomic byte copies: the

@@ -41,6 +41,8 @@ use softrnic_wire::int::INT_UDP_PORT;
 use crate::datapath::{Datapath, DatapathKind, SharedMemory, Udp};
 use crate::environment;
 use crate::faults::{FaultConfig, FaultStats};
+use crate::lingering::Lingering;
+use crate::peer_files::PeerFiles;
 use crate::progress::{self, Pass, ProgressMode};
 use crate::receive_sources::ReceiveSources;
 use crate::shard::{EngineShard, PassContext};
@@ -209,6 +211,10 @@ pub(crate) struct Core {
     pub(crate) shards: Box<[EngineShard]>,
     /// Whether peers on this host reach the device through shared memory.
     shared_memory: bool,
+    /// Whether its regions go on memfds those peers copy from.
+    one_copy: bool,
+    /// Those of its deregistered regions that peers may still be copying.
+    lingering: Lingering,
     /// Whether engine threads poll the shards (dedicated progress) rather
     /// than the application's posts and polls (inline).
     pub(crate) dedicated: bool,
@@ -281,7 +287,13 @@ impl Nic {
             .zip(int_sockets.into_iter().map(Some).chain(std::iter::repeat_with(|| None)))
             .enumerate()
             .map(|(i, (socket, int_socket))| {
-                let shard = Shard::new(i, transport.clone(), control.memory().clone());
+                let mut shard = Shard::new(i, transport.clone(), control.memory().clone());
+                if inbox.is_some() {
+                    // Peers on this host send references to their memory
+                    // in place of payloads: one copy, from there.
+                    shard.set_peer_memory(Box::new(PeerFiles::new()));
+                    shard.send_references(environment::one_copy());
+                }
                 let socket = Arc::new(socket);
                 let int_socket = int_socket.map(Arc::new);
                 let udp = Udp::new(socket.clone(), int_socket.clone());
@@ -299,6 +311,8 @@ impl Nic {
             control: Mutex::new(control),
             shards,
             shared_memory: inbox.is_some(),
+            one_copy: inbox.is_some() && environment::one_copy(),
+            lingering: Lingering::default(),
             dedicated: config.dedicated(),
             next_shard: AtomicUsize::new(0),
             epoch,
@@ -354,6 +368,12 @@ impl Nic {
         self.core.shared_memory
     }
 
+    /// Whether its regions are registered where peers on this host copy
+    /// payloads straight out of them ([`softrnic_transport::by_reference`]).
+    pub fn one_copy(&self) -> bool {
+        self.core.one_copy
+    }
+
     /// Whether the sockets use UDP segmentation offloads (GSO, GRO).
     pub fn offloads(&self) -> (bool, bool) {
         self.core.shards[0].socket().offloads()
@@ -370,6 +390,7 @@ impl Nic {
     }
 
     pub fn register_memory(&self, r: Registration) -> Result<MrKeys> {
+        self.core.lingering.forget_old();
         self.core.control(|c| c.register_memory(r))
     }
 
@@ -381,9 +402,13 @@ impl Nic {
     }
 
     /// Deregisters a region. When it returns, no shard can reach the
-    /// region's memory any more: the program may free it.
+    /// region's memory any more: the program may free it. (Memory peers
+    /// on this host copy from stays open to them a moment longer,
+    /// [`Lingering`].)
     pub fn deregister_memory(&self, lkey: u32) -> Result<()> {
-        self.core.control(|c| c.deregister_memory(lkey))
+        let buffer = self.core.control(|c| c.deregister_memory(lkey))?;
+        self.core.lingering.keep(buffer);
+        Ok(())
     }
 
     /// Allocates a memory window (`ibv_alloc_mw`); returns its rkey.

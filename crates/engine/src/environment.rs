@@ -35,6 +35,7 @@ pub const VARIABLES: &[&str] = &[
     CORRUPT,
     ECN,
     NO_GSO,
+    NO_ONE_COPY,
     TRACE,
     AUTH_KEY,
 ];
@@ -56,6 +57,7 @@ const DUPLICATE: &str = "SOFTRNIC_DUPLICATE";
 const CORRUPT: &str = "SOFTRNIC_CORRUPT";
 const ECN: &str = "SOFTRNIC_ECN";
 const NO_GSO: &str = "SOFTRNIC_NO_GSO";
+const NO_ONE_COPY: &str = "SOFTRNIC_NO_ONE_COPY";
 const TRACE: &str = "SOFTRNIC_TRACE";
 
 /// The variable's value, if set.
@@ -187,6 +189,13 @@ pub fn ecn() -> Result<Ecn, String> {
 /// set.
 pub fn offloads() -> bool {
     read(NO_GSO).is_none()
+}
+
+/// Whether regions are registered on memfds that devices on this host
+/// copy payloads straight out of (one copy): unless `SOFTRNIC_NO_ONE_COPY`
+/// is set, when payloads cross the shared-memory rings.
+pub fn one_copy() -> bool {
+    read(NO_ONE_COPY).is_none()
 }
 
 /// Whether every datagram is printed (`SOFTRNIC_TRACE`).

@@ -11,6 +11,8 @@ pub mod environment;
 pub mod faults;
 pub mod int;
 pub mod interface;
+mod lingering;
+pub mod peer_files;
 pub mod progress;
 mod receive_sources;
 pub mod runtime_dir;

@@ -1,8 +1,13 @@
 //! The same-host wire: devices on one machine (and in one network
 //! namespace) hand each other their RoCEv2 datagrams through rings in
 //! shared memory instead of the kernel's UDP path. The bytes are the same
-//! datagrams, ICRC included, so tracing, fault injection and the transport
-//! cannot tell the wires apart.
+//! datagrams, less the ICRC (which no switch or capture here would check)
+//! and, where the payload lies in memory the receiver can map, less the
+//! payload: a reference to it takes its place, and the receiver copies it
+//! once, straight into the destination
+//! ([`softrnic_transport::by_reference`]). The transport's state machines
+//! see the same packets as over UDP; a device that injects corruption
+//! seals its datagrams to the rings with an ICRC and their payloads.
 //!
 //! Each device publishes an *inbox*: a file named after its network
 //! namespace and address, holding one ring per shard, in its user's
@@ -69,7 +74,10 @@ const MAGIC: u64 = u64::from_le_bytes(*b"SRNICSHM");
 /// 2: the `sleeping` word is 64 bits, for the wake-up protocol.
 /// 3: a sleeping consumer is woken by its ring's doorbell, not a datagram.
 /// 4: an entry from port [`NO_ICRC_PORT`] carries no ICRC.
-const VERSION: u32 = 4;
+/// 5: such an entry may carry its payload by reference
+/// ([`softrnic_transport::by_reference`]), which a device of version 4
+/// would place as bytes.
+const VERSION: u32 = 5;
 /// The source port of an entry whose datagram carries no ICRC
 /// ([`softrnic_transport::Egress::SameHost`]): 0, which no UDP datagram
 /// comes from.

@@ -403,8 +403,8 @@ impl<E: EngineHolder> Provider<E> {
     /// engine in the process, a memfd both sides map for the daemon.
     pub fn register(&self, pd: PdId, len: usize, access: Access) -> Result<(Arc<DmaBuffer>, MrKeys, u64)> {
         match &self.0 {
-            Device::Engine(_) => {
-                let buffer = Arc::new(DmaBuffer::new(len));
+            Device::Engine(e) => {
+                let buffer = Arc::new(engine_memory(e.nic(), len)?);
                 crate::pin::pin(buffer.as_ptr(), len, access);
                 let iova = iova_of(buffer.as_ptr());
                 let keys = self.register_buffer(pd, buffer.clone(), iova, access)?;
@@ -449,10 +449,9 @@ impl<E: EngineHolder> Provider<E> {
     ) -> Result<MrKeys> {
         match &self.0 {
             Device::Engine(e) => {
+                // SAFETY: forwarded.
+                let buffer = Arc::new(unsafe { program_memory(e.nic(), addr, len) });
                 crate::pin::pin(addr, len, access);
-                // SAFETY: the caller's promise; the engine stops reaching
-                // the region when it is deregistered.
-                let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr, len) });
                 e.nic().register_memory(Registration { pd, buffer, offset: 0, len, iova, access })
             }
             Device::Daemon(session) => {
@@ -484,7 +483,7 @@ impl<E: EngineHolder> Provider<E> {
                 let region = nic.memory_region(lkey).ok_or(VerbsError::NotFound("memory region"))?;
                 let iova = if moved { addr as u64 } else { region.iova };
                 // SAFETY: the caller's promise, as at registration.
-                let buffer = Arc::new(unsafe { DmaBuffer::from_raw_parts(addr, len) });
+                let buffer = Arc::new(unsafe { program_memory(nic, addr, len) });
                 let access = access.unwrap_or(region.access);
                 nic.reregister_memory(lkey, Registration { pd, buffer, offset: 0, len, iova, access }).map(|_| ())
             }
@@ -763,6 +762,45 @@ impl<E: EngineHolder> Provider<E> {
 }
 
 /// Why a program's pages could not be shared with softrnicd.
+/// `len` new zeroed bytes for a region of an engine in this process: on a
+/// memfd where the engine has the same-host wire (and one copy is not
+/// turned off, `SOFTRNIC_NO_ONE_COPY`), so that its peers on
+/// this host copy payloads straight out of it (one copy,
+/// [`softrnic_transport::by_reference`]); the heap otherwise.
+fn engine_memory(nic: &Nic, len: usize) -> Result<DmaBuffer> {
+    if !nic.one_copy() {
+        return Ok(DmaBuffer::new(len));
+    }
+    let memory = SharedMapping::create("softrnic-mr", len.max(1))
+        .map_err(|e| VerbsError::OutOfResources(format!("shared memory for a region: {e}")))?;
+    Ok(memory.into_buffer(0, len))
+}
+
+/// The program's `[addr, addr + len)` as a region's buffer: remapped onto
+/// memfds ([`crate::remap`]) where the engine has the same-host wire, so
+/// that its peers on this host copy payloads straight out of it; in place
+/// where it does not, or where the pages cannot be remapped (the stack),
+/// and payloads then cross the ring.
+///
+/// # Safety
+/// As for [`Provider::register_program_memory`].
+unsafe fn program_memory(nic: &Nic, addr: *mut u8, len: usize) -> DmaBuffer {
+    if nic.one_copy() && len > 0 {
+        // SAFETY: forwarded.
+        let shared = unsafe { crate::remap::share(addr, len) };
+        if let Ok(shared) = shared
+            && let Ok(parts) = shared.shared_parts(len)
+        {
+            // SAFETY: the caller's promise; the memfds stay mapped at these
+            // addresses while `shared` holds them, and the buffer holds it.
+            return unsafe { DmaBuffer::with_keeper(addr, len, Box::new(shared)) }.shared_in(parts);
+        }
+    }
+    // SAFETY: the caller's promise; the engine stops reaching the region
+    // when it is deregistered.
+    unsafe { DmaBuffer::from_raw_parts(addr, len) }
+}
+
 fn share_error(e: std::io::Error) -> VerbsError {
     match e.kind() {
         std::io::ErrorKind::Unsupported => VerbsError::NotSupported(e.to_string()),

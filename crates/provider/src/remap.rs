@@ -33,6 +33,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 
 use softrnic_daemon_protocol::protocol::MAX_FDS;
 use softrnic_daemon_protocol::shared_memory::Segment;
+use softrnic_transport::{SharedFile, SharedPart};
 
 /// Pages of the program remapped onto a memfd.
 pub struct Remap {
@@ -113,6 +114,32 @@ pub struct Shared {
     pub parts: Vec<(Arc<Remap>, Segment)>,
     /// Where the region starts in the first segment.
     pub lead: usize,
+}
+
+impl Shared {
+    /// Where the region's `len` bytes lie in the memfds, as this process
+    /// holds them: what a device on this host reads them from
+    /// ([`DmaBuffer::shared_in`](softrnic_transport::DmaBuffer::shared_in)).
+    pub fn shared_parts(&self, len: usize) -> io::Result<Vec<SharedPart>> {
+        let pid = std::process::id();
+        let (mut parts, mut joined) = (Vec::new(), 0usize);
+        for (remap, segment) in &self.parts {
+            // Bytes of the segment the region covers: from `lead` in the
+            // first, from its start in the others.
+            let from = self.lead.max(joined);
+            let to = (self.lead + len).min(joined + segment.len as usize);
+            if from < to {
+                let file = SharedFile { pid, fd: remap.fd.as_raw_fd(), inode: remap.inode };
+                let file_offset = segment.offset + (from - joined) as u64;
+                parts.push(SharedPart { at: from - self.lead, len: to - from, file, file_offset });
+            }
+            joined += segment.len as usize;
+        }
+        if parts.iter().map(|p| p.len).sum::<usize>() != len {
+            return Err(refused("the region's pages are not all shared"));
+        }
+        Ok(parts)
+    }
 }
 
 /// Makes `[addr, addr + len)` shared memory: its pages that earlier

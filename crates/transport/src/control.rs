@@ -14,6 +14,7 @@ use crate::config::TransportConfig;
 use crate::entropy::{Entropy, Recent};
 use crate::error::{Result, VerbsError};
 use crate::limits::MAX_QP;
+use crate::memory::DmaBuffer;
 use crate::memory::{MemoryTable, MrKeys, PdId, ProtectionDomains, Registration, WindowType, window_handle};
 use crate::qp::{QpInitAttr, QpQueues, QpType, QueuePair};
 use crate::shard::shard_of;
@@ -128,11 +129,14 @@ impl Control {
         Ok(keys)
     }
 
-    pub fn deregister_memory(&mut self, lkey: u32) -> Result<()> {
+    /// Returns the region's memory, which the caller may keep for a while
+    /// (peers on this host may still hold references to it in flight).
+    pub fn deregister_memory(&mut self, lkey: u32) -> Result<Arc<DmaBuffer>> {
         let region = self.memory_mut().deregister(lkey)?;
         self.recent_keys.let_go(region.keys.lkey);
         self.recent_keys.let_go(region.keys.rkey);
-        self.pds.add_users(region.pd, -1)
+        self.pds.add_users(region.pd, -1)?;
+        Ok(region.buffer)
     }
 
     /// Allocates a memory window of `kind` in `pd` (`ibv_alloc_mw`),

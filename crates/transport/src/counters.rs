@@ -20,6 +20,12 @@ pub struct Counters {
     pub rx_icrc_errors: u64,
     /// Datagrams that are not well-formed RoCEv2.
     pub rx_malformed: u64,
+    /// Same-host packets whose payload references could not be resolved
+    /// ([`crate::by_reference`]): dropped, as if lost.
+    pub rx_unresolved_references: u64,
+    /// Packets sent with their payload by reference, and those received.
+    pub tx_by_reference: u64,
+    pub rx_by_reference: u64,
     /// Packets for a QP number that does not exist.
     pub rx_unknown_qp: u64,
     /// Packets from a peer or of a kind the QP does not talk to.
@@ -79,6 +85,9 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.tail_loss_probes += other.tail_loss_probes;
         self.rx_icrc_errors += other.rx_icrc_errors;
         self.rx_malformed += other.rx_malformed;
+        self.rx_unresolved_references += other.rx_unresolved_references;
+        self.tx_by_reference += other.tx_by_reference;
+        self.rx_by_reference += other.rx_by_reference;
         self.rx_unknown_qp += other.rx_unknown_qp;
         self.rx_dropped_foreign += other.rx_dropped_foreign;
         self.rx_auth_failures += other.rx_auth_failures;

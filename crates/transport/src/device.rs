@@ -70,6 +70,12 @@ impl Device {
 
     // ----- protection domains and memory regions -----
 
+    /// How the shard reaches the memory that same-host peers' references
+    /// name ([`Shard::set_peer_memory`]).
+    pub fn set_peer_memory(&mut self, peers: Box<dyn crate::memory::PeerMemory>) {
+        self.shard.set_peer_memory(peers);
+    }
+
     pub fn alloc_pd(&mut self) -> PdId {
         let pd = self.control.alloc_pd();
         self.sync_memory(pd)
@@ -86,7 +92,7 @@ impl Device {
     }
 
     pub fn deregister_memory(&mut self, lkey: u32) -> Result<()> {
-        let out = self.control.deregister_memory(lkey);
+        let out = self.control.deregister_memory(lkey).map(drop);
         self.sync_memory(out)
     }
 

@@ -10,6 +10,7 @@
 //! datagrams, completions and deadlines out.
 
 pub mod auth;
+pub mod by_reference;
 pub mod completion;
 pub mod config;
 pub mod congestion;
@@ -41,8 +42,8 @@ pub use error::{Result, VerbsError};
 pub use event::AsyncEvent;
 pub use fetch_on_demand::{HOLD_FOR, ReceivesWanted};
 pub use memory::{
-    Access, DmaBuffer, MemoryWindow, MrKeys, PdId, Registration, WindowBind, WindowFault, WindowType, window_handle,
-    with_key,
+    Access, DmaBuffer, MemoryWindow, MrKeys, PdId, PeerMemory, Registration, SharedFile, SharedPart, WindowBind,
+    WindowFault, WindowType, window_handle, with_key,
 };
 pub use qp::{
     Mtu, PostQueues, Posted, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, Retransmission,

@@ -29,9 +29,10 @@ use smallvec::SmallVec;
 use rustc_hash::FxHashMap;
 use softrnic_wire::icrc::UdpFlow;
 use softrnic_wire::packet::ICRC_LEN;
-use softrnic_wire::packet::PacketRepr;
+use softrnic_wire::packet::{PacketRepr, packet_len};
 use softrnic_wire::{DEFAULT_PKEY, Opcode, ROCEV2_UDP_PORT, cnp};
 
+use crate::by_reference::{self, Body, Packet};
 use crate::completion::CqId;
 use crate::config::TransportConfig;
 use crate::congestion::{Choice, RecvMeta};
@@ -39,7 +40,7 @@ use crate::counters::Counters;
 use crate::error::{Result, VerbsError};
 use crate::event::AsyncEvent;
 use crate::fetch_on_demand::{HOLD_FOR, HeldDatagram, HeldRequests, ReceivesWanted};
-use crate::memory::MemoryTable;
+use crate::memory::{MemoryTable, PeerMemory};
 use crate::multicast::{MULTICAST_QPN, MulticastGroups};
 use crate::qp::{Ctx, QpAttr, QpType, QueuePair, Transmit};
 use crate::time::Instant;
@@ -119,6 +120,21 @@ pub struct Shard {
     held: HeldRequests,
     /// The UD QPs attached to each multicast group.
     multicast: MulticastGroups,
+    /// How the files that peers' references name are reached.
+    peer_memory: PeerMaps,
+    /// Whether packets to devices on this host carry references to
+    /// shared memory in place of payloads ([`crate::by_reference`]).
+    sends_references: bool,
+}
+
+/// A shard's [`PeerMemory`], if its driver gave it one.
+#[derive(Default)]
+struct PeerMaps(Option<Box<dyn PeerMemory>>);
+
+impl std::fmt::Debug for PeerMaps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "PeerMaps(mapped)" } else { "PeerMaps(none)" })
+    }
 }
 
 macro_rules! ctx {
@@ -133,6 +149,8 @@ macro_rules! ctx {
             wanted: &mut $self.wanted,
             may_ask: true,
             held: false,
+            by_reference: false,
+            referenced: None,
         }
     };
 }
@@ -154,6 +172,8 @@ impl Shard {
             wanted: VecDeque::new(),
             held: HeldRequests::default(),
             multicast: MulticastGroups::default(),
+            peer_memory: PeerMaps::default(),
+            sends_references: false,
         }
     }
 
@@ -170,6 +190,20 @@ impl Shard {
     /// deregistered there is beyond reach.
     pub fn set_memory(&mut self, memory: Arc<MemoryTable>) {
         self.memory = memory;
+    }
+
+    /// Lets the shard resolve the references that devices on this host
+    /// send in place of payloads ([`crate::by_reference`]): without it,
+    /// each such packet is dropped.
+    pub fn set_peer_memory(&mut self, peers: Box<dyn PeerMemory>) {
+        self.peer_memory = PeerMaps(Some(peers));
+    }
+
+    /// Lets packets to devices on this host ([`Egress::SameHost`]) carry
+    /// references to shared memory in place of their payloads, where the
+    /// payload lies in memory registered as shared.
+    pub fn send_references(&mut self, sends: bool) {
+        self.sends_references = sends;
     }
 
     // ----- queue pairs -----
@@ -360,10 +394,26 @@ impl Shard {
                 }
             },
         };
-        let Ok(packet) = PacketRepr::parse(datagram) else {
+        let Ok(repr) = PacketRepr::parse(datagram) else {
             self.counters.rx_malformed += 1;
             return;
         };
+        let mapped;
+        let packet = if meta.same_host && datagram.ends_with(&by_reference::MARK) {
+            let resolved = by_reference::parse(repr.payload)
+                .and_then(|ranges| by_reference::resolve(&ranges, self.peer_memory.0.as_deref_mut()?));
+            let Some(resolved) = resolved else {
+                self.counters.rx_unresolved_references += 1;
+                return;
+            };
+            mapped = resolved;
+            self.counters.rx_by_reference += 1;
+            Packet { headers: repr.headers, body: Body::Mapped(&mapped) }
+        } else {
+            Packet::inline(&repr)
+        };
+        // Looked up again: resolving the references needed the shard.
+        let Some(slot) = self.qps.get_mut(&qpn) else { return };
         if packet.headers.bth.opcode == Opcode::Cnp {
             let ctx = ctx!(self, now);
             // Only the connected peer may slow a QP down: a CNP from
@@ -402,7 +452,7 @@ impl Shard {
         datagram: &[u8],
     ) {
         let packet = match PacketRepr::parse(datagram) {
-            Ok(packet) if qpn == MULTICAST_QPN && packet.headers.bth.opcode.is_ud() => packet,
+            Ok(repr) if qpn == MULTICAST_QPN && repr.headers.bth.opcode.is_ud() => Packet::inline(&repr),
             _ => {
                 self.counters.rx_malformed += 1;
                 return;
@@ -420,15 +470,15 @@ impl Shard {
     /// Hands a packet to its QP, or holds it behind the requests the QP
     /// holds for receives: requests wait their turn there; answers to the
     /// QP's own requests do not.
-    fn take(&mut self, now: Instant, qpn: u32, from: SocketAddr, meta: RecvMeta, packet: &PacketRepr, datagram: &[u8]) {
+    fn take(&mut self, now: Instant, qpn: u32, from: SocketAddr, meta: RecvMeta, packet: &Packet, datagram: &[u8]) {
         if self.held.holds(qpn) && self.qps.get(&qpn).is_some_and(|slot| waits_behind_held(&slot.qp, packet)) {
-            if !self.held.push(qpn, HeldDatagram { from, meta, bytes: datagram.into() }) {
+            if !self.held.push(qpn, HeldDatagram { from, meta, bytes: held_bytes(packet, datagram) }) {
                 self.counters.rx_held_overflow += 1;
             }
             return;
         }
         if self.deliver(now, qpn, from, &meta, packet, true) {
-            let first = HeldDatagram { from, meta, bytes: datagram.into() };
+            let first = HeldDatagram { from, meta, bytes: held_bytes(packet, datagram) };
             self.held.start(qpn, now + HOLD_FOR, VecDeque::from([first]));
         }
     }
@@ -442,7 +492,7 @@ impl Shard {
         qpn: u32,
         from: SocketAddr,
         meta: &RecvMeta,
-        packet: &PacketRepr,
+        packet: &Packet,
         may_ask: bool,
     ) -> bool {
         let Some(slot) = self.qps.get_mut(&qpn) else {
@@ -489,8 +539,8 @@ impl Shard {
         let mut first = true;
         while let Some(datagram) = datagrams.pop_front() {
             // Parsed and checked when it arrived.
-            let Ok(packet) = PacketRepr::parse(&datagram.bytes) else { continue };
-            if self.deliver(now, qpn, datagram.from, &datagram.meta, &packet, !first) {
+            let Ok(repr) = PacketRepr::parse(&datagram.bytes) else { continue };
+            if self.deliver(now, qpn, datagram.from, &datagram.meta, &Packet::inline(&repr), !first) {
                 datagrams.push_front(datagram);
                 self.held.start(qpn, now + HOLD_FOR, datagrams);
                 return;
@@ -524,8 +574,18 @@ impl Shard {
                 continue;
             };
             slot.ready = false;
+            let looped_back = is_looped_back(&slot.qp, self.config.local_addr);
+            // Where a connected QP's packets go, asked once: a peer on this
+            // host may be sent references in place of payloads, unless the
+            // QP seals what it sends (its MAC would cover the references).
+            let route = slot.qp.attributes().remote_addr.filter(|_| !looped_back).map(|peer| (peer, egress(peer)));
             let mut ctx = ctx!(self, now);
+            ctx.by_reference = self.sends_references
+                && matches!(route, Some((_, Egress::SameHost)))
+                && slot.qp.init_attr().qp_type != QpType::Ud
+                && slot.qp.authenticator().is_none();
             let transmit = slot.qp.poll_transmit(&mut ctx, buf);
+            let referenced = ctx.referenced.is_some();
             let Some(t) = transmit else {
                 // Nothing to send after all (its window, a fence or the
                 // READ limit holds it back): it leaves the ready queue
@@ -534,7 +594,6 @@ impl Shard {
                 self.reschedule_timer(qpn);
                 continue;
             };
-            let looped_back = is_looped_back(&slot.qp, self.config.local_addr);
             // Sealed while the QP is at hand (a looped-back QP has nothing
             // to authenticate: it never meets the wire).
             let t = match slot.qp.authenticator().filter(|_| !looped_back) {
@@ -546,11 +605,17 @@ impl Shard {
                 self.loop_back(now, qpn, &buf[..t.len]);
                 continue;
             }
-            if self.seal(&mut buf[..t.len], t.dst, egress).is_err() {
+            let how = match route {
+                Some((peer, how)) if peer == t.dst => how,
+                _ => egress(t.dst),
+            };
+            debug_assert!(!referenced || how == Egress::SameHost, "references only to this host");
+            if self.seal(&mut buf[..t.len], t.dst, how, referenced).is_err() {
                 // Address families differ: nothing can carry it.
                 self.counters.rx_dropped_foreign += 1;
                 continue;
             }
+            self.counters.tx_by_reference += u64::from(referenced);
             self.counters.tx_packets += 1;
             self.counters.tx_bytes += t.len as u64;
             return Some(t);
@@ -561,9 +626,9 @@ impl Shard {
     /// Hands a looped-back QP's packet straight to itself, as a NIC's
     /// loopback does, without the wire (nor its ICRC, nor its counters).
     fn loop_back(&mut self, now: Instant, qpn: u32, datagram: &[u8]) {
-        let Ok(packet) = PacketRepr::parse(datagram) else { return };
+        let Ok(repr) = PacketRepr::parse(datagram) else { return };
         let from = SocketAddr::new(self.config.local_addr, ROCEV2_UDP_PORT);
-        self.take(now, qpn, from, RecvMeta::default(), &packet, datagram);
+        self.take(now, qpn, from, RecvMeta::default(), &Packet::inline(&repr), datagram);
     }
 
     /// Builds the next CNP the notification point owes.
@@ -572,7 +637,7 @@ impl Shard {
             let Ok(len) = cnp::headers(dest_qpn, DEFAULT_PKEY).emit_packet(buf, &[]) else {
                 continue;
             };
-            if self.seal(&mut buf[..len], dst, egress).is_err() {
+            if self.seal(&mut buf[..len], dst, egress(dst), false).is_err() {
                 continue;
             }
             self.counters.cnps_sent += 1;
@@ -583,22 +648,24 @@ impl Shard {
         None
     }
 
-    /// Writes the ICRC of a datagram to `dst` as it will leave: over UDP,
-    /// covering its ports; on a same-host path, none (zeros).
+    /// Writes the ICRC of a datagram to `dst` as it leaves (`how`): over
+    /// UDP, covering its ports; on a same-host path, none, and in its place
+    /// zeros or, for a payload by reference, [`by_reference::MARK`].
     fn seal(
         &self,
         datagram: &mut [u8],
         dst: IpAddr,
-        egress: &mut dyn FnMut(IpAddr) -> Egress,
+        how: Egress,
+        by_reference: bool,
     ) -> std::result::Result<(), softrnic_wire::Error> {
-        match egress(dst) {
+        match how {
             Egress::Udp { source_port } => {
                 UdpFlow { src: self.config.local_addr, dst, src_port: source_port, dst_port: ROCEV2_UDP_PORT }
                     .seal(datagram)
             }
             Egress::SameHost => {
                 let body = datagram.len().checked_sub(ICRC_LEN).ok_or(softrnic_wire::Error::Truncated)?;
-                datagram[body..].fill(0);
+                datagram[body..].copy_from_slice(if by_reference { &by_reference::MARK } else { &[0; ICRC_LEN] });
                 Ok(())
             }
         }
@@ -686,9 +753,26 @@ fn is_looped_back(qp: &QueuePair, local_addr: IpAddr) -> bool {
     qp.init_attr().qp_type == QpType::Rc && attrs.remote_addr == Some(local_addr) && attrs.dest_qpn == qp.qpn()
 }
 
+/// The bytes a held packet keeps: its datagram, or one rebuilt with the
+/// payload its references name (read now: the held packet outlives the
+/// moment the references were sent for), as the same host sends inline.
+fn held_bytes(packet: &Packet, datagram: &[u8]) -> Box<[u8]> {
+    match packet.body {
+        Body::Bytes(_) => datagram.into(),
+        Body::Mapped(_) => {
+            let (start, len) = (packet.headers.len(), packet.body.len());
+            let mut bytes = vec![0u8; packet_len(start, len)];
+            packet.body.read(0, &mut bytes[start..start + len]);
+            // Headers that parsed emit again.
+            let _ = packet.headers.emit_around_payload(&mut bytes, len);
+            bytes.into()
+        }
+    }
+}
+
 /// Whether a packet for a QP that holds requests waits behind them: every
 /// request does (and every datagram of a UD QP), or it would overtake.
-fn waits_behind_held(qp: &QueuePair, packet: &PacketRepr) -> bool {
+fn waits_behind_held(qp: &QueuePair, packet: &Packet) -> bool {
     qp.init_attr().qp_type == QpType::Ud || packet.headers.bth.opcode.is_request()
 }
 

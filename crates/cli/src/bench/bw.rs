@@ -330,6 +330,7 @@ pub fn result(test: Test, s: &Session, size: usize, o: &BwOutcome, verified: Opt
         verified,
         retransmitted: counters.retransmitted_packets,
         timeouts: counters.timeouts,
+        by_reference: counters.tx_by_reference + counters.rx_by_reference,
         registered_bytes: s.mr.len(),
         resident_peak_bytes: super::report::resident_peak_bytes(),
         account: None,

@@ -30,6 +30,9 @@ pub struct BwResult {
     /// expiries since its device opened: what loss recovery cost.
     pub retransmitted: u64,
     pub timeouts: u64,
+    /// This end's packets sent and received with their payload by
+    /// reference: copied once, between two devices' regions on this host.
+    pub by_reference: u64,
     /// Bytes this end registered for its messages (the benchmark's
     /// buffers, pinned).
     pub registered_bytes: usize,

@@ -16,6 +16,8 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::shared::{FileRanges, SharedPart, SharedParts};
+
 /// Memory that a memory region can expose to the NIC.
 pub struct DmaBuffer {
     ptr: NonNull<u8>,
@@ -27,6 +29,8 @@ pub struct DmaBuffer {
     /// What keeps borrowed memory alive (a mapping of shared memory), if
     /// the buffer holds it: dropped with the buffer.
     _keeper: Option<Box<dyn Send + Sync>>,
+    /// Where its bytes lie in files other processes can map, if they do.
+    shared: Option<SharedParts>,
 }
 
 // SAFETY: the buffer is plain bytes with no thread affinity; every access
@@ -47,13 +51,13 @@ impl DmaBuffer {
     /// A zero-filled buffer of `len` bytes, aligned to a cache line.
     pub fn new(len: usize) -> DmaBuffer {
         if len == 0 {
-            return DmaBuffer { ptr: NonNull::dangling(), len: 0, owned: None, _keeper: None };
+            return DmaBuffer { ptr: NonNull::dangling(), len: 0, owned: None, _keeper: None, shared: None };
         }
         let layout = Layout::from_size_align(len, ALIGN).expect("buffer size overflows");
         // SAFETY: `layout` has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        DmaBuffer { ptr, len, owned: Some(layout), _keeper: None }
+        DmaBuffer { ptr, len, owned: Some(layout), _keeper: None, shared: None }
     }
 
     /// A buffer initialised with `bytes`.
@@ -70,7 +74,7 @@ impl DmaBuffer {
     /// as the returned buffer (and every region made from it) lives.
     pub unsafe fn from_raw_parts(ptr: *mut u8, len: usize) -> DmaBuffer {
         let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
-        DmaBuffer { ptr, len, owned: None, _keeper: None }
+        DmaBuffer { ptr, len, owned: None, _keeper: None, shared: None }
     }
 
     /// Wraps memory that `keeper` keeps valid (a mapping), and holds the
@@ -81,7 +85,30 @@ impl DmaBuffer {
     /// as `keeper` lives.
     pub unsafe fn with_keeper(ptr: *mut u8, len: usize, keeper: Box<dyn Send + Sync>) -> DmaBuffer {
         let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
-        DmaBuffer { ptr, len, owned: None, _keeper: Some(keeper) }
+        DmaBuffer { ptr, len, owned: None, _keeper: Some(keeper), shared: None }
+    }
+
+    /// Says where the buffer's bytes lie in shared files (`parts` cover
+    /// it whole, in order), so that peers on this host may copy from them
+    /// directly.
+    pub fn shared_in(mut self, parts: Vec<SharedPart>) -> DmaBuffer {
+        self.shared = Some(SharedParts::new(parts, self.len));
+        self
+    }
+
+    /// Appends where bytes `[offset, offset + len)` lie in shared files to
+    /// `out`; false (and nothing appended) if the buffer is not shared.
+    pub(crate) fn shared_ranges(&self, offset: usize, len: usize, out: &mut FileRanges) -> bool {
+        self.check(offset, len);
+        let Some(parts) = &self.shared else { return false };
+        parts.ranges(offset, len, out);
+        true
+    }
+
+    /// Whether peers on this host may read it where it lies
+    /// ([`DmaBuffer::shared_in`]).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
     }
 
     pub fn len(&self) -> usize {
@@ -120,11 +147,23 @@ impl DmaBuffer {
     }
 
     /// Copies `len` bytes of `src` from `src_offset` into this buffer at
-    /// `offset`, through a bounce small enough to stay in the L1 cache, so
-    /// that each side keeps its atomic access.
+    /// `offset`: word by word where both sides share an alignment (a
+    /// payload from a peer's region into a region, the one copy of
+    /// [`crate::by_reference`]), otherwise through a bounce small enough to
+    /// stay in the L1 cache. Either way each side keeps its atomic access.
     pub fn copy_from(&self, offset: usize, src: &DmaBuffer, src_offset: usize, len: usize) {
         self.check(offset, len);
         src.check(src_offset, len);
+        // SAFETY: both ranges lie inside their buffers (checked above).
+        let (from, to) = unsafe { (src.ptr.as_ptr().add(src_offset), self.ptr.as_ptr().add(offset)) };
+        if (from as usize).abs_diff(to as usize).is_multiple_of(8) && from != to {
+            // SAFETY: in bounds (checked above); two buffers' ranges, or
+            // one buffer's two, accessed only atomically by everyone. An
+            // overlap within one buffer copies forwards, as a DMA engine
+            // would, and yields some mix of bytes, never a torn word.
+            unsafe { atomic_copy::between(from, to, len) };
+            return;
+        }
         let mut bounce = [0u8; 4096];
         let mut done = 0;
         while done < len {
@@ -217,6 +256,35 @@ mod atomic_copy {
         }
     }
 
+    /// Copies `len` bytes from shared memory at `src` to shared memory at
+    /// `dst`, word by word: the two must be equally aligned modulo 8.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads and `dst` for writes of `len` bytes,
+    /// both accessed by others only through atomics (or from outside
+    /// Rust).
+    pub unsafe fn between(src: *const u8, dst: *mut u8, len: usize) {
+        debug_assert!((src as usize).abs_diff(dst as usize).is_multiple_of(WORD));
+        let head = head(dst, len);
+        let words = (len - head) / WORD;
+        // SAFETY: in bounds of both by the arithmetic on `len`; the word
+        // accesses are aligned on both sides because `head` brought `dst`
+        // to a boundary and `src` shares its alignment.
+        unsafe {
+            for i in 0..head {
+                AtomicU8::from_ptr(dst.add(i)).store(AtomicU8::from_ptr(src.add(i) as *mut u8).load(Relaxed), Relaxed);
+            }
+            for w in 0..words {
+                let at = head + w * WORD;
+                let word = AtomicU64::from_ptr(src.add(at) as *mut u64).load(Relaxed);
+                AtomicU64::from_ptr(dst.add(at) as *mut u64).store(word, Relaxed);
+            }
+            for i in head + words * WORD..len {
+                AtomicU8::from_ptr(dst.add(i)).store(AtomicU8::from_ptr(src.add(i) as *mut u8).load(Relaxed), Relaxed);
+            }
+        }
+    }
+
     /// Copies `src` into shared memory at `dst`.
     ///
     /// # Safety
@@ -262,15 +330,19 @@ impl std::fmt::Debug for DmaBuffer {
 mod tests {
     use super::*;
 
+    /// Through the bounce (alignments that differ) and word by word
+    /// (alignments that agree), with ragged heads and tails.
     #[test]
     fn copies_between_buffers_at_any_alignment() {
         let src = DmaBuffer::from_bytes(&(0..10_000u32).map(|i| i as u8).collect::<Vec<_>>());
-        let dst = DmaBuffer::new(10_000);
-        dst.copy_from(3, &src, 5, 9_000);
-        let out = dst.to_vec();
-        assert_eq!(&out[..3], &[0, 0, 0]);
-        assert!(out[3..9_003].iter().enumerate().all(|(i, &b)| b == (i + 5) as u8));
-        assert!(out[9_003..].iter().all(|&b| b == 0));
+        for (at, from, len) in [(3, 5, 9_000), (3, 11, 9_001), (0, 8, 8), (5, 5, 2), (16, 0, 9_984)] {
+            let dst = DmaBuffer::new(10_000);
+            dst.copy_from(at, &src, from, len);
+            let out = dst.to_vec();
+            assert!(out[..at].iter().all(|&b| b == 0), "{at} {from} {len}");
+            assert!(out[at..at + len].iter().enumerate().all(|(i, &b)| b == (i + from) as u8), "{at} {from} {len}");
+            assert!(out[at + len..].iter().all(|&b| b == 0), "{at} {from} {len}");
+        }
     }
 
     #[test]

@@ -6,12 +6,14 @@ mod buffer;
 mod domains;
 mod region;
 mod scatter_gather;
+mod shared;
 mod table;
 mod window;
 
 pub use buffer::DmaBuffer;
 pub use domains::ProtectionDomains;
 pub use region::{Access, MemoryRegion, MrKeys, PdId, Registration};
-pub(crate) use scatter_gather::{gather, scatter, validate_list};
+pub(crate) use scatter_gather::{gather, scatter, shared_ranges, validate_list};
+pub use shared::{FileRange, FileRanges, PeerMemory, SharedFile, SharedPart};
 pub use table::{AccessFault, MemoryTable, MemoryView};
 pub use window::{MemoryWindow, WindowBind, WindowFault, WindowType, window_handle, with_key};

@@ -1,7 +1,8 @@
 //! Walking scatter/gather lists: a message is the concatenation of its
 //! SGEs, and each packet copies one stretch of it.
 
-use super::{Access, AccessFault, MemoryTable, PdId};
+use super::{Access, AccessFault, FileRanges, MemoryTable, PdId};
+use crate::by_reference::Body;
 use crate::work_request::Sge;
 
 /// Checks every element of a list and returns the list's total length.
@@ -58,10 +59,26 @@ pub(crate) fn gather(
     walk(table, pd, sges, offset, len, Access::empty(), |view, at| view.read(&mut dst[at..at + view.len()]))
 }
 
-/// Copies `src` into message bytes `[offset, offset + src.len())` of a
-/// scatter list, which must grant local write.
-pub(crate) fn scatter(table: &MemoryTable, pd: PdId, sges: &[Sge], offset: u64, src: &[u8]) -> Result<(), AccessFault> {
-    walk(table, pd, sges, offset, src.len(), Access::LOCAL_WRITE, |view, at| view.write(&src[at..at + view.len()]))
+/// Appends where message bytes `[offset, offset + len)` of a gather list
+/// lie in files peers can map to `out`: `Ok(false)` if some lie in memory
+/// that is not shared.
+pub(crate) fn shared_ranges(
+    table: &MemoryTable,
+    pd: PdId,
+    sges: &[Sge],
+    offset: u64,
+    len: usize,
+    out: &mut FileRanges,
+) -> Result<bool, AccessFault> {
+    let mut shared = true;
+    walk(table, pd, sges, offset, len, Access::empty(), |view, _| shared = shared && view.shared_ranges(out))?;
+    Ok(shared)
+}
+
+/// Places payload `body` at message bytes `[offset, offset + body.len())`
+/// of a scatter list, which must grant local write.
+pub(crate) fn scatter(table: &MemoryTable, pd: PdId, sges: &[Sge], offset: u64, body: Body) -> Result<(), AccessFault> {
+    walk(table, pd, sges, offset, body.len(), Access::LOCAL_WRITE, |view, at| body.place(at, &view))
 }
 
 #[cfg(test)]
@@ -90,7 +107,7 @@ mod tests {
         let mut out = [0u8; 4];
         gather(&table, pd, &sges, 1, &mut out).unwrap();
         assert_eq!(&out, b"34ab");
-        scatter(&table, pd, &sges, 2, b"XYZ").unwrap();
+        scatter(&table, pd, &sges, 2, Body::Bytes(b"XYZ")).unwrap();
         assert_eq!(
             buffer.to_vec(),
             b"0123456789YZcdef"

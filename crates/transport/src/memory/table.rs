@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::window::{MemoryWindow, WindowBind, WindowFault, WindowType, window_handle};
-use super::{Access, DmaBuffer, MemoryRegion, MrKeys, PdId, Registration};
+use super::{Access, DmaBuffer, FileRanges, MemoryRegion, MrKeys, PdId, Registration};
 use crate::error::{Result, VerbsError};
 use imbl::shared_ptr::DefaultSharedPtr;
 use rustc_hash::FxBuildHasher;
@@ -41,6 +41,21 @@ impl<'a> MemoryView<'a> {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// `len` bytes of the view from `at` on.
+    pub fn part(&self, at: usize, len: usize) -> MemoryView<'a> {
+        assert!(at.checked_add(len).is_some_and(|end| end <= self.len), "a part outside the view");
+        MemoryView { buffer: self.buffer, offset: self.offset + at, len }
+    }
+
+    /// Appends where the view's bytes lie in files peers can map to `out`;
+    /// false if its buffer is not shared.
+    pub fn shared_ranges(&self, out: &mut FileRanges) -> bool {
+        match self.buffer {
+            Some(buffer) => buffer.shared_ranges(self.offset, self.len, out),
+            None => true,
+        }
     }
 
     /// Copies the first `dst.len()` bytes of the view (at most its length).

@@ -16,11 +16,11 @@
 //! moving the cursor back, READ responses are placed in any order, and a
 //! missing response is asked for again alone (`scoreboard.rs`).
 
+use crate::by_reference::{Body, Packet};
 use softrnic_wire::Opcode;
 use softrnic_wire::Psn;
 use softrnic_wire::aeth::{NakCode, Syndrome};
 use softrnic_wire::opcode::Position;
-use softrnic_wire::packet::PacketRepr;
 use softrnic_wire::sack;
 
 use std::collections::VecDeque;
@@ -48,7 +48,7 @@ enum Acknowledged {
 
 impl QueuePair {
     /// Consumes an ACK, NAK, READ response or ATOMIC acknowledgement.
-    pub(super) fn complete(&mut self, ctx: &mut Ctx, packet: &PacketRepr) {
+    pub(super) fn complete(&mut self, ctx: &mut Ctx, packet: &Packet) {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return;
         }
@@ -101,7 +101,7 @@ impl QueuePair {
             // An ATOMIC WRITE is answered by a READ RESPONSE ONLY without
             // data (rare among READ responses: only a zero-length READ's
             // looks the same, so only then is the queue searched).
-            Opcode::RcReadResponseOnly if packet.payload.is_empty() && self.awaits_atomic_write(psn) => {
+            Opcode::RcReadResponseOnly if packet.body.is_empty() && self.awaits_atomic_write(psn) => {
                 let in_order = self.acknowledge_through(psn.sub(1)) == Acknowledged::InOrder;
                 if in_order || self.attrs.selective_repeat {
                     self.place_atomic_result(ctx, psn, None);
@@ -322,7 +322,7 @@ impl QueuePair {
         (wqe.is_read_or_atomic() && wqe.expected_response() == Some(psn)).then_some(index)
     }
 
-    fn place_read_response(&mut self, ctx: &mut Ctx, psn: Psn, packet: &PacketRepr) {
+    fn place_read_response(&mut self, ctx: &mut Ctx, psn: Psn, packet: &Packet) {
         let Some(index) = self.awaiting_response(psn) else {
             ctx.counters.rx_duplicate_responses += 1;
             return;
@@ -336,7 +336,7 @@ impl QueuePair {
     /// Checks READ response `k` of the request at `index` (PSN `psn`) and
     /// writes its data into local memory; false when that failed the
     /// request.
-    fn land_read_response(&mut self, ctx: &mut Ctx, index: usize, k: u32, psn: Psn, packet: &PacketRepr) -> bool {
+    fn land_read_response(&mut self, ctx: &mut Ctx, index: usize, k: u32, psn: Psn, packet: &Packet) -> bool {
         let mtu = u64::from(self.mtu());
         let wqe = &self.sq[index];
         let offset = u64::from(k) * mtu;
@@ -348,12 +348,12 @@ impl QueuePair {
         let opcode = packet.headers.bth.opcode;
         let ends = opcode.position().is_some_and(Position::ends_message);
         let is_last = k + 1 == wqe.npsn;
-        if !opcode.is_read_response() || (is_last && !ends) || packet.payload.len() != expected_len {
+        if !opcode.is_read_response() || (is_last && !ends) || packet.body.len() != expected_len {
             self.fail_at(psn, WcStatus::BadRespErr);
             return false;
         }
         let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("READ into inline data") };
-        if scatter(ctx.memory, self.init.pd, sges, offset, packet.payload).is_err() {
+        if scatter(ctx.memory, self.init.pd, sges, offset, packet.body).is_err() {
             self.fail_at(psn, WcStatus::LocProtErr);
             return false;
         }
@@ -367,7 +367,7 @@ impl QueuePair {
 
     /// Selective repeat: places READ response `psn`, whatever arrived
     /// before it.
-    fn take_read_response(&mut self, ctx: &mut Ctx, psn: Psn, packet: &PacketRepr) {
+    fn take_read_response(&mut self, ctx: &mut Ctx, psn: Psn, packet: &Packet) {
         let index = self.sq.iter().position(|w| w.status.is_none() && w.index_of(psn).is_some());
         let Some(index) = index.filter(|&i| matches!(self.sq[i].wr.op, SendOp::Read { .. })) else {
             ctx.counters.rx_duplicate_responses += 1;
@@ -472,7 +472,7 @@ impl QueuePair {
         if let Some(original) = original {
             let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("ATOMIC into inline data") };
             // The original value lands in local memory in host byte order.
-            if scatter(ctx.memory, self.init.pd, sges, 0, &original.to_ne_bytes()).is_err() {
+            if scatter(ctx.memory, self.init.pd, sges, 0, Body::Bytes(&original.to_ne_bytes())).is_err() {
                 self.fail_at(psn, WcStatus::LocProtErr);
                 return;
             }

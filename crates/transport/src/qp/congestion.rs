@@ -185,8 +185,9 @@ impl QueuePair {
     }
 
     /// A data packet of `len` bytes left: the pacer and the algorithm
-    /// count it.
+    /// count it, with the payload it carries by reference.
     pub(super) fn on_data_sent(&mut self, ctx: &Ctx, len: usize) {
+        let len = ctx.referenced.unwrap_or(len);
         if let Some(pacer) = &mut self.pacer {
             pacer.on_send(ctx.now, len);
         }

@@ -39,11 +39,11 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::by_reference::Packet;
 pub use attr::{MAX_RD_ATOMIC, Mtu, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, ud_steps};
 pub use pacing::Pacer;
 pub use post_queues::{PostQueues, Posted, SendPoster, check_recv, check_send};
 pub use rto::Retransmission;
-use softrnic_wire::packet::PacketRepr;
 
 use crate::auth::PacketAuth;
 use crate::completion::{Completion, CompletionQueue, CqId, Pushed, WcOpcode, WcStatus};
@@ -80,6 +80,13 @@ pub(crate) struct Ctx<'a> {
     /// Set when the request handled asked, and was not consumed: the
     /// shard holds it until the answer.
     pub held: bool,
+    /// Whether the packet being built may carry references to shared
+    /// memory in place of its payload: it goes to a device on this host
+    /// ([`crate::by_reference`]).
+    pub by_reference: bool,
+    /// Set when the packet built does: the length it would have had with
+    /// its payload, which pacing and congestion control count.
+    pub referenced: Option<usize>,
 }
 
 /// A packet a queue pair wants sent: `len` bytes written to the caller's
@@ -326,7 +333,7 @@ impl QueuePair {
     }
 
     /// Consumes one packet addressed to this QP from `src`.
-    pub(crate) fn handle_packet(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &PacketRepr, meta: &RecvMeta) {
+    pub(crate) fn handle_packet(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &Packet, meta: &RecvMeta) {
         match self.init.qp_type {
             QpType::Ud => self.ud_receive(ctx, src, meta.multicast_group, packet),
             QpType::Uc => self.uc_receive(ctx, src, packet),

@@ -33,8 +33,9 @@
 
 use std::collections::VecDeque;
 
+use crate::by_reference::{Body, Packet};
 use softrnic_wire::aeth::{NakCode, Syndrome};
-use softrnic_wire::packet::{Headers, PacketRepr};
+use softrnic_wire::packet::Headers;
 use softrnic_wire::{Opcode, sack};
 
 use super::responder::{Answer, Refusal};
@@ -176,7 +177,7 @@ impl Ahead {
 
 impl QueuePair {
     /// Consumes a request packet on a selective-repeat connection.
-    pub(super) fn respond_selectively(&mut self, ctx: &mut Ctx, packet: &PacketRepr) {
+    pub(super) fn respond_selectively(&mut self, ctx: &mut Ctx, packet: &Packet) {
         let psn = packet.headers.bth.psn;
         let distance = psn.distance_from(self.resp.epsn);
         if distance < 0 {
@@ -217,7 +218,7 @@ impl QueuePair {
                 Err(refusal) => Arrived::Refused(refusal),
             }
         } else {
-            let payload = packet.payload.try_into().ok().filter(|_| op == Opcode::RcAtomicWrite);
+            let payload = packet.body.word().filter(|_| op == Opcode::RcAtomicWrite);
             Arrived::Deferred(Box::new(Deferred { headers: packet.headers, payload }))
         };
         // A READ waiting its turn holds the PSNs of its responses too, so
@@ -241,17 +242,17 @@ impl QueuePair {
     }
 
     /// Places a SEND or WRITE packet where its SRETH says it belongs.
-    fn place(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<Arrived, Refusal> {
+    fn place(&mut self, ctx: &mut Ctx, packet: &Packet) -> Result<Arrived, Refusal> {
         let invalid = Refusal::Fatal(NakCode::InvalidRequest, None);
         let (bth, ext) = (&packet.headers.bth, &packet.headers.ext);
         let op = bth.opcode;
         let position = op.position().ok_or(invalid)?;
         // Every SEND and WRITE of the connection says where it belongs.
         let sr = ext.sreth.ok_or(invalid)?;
-        if !self.permits(op) || !self.fits(position, packet.payload.len()) {
+        if !self.permits(op) || !self.fits(position, packet.body.len()) {
             return Err(invalid);
         }
-        let len = packet.payload.len() as u64;
+        let len = packet.body.len() as u64;
         let (offset, total) = (u64::from(sr.offset), u64::from(sr.message_length));
         let consistent = offset.is_multiple_of(u64::from(self.mtu()))
             && offset + len <= total
@@ -268,7 +269,7 @@ impl QueuePair {
             if offset + len > capacity {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest, Some(WcStatus::LocLenErr)));
             }
-            scatter(ctx.memory, self.init.pd, &claim.recv.sges, offset, packet.payload)
+            scatter(ctx.memory, self.init.pd, &claim.recv.sges, offset, packet.body)
                 .map_err(|_| Refusal::Fatal(NakCode::RemoteOperationalError, Some(WcStatus::LocProtErr)))?;
             Some(WcOpcode::Recv)
         } else {
@@ -301,7 +302,7 @@ impl QueuePair {
                 .memory
                 .check_remote(self.init.pd, self.qpn, sr.rkey, at, len as usize, Access::REMOTE_WRITE)
                 .map_err(|_| fault)?;
-            view.write(packet.payload);
+            packet.body.place(0, &view);
             ext.immediate.map(|_| WcOpcode::RecvRdmaWithImm)
         };
         let end = position.ends_message().then_some(MessageEnd {
@@ -348,7 +349,7 @@ impl QueuePair {
                 }
                 Arrived::Deferred(deferred) => {
                     let payload = deferred.payload.as_ref().map_or(&[][..], |bytes| &bytes[..]);
-                    match self.execute(ctx, &PacketRepr { headers: deferred.headers, payload }) {
+                    match self.execute(ctx, &Packet { headers: deferred.headers, body: Body::Bytes(payload) }) {
                         Ok(psns) => psns,
                         Err(refusal) => {
                             self.refuse(ctx, psn, refusal);

@@ -11,7 +11,7 @@
 //! reported holding.
 
 use softrnic_wire::aeth;
-use softrnic_wire::packet::{Extensions, Headers};
+use softrnic_wire::packet::{Extensions, Headers, packet_len};
 use softrnic_wire::{Opcode, Psn, atomic_eth, bth, reth, sreth};
 
 use super::completer::response_missing;
@@ -19,6 +19,7 @@ use super::credits::{Admission, Credits};
 use super::rto::{Retransmission, RtoEstimator};
 use super::scoreboard::{self, Resend, Scoreboard};
 use super::{Ctx, QpAttributes, QpState, QpType, QueuePair, Transmit};
+use crate::by_reference;
 use crate::completion::WcStatus;
 use crate::memory::{Access, gather, validate_list};
 use crate::time::{Instant, ack_timeout};
@@ -483,6 +484,15 @@ impl QueuePair {
         }
         let headers = Headers { bth, ext };
         let start = headers.len();
+        if ctx.by_reference
+            && let Payload::Gather(sges) = &wqe.wr.payload
+            && let Some(len) =
+                by_reference::refer_to_gather(ctx.memory, self.init.pd, sges, offset, payload_len, &mut buf[start..])
+                    .map_err(|_| WcStatus::LocProtErr)?
+        {
+            ctx.referenced = Some(packet_len(start, payload_len));
+            return headers.emit_around_payload(buf, len).map_err(|_| WcStatus::LocLenErr);
+        }
         let body = buf.get_mut(start..start + payload_len).ok_or(WcStatus::LocLenErr)?;
         match &wqe.wr.payload {
             Payload::Inline(bytes) => {

@@ -16,9 +16,10 @@
 
 use std::collections::VecDeque;
 
+use crate::by_reference::{self, Packet};
 use softrnic_wire::aeth::{self, NakCode, Syndrome};
 use softrnic_wire::opcode::Position;
-use softrnic_wire::packet::{Extensions, Headers, PacketRepr};
+use softrnic_wire::packet::{Extensions, Headers, packet_len};
 use softrnic_wire::{Opcode, Psn, bth};
 
 use super::placement::Ahead;
@@ -301,7 +302,7 @@ impl QueuePair {
     }
 
     /// Consumes a request packet.
-    pub(super) fn respond(&mut self, ctx: &mut Ctx, packet: &PacketRepr) {
+    pub(super) fn respond(&mut self, ctx: &mut Ctx, packet: &Packet) {
         if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             return;
         }
@@ -391,7 +392,7 @@ impl QueuePair {
     }
 
     /// Executes the request at `epsn`; returns how many PSNs it used.
-    pub(super) fn execute(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<u32, Refusal> {
+    pub(super) fn execute(&mut self, ctx: &mut Ctx, packet: &Packet) -> Result<u32, Refusal> {
         let op = packet.headers.bth.opcode;
         let invalid = Refusal::Fatal(NakCode::InvalidRequest, None);
         let position = op.position().ok_or(invalid)?;
@@ -411,7 +412,7 @@ impl QueuePair {
         if !self.permits(op) {
             return Err(invalid);
         }
-        if (op.is_send() || op.is_write()) && !self.fits(position, packet.payload.len()) {
+        if (op.is_send() || op.is_write()) && !self.fits(position, packet.body.len()) {
             return Err(invalid);
         }
         match op {
@@ -424,7 +425,7 @@ impl QueuePair {
         }
     }
 
-    fn execute_send(&mut self, ctx: &mut Ctx, packet: &PacketRepr, position: Position) -> Result<(), Refusal> {
+    fn execute_send(&mut self, ctx: &mut Ctx, packet: &Packet, position: Position) -> Result<(), Refusal> {
         if position.starts_message() {
             let recv = self.take_recv(ctx)?;
             let capacity = match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE) {
@@ -437,11 +438,11 @@ impl QueuePair {
             self.resp.current = Some(Message::Send { recv, capacity, offset: 0 });
         }
         let Some(Message::Send { recv, capacity, offset }) = &mut self.resp.current else { unreachable!() };
-        let len = packet.payload.len() as u64;
+        let len = packet.body.len() as u64;
         if *offset + len > *capacity {
             return Err(Refusal::Fatal(NakCode::InvalidRequest, Some(WcStatus::LocLenErr)));
         }
-        if scatter(ctx.memory, self.init.pd, &recv.sges, *offset, packet.payload).is_err() {
+        if scatter(ctx.memory, self.init.pd, &recv.sges, *offset, packet.body).is_err() {
             return Err(Refusal::Fatal(NakCode::RemoteOperationalError, Some(WcStatus::LocProtErr)));
         }
         *offset += len;
@@ -473,7 +474,7 @@ impl QueuePair {
             .map_err(|_| Refusal::Fatal(NakCode::InvalidRequest, Some(WcStatus::RemInvReqErr)))
     }
 
-    fn execute_write(&mut self, ctx: &mut Ctx, packet: &PacketRepr, position: Position) -> Result<(), Refusal> {
+    fn execute_write(&mut self, ctx: &mut Ctx, packet: &Packet, position: Position) -> Result<(), Refusal> {
         let ext = &packet.headers.ext;
         // A WRITE with immediate consumes a receive; check before touching
         // memory so that the retry after an RNR NAK starts clean.
@@ -496,7 +497,7 @@ impl QueuePair {
             self.resp.current = Some(Message::Write { va: reth.virtual_address, rkey: reth.rkey, len, offset: 0 });
         }
         let Some(Message::Write { va, rkey, len, offset }) = &mut self.resp.current else { unreachable!() };
-        let payload_len = packet.payload.len() as u64;
+        let payload_len = packet.body.len() as u64;
         if *offset + payload_len > *len {
             return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
         }
@@ -511,7 +512,7 @@ impl QueuePair {
                 Access::REMOTE_WRITE,
             )
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
-        view.write(packet.payload);
+        packet.body.place(0, &view);
         *offset += payload_len;
         if position.ends_message() {
             let (len, offset) = (*len, *offset);
@@ -535,7 +536,7 @@ impl QueuePair {
         Ok(())
     }
 
-    fn execute_read(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<u32, Refusal> {
+    fn execute_read(&mut self, ctx: &mut Ctx, packet: &Packet) -> Result<u32, Refusal> {
         let reth = packet.headers.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
         if self.resp.reads_and_atomics_pending() >= usize::from(self.attrs.max_dest_rd_atomic.max(1)) {
             return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
@@ -576,7 +577,7 @@ impl QueuePair {
         })
     }
 
-    fn execute_atomic(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<(), Refusal> {
+    fn execute_atomic(&mut self, ctx: &mut Ctx, packet: &Packet) -> Result<(), Refusal> {
         let atomic = packet.headers.ext.atomic_eth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
         if self.resp.reads_and_atomics_pending() >= usize::from(self.attrs.max_dest_rd_atomic.max(1)) {
             return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
@@ -600,13 +601,13 @@ impl QueuePair {
     /// IBTA 1.5's ATOMIC WRITE: 8 bytes, 8-aligned, stored as one under
     /// the remote write right; answered like an ATOMIC, and holding a
     /// responder resource until answered, as rxe does.
-    fn execute_atomic_write(&mut self, ctx: &mut Ctx, packet: &PacketRepr) -> Result<(), Refusal> {
+    fn execute_atomic_write(&mut self, ctx: &mut Ctx, packet: &Packet) -> Result<(), Refusal> {
         let invalid = Refusal::Fatal(NakCode::InvalidRequest, None);
         let reth = packet.headers.ext.reth.ok_or(invalid)?;
         if self.resp.reads_and_atomics_pending() >= usize::from(self.attrs.max_dest_rd_atomic.max(1)) {
             return Err(invalid);
         }
-        let value: [u8; 8] = packet.payload.try_into().map_err(|_| invalid)?;
+        let value: [u8; 8] = packet.body.word().ok_or(invalid)?;
         if reth.dma_length != 8 || reth.virtual_address % 8 != 0 {
             return Err(invalid);
         }
@@ -634,7 +635,7 @@ impl QueuePair {
     }
 
     /// Answers a request the responder has already executed.
-    pub(super) fn answer_duplicate(&mut self, ctx: &mut Ctx, packet: &PacketRepr) {
+    pub(super) fn answer_duplicate(&mut self, ctx: &mut Ctx, packet: &Packet) {
         let psn = packet.headers.bth.psn;
         let op = packet.headers.bth.opcode;
         match op {
@@ -642,18 +643,25 @@ impl QueuePair {
                 let Some(reth) = packet.headers.ext.reth else {
                     return;
                 };
-                let Ok(mut response) = self.read_response(ctx, psn, reth) else {
-                    return;
-                };
-                response.replay = true;
                 // A repeat asks for part of a READ this side executed and
                 // still keeps, with its key, its bytes and its PSNs only.
-                let original = self.resp.reads.iter().rev().find(|r| r.allows(psn, &reth, response.count));
-                if original.is_none() || self.resp.epsn.is_before(psn.add(response.count)) {
+                let count = u64::from(reth.dma_length).div_ceil(u64::from(self.mtu())).max(1) as u32;
+                let original = self.resp.reads.iter().rev().find(|r| r.allows(psn, &reth, count));
+                if original.is_none() || self.resp.epsn.is_before(psn.add(count)) {
                     ctx.counters.rx_malformed += 1;
                     return;
                 }
-                self.resp.queue_replay(response, self.attrs.selective_repeat);
+                match self.read_response(ctx, psn, reth) {
+                    Ok(response) => {
+                        self.resp.queue_replay(ReadResponse { replay: true, ..response }, self.attrs.selective_repeat)
+                    }
+                    // The region went away since the READ executed (its
+                    // responses were lost, or on this host named memory
+                    // that was gone when they arrived): the repeat fails
+                    // as the READ itself would now, rather than going
+                    // unanswered until the requester's retries run out.
+                    Err(refusal) => self.refuse(ctx, psn, refusal),
+                }
             }
             _ if op.is_atomic() || op == Opcode::RcAtomicWrite => {
                 // The same kind of request: an ATOMIC's answer carries a
@@ -768,7 +776,7 @@ impl QueuePair {
     /// its headers.
     fn read_response_packet(
         &self,
-        ctx: &Ctx,
+        ctx: &mut Ctx,
         read: ReadResponse,
         buf: &mut [u8],
     ) -> Result<(Headers, usize), AccessFault> {
@@ -792,6 +800,12 @@ impl QueuePair {
             payload_len,
             Access::REMOTE_READ,
         )?;
+        if ctx.by_reference
+            && let Some(len) = by_reference::refer_to_view(&view, &mut buf[start..])
+        {
+            ctx.referenced = Some(packet_len(start, payload_len));
+            return Ok((headers, len));
+        }
         view.read(&mut buf[start..start + payload_len]);
         Ok((headers, payload_len))
     }

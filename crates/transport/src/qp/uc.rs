@@ -21,7 +21,7 @@
 
 use std::net::IpAddr;
 
-use softrnic_wire::packet::PacketRepr;
+use crate::by_reference::Packet;
 
 use super::responder::Refusal;
 use super::{Ctx, QpState, QueuePair, Transmit};
@@ -91,7 +91,7 @@ impl QueuePair {
     }
 
     /// Takes one packet from the connected peer.
-    pub(super) fn uc_receive(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &PacketRepr) {
+    pub(super) fn uc_receive(&mut self, ctx: &mut Ctx, src: IpAddr, packet: &Packet) {
         if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
             return;
         }

@@ -5,8 +5,9 @@
 
 use std::net::IpAddr;
 
+use crate::by_reference::{Body, Packet};
 use softrnic_wire::mad::GSI_QPN;
-use softrnic_wire::packet::{Extensions, Headers, PacketRepr};
+use softrnic_wire::packet::{Extensions, Headers};
 use softrnic_wire::{Opcode, bth, deth};
 
 use super::responder::Refusal;
@@ -90,7 +91,7 @@ impl QueuePair {
 
     /// Takes a datagram from `src`, sent to this QP or (`group`) to a
     /// multicast group it is attached to.
-    pub(super) fn ud_receive(&mut self, ctx: &mut Ctx, src: IpAddr, group: Option<IpAddr>, packet: &PacketRepr) {
+    pub(super) fn ud_receive(&mut self, ctx: &mut Ctx, src: IpAddr, group: Option<IpAddr>, packet: &Packet) {
         if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
             return;
         }
@@ -112,15 +113,15 @@ impl QueuePair {
                 return;
             }
         };
-        let total = GRH_LEN + packet.payload.len();
+        let total = GRH_LEN + packet.body.len();
         let mut completion = Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
         let status = match validate_list(ctx.memory, self.init.pd, &recv.sges, Access::LOCAL_WRITE) {
             Err(_) => WcStatus::LocProtErr,
             Ok(capacity) if capacity < total as u64 => WcStatus::LocLenErr,
             Ok(_) => {
-                let grh = grh(src, group.unwrap_or(ctx.config.local_addr), packet.payload.len());
-                let placed = scatter(ctx.memory, self.init.pd, &recv.sges, 0, &grh)
-                    .and_then(|()| scatter(ctx.memory, self.init.pd, &recv.sges, GRH_LEN as u64, packet.payload));
+                let grh = grh(src, group.unwrap_or(ctx.config.local_addr), packet.body.len());
+                let placed = scatter(ctx.memory, self.init.pd, &recv.sges, 0, Body::Bytes(&grh))
+                    .and_then(|()| scatter(ctx.memory, self.init.pd, &recv.sges, GRH_LEN as u64, packet.body));
                 if placed.is_ok() { WcStatus::Success } else { WcStatus::LocProtErr }
             }
         };

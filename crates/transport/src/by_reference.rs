@@ -1,0 +1,331 @@
+//! Payloads by reference: one copy between devices on one host.
+//!
+//! On the same-host wire ([`crate::Egress::SameHost`]) a packet whose
+//! payload lies in memory its peer can map (a memfd the engine registered
+//! the region on, [`crate::memory::SharedFile`]) carries, in place of
+//! the payload, where it lies: a list of file ranges. The receiving
+//! device maps the files once and copies each payload from there straight
+//! into the destination, after the same checks as any payload (the rkey,
+//! the PD, the bounds, the receive's length): one copy, as a NIC's DMA
+//! engine reads the source and writes the destination, where the bytes
+//! otherwise cross the ring (four copies: gathered, into the ring, out of
+//! it, placed). Everything else about the packet (its headers, PSN, ACK,
+//! ordering, errors) is unchanged, and so is every other packet.
+//!
+//! The reference is read when the packet is placed, not when it was built:
+//! a retransmission reads the source again, and a requester that changes
+//! its buffer before the WRITE completes sends whichever bytes are there,
+//! as with a NIC that DMAs the source late.
+//!
+//! ```text
+//!  datagram | BTH | extension headers | reference ... | "REF1" |
+//!  reference| pid u32 | fd i32 | inode u64 | offset u64 | len u32 | 0 u32 |
+//! ```
+//!
+//! A same-host datagram carries no ICRC; its last four bytes say how its
+//! payload travels: zeros, in the datagram; [`MARK`], by reference. Words
+//! are in the host's byte order: both ends share the host. A reference the
+//! receiver cannot resolve (the file gone, the range outside it, not a
+//! memfd a device registered) drops the packet, counted in
+//! `rx_unresolved_references`; the requester retransmits, and a source
+//! that never comes back ends in the retry error a dead link gives.
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+use softrnic_account::{self as account, Cost};
+use softrnic_wire::packet::{Headers, PacketRepr};
+
+use crate::memory::{
+    AccessFault, DmaBuffer, FileRange, FileRanges, MemoryTable, MemoryView, PdId, PeerMemory, SharedFile, shared_ranges,
+};
+use crate::work_request::Sge;
+
+/// The last four bytes of a same-host datagram whose payload is by
+/// reference (in place of the ICRC, which the same-host path omits).
+pub const MARK: [u8; 4] = *b"REF1";
+
+/// Bytes of one reference.
+pub const REFERENCE_LEN: usize = 32;
+
+/// Payloads shorter than this travel in the datagram, as a NIC carries
+/// small payloads inline with their descriptor: three more copies of a
+/// few hundred bytes cost less than mapping and looking up a file.
+pub const MIN_BY_REFERENCE: usize = 256;
+
+/// The most references one packet carries; a payload spread over more
+/// files (an SGE list of many small regions) travels in the datagram.
+pub const MAX_REFERENCES: usize = 8;
+
+/// Writes `ranges` as references into `out` (at least
+/// `ranges.len() * REFERENCE_LEN` bytes); returns the bytes written.
+pub fn emit(ranges: &[FileRange], out: &mut [u8]) -> usize {
+    for (range, slot) in ranges.iter().zip(out.chunks_exact_mut(REFERENCE_LEN)) {
+        slot[0..4].copy_from_slice(&range.file.pid.to_ne_bytes());
+        slot[4..8].copy_from_slice(&range.file.fd.to_ne_bytes());
+        slot[8..16].copy_from_slice(&range.file.inode.to_ne_bytes());
+        slot[16..24].copy_from_slice(&range.offset.to_ne_bytes());
+        slot[24..28].copy_from_slice(&range.len.to_ne_bytes());
+        slot[28..32].fill(0);
+    }
+    ranges.len() * REFERENCE_LEN
+}
+
+/// Writes references to message bytes `[offset, offset + len)` of a
+/// gather list into `out`, if they are at least [`MIN_BY_REFERENCE`],
+/// every byte lies in shared memory and few enough files hold them: the
+/// bytes written, or `None` (the payload goes in the datagram).
+pub(crate) fn refer_to_gather(
+    table: &MemoryTable,
+    pd: PdId,
+    sges: &[Sge],
+    offset: u64,
+    len: usize,
+    out: &mut [u8],
+) -> Result<Option<usize>, AccessFault> {
+    let mut ranges = FileRanges::new();
+    if len < MIN_BY_REFERENCE || !shared_ranges(table, pd, sges, offset, len, &mut ranges)? {
+        return Ok(None);
+    }
+    Ok(refer(&ranges, out))
+}
+
+/// As [`refer_to_gather`], for the bytes of one checked view (a READ
+/// response's).
+pub(crate) fn refer_to_view(view: &MemoryView, out: &mut [u8]) -> Option<usize> {
+    let mut ranges = FileRanges::new();
+    if view.len() < MIN_BY_REFERENCE || !view.shared_ranges(&mut ranges) {
+        return None;
+    }
+    refer(&ranges, out)
+}
+
+fn refer(ranges: &[FileRange], out: &mut [u8]) -> Option<usize> {
+    (ranges.len() <= MAX_REFERENCES && out.len() >= ranges.len() * REFERENCE_LEN).then(|| emit(ranges, out))
+}
+
+/// Reads the references a payload holds: `None` if it is not a whole
+/// number of them (between 1 and [`MAX_REFERENCES`]), or one is malformed.
+pub fn parse(payload: &[u8]) -> Option<SmallVec<[FileRange; 4]>> {
+    let count = payload.len() / REFERENCE_LEN;
+    if !payload.len().is_multiple_of(REFERENCE_LEN) || !(1..=MAX_REFERENCES).contains(&count) {
+        return None;
+    }
+    let word = |slot: &[u8], at: usize| u64::from_ne_bytes(slot[at..at + 8].try_into().expect("8 bytes"));
+    let half = |slot: &[u8], at: usize| u32::from_ne_bytes(slot[at..at + 4].try_into().expect("4 bytes"));
+    payload
+        .chunks_exact(REFERENCE_LEN)
+        .map(|slot| {
+            let range = FileRange {
+                file: SharedFile { pid: half(slot, 0), fd: half(slot, 4) as i32, inode: word(slot, 8) },
+                offset: word(slot, 16),
+                len: half(slot, 24),
+            };
+            (half(slot, 28) == 0 && range.len > 0).then_some(range)
+        })
+        .collect()
+}
+
+/// Bytes of a peer's mapped file: what a reference resolved to.
+#[derive(Debug, Clone)]
+pub struct Mapped {
+    buffer: Arc<DmaBuffer>,
+    offset: usize,
+    len: usize,
+}
+
+/// The mapped bytes `ranges` name, in order, through `peers`; `None` if
+/// any cannot be reached or lies outside its file.
+pub fn resolve(ranges: &[FileRange], peers: &mut dyn PeerMemory) -> Option<SmallVec<[Mapped; 4]>> {
+    ranges
+        .iter()
+        .map(|range| {
+            let buffer = peers.map(&range.file)?;
+            let offset = usize::try_from(range.offset).ok()?;
+            let len = range.len as usize;
+            (offset.checked_add(len)? <= buffer.len()).then_some(Mapped { buffer, offset, len })
+        })
+        .collect()
+}
+
+/// A packet as its QP takes it: the parsed headers, and the payload from
+/// wherever it is.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<'a> {
+    pub headers: Headers,
+    pub body: Body<'a>,
+}
+
+impl<'a> Packet<'a> {
+    /// A packet whose payload is in the datagram.
+    pub fn inline(repr: &PacketRepr<'a>) -> Packet<'a> {
+        Packet { headers: repr.headers, body: Body::Bytes(repr.payload) }
+    }
+}
+
+/// An arriving packet's payload as its QP places it: the datagram's own
+/// bytes, or a peer's memory that a reference named.
+#[derive(Debug, Clone, Copy)]
+pub enum Body<'a> {
+    Bytes(&'a [u8]),
+    Mapped(&'a [Mapped]),
+}
+
+impl Body<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Body::Bytes(bytes) => bytes.len(),
+            Body::Mapped(mapped) => mapped.iter().map(|m| m.len).sum(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The eight bytes an ATOMIC WRITE carries: only ever in the datagram.
+    pub fn word(&self) -> Option<[u8; 8]> {
+        match self {
+            Body::Bytes(bytes) => (*bytes).try_into().ok(),
+            Body::Mapped(_) => None,
+        }
+    }
+
+    /// Copies bytes `[from, from + view.len())` of the payload into
+    /// `view`: one copy, from wherever the payload is.
+    pub fn place(&self, from: usize, view: &MemoryView) {
+        match self {
+            Body::Bytes(bytes) => view.write(&bytes[from..from + view.len()]),
+            Body::Mapped(mapped) => {
+                let mut skip = from;
+                let mut done = 0;
+                for m in mapped.iter() {
+                    if done == view.len() {
+                        break;
+                    }
+                    if skip >= m.len {
+                        skip -= m.len;
+                        continue;
+                    }
+                    let n = (m.len - skip).min(view.len() - done);
+                    view.part(done, n).copy_from(&m.buffer, m.offset + skip);
+                    done += n;
+                    skip = 0;
+                }
+                assert_eq!(done, view.len(), "placed past the payload's end");
+            }
+        }
+    }
+
+    /// Copies bytes `[from, from + dst.len())` of the payload into `dst`
+    /// (a datagram rebuilt to be held).
+    pub fn read(&self, from: usize, dst: &mut [u8]) {
+        match self {
+            Body::Bytes(bytes) => dst.copy_from_slice(&bytes[from..from + dst.len()]),
+            Body::Mapped(mapped) => {
+                let mut at = 0;
+                let mut skip = from;
+                for m in mapped.iter() {
+                    if skip >= m.len {
+                        skip -= m.len;
+                        continue;
+                    }
+                    let n = (m.len - skip).min(dst.len() - at);
+                    m.buffer.read(m.offset + skip, &mut dst[at..at + n]);
+                    account::add(Cost::BytesCopied, n as u64);
+                    at += n;
+                    skip = 0;
+                    if at == dst.len() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(fd: i32, offset: u64, len: u32) -> FileRange {
+        FileRange { file: SharedFile { pid: 4242, fd, inode: 9_000_000_001 }, offset, len }
+    }
+
+    #[test]
+    fn references_round_trip_through_their_bytes() {
+        let ranges = [range(7, 4096, 1000), range(8, 0, 3096)];
+        let mut out = [0xAAu8; 2 * REFERENCE_LEN];
+        assert_eq!(emit(&ranges, &mut out), 64);
+        let mut expected = Vec::new();
+        expected.extend_from_slice(&4242u32.to_ne_bytes());
+        expected.extend_from_slice(&7i32.to_ne_bytes());
+        expected.extend_from_slice(&9_000_000_001u64.to_ne_bytes());
+        expected.extend_from_slice(&4096u64.to_ne_bytes());
+        expected.extend_from_slice(&1000u32.to_ne_bytes());
+        expected.extend_from_slice(&[0; 4]);
+        assert_eq!(&out[..32], &expected[..]);
+        assert_eq!(parse(&out).unwrap().as_slice(), &ranges);
+    }
+
+    #[test]
+    fn malformed_references_are_refused() {
+        let mut out = [0u8; REFERENCE_LEN];
+        emit(&[range(7, 0, 10)], &mut out);
+        assert!(parse(&out[..31]).is_none(), "not a whole reference");
+        assert!(parse(&[]).is_none(), "none at all");
+        assert!(parse(&[0u8; REFERENCE_LEN * (MAX_REFERENCES + 1)]).is_none(), "too many");
+        let mut reserved = out;
+        reserved[31] = 1;
+        assert!(parse(&reserved).is_none(), "a reserved word set");
+        emit(&[range(7, 0, 0)], &mut out);
+        assert!(parse(&out).is_none(), "an empty range");
+    }
+
+    struct OneFile(Arc<DmaBuffer>);
+
+    impl PeerMemory for OneFile {
+        fn map(&mut self, file: &SharedFile) -> Option<Arc<DmaBuffer>> {
+            (file.fd == 7).then(|| self.0.clone())
+        }
+    }
+
+    #[test]
+    fn a_body_by_reference_places_and_reads_like_bytes() {
+        let file = Arc::new(DmaBuffer::from_bytes(&(0..=255u8).collect::<Vec<_>>()));
+        let mut peers = OneFile(file);
+        let mapped = resolve(&[range(7, 10, 5), range(7, 100, 5)], &mut peers).unwrap();
+        let body = Body::Mapped(&mapped);
+        assert_eq!(body.len(), 10);
+        let mut out = [0u8; 6];
+        body.read(2, &mut out);
+        assert_eq!(out, [12, 13, 14, 100, 101, 102]);
+        assert!(body.word().is_none());
+        assert!(resolve(&[range(8, 0, 5)], &mut peers).is_none(), "a file it cannot map");
+        assert!(resolve(&[range(7, 250, 10)], &mut peers).is_none(), "a range past the file's end");
+        assert!(resolve(&[range(7, u64::MAX, 10)], &mut peers).is_none(), "a range that wraps");
+    }
+
+    /// A payload that lies in two stretches of a peer's file, scattered
+    /// over two elements of a receive: one copy each piece, every byte
+    /// where a payload in the datagram would have put it.
+    #[test]
+    fn a_body_by_reference_scatters_across_elements() {
+        use crate::memory::{Access, PdId, Registration, scatter};
+        use crate::work_request::Sge;
+        let file = Arc::new(DmaBuffer::from_bytes(&(0..=255u8).collect::<Vec<_>>()));
+        let mapped = resolve(&[range(7, 16, 6), range(7, 200, 6)], &mut OneFile(file)).unwrap();
+        let mut table = MemoryTable::new();
+        let pd = PdId(0);
+        let dst = Arc::new(DmaBuffer::new(32));
+        let registration =
+            Registration { pd, buffer: dst.clone(), offset: 0, len: 32, iova: 1000, access: Access::LOCAL_WRITE };
+        let keys = table.register(registration, &mut crate::entropy::Entropy::from_u64(2).into_draw()).unwrap();
+        let sges = [Sge { addr: 1000, length: 5, lkey: keys.lkey }, Sge { addr: 1020, length: 10, lkey: keys.lkey }];
+        scatter(&table, pd, &sges, 2, Body::Mapped(&mapped)).unwrap();
+        let out = dst.to_vec();
+        assert_eq!(&out[2..5], &[16, 17, 18], "the first element, after the offset");
+        assert_eq!(&out[20..29], &[19, 20, 21, 200, 201, 202, 203, 204, 205], "the second, across both stretches");
+        assert!(out[..2].iter().chain(&out[5..20]).chain(&out[29..]).all(|&b| b == 0), "nothing else");
+    }
+}
