@@ -779,13 +779,14 @@ fn engine_memory(nic: &Nic, len: usize) -> Result<DmaBuffer> {
 /// The program's `[addr, addr + len)` as a region's buffer: remapped onto
 /// memfds ([`crate::remap`]) where the engine has the same-host wire, so
 /// that its peers on this host copy payloads straight out of it; in place
-/// where it does not, or where the pages cannot be remapped (the stack),
-/// and payloads then cross the ring.
+/// where it does not, or where the pages must not or cannot be remapped
+/// (memory shared with another process; the stack), and payloads then
+/// cross the ring.
 ///
 /// # Safety
 /// As for [`Provider::register_program_memory`].
 unsafe fn program_memory(nic: &Nic, addr: *mut u8, len: usize) -> DmaBuffer {
-    if nic.one_copy() && len > 0 {
+    if nic.one_copy() && len > 0 && crate::remap::only_this_process_sees(addr, len) {
         // SAFETY: forwarded.
         let shared = unsafe { crate::remap::share(addr, len) };
         if let Ok(shared) = shared

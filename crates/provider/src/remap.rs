@@ -83,6 +83,8 @@ struct Mapping {
     end: usize,
     offset: usize,
     inode: u64,
+    /// Private (copy-on-write), not shared with whoever else maps it.
+    private: bool,
 }
 
 /// The process's mappings, in address order (none if they cannot be read,
@@ -93,7 +95,7 @@ fn mappings() -> Vec<Mapping> {
         .filter_map(|line| {
             // start-end perms offset dev inode path
             let mut fields = line.split_whitespace();
-            let (range, _, offset, _, inode) =
+            let (range, perms, offset, _, inode) =
                 (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
             let (start, end) = range.split_once('-')?;
             Some(Mapping {
@@ -101,9 +103,38 @@ fn mappings() -> Vec<Mapping> {
                 end: usize::from_str_radix(end, 16).ok()?,
                 offset: usize::from_str_radix(offset, 16).ok()?,
                 inode: inode.parse().ok()?,
+                private: perms.ends_with('p'),
             })
         })
         .collect()
+}
+
+/// Whether the whole pages under `[addr, addr + len)` are memory only
+/// this process sees: private anonymous memory (the heap, `mmap`ed
+/// buffers), or pages an earlier registration remapped. A shared mapping
+/// is not (a file, or memory the program shares with another process, as
+/// MPI's shared-memory transport does): remapped onto a memfd of its own,
+/// the other process would no longer see this one's writes, nor this one
+/// the other's.
+pub fn only_this_process_sees(addr: *const u8, len: usize) -> bool {
+    let page = rustix::param::page_size();
+    let start = addr as usize & !(page - 1);
+    let Some(end) = (addr as usize).checked_add(len.max(1)).map(|end| end.next_multiple_of(page)) else {
+        return false;
+    };
+    let ours: Vec<u64> = REMAPS.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|r| r.inode).collect();
+    let mappings = mappings();
+    let mut covered = start;
+    for m in mappings.iter().skip_while(|m| m.end <= start) {
+        if m.start > covered || !(m.private && m.inode == 0 || ours.contains(&m.inode)) {
+            return false;
+        }
+        covered = m.end;
+        if covered >= end {
+            return true;
+        }
+    }
+    false
 }
 
 /// The process's remaps, so that overlapping registrations share pages.
@@ -271,6 +302,43 @@ mod tests {
         // SAFETY: refused before anything is remapped.
         let stack = unsafe { share(local.as_ptr() as *mut u8, 64) };
         assert!(stack.err().unwrap().to_string().contains("stack"));
+    }
+
+    /// Private memory may be remapped; memory the process shares with
+    /// another (MPI's shared-memory segments) or maps from a file may not:
+    /// remapped, the other side would stop seeing its writes.
+    #[test]
+    fn only_memory_this_process_alone_sees_may_be_remapped() {
+        let page = rustix::param::page_size();
+        let map = |flags: MapFlags| {
+            // SAFETY: a fresh anonymous mapping of our own, unmapped below.
+            unsafe {
+                rustix::mm::mmap_anonymous(std::ptr::null_mut(), 4 * page, ProtFlags::READ | ProtFlags::WRITE, flags)
+            }
+            .unwrap()
+            .cast::<u8>()
+        };
+        let private = map(MapFlags::PRIVATE);
+        let shared = map(MapFlags::SHARED);
+        assert!(only_this_process_sees(private.wrapping_add(100), 2 * page));
+        assert!(!only_this_process_sees(shared.wrapping_add(100), 2 * page), "shared with a child it forks");
+        let file = std::fs::File::open("/proc/self/exe").unwrap();
+        // SAFETY: a fresh read-only mapping of a file, unmapped below.
+        let mapped =
+            unsafe { rustix::mm::mmap(std::ptr::null_mut(), page, ProtFlags::READ, MapFlags::PRIVATE, &file, 0) }
+                .unwrap()
+                .cast::<u8>();
+        assert!(!only_this_process_sees(mapped, 64), "a file's pages");
+        // SAFETY: our own private buffer, nobody else writes it.
+        let remapped = unsafe { share(private.wrapping_add(page), page) }.unwrap();
+        assert!(only_this_process_sees(private, 4 * page), "pages a registration remapped are its own");
+        drop(remapped);
+        for at in [private, shared] {
+            // SAFETY: unmaps what was mapped above.
+            unsafe { rustix::mm::munmap(at.cast(), 4 * page) }.unwrap();
+        }
+        // SAFETY: as above.
+        unsafe { rustix::mm::munmap(mapped.cast(), page) }.unwrap();
     }
 
     /// The memfds the process's remaps hold open.
