@@ -82,7 +82,6 @@ missing. Benchmarks are not tests: nothing here asserts a speed.
 """
 
 import argparse
-import ctypes
 import json
 import os
 import re
@@ -257,28 +256,19 @@ def read_main(a, extra):
     print("\nAll runs:", json.dumps({f"{k[0]} {k[1]} {k[2]}": [round(x, 3) for x in v] for k, v in r.items()}))
 
 
-def memcpy_gbps(size, slots=128, n=20000):
-    """A single thread's memcpy of `size`-byte messages between two buffers
-    of `slots` of them, as `softrnic bench` lays its buffers out, through
-    libc from Python (ctypes): each call's own overhead, measured with
-    empty copies, is taken off."""
-    libc = ctypes.CDLL(None)
-    libc.memcpy.restype = ctypes.c_void_p
-    libc.memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    src, dst = ctypes.create_string_buffer(size * slots), ctypes.create_string_buffer(size * slots)
-    ctypes.memset(src, 0x5A, size * slots)
-    at = [(ctypes.addressof(dst) + i * size, ctypes.addressof(src) + i * size) for i in range(slots)]
-
-    def timed(length):
-        started = time.perf_counter()
-        for i in range(n):
-            d, s = at[i % slots]
-            libc.memcpy(d, s, length)
-        return time.perf_counter() - started
-
-    timed(size)  # fault the pages in
-    copying = timed(size) - timed(0)
-    return n * size * 8 / max(copying, 1e-9) / 1e9
+def memcpy_gbps(size, slots=128, rounds=20000):
+    """A single thread's memcpy of `size`-byte messages between two
+    page-aligned buffers of `slots` of them, as `softrnic bench` lays its
+    buffers out (scripts/programs/memcpy-rate.c, compiled here with the
+    toolchain's cc)."""
+    binary = os.path.join(ROOT, "target", "memcpy-rate")
+    source = os.path.join(ROOT, "scripts", "programs", "memcpy-rate.c")
+    if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(source):
+        subprocess.run([os.environ.get("CC", "cc"), "-O2", "-o", binary, source], check=True)
+    out = sh([binary, str(size), str(slots), str(rounds)])
+    if out.returncode != 0:
+        raise RuntimeError(f"memcpy-rate: {out.stderr.strip()}")
+    return float(out.stdout.strip())
 
 
 def shm_main(a, extra):

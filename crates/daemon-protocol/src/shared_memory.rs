@@ -169,6 +169,7 @@ impl SharedMapping {
     /// `len` bytes from `offset` as a buffer that owns the mapping: the
     /// memory stays mapped for as long as anyone (a memory region, the
     /// engine's table) holds the buffer.
+    ///
     /// The buffer says where its bytes lie in the memfds, so that devices
     /// on this host read them from there ([`DmaBuffer::shared_in`]).
     pub fn into_buffer(self, offset: usize, len: usize) -> DmaBuffer {

@@ -761,7 +761,6 @@ impl<E: EngineHolder> Provider<E> {
     }
 }
 
-/// Why a program's pages could not be shared with softrnicd.
 /// `len` new zeroed bytes for a region of an engine in this process: on a
 /// memfd where the engine has the same-host wire (and one copy is not
 /// turned off, `SOFTRNIC_NO_ONE_COPY`), so that its peers on
@@ -802,6 +801,7 @@ unsafe fn program_memory(nic: &Nic, addr: *mut u8, len: usize) -> DmaBuffer {
     unsafe { DmaBuffer::from_raw_parts(addr, len) }
 }
 
+/// Why a program's pages could not be shared with softrnicd.
 fn share_error(e: std::io::Error) -> VerbsError {
     match e.kind() {
         std::io::ErrorKind::Unsupported => VerbsError::NotSupported(e.to_string()),

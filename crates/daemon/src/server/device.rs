@@ -155,7 +155,11 @@ impl Devices {
             })?,
         };
         let device = Arc::new(device);
-        open.retain(|_, d| d.strong_count() > 0);
+        // A closed device's entry stays until its address opens again: it
+        // is what tells a new tenant there that the device may still be
+        // closing (removed when another address opened, it once let a
+        // program that reopened at once find the port taken while its
+        // last tenant was still unmapping 256 MiB of regions).
         open.insert(key, Arc::downgrade(&device));
         Ok(device)
     }

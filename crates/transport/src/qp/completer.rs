@@ -16,7 +16,6 @@
 //! moving the cursor back, READ responses are placed in any order, and a
 //! missing response is asked for again alone (`scoreboard.rs`).
 
-use crate::by_reference::{Body, Packet};
 use softrnic_wire::Opcode;
 use softrnic_wire::Psn;
 use softrnic_wire::aeth::{NakCode, Syndrome};
@@ -29,6 +28,7 @@ use super::requester::rnr_wait;
 use super::scoreboard::{DUPLICATE_THRESHOLD, Resend};
 use super::send_queue::SendWqe;
 use super::{Ctx, QpState, QueuePair};
+use crate::by_reference::{Body, Packet};
 use crate::completion::WcStatus;
 use crate::memory::scatter;
 use crate::work_request::{Payload, SendOp};

@@ -39,13 +39,13 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::by_reference::Packet;
 pub use attr::{MAX_RD_ATOMIC, Mtu, QpAttr, QpAttributes, QpCaps, QpInitAttr, QpState, QpType, RcConnection, ud_steps};
 pub use pacing::Pacer;
 pub use post_queues::{PostQueues, Posted, SendPoster, check_recv, check_send};
 pub use rto::Retransmission;
 
 use crate::auth::PacketAuth;
+use crate::by_reference::Packet;
 use crate::completion::{Completion, CompletionQueue, CqId, Pushed, WcOpcode, WcStatus};
 use crate::config::TransportConfig;
 use crate::congestion::{Choice, IntMark, RecvMeta};

@@ -33,7 +33,6 @@
 
 use std::collections::VecDeque;
 
-use crate::by_reference::{Body, Packet};
 use softrnic_wire::aeth::{NakCode, Syndrome};
 use softrnic_wire::packet::Headers;
 use softrnic_wire::{Opcode, sack};
@@ -41,6 +40,7 @@ use softrnic_wire::{Opcode, sack};
 use super::responder::{Answer, Refusal};
 use super::scoreboard::{DUPLICATE_THRESHOLD, WINDOW};
 use super::{Ctx, QueuePair};
+use crate::by_reference::{Body, Packet};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::memory::{Access, scatter, validate_list};
 use crate::work_request::RecvWorkRequest;

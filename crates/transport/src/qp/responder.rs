@@ -16,7 +16,6 @@
 
 use std::collections::VecDeque;
 
-use crate::by_reference::{self, Packet};
 use softrnic_wire::aeth::{self, NakCode, Syndrome};
 use softrnic_wire::opcode::Position;
 use softrnic_wire::packet::{Extensions, Headers, packet_len};
@@ -24,6 +23,7 @@ use softrnic_wire::{Opcode, Psn, bth};
 
 use super::placement::Ahead;
 use super::{Ctx, MAX_RD_ATOMIC, QpState, QueuePair, Transmit};
+use crate::by_reference::{self, Packet};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::event::AsyncEvent;
 use crate::memory::{Access, AccessFault, scatter, validate_list};

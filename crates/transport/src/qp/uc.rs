@@ -21,10 +21,9 @@
 
 use std::net::IpAddr;
 
-use crate::by_reference::Packet;
-
 use super::responder::Refusal;
 use super::{Ctx, QpState, QueuePair, Transmit};
+use crate::by_reference::Packet;
 use crate::completion::{Completion, WcOpcode, WcStatus};
 
 impl QueuePair {

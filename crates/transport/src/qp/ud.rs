@@ -5,13 +5,13 @@
 
 use std::net::IpAddr;
 
-use crate::by_reference::{Body, Packet};
 use softrnic_wire::mad::GSI_QPN;
 use softrnic_wire::packet::{Extensions, Headers};
 use softrnic_wire::{Opcode, bth, deth};
 
 use super::responder::Refusal;
 use super::{Ctx, QpState, QueuePair, Transmit};
+use crate::by_reference::{Body, Packet};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::memory::{Access, gather, scatter, validate_list};
 use crate::work_request::{Payload, SendOp};
