@@ -281,6 +281,7 @@ impl Nic {
             }
             DatapathKind::Shm => Some(Arc::new(Inbox::create(config.addr, shards, scope()?)?)),
         };
+        let one_copy = inbox.is_some() && environment::one_copy();
         let control = Control::new(transport.clone(), shards, Entropy::from_seed(os_seed()?));
         let shards = sockets
             .into_iter()
@@ -292,7 +293,7 @@ impl Nic {
                     // Peers on this host send references to their memory
                     // in place of payloads: one copy, from there.
                     shard.set_peer_memory(Box::new(PeerFiles::new()));
-                    shard.send_references(environment::one_copy());
+                    shard.send_references(one_copy);
                 }
                 let socket = Arc::new(socket);
                 let int_socket = int_socket.map(Arc::new);
@@ -311,7 +312,7 @@ impl Nic {
             control: Mutex::new(control),
             shards,
             shared_memory: inbox.is_some(),
-            one_copy: inbox.is_some() && environment::one_copy(),
+            one_copy,
             lingering: Lingering::default(),
             dedicated: config.dedicated(),
             next_shard: AtomicUsize::new(0),
