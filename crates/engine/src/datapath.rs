@@ -457,7 +457,7 @@ impl Datapath for SharedMemory {
         } else if self.seals {
             Egress::ROCEV2_PORT
         } else {
-            Egress::SameHost
+            Egress::SameHost { references: self.peers.sees_our_processes(dst) }
         }
     }
 
@@ -680,7 +680,7 @@ mod tests {
         let (_here, mut wire) = wire_on("127.0.9.34");
         let (_there_inbox, mut there) = wire_on("127.0.9.35");
         let peer: IpAddr = "127.0.9.35".parse().unwrap();
-        assert_eq!(wire.egress(peer), Egress::SameHost);
+        assert_eq!(wire.egress(peer), Egress::SameHost { references: true }, "a peer of this process");
         assert!(
             matches!(wire.egress("127.0.9.36".parse().unwrap()), Egress::Udp { source_port } if source_port != ROCEV2_UDP_PORT)
         );

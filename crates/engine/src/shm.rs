@@ -106,6 +106,10 @@ struct FileHeader {
     shards: AtomicU32,
     slots: AtomicU32,
     slot_size: AtomicU32,
+    /// The owner's PID namespace, by its inode: a peer in another one
+    /// cannot name this device's processes, nor it the peer's, so payloads
+    /// between them travel in the datagrams, never by reference.
+    pid_namespace: AtomicU64,
 }
 
 /// A ring's header: producers advance `tail`; the consumer says in
@@ -140,6 +144,7 @@ const SLOT_DATA: usize = 64;
 const _: () = {
     use std::mem::{offset_of, size_of};
     assert!(offset_of!(FileHeader, version) == 8 && offset_of!(FileHeader, slot_size) == 20);
+    assert!(offset_of!(FileHeader, pid_namespace) == 24);
     assert!(size_of::<FileHeader>() <= FILE_HEADER);
     assert!(offset_of!(RingHeader, sleeping) == 128 && size_of::<RingHeader>() <= RING_HEADER);
     assert!(offset_of!(SlotHeader, len) == 8 && offset_of!(SlotHeader, port) == 12);
@@ -156,6 +161,14 @@ const S_ADDR: usize = std::mem::offset_of!(SlotHeader, addr);
 /// a container's devices from a thread moved into the container's).
 pub fn this_netns() -> io::Result<u64> {
     Ok(std::fs::metadata("/proc/thread-self/ns/net")?.ino())
+}
+
+/// The PID namespace of this process, by its inode (0 if it cannot be
+/// read: then no peer is taken to share it). Read once: a process's own
+/// does not change.
+fn this_pid_namespace() -> u64 {
+    static OURS: OnceLock<u64> = OnceLock::new();
+    *OURS.get_or_init(|| std::fs::metadata("/proc/self/ns/pid").map_or(0, |meta| meta.ino()))
 }
 
 /// Which devices find each other's inboxes, and so reach each other
@@ -413,6 +426,7 @@ impl Inbox {
         header.shards.store(shards as u32, Ordering::Relaxed);
         header.slots.store(SLOTS, Ordering::Relaxed);
         header.slot_size.store(SLOT_SIZE as u32, Ordering::Relaxed);
+        header.pid_namespace.store(this_pid_namespace(), Ordering::Relaxed);
         // Published last: a sender that sees the magic sees a whole inbox.
         header.magic.store(MAGIC, Ordering::Release);
         Ok(Inbox { path, scope, mapping, bells, _alive: file })
@@ -583,6 +597,8 @@ fn write_source(m: &Mapping, slot: usize, source: SocketAddr) {
 /// A peer's inbox, as a sender maps it.
 struct PeerInbox {
     mapping: Mapping,
+    /// Its owner's PID namespace ([`FileHeader::pid_namespace`]).
+    pid_namespace: u64,
     file: std::fs::File,
     path: PathBuf,
     /// A socket connected to each ring's doorbell, once first rung
@@ -627,8 +643,9 @@ impl PeerInbox {
             && header.slots.load(Ordering::Relaxed) == SLOTS
             && header.slot_size.load(Ordering::Relaxed) as usize == SLOT_SIZE
             && len >= file_len(shards);
+        let pid_namespace = header.pid_namespace.load(Ordering::Relaxed);
         let bells = (0..shards).map(|_| OnceLock::new()).collect();
-        valid.then(|| PeerInbox { mapping: Mapping { shards, ..probe }, file, path, bells })
+        valid.then(|| PeerInbox { mapping: Mapping { shards, ..probe }, pid_namespace, file, path, bells })
     }
 
     /// Whether its device still runs: it closed the inbox neither cleanly
@@ -722,6 +739,14 @@ impl Peers {
     /// Whether `dst` is a device on this host (in this scope).
     pub fn is_local(&mut self, dst: IpAddr) -> bool {
         self.inbox(dst).is_some()
+    }
+
+    /// Whether `dst` is a device on this host whose process sees this
+    /// one's processes (one PID namespace): it can then open the memory
+    /// files a reference names.
+    pub fn sees_our_processes(&mut self, dst: IpAddr) -> bool {
+        let ours = this_pid_namespace();
+        self.inbox(dst).is_some_and(|inbox| ours != 0 && inbox.pid_namespace == ours)
     }
 
     /// `dst`'s inbox, if it is a device on this host (looked for again
@@ -841,6 +866,21 @@ pub(crate) mod tests {
         assert_eq!(peers.send(source, "127.0.9.3".parse().unwrap(), &datagram(0x11, 0, 20)), None, "no inbox");
         drop(inbox);
         assert_eq!(peers.send(source, addr, &datagram(0x11, 0, 20)), None, "a closed inbox is not used");
+    }
+
+    /// A peer in another PID namespace (a container that shares the
+    /// network namespace and `/dev/shm` but not the processes) is reached
+    /// through its ring, but cannot open this device's memory files: no
+    /// references go to it.
+    #[test]
+    fn references_go_only_to_peers_that_see_our_processes() {
+        let addr: IpAddr = "127.0.9.16".parse().unwrap();
+        let inbox = Inbox::create(addr, 1, here()).unwrap();
+        assert!(Peers::new(here()).sees_our_processes(addr), "a device of this process");
+        inbox.mapping.header().pid_namespace.store(this_pid_namespace() ^ 1, Ordering::Relaxed);
+        let mut peers = Peers::new(here());
+        assert!(peers.is_local(addr) && !peers.sees_our_processes(addr), "another PID namespace's");
+        assert!(!peers.sees_our_processes("127.0.9.17".parse().unwrap()), "no device there");
     }
 
     #[test]

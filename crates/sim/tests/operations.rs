@@ -52,7 +52,11 @@ fn a_same_host_datagram_carries_no_icrc_and_is_checked_for_none() {
     pair.post(0, 2, SendOp::Send { imm: None }, pair.a.gather(0, 2000));
     let (now, from) = (pair.world.now, pair.world.hosts[0].addr);
     let mut buf = vec![0; MAX_DATAGRAM_LEN];
-    let t = pair.world.device(0).poll_transmit_from(now, &mut buf, &mut |_| Egress::SameHost).expect("the SEND");
+    let t = pair
+        .world
+        .device(0)
+        .poll_transmit_from(now, &mut buf, &mut |_| Egress::SameHost { references: false })
+        .expect("the SEND");
     let datagram = buf[..t.len].to_vec();
     assert_eq!(datagram[t.len - 4..], [0; 4], "no ICRC computed");
     let receiver = pair.world.device(1);

@@ -55,8 +55,10 @@ pub enum Egress {
     /// On a path within this host that no switch, fault or capture sees (a
     /// shared-memory ring): no ICRC is computed, as Linux computes no
     /// checksum on loopback, and its receiver checks none
-    /// ([`RecvMeta::same_host`]).
-    SameHost,
+    /// ([`RecvMeta::same_host`]). `references`: the receiver can reach
+    /// this device's memory files (it sees this device's processes), so
+    /// payloads may travel by reference ([`crate::by_reference`]).
+    SameHost { references: bool },
 }
 
 impl Egress {
@@ -581,7 +583,7 @@ impl Shard {
             let route = slot.qp.attributes().remote_addr.filter(|_| !looped_back).map(|peer| (peer, egress(peer)));
             let mut ctx = ctx!(self, now);
             ctx.by_reference = self.sends_references
-                && matches!(route, Some((_, Egress::SameHost)))
+                && matches!(route, Some((_, Egress::SameHost { references: true })))
                 && slot.qp.init_attr().qp_type != QpType::Ud
                 && slot.qp.authenticator().is_none();
             let transmit = slot.qp.poll_transmit(&mut ctx, buf);
@@ -609,7 +611,7 @@ impl Shard {
                 Some((peer, how)) if peer == t.dst => how,
                 _ => egress(t.dst),
             };
-            debug_assert!(!referenced || how == Egress::SameHost, "references only to this host");
+            debug_assert!(!referenced || how == Egress::SameHost { references: true }, "references only to this host");
             if self.seal(&mut buf[..t.len], t.dst, how, referenced).is_err() {
                 // Address families differ: nothing can carry it.
                 self.counters.rx_dropped_foreign += 1;
@@ -663,7 +665,7 @@ impl Shard {
                 UdpFlow { src: self.config.local_addr, dst, src_port: source_port, dst_port: ROCEV2_UDP_PORT }
                     .seal(datagram)
             }
-            Egress::SameHost => {
+            Egress::SameHost { .. } => {
                 let body = datagram.len().checked_sub(ICRC_LEN).ok_or(softrnic_wire::Error::Truncated)?;
                 datagram[body..].copy_from_slice(if by_reference { &by_reference::MARK } else { &[0; ICRC_LEN] });
                 Ok(())
