@@ -450,14 +450,13 @@ impl Datapath for SharedMemory {
     }
 
     /// Devices on this host are reached through their ring, with no ICRC
-    /// (unless faults corrupt datagrams); the rest over UDP.
+    /// (unless faults corrupt datagrams), and payloads by reference where
+    /// they see this process's memory files; the rest over UDP.
     fn egress(&mut self, dst: IpAddr) -> Egress {
-        if !self.peers.is_local(dst) {
-            self.udp.egress(dst)
-        } else if self.seals {
-            Egress::ROCEV2_PORT
-        } else {
-            Egress::SameHost { references: self.peers.sees_our_processes(dst) }
+        match self.peers.on_this_host(dst) {
+            None => self.udp.egress(dst),
+            Some(_) if self.seals => Egress::ROCEV2_PORT,
+            Some(references) => Egress::SameHost { references },
         }
     }
 

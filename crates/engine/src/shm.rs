@@ -597,8 +597,9 @@ fn write_source(m: &Mapping, slot: usize, source: SocketAddr) {
 /// A peer's inbox, as a sender maps it.
 struct PeerInbox {
     mapping: Mapping,
-    /// Its owner's PID namespace ([`FileHeader::pid_namespace`]).
-    pid_namespace: u64,
+    /// Whether its owner is in this process's PID namespace
+    /// ([`FileHeader::pid_namespace`]).
+    sees_our_processes: bool,
     file: std::fs::File,
     path: PathBuf,
     /// A socket connected to each ring's doorbell, once first rung
@@ -643,9 +644,10 @@ impl PeerInbox {
             && header.slots.load(Ordering::Relaxed) == SLOTS
             && header.slot_size.load(Ordering::Relaxed) as usize == SLOT_SIZE
             && len >= file_len(shards);
-        let pid_namespace = header.pid_namespace.load(Ordering::Relaxed);
+        let ours = this_pid_namespace();
+        let sees_our_processes = ours != 0 && header.pid_namespace.load(Ordering::Relaxed) == ours;
         let bells = (0..shards).map(|_| OnceLock::new()).collect();
-        valid.then(|| PeerInbox { mapping: Mapping { shards, ..probe }, pid_namespace, file, path, bells })
+        valid.then(|| PeerInbox { mapping: Mapping { shards, ..probe }, sees_our_processes, file, path, bells })
     }
 
     /// Whether its device still runs: it closed the inbox neither cleanly
@@ -736,17 +738,12 @@ impl Peers {
         Some(self.inbox(dst)?.push(source, datagram))
     }
 
-    /// Whether `dst` is a device on this host (in this scope).
-    pub fn is_local(&mut self, dst: IpAddr) -> bool {
-        self.inbox(dst).is_some()
-    }
-
-    /// Whether `dst` is a device on this host whose process sees this
-    /// one's processes (one PID namespace): it can then open the memory
-    /// files a reference names.
-    pub fn sees_our_processes(&mut self, dst: IpAddr) -> bool {
-        let ours = this_pid_namespace();
-        self.inbox(dst).is_some_and(|inbox| ours != 0 && inbox.pid_namespace == ours)
+    /// If `dst` is a device on this host (in this scope), whether its
+    /// process sees this one's (one PID namespace): it can then open the
+    /// memory files a reference names. `None`: not a device on this host.
+    /// One lookup, for every datagram's egress.
+    pub fn on_this_host(&mut self, dst: IpAddr) -> Option<bool> {
+        self.inbox(dst).map(|inbox| inbox.sees_our_processes)
     }
 
     /// `dst`'s inbox, if it is a device on this host (looked for again
@@ -876,11 +873,11 @@ pub(crate) mod tests {
     fn references_go_only_to_peers_that_see_our_processes() {
         let addr: IpAddr = "127.0.9.16".parse().unwrap();
         let inbox = Inbox::create(addr, 1, here()).unwrap();
-        assert!(Peers::new(here()).sees_our_processes(addr), "a device of this process");
+        assert_eq!(Peers::new(here()).on_this_host(addr), Some(true), "a device of this process");
         inbox.mapping.header().pid_namespace.store(this_pid_namespace() ^ 1, Ordering::Relaxed);
         let mut peers = Peers::new(here());
-        assert!(peers.is_local(addr) && !peers.sees_our_processes(addr), "another PID namespace's");
-        assert!(!peers.sees_our_processes("127.0.9.17".parse().unwrap()), "no device there");
+        assert_eq!(peers.on_this_host(addr), Some(false), "another PID namespace's");
+        assert_eq!(peers.on_this_host("127.0.9.17".parse().unwrap()), None, "no device there");
     }
 
     #[test]

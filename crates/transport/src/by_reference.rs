@@ -202,22 +202,7 @@ impl Body<'_> {
         match self {
             Body::Bytes(bytes) => view.write(&bytes[from..from + view.len()]),
             Body::Mapped(mapped) => {
-                let mut skip = from;
-                let mut done = 0;
-                for m in mapped.iter() {
-                    if done == view.len() {
-                        break;
-                    }
-                    if skip >= m.len {
-                        skip -= m.len;
-                        continue;
-                    }
-                    let n = (m.len - skip).min(view.len() - done);
-                    view.part(done, n).copy_from(&m.buffer, m.offset + skip);
-                    done += n;
-                    skip = 0;
-                }
-                assert_eq!(done, view.len(), "placed past the payload's end");
+                each_stretch(mapped, from, view.len(), |m, offset, at, n| view.part(at, n).copy_from(&m.buffer, offset))
             }
         }
     }
@@ -227,26 +212,33 @@ impl Body<'_> {
     pub fn read(&self, from: usize, dst: &mut [u8]) {
         match self {
             Body::Bytes(bytes) => dst.copy_from_slice(&bytes[from..from + dst.len()]),
-            Body::Mapped(mapped) => {
-                let mut at = 0;
-                let mut skip = from;
-                for m in mapped.iter() {
-                    if skip >= m.len {
-                        skip -= m.len;
-                        continue;
-                    }
-                    let n = (m.len - skip).min(dst.len() - at);
-                    m.buffer.read(m.offset + skip, &mut dst[at..at + n]);
-                    account::add(Cost::BytesCopied, n as u64);
-                    at += n;
-                    skip = 0;
-                    if at == dst.len() {
-                        break;
-                    }
-                }
-            }
+            Body::Mapped(mapped) => each_stretch(mapped, from, dst.len(), |m, offset, at, n| {
+                m.buffer.read(offset, &mut dst[at..at + n]);
+                account::add(Cost::BytesCopied, n as u64);
+            }),
         }
     }
+}
+
+/// Calls `copy(stretch, offset in its buffer, offset in the range, bytes)`
+/// for each piece of the mapped payload that covers bytes
+/// `[from, from + len)`, in order.
+fn each_stretch(mapped: &[Mapped], from: usize, len: usize, mut copy: impl FnMut(&Mapped, usize, usize, usize)) {
+    let (mut skip, mut done) = (from, 0);
+    for m in mapped {
+        if done == len {
+            break;
+        }
+        if skip >= m.len {
+            skip -= m.len;
+            continue;
+        }
+        let n = (m.len - skip).min(len - done);
+        copy(m, m.offset + skip, done, n);
+        done += n;
+        skip = 0;
+    }
+    assert_eq!(done, len, "a range past the payload's end");
 }
 
 #[cfg(test)]

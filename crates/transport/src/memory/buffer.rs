@@ -156,7 +156,10 @@ impl DmaBuffer {
         src.check(src_offset, len);
         // SAFETY: both ranges lie inside their buffers (checked above).
         let (from, to) = unsafe { (src.ptr.as_ptr().add(src_offset), self.ptr.as_ptr().add(offset)) };
-        if (from as usize).abs_diff(to as usize).is_multiple_of(8) && from != to {
+        if from == to {
+            return; // the bytes are already there
+        }
+        if (from as usize).abs_diff(to as usize).is_multiple_of(8) {
             // SAFETY: in bounds (checked above); two buffers' ranges, or
             // one buffer's two, accessed only atomically by everyone. An
             // overlap within one buffer copies forwards, as a DMA engine
