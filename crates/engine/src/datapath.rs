@@ -438,6 +438,7 @@ impl Datapath for SharedMemory {
             deliver(from, RecvMeta { same_host: from.port() == NO_ICRC_PORT, ..RecvMeta::default() }, bytes)
         });
         let now = Instant::now();
+        self.peers.at(now);
         if now >= self.udp_busy_until && now < self.udp_next_look {
             return from_ring;
         }

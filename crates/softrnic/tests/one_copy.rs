@@ -15,6 +15,9 @@ use softrnic::{
     QpAttr, QpCaps, QpState, QueuePair, RecvWorkRequest, SendOp, SendWorkRequest, WcStatus,
 };
 use softrnic_engine::shm::{NO_ICRC_PORT, Peers, Scope, Sent};
+use softrnic_transport::TransportConfig;
+use softrnic_transport::by_reference::MAX_SPAN_BYTES;
+use softrnic_wire::{Opcode, Psn};
 
 /// Each test takes its own addresses so tests can run in parallel.
 static NEXT: AtomicU8 = AtomicU8::new(10);
@@ -29,8 +32,8 @@ struct Side {
 
 const LEN: usize = 1 << 20;
 
-fn side(addr: IpAddr) -> Side {
-    let config = EngineConfig { datapath: DatapathKind::Shm, ..EngineConfig::new(addr) };
+fn side_with(addr: IpAddr, transport: TransportConfig) -> Side {
+    let config = EngineConfig { datapath: DatapathKind::Shm, transport, ..EngineConfig::new(addr) };
     let ctx = Context::with_config(config).expect("open");
     let pd = ctx.alloc_pd().unwrap();
     let mr = pd.register(4 * LEN, Access::LOCAL_WRITE | Access::REMOTE).unwrap();
@@ -41,14 +44,25 @@ fn side(addr: IpAddr) -> Side {
 
 /// Two devices on this host, connected.
 fn pair() -> (Side, Side) {
+    pair_with(TransportConfig::default(), false)
+}
+
+/// Two devices on this host with `transport`'s settings, connected with
+/// selective repeat or go-back-N.
+fn pair_with(transport: TransportConfig, selective_repeat: bool) -> (Side, Side) {
     let n = NEXT.fetch_add(2, Ordering::Relaxed);
-    let (a, b) = (side(IpAddr::from([127, 0, 41, n])), side(IpAddr::from([127, 0, 41, n + 1])));
-    connect(&a, &b);
+    let a = side_with(IpAddr::from([127, 0, 41, n]), transport.clone());
+    let b = side_with(IpAddr::from([127, 0, 41, n + 1]), transport);
+    connect_with(&a, &b, selective_repeat);
     (a, b)
 }
 
 /// Connects (or connects again, from any state) the two QPs.
 fn connect(a: &Side, b: &Side) {
+    connect_with(a, b, false)
+}
+
+fn connect_with(a: &Side, b: &Side, selective_repeat: bool) {
     let reset = QpAttr { state: Some(QpState::Reset), ..Default::default() };
     for side in [a, b] {
         side.qp.modify(&reset).unwrap();
@@ -56,7 +70,7 @@ fn connect(a: &Side, b: &Side) {
     // The default timer (67 ms) and retries: these tests run beside
     // others on two cores, where a shorter timer fires on a peer that
     // was merely descheduled.
-    let options = ConnectOptions::default();
+    let options = ConnectOptions { selective_repeat, ..ConnectOptions::default() };
     a.qp.connect(&b.qp.endpoint(&b.mr), &options).unwrap();
     b.qp.connect(&a.qp.endpoint(&a.mr), &options).unwrap();
 }
@@ -76,6 +90,44 @@ fn counters(side: &Side) -> softrnic_transport::Counters {
 #[test]
 fn every_payload_is_copied_once_straight_between_regions() {
     let (a, b) = pair();
+    send_write_and_read_a_mib(&a, &b);
+    // 256 MTUs of 4 KiB a MiB, 16 to a packet by reference: the SEND's
+    // and the WRITE's from a, the READ's responses from b, none through
+    // the ring.
+    let (ca, cb) = (counters(&a), counters(&b));
+    let spans = (LEN / MAX_SPAN_BYTES) as u64;
+    assert_eq!((ca.tx_by_reference, cb.rx_by_reference), (2 * spans, 2 * spans), "{ca:?}\n{cb:?}");
+    assert_eq!((cb.tx_by_reference, ca.rx_by_reference), (spans, spans), "{ca:?}\n{cb:?}");
+    assert_eq!(ca.rx_unresolved_references + cb.rx_unresolved_references, 0);
+    assert_eq!(ca.retransmitted_packets + cb.retransmitted_packets, 0);
+}
+
+/// A packet stands for several MTUs only where the connection's PSNs go
+/// in order, and never past the window: selective repeat sends a packet
+/// per MTU; a window of 8 PSNs cuts packets at 8 MTUs (and READs into
+/// chunks of 8 responses). Every byte arrives either way.
+#[test]
+fn packets_span_only_as_far_as_the_connection_allows() {
+    let per_mib = (LEN / 4096) as u64;
+    let (a, b) = pair_with(TransportConfig::default(), true);
+    send_write_and_read_a_mib(&a, &b);
+    // (A tail-loss probe may send some again.)
+    let (ca, cb) = (counters(&a), counters(&b));
+    let sent = |c: &softrnic_transport::Counters, first_time: u64| {
+        (first_time..=first_time + c.retransmitted_packets).contains(&c.tx_by_reference)
+    };
+    assert!(sent(&ca, 2 * per_mib) && sent(&cb, per_mib), "selective repeat: {ca:?}\n{cb:?}");
+
+    let narrow = TransportConfig { max_inflight_packets: 8, ..TransportConfig::default() };
+    let (a, b) = pair_with(narrow, false);
+    send_write_and_read_a_mib(&a, &b);
+    let (ca, cb) = (counters(&a), counters(&b));
+    assert!((2 * per_mib / 8..2 * per_mib / 2).contains(&ca.tx_by_reference), "a window of 8: {ca:?}");
+    assert!(sent(&cb, per_mib / 8), "READ responses, 8 to a chunk: {cb:?}");
+}
+
+/// A MiB SENT, WRITTEN and READ from `a` to `b`, every byte checked.
+fn send_write_and_read_a_mib(a: &Side, b: &Side) {
     let data = pattern(LEN, 5);
     a.mr.write(0, &data);
     b.mr.write(LEN, &data);
@@ -100,14 +152,6 @@ fn every_payload_is_copied_once_straight_between_regions() {
     assert_eq!(wait(&a.cq).status, WcStatus::Success);
     a.mr.read(2 * LEN, &mut got);
     assert!(got == data, "READ data differs");
-
-    // 256 packets of 4 KiB a MiB: the SEND's and the WRITE's from a, the
-    // READ's responses from b, each by reference, none through the ring.
-    let (ca, cb) = (counters(&a), counters(&b));
-    assert!(ca.tx_by_reference >= 512 && cb.rx_by_reference >= 512, "{ca:?}\n{cb:?}");
-    assert!(cb.tx_by_reference >= 256 && ca.rx_by_reference >= 256, "{ca:?}\n{cb:?}");
-    assert_eq!(ca.rx_unresolved_references + cb.rx_unresolved_references, 0);
-    assert_eq!(ca.retransmitted_packets + cb.retransmitted_packets, 0);
 }
 
 /// A WRITE by reference that the responder refuses: the same remote access
@@ -158,10 +202,26 @@ fn protection_is_checked_on_the_one_copy_path() {
 /// An RC WRITE Only to `qpn` whose payload is `references`, marked as by
 /// reference, pushed into `to`'s inbox as a device of this host would.
 fn forge(from: IpAddr, to: IpAddr, qpn: u32, references: &[u8]) {
-    let mut datagram = vec![0x0a, 0, 0xff, 0xff, 0, (qpn >> 16) as u8, (qpn >> 8) as u8, qpn as u8, 0x80, 0, 0, 1];
-    datagram.extend_from_slice(&0x1000u64.to_be_bytes()); // RETH: VA,
-    datagram.extend_from_slice(&0u32.to_be_bytes()); // rkey,
-    datagram.extend_from_slice(&(references.len() as u32).to_be_bytes()); // length
+    let reth = softrnic_wire::reth::Repr { virtual_address: 0x1000, rkey: 0, dma_length: references.len() as u32 };
+    forge_write(from, to, qpn, Opcode::RcWriteOnly, Psn::new(1), reth, references);
+}
+
+/// A WRITE packet `opcode` at `psn` with `reth` whose payload is
+/// `references`, pushed into `to`'s inbox as a device of this host would.
+fn forge_write(
+    from: IpAddr,
+    to: IpAddr,
+    qpn: u32,
+    opcode: Opcode,
+    psn: Psn,
+    reth: softrnic_wire::reth::Repr,
+    references: &[u8],
+) {
+    let mut datagram = vec![opcode as u8, 0, 0xff, 0xff, 0, (qpn >> 16) as u8, (qpn >> 8) as u8, qpn as u8, 0x80];
+    datagram.extend_from_slice(&psn.value().to_be_bytes()[1..]);
+    datagram.extend_from_slice(&reth.virtual_address.to_be_bytes());
+    datagram.extend_from_slice(&reth.rkey.to_be_bytes());
+    datagram.extend_from_slice(&reth.dma_length.to_be_bytes());
     datagram.extend_from_slice(references);
     datagram.extend_from_slice(&softrnic_transport::by_reference::MARK);
     let mut peers = Peers::new(Scope::this_netns().unwrap());
@@ -177,6 +237,52 @@ fn reference(pid: u32, fd: i32, inode: u64, offset: u64, len: u32) -> Vec<u8> {
     out
 }
 
+/// A sealed memfd of `len` bytes, as the engine registers memory on.
+fn sealed(len: u64) -> (rustix::fd::OwnedFd, u64) {
+    let fd = rustix::fs::memfd_create("softrnic-mr", rustix::fs::MemfdFlags::ALLOW_SEALING).unwrap();
+    rustix::fs::ftruncate(&fd, len).unwrap();
+    rustix::fs::fcntl_add_seals(&fd, rustix::fs::SealFlags::SHRINK).unwrap();
+    let inode = rustix::fs::fstat(&fd).unwrap().st_ino;
+    (fd, inode)
+}
+
+/// A packet by reference stands for several MTUs only as a whole number
+/// of them (but the last of a message) and up to `MAX_SPAN_BYTES`; any
+/// other length is an invalid request, as a packet of the wrong length is
+/// on the wire: the responder NAKs it and its QP fails, nothing placed.
+#[test]
+fn a_packet_by_reference_of_the_wrong_length_is_an_invalid_request() {
+    let pid = std::process::id();
+    let (memfd, inode) = sealed(2 * MAX_SPAN_BYTES as u64);
+    let fd = memfd.as_raw_fd();
+    let cases = [
+        ("a first packet of a MTU and a bit", Opcode::RcWriteFirst, 4096 + 100),
+        ("an only packet past the most one carries", Opcode::RcWriteOnly, MAX_SPAN_BYTES + 4096),
+    ];
+    for (what, opcode, len) in cases {
+        let (a, b) = pair();
+        let psn = a.qp.endpoint(&a.mr).psn;
+        let remote = b.mr.remote(0);
+        let reth = softrnic_wire::reth::Repr {
+            virtual_address: remote.addr,
+            rkey: remote.rkey,
+            dma_length: 2 * MAX_SPAN_BYTES as u32,
+        };
+        let references = reference(pid, fd, inode, 0, len as u32);
+        forge_write(a.ctx.addr(), b.ctx.addr(), b.qp.qpn(), opcode, psn, reth, &references);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while counters(&b).fatal_naks_sent == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let cb = counters(&b);
+        assert_eq!((cb.rx_by_reference, cb.fatal_naks_sent), (1, 1), "{what}: {cb:?}");
+        assert_eq!(b.qp.state(), QpState::Error, "{what}");
+        let mut target = vec![0u8; 2 * MAX_SPAN_BYTES];
+        b.mr.read(0, &mut target);
+        assert!(target.iter().all(|&byte| byte == 0), "{what}: bytes were placed");
+    }
+}
+
 /// References a broken or hostile device of this host could send: each is
 /// dropped and counted, nothing is copied, and the connection goes on.
 #[test]
@@ -184,13 +290,6 @@ fn a_reference_the_receiver_cannot_resolve_is_dropped() {
     let (a, b) = pair();
     let (from, to, qpn) = (a.ctx.addr(), b.ctx.addr(), b.qp.qpn());
     let pid = std::process::id();
-    let sealed = |len: u64| {
-        let fd = rustix::fs::memfd_create("softrnic-mr", rustix::fs::MemfdFlags::ALLOW_SEALING).unwrap();
-        rustix::fs::ftruncate(&fd, len).unwrap();
-        rustix::fs::fcntl_add_seals(&fd, rustix::fs::SealFlags::SHRINK).unwrap();
-        let inode = rustix::fs::fstat(&fd).unwrap().st_ino;
-        (fd, inode)
-    };
     let (memfd, inode) = sealed(4096);
     let unsealed = rustix::fs::memfd_create("softrnic-mr", rustix::fs::MemfdFlags::empty()).unwrap();
     rustix::fs::ftruncate(&unsealed, 4096).unwrap();

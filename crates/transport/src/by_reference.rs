@@ -13,6 +13,16 @@
 //! it, placed). Everything else about the packet (its headers, PSN, ACK,
 //! ordering, errors) is unchanged, and so is every other packet.
 //!
+//! On a go-back-N RC connection one packet by reference may carry several
+//! MTUs' worth of payload, up to [`MAX_SPAN_BYTES`], where the MTU-sized
+//! packets would have left back to back: it stands for as many PSNs (the
+//! responder moves its expected PSN past them all and acknowledges the
+//! last; a READ response is counted as that many responses), with the
+//! opcode of the run (FIRST, MIDDLE, LAST or ONLY). Its length says how
+//! many: a whole number of MTUs, or for the last packet of a message what
+//! is left. The window still bounds it, and selective repeat, UC and
+//! payloads in the datagram keep a packet per PSN.
+//!
 //! The reference is read when the packet is placed, not when it was built:
 //! a retransmission reads the source again, and a requester that changes
 //! its buffer before the WRITE completes sends whichever bytes are there,
@@ -61,6 +71,29 @@ pub const MIN_BY_REFERENCE: usize = 256;
 /// The most references one packet carries; a payload spread over more
 /// files (an SGE list of many small regions) travels in the datagram.
 pub const MAX_REFERENCES: usize = 8;
+
+/// Bytes of references one packet carries at most.
+pub const MAX_REFERENCES_LEN: usize = MAX_REFERENCES * REFERENCE_LEN;
+
+/// The most payload one packet by reference carries on a go-back-N RC
+/// connection: the MTU-sized packets of a message that would leave back
+/// to back leave as one, which stands for as many PSNs (segmentation
+/// offload, as Linux hands a 64 KiB TCP segment over loopback whole and
+/// cuts it only for a wire). Their headers, PSNs, ACKs and checks are
+/// those of the packets it stands for; what it saves is the per-packet
+/// work between the rings, which cost a 64 KiB WRITE 16 times what its
+/// one copy did.
+pub const MAX_SPAN_BYTES: usize = 64 * 1024;
+
+/// MTUs one packet by reference may carry ([`MAX_SPAN_BYTES`]).
+pub fn max_span(mtu: u32) -> u32 {
+    (MAX_SPAN_BYTES / mtu.max(1) as usize).max(1) as u32
+}
+
+/// PSNs a payload of `len` bytes stands for at `mtu`: at least one.
+pub fn span(len: usize, mtu: u32) -> u32 {
+    len.div_ceil(mtu.max(1) as usize).max(1) as u32
+}
 
 /// Writes `ranges` as references into `out` (at least
 /// `ranges.len() * REFERENCE_LEN` bytes); returns the bytes written.
@@ -174,14 +207,24 @@ impl<'a> Packet<'a> {
 pub enum Body<'a> {
     Bytes(&'a [u8]),
     Mapped(&'a [Mapped]),
+    /// A payload that came by reference, read into bytes while its packet
+    /// was held for receives ([`crate::fetch_on_demand`]): placed as
+    /// bytes, judged as sent by reference (it may span several MTUs).
+    Held(&'a [u8]),
 }
 
 impl Body<'_> {
     pub fn len(&self) -> usize {
         match self {
-            Body::Bytes(bytes) => bytes.len(),
+            Body::Bytes(bytes) | Body::Held(bytes) => bytes.len(),
             Body::Mapped(mapped) => mapped.iter().map(|m| m.len).sum(),
         }
+    }
+
+    /// Whether the payload was sent by reference (and so may stand for
+    /// several MTUs, [`MAX_SPAN_BYTES`]).
+    pub fn by_reference(&self) -> bool {
+        matches!(self, Body::Mapped(_) | Body::Held(_))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -192,7 +235,7 @@ impl Body<'_> {
     pub fn word(&self) -> Option<[u8; 8]> {
         match self {
             Body::Bytes(bytes) => (*bytes).try_into().ok(),
-            Body::Mapped(_) => None,
+            Body::Mapped(_) | Body::Held(_) => None,
         }
     }
 
@@ -200,7 +243,7 @@ impl Body<'_> {
     /// `view`: one copy, from wherever the payload is.
     pub fn place(&self, from: usize, view: &MemoryView) {
         match self {
-            Body::Bytes(bytes) => view.write(&bytes[from..from + view.len()]),
+            Body::Bytes(bytes) | Body::Held(bytes) => view.write(&bytes[from..from + view.len()]),
             Body::Mapped(mapped) => {
                 each_stretch(mapped, from, view.len(), |m, offset, at, n| view.part(at, n).copy_from(&m.buffer, offset))
             }
@@ -211,7 +254,7 @@ impl Body<'_> {
     /// (a datagram rebuilt to be held).
     pub fn read(&self, from: usize, dst: &mut [u8]) {
         match self {
-            Body::Bytes(bytes) => dst.copy_from_slice(&bytes[from..from + dst.len()]),
+            Body::Bytes(bytes) | Body::Held(bytes) => dst.copy_from_slice(&bytes[from..from + dst.len()]),
             Body::Mapped(mapped) => each_stretch(mapped, from, dst.len(), |m, offset, at, n| {
                 m.buffer.read(offset, &mut dst[at..at + n]);
                 account::add(Cost::BytesCopied, n as u64);

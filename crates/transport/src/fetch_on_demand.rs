@@ -72,6 +72,8 @@ pub(crate) struct HeldDatagram {
     pub from: SocketAddr,
     pub meta: RecvMeta,
     pub bytes: Box<[u8]>,
+    /// Its payload came by reference (`bytes` holds it as read when held).
+    pub by_reference: bool,
 }
 
 #[derive(Debug)]
@@ -141,7 +143,12 @@ mod tests {
     use super::*;
 
     fn datagram(tag: u8) -> HeldDatagram {
-        HeldDatagram { from: "127.0.0.2:4791".parse().unwrap(), meta: RecvMeta::default(), bytes: Box::new([tag]) }
+        HeldDatagram {
+            from: "127.0.0.2:4791".parse().unwrap(),
+            meta: RecvMeta::default(),
+            bytes: Box::new([tag]),
+            by_reference: false,
+        }
     }
 
     #[test]

@@ -474,13 +474,13 @@ impl Shard {
     /// QP's own requests do not.
     fn take(&mut self, now: Instant, qpn: u32, from: SocketAddr, meta: RecvMeta, packet: &Packet, datagram: &[u8]) {
         if self.held.holds(qpn) && self.qps.get(&qpn).is_some_and(|slot| waits_behind_held(&slot.qp, packet)) {
-            if !self.held.push(qpn, HeldDatagram { from, meta, bytes: held_bytes(packet, datagram) }) {
+            if !self.held.push(qpn, held(from, meta, packet, datagram)) {
                 self.counters.rx_held_overflow += 1;
             }
             return;
         }
         if self.deliver(now, qpn, from, &meta, packet, true) {
-            let first = HeldDatagram { from, meta, bytes: held_bytes(packet, datagram) };
+            let first = held(from, meta, packet, datagram);
             self.held.start(qpn, now + HOLD_FOR, VecDeque::from([first]));
         }
     }
@@ -542,7 +542,11 @@ impl Shard {
         while let Some(datagram) = datagrams.pop_front() {
             // Parsed and checked when it arrived.
             let Ok(repr) = PacketRepr::parse(&datagram.bytes) else { continue };
-            if self.deliver(now, qpn, datagram.from, &datagram.meta, &Packet::inline(&repr), !first) {
+            let packet = match datagram.by_reference {
+                true => Packet { headers: repr.headers, body: Body::Held(repr.payload) },
+                false => Packet::inline(&repr),
+            };
+            if self.deliver(now, qpn, datagram.from, &datagram.meta, &packet, !first) {
                 datagrams.push_front(datagram);
                 self.held.start(qpn, now + HOLD_FOR, datagrams);
                 return;
@@ -755,12 +759,12 @@ fn is_looped_back(qp: &QueuePair, local_addr: IpAddr) -> bool {
     qp.init_attr().qp_type == QpType::Rc && attrs.remote_addr == Some(local_addr) && attrs.dest_qpn == qp.qpn()
 }
 
-/// The bytes a held packet keeps: its datagram, or one rebuilt with the
-/// payload its references name (read now: the held packet outlives the
-/// moment the references were sent for), as the same host sends inline.
-fn held_bytes(packet: &Packet, datagram: &[u8]) -> Box<[u8]> {
-    match packet.body {
-        Body::Bytes(_) => datagram.into(),
+/// A packet as it is held: its datagram, or one rebuilt with the payload
+/// its references name (read now: the held packet outlives the moment the
+/// references were sent for), as the same host sends inline.
+fn held(from: SocketAddr, meta: RecvMeta, packet: &Packet, datagram: &[u8]) -> HeldDatagram {
+    let bytes = match packet.body {
+        Body::Bytes(_) | Body::Held(_) => datagram.into(),
         Body::Mapped(_) => {
             let (start, len) = (packet.headers.len(), packet.body.len());
             let mut bytes = vec![0u8; packet_len(start, len)];
@@ -769,7 +773,8 @@ fn held_bytes(packet: &Packet, datagram: &[u8]) -> Box<[u8]> {
             let _ = packet.headers.emit_around_payload(&mut bytes, len);
             bytes.into()
         }
-    }
+    };
+    HeldDatagram { from, meta, bytes, by_reference: packet.body.by_reference() }
 }
 
 /// Whether a packet for a QP that holds requests waits behind them: every

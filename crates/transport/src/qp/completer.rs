@@ -28,7 +28,7 @@ use super::requester::rnr_wait;
 use super::scoreboard::{DUPLICATE_THRESHOLD, Resend};
 use super::send_queue::SendWqe;
 use super::{Ctx, QpState, QueuePair};
-use crate::by_reference::{Body, Packet};
+use crate::by_reference::{self, Body, Packet};
 use crate::completion::WcStatus;
 use crate::memory::scatter;
 use crate::work_request::{Payload, SendOp};
@@ -328,41 +328,53 @@ impl QueuePair {
             return;
         };
         let k = self.sq[index].responses;
-        if self.land_read_response(ctx, index, k, psn, packet) {
-            self.req.una = psn.next();
+        if let Some(span) = self.land_read_response(ctx, index, k, psn, packet) {
+            self.req.una = psn.add(span);
         }
     }
 
     /// Checks READ response `k` of the request at `index` (PSN `psn`) and
-    /// writes its data into local memory; false when that failed the
-    /// request.
-    fn land_read_response(&mut self, ctx: &mut Ctx, index: usize, k: u32, psn: Psn, packet: &Packet) -> bool {
-        let mtu = u64::from(self.mtu());
+    /// writes its data into local memory; returns the responses it stands
+    /// for (several by reference, [`QueuePair::spans`]), or `None` when it
+    /// failed the request.
+    fn land_read_response(&mut self, ctx: &mut Ctx, index: usize, k: u32, psn: Psn, packet: &Packet) -> Option<u32> {
+        let mtu = self.mtu();
         let wqe = &self.sq[index];
-        let offset = u64::from(k) * mtu;
-        let expected_len = (wqe.len - offset).min(mtu) as usize;
+        let offset = u64::from(k) * u64::from(mtu);
+        // Never past the responses asked for so far: a longer one fails
+        // its length check below.
+        let span = match packet.body.by_reference() && self.spans() {
+            true => {
+                let asked = self.req.sent_end.distance_from(psn).max(1) as u32;
+                by_reference::span(packet.body.len(), mtu).min(wqe.npsn - k).min(asked)
+            }
+            false => 1,
+        };
+        let expected_len = (wqe.len - offset).min(u64::from(mtu) * u64::from(span)) as usize;
         // A long READ is asked for a window at a time, and a resumed one
         // from response k on, each answered as a READ of its own: FIRST and
         // LAST may appear at any index, but the message must end at its
         // last response, and every response must have its exact length.
         let opcode = packet.headers.bth.opcode;
         let ends = opcode.position().is_some_and(Position::ends_message);
-        let is_last = k + 1 == wqe.npsn;
+        let is_last = k + span == wqe.npsn;
         if !opcode.is_read_response() || (is_last && !ends) || packet.body.len() != expected_len {
             self.fail_at(psn, WcStatus::BadRespErr);
-            return false;
+            return None;
         }
         let Payload::Gather(sges) = &wqe.wr.payload else { unreachable!("READ into inline data") };
         if scatter(ctx.memory, self.init.pd, sges, offset, packet.body).is_err() {
             self.fail_at(psn, WcStatus::LocProtErr);
-            return false;
+            return None;
         }
         let wqe = &mut self.sq[index];
-        wqe.record_response(k);
+        for response in k..k + span {
+            wqe.record_response(response);
+        }
         if wqe.responses == wqe.npsn {
             wqe.status = Some(WcStatus::Success);
         }
-        true
+        Some(span)
     }
 
     /// Selective repeat: places READ response `psn`, whatever arrived
@@ -392,7 +404,7 @@ impl QueuePair {
         // the responses still missing before it lost once it is far enough
         // past them (`una` follows in `settle_una`).
         self.acknowledge_through(psn.sub(1));
-        if !self.land_read_response(ctx, index, k, psn, packet) {
+        if self.land_read_response(ctx, index, k, psn, packet).is_none() {
             return;
         }
         // A response new to the scoreboard shows the responder alive and

@@ -240,6 +240,20 @@ impl QueuePair {
         self.attrs.path_mtu.bytes()
     }
 
+    /// Whether one packet by reference may stand for several MTUs' worth
+    /// of PSNs ([`crate::by_reference::MAX_SPAN_BYTES`]): on go-back-N RC
+    /// connections, whose PSNs are consumed in order. Selective repeat's
+    /// bitmaps and UC's message-at-a-time requester keep a packet per PSN.
+    fn spans(&self) -> bool {
+        self.init.qp_type == QpType::Rc && !self.attrs.selective_repeat
+    }
+
+    /// The MTUs a packet may carry to this peer: several by reference
+    /// ([`QueuePair::spans`]), else one.
+    fn max_span(&self, ctx: &Ctx) -> u32 {
+        if ctx.by_reference && self.spans() { crate::by_reference::max_span(self.mtu()) } else { 1 }
+    }
+
     /// Applies `ibv_modify_qp`.
     pub(crate) fn modify(&mut self, ctx: &mut Ctx, attr: &QpAttr) -> Result<()> {
         let to = attr.validate(self.init.qp_type, self.state)?;

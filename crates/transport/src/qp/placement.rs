@@ -249,7 +249,7 @@ impl QueuePair {
         let position = op.position().ok_or(invalid)?;
         // Every SEND and WRITE of the connection says where it belongs.
         let sr = ext.sreth.ok_or(invalid)?;
-        if !self.permits(op) || !self.fits(position, packet.body.len()) {
+        if !self.permits(op) || self.span_of(position, &packet.body) != Some(1) {
             return Err(invalid);
         }
         let len = packet.body.len() as u64;

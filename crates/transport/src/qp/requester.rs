@@ -190,23 +190,24 @@ impl QueuePair {
         } else {
             self.read_chunk(ctx, index, k)
         };
+        // PSNs the packet accounts for: a READ request stands for all the
+        // responses it asks for, a payload by reference for the MTUs it
+        // carries (within the window).
         let built = match wqe.wr.op {
-            SendOp::Read { .. } => self.build_read_request(buf, index, k, read_chunk),
-            op if op.is_atomic() => self.build_atomic(buf, index, psn),
-            _ => self.build_send_or_write(ctx, buf, index, k),
+            SendOp::Read { .. } => self.build_read_request(buf, index, k, read_chunk).map(|len| (len, read_chunk)),
+            op if op.is_atomic() => self.build_atomic(buf, index, psn).map(|len| (len, 1)),
+            _ => {
+                let room = (self.window(ctx) as i32 - psn.distance_from(self.req.una)).max(1) as u32;
+                self.build_send_or_write(ctx, buf, index, k, self.max_span(ctx).min(room))
+            }
         };
-        let len = match built {
-            Ok(len) => len,
+        let (len, span) = match built {
+            Ok(built) => built,
             Err(status) => {
                 self.fail_locally(ctx, index, status);
                 return None;
             }
         };
-
-        let wqe = &self.sq[index];
-        // PSNs this packet accounts for: a READ request stands for all the
-        // responses it asks for.
-        let span = if matches!(wqe.wr.op, SendOp::Read { .. }) { read_chunk } else { 1 };
         let end = psn.add(span);
         if !self.req.outstanding() {
             self.req.progress_at = ctx.now;
@@ -278,7 +279,7 @@ impl QueuePair {
                 }
                 (_, op) if op.is_atomic() => self.build_atomic(buf, index, psn),
                 (Resend::Responses(_), _) => continue,
-                (Resend::Request(_), _) => self.build_send_or_write(ctx, buf, index, k),
+                (Resend::Request(_), _) => self.build_send_or_write(ctx, buf, index, k, 1).map(|(len, _)| len),
             };
             match built {
                 Ok(len) => {
@@ -409,21 +410,45 @@ impl QueuePair {
         bth::Repr { ack_request, solicited, ..bth::Repr::new(opcode, self.attrs.dest_qpn, psn) }
     }
 
-    /// Builds packet `k` of the SEND or WRITE at `index`.
+    /// Builds packet `k` of the SEND or WRITE at `index`, and with it up
+    /// to `max_span - 1` more where the payload goes by reference
+    /// ([`by_reference::MAX_SPAN_BYTES`]). Returns its length and the
+    /// PSNs it stands for.
     pub(super) fn build_send_or_write(
         &self,
         ctx: &mut Ctx,
         buf: &mut [u8],
         index: usize,
         k: u32,
-    ) -> Result<usize, WcStatus> {
+        max_span: u32,
+    ) -> Result<(usize, u32), WcStatus> {
         let wqe = &self.sq[index];
         let psn = wqe.first_psn.expect("started").add(k);
         let mtu = u64::from(self.mtu());
         let offset = u64::from(k) * mtu;
-        let payload_len = (wqe.len - offset).min(mtu) as usize;
+        let one_mtu = (wqe.len - offset).min(mtu) as usize;
+        // References first: how many MTUs the packet carries decides its
+        // opcode, and so where its payload starts.
+        let mut references = [0u8; by_reference::MAX_REFERENCES_LEN];
+        let referenced = match &wqe.wr.payload {
+            Payload::Gather(sges) if ctx.by_reference => {
+                let refer = |len: usize, out: &mut [u8]| {
+                    by_reference::refer_to_gather(ctx.memory, self.init.pd, sges, offset, len, out)
+                        .map(|n| n.map(|n| (n, len)))
+                        .map_err(|_| WcStatus::LocProtErr)
+                };
+                let wide = (wqe.len - offset).min(mtu * u64::from(max_span.max(1))) as usize;
+                match refer(wide, &mut references)? {
+                    None if wide > one_mtu => refer(one_mtu, &mut references)?,
+                    found => found,
+                }
+            }
+            _ => None,
+        };
+        let payload_len = referenced.map_or(one_mtu, |(_, len)| len);
+        let span = by_reference::span(payload_len, mtu as u32);
         let first = k == 0;
-        let last = k + 1 == wqe.npsn;
+        let last = k + span == wqe.npsn;
         let pick = |only, first_op, middle, last_op| match (first, last) {
             (true, true) => only,
             (true, false) => first_op,
@@ -470,13 +495,14 @@ impl QueuePair {
             _ => unreachable!("READ and ATOMIC have their own builders"),
         };
         // Ask for an ACK at the end of the message, every few packets of a
-        // long one, when this packet fills the window, and on every packet
-        // of a QP paced so slowly that the packets between two ACKs would
-        // outlast its timer.
+        // long one (a packet standing for several asks if one of them
+        // would have), when this packet fills the window, and on every
+        // packet of a QP paced so slowly that the packets between two ACKs
+        // would outlast its timer.
         let interval = ctx.config.ack_request_interval.max(1);
-        let window_full = psn.distance_from(self.req.una) + 1 >= self.window(ctx) as i32;
+        let window_full = psn.add(span - 1).distance_from(self.req.una) + 1 >= self.window(ctx) as i32;
         let ack_request =
-            last || (k + 1).is_multiple_of(interval) || window_full || self.paced_past_timer(ctx, interval);
+            last || (k + span) / interval != k / interval || window_full || self.paced_past_timer(ctx, interval);
         let mut bth = self.bth(opcode, psn, ack_request, wqe.wr.solicited && last);
         if self.attrs.selective_repeat {
             bth.selective_repeat = true;
@@ -484,14 +510,11 @@ impl QueuePair {
         }
         let headers = Headers { bth, ext };
         let start = headers.len();
-        if ctx.by_reference
-            && let Payload::Gather(sges) = &wqe.wr.payload
-            && let Some(len) =
-                by_reference::refer_to_gather(ctx.memory, self.init.pd, sges, offset, payload_len, &mut buf[start..])
-                    .map_err(|_| WcStatus::LocProtErr)?
-        {
+        if let Some((n, _)) = referenced {
+            buf.get_mut(start..start + n).ok_or(WcStatus::LocLenErr)?.copy_from_slice(&references[..n]);
             ctx.referenced = Some(packet_len(start, payload_len));
-            return headers.emit_around_payload(buf, len).map_err(|_| WcStatus::LocLenErr);
+            let len = headers.emit_around_payload(buf, n).map_err(|_| WcStatus::LocLenErr)?;
+            return Ok((len, span));
         }
         let body = buf.get_mut(start..start + payload_len).ok_or(WcStatus::LocLenErr)?;
         match &wqe.wr.payload {
@@ -503,7 +526,8 @@ impl QueuePair {
                 gather(ctx.memory, self.init.pd, sges, offset, body).map_err(|_| WcStatus::LocProtErr)?
             }
         }
-        headers.emit_around_payload(buf, payload_len).map_err(|_| WcStatus::LocLenErr)
+        let len = headers.emit_around_payload(buf, payload_len).map_err(|_| WcStatus::LocLenErr)?;
+        Ok((len, 1))
     }
 
     /// Responses a READ request from response `k` of the request at

@@ -23,7 +23,7 @@ use softrnic_wire::{Opcode, Psn, bth};
 
 use super::placement::Ahead;
 use super::{Ctx, MAX_RD_ATOMIC, QpState, QueuePair, Transmit};
-use crate::by_reference::{self, Packet};
+use crate::by_reference::{self, Body, Packet};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::event::AsyncEvent;
 use crate::memory::{Access, AccessFault, scatter, validate_list};
@@ -333,7 +333,8 @@ impl QueuePair {
                 self.resp.nak_sent = false;
                 let op = packet.headers.bth.opcode;
                 if packet.headers.bth.ack_request && (op.is_send() || op.is_write()) {
-                    self.resp.queue_ack(psn);
+                    // The last PSN the packet stands for.
+                    self.resp.queue_ack(psn.add(psns - 1));
                 }
             }
             Err(refusal) => self.refuse(ctx, psn, refusal),
@@ -379,16 +380,21 @@ impl QueuePair {
         }
     }
 
-    /// Does a SEND or WRITE payload of `len` bytes have the length its
-    /// position in the message calls for? Every packet but the last of a
-    /// message carries exactly one MTU.
-    pub(super) fn fits(&self, position: Position, len: usize) -> bool {
-        let mtu = self.mtu() as usize;
-        match position {
-            Position::First | Position::Middle => len == mtu,
-            Position::Last => (1..=mtu).contains(&len),
-            Position::Only => len <= mtu,
-        }
+    /// The PSNs a SEND or WRITE payload stands for, if it has the length
+    /// its position in the message calls for. Every packet but the last
+    /// of a message carries exactly one MTU; one by reference, on a
+    /// connection where packets span ([`QueuePair::spans`]), a whole
+    /// number of them up to [`by_reference::MAX_SPAN_BYTES`], and stands
+    /// for as many PSNs (a last one for as many as its bytes begin).
+    pub(super) fn span_of(&self, position: Position, body: &Body) -> Option<u32> {
+        let (mtu, len) = (self.mtu() as usize, body.len());
+        let most = if body.by_reference() && self.spans() { by_reference::MAX_SPAN_BYTES.max(mtu) } else { mtu };
+        let fits = match position {
+            Position::First | Position::Middle => len > 0 && len.is_multiple_of(mtu) && len <= most,
+            Position::Last => (1..=most).contains(&len),
+            Position::Only => len <= most,
+        };
+        fits.then(|| by_reference::span(len, mtu as u32))
     }
 
     /// Executes the request at `epsn`; returns how many PSNs it used.
@@ -412,12 +418,15 @@ impl QueuePair {
         if !self.permits(op) {
             return Err(invalid);
         }
-        if (op.is_send() || op.is_write()) && !self.fits(position, packet.body.len()) {
-            return Err(invalid);
-        }
         match op {
-            _ if op.is_send() => self.execute_send(ctx, packet, position).map(|()| 1),
-            _ if op.is_write() => self.execute_write(ctx, packet, position).map(|()| 1),
+            _ if op.is_send() || op.is_write() => {
+                let psns = self.span_of(position, &packet.body).ok_or(invalid)?;
+                match op.is_send() {
+                    true => self.execute_send(ctx, packet, position),
+                    false => self.execute_write(ctx, packet, position),
+                }
+                .map(|()| psns)
+            }
             Opcode::RcReadRequest => self.execute_read(ctx, packet),
             _ if op.is_atomic() => self.execute_atomic(ctx, packet).map(|()| 1),
             Opcode::RcAtomicWrite => self.execute_atomic_write(ctx, packet).map(|()| 1),
@@ -715,6 +724,9 @@ impl QueuePair {
         if paces_responses && matches!(answer, Answer::Read(_)) && self.paced(ctx) {
             return None;
         }
+        // PSNs the answer stands for: several for a READ response by
+        // reference.
+        let mut span = 1;
         let (mut headers, payload_len) = match answer {
             Answer::Ack { psn, msn } => (self.answer_headers(Opcode::RcAck, psn, Some(self.credits()), msn), 0),
             Answer::SequenceNak { psn, msn } => {
@@ -737,7 +749,10 @@ impl QueuePair {
             }
             Answer::SelectiveNak => (self.selective_nak(ctx), 0),
             Answer::Read(read) => match self.read_response_packet(ctx, read, buf) {
-                Ok(built) => built,
+                Ok((headers, len, psns)) => {
+                    span = psns;
+                    (headers, len)
+                }
                 Err(_) => {
                     // The region went away under a READ in progress: the
                     // READ fails, and nothing after it is answered.
@@ -752,7 +767,7 @@ impl QueuePair {
             self.resp.draining = false;
         }
         match self.resp.answers.front_mut() {
-            Some(Answer::Read(read)) if read.next + 1 < read.count => read.next += 1,
+            Some(Answer::Read(read)) if read.next + span < read.count => read.next += span,
             _ => {
                 self.resp.answers.pop_front();
             }
@@ -772,18 +787,47 @@ impl QueuePair {
         Some(Transmit { int: self.answer_int(), ..Transmit::new(dst, len) })
     }
 
-    /// Writes the payload of a READ's next response into `buf` and returns
-    /// its headers.
+    /// Writes the payload of a READ's next response into `buf`; returns
+    /// its headers, the payload's length in the datagram and the PSNs the
+    /// response stands for (several by reference, as for requests).
     fn read_response_packet(
         &self,
         ctx: &mut Ctx,
         read: ReadResponse,
         buf: &mut [u8],
-    ) -> Result<(Headers, usize), AccessFault> {
+    ) -> Result<(Headers, usize, u32), AccessFault> {
         let mtu = u64::from(self.mtu());
         let offset = u64::from(read.next) * mtu;
-        let payload_len = (read.len - offset).min(mtu) as usize;
-        let opcode = match (read.next == 0, read.next + 1 == read.count) {
+        let view_of = |len: usize| {
+            ctx.memory.check_remote(
+                self.init.pd,
+                self.qpn,
+                read.rkey,
+                read.va.wrapping_add(offset),
+                len,
+                Access::REMOTE_READ,
+            )
+        };
+        let one_mtu = (read.len - offset).min(mtu) as usize;
+        // References first: how many MTUs the response carries decides its
+        // opcode, and so where its payload starts.
+        let mut references = [0u8; by_reference::MAX_REFERENCES_LEN];
+        let mut referenced = None;
+        if ctx.by_reference {
+            let most = self.max_span(ctx).min(read.count - read.next);
+            let wide = (read.len - offset).min(mtu * u64::from(most)) as usize;
+            for len in [wide, one_mtu] {
+                if let Ok(view) = view_of(len)
+                    && let Some(n) = by_reference::refer_to_view(&view, &mut references)
+                {
+                    referenced = Some((n, len));
+                    break;
+                }
+            }
+        }
+        let payload_len = referenced.map_or(one_mtu, |(_, len)| len);
+        let span = by_reference::span(payload_len, mtu as u32);
+        let opcode = match (read.next == 0, read.next + span == read.count) {
             (true, true) => Opcode::RcReadResponseOnly,
             (true, false) => Opcode::RcReadResponseFirst,
             (false, false) => Opcode::RcReadResponseMiddle,
@@ -792,21 +836,12 @@ impl QueuePair {
         let syndrome = (opcode != Opcode::RcReadResponseMiddle).then(|| self.credits());
         let headers = self.answer_headers(opcode, read.first_psn.add(read.next), syndrome, self.resp.msn);
         let start = headers.len();
-        let view = ctx.memory.check_remote(
-            self.init.pd,
-            self.qpn,
-            read.rkey,
-            read.va.wrapping_add(offset),
-            payload_len,
-            Access::REMOTE_READ,
-        )?;
-        if ctx.by_reference
-            && let Some(len) = by_reference::refer_to_view(&view, &mut buf[start..])
-        {
+        if let Some((n, _)) = referenced {
+            buf[start..start + n].copy_from_slice(&references[..n]);
             ctx.referenced = Some(packet_len(start, payload_len));
-            return Ok((headers, len));
+            return Ok((headers, n, span));
         }
-        view.read(&mut buf[start..start + payload_len]);
-        Ok((headers, payload_len))
+        view_of(one_mtu)?.read(&mut buf[start..start + one_mtu]);
+        Ok((headers, one_mtu, 1))
     }
 }

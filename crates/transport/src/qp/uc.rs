@@ -53,8 +53,8 @@ impl QueuePair {
             self.req.next_psn = self.req.next_psn.add(wqe.npsn);
         }
         let k = self.req.cursor_pkt;
-        let len = match self.build_send_or_write(ctx, buf, 0, k) {
-            Ok(len) => len,
+        let len = match self.build_send_or_write(ctx, buf, 0, k, 1) {
+            Ok((len, _)) => len,
             Err(status) => {
                 self.fail_uc_send(ctx, status);
                 return None;
