@@ -147,10 +147,11 @@ impl DmaBuffer {
     }
 
     /// Copies `len` bytes of `src` from `src_offset` into this buffer at
-    /// `offset`: word by word where both sides share an alignment (a
-    /// payload from a peer's region into a region, the one copy of
-    /// [`crate::by_reference`]), otherwise through a bounce small enough to
-    /// stay in the L1 cache. Either way each side keeps its atomic access.
+    /// `offset` (a payload from a peer's region into a region, the one
+    /// copy of [`crate::by_reference`]): on x86-64 with one string move
+    /// where the ranges do not overlap, else word by word where both sides
+    /// share an alignment, otherwise through a bounce small enough to stay
+    /// in the L1 cache. Each way each side keeps its atomic access.
     pub fn copy_from(&self, offset: usize, src: &DmaBuffer, src_offset: usize, len: usize) {
         self.check(offset, len);
         src.check(src_offset, len);
@@ -158,6 +159,13 @@ impl DmaBuffer {
         let (from, to) = unsafe { (src.ptr.as_ptr().add(src_offset), self.ptr.as_ptr().add(offset)) };
         if from == to {
             return; // the bytes are already there
+        }
+        #[cfg(target_arch = "x86_64")]
+        if (from as usize).abs_diff(to as usize) >= len {
+            // SAFETY: in bounds (checked above), the ranges apart; both
+            // accessed only atomically by everyone (or from outside Rust).
+            unsafe { atomic_copy::string(from, to, len) };
+            return;
         }
         if (from as usize).abs_diff(to as usize).is_multiple_of(8) {
             // SAFETY: in bounds (checked above); two buffers' ranges, or
@@ -288,6 +296,38 @@ mod atomic_copy {
         }
     }
 
+    /// Copies `len` bytes from shared memory at `src` to shared memory at
+    /// `dst` with one `rep movsb`, which on processors with fast string
+    /// moves (ERMS, FSRM) runs at `memcpy`'s speed where the word loop of
+    /// [`between`] cannot (LLVM does not widen atomics): 64 KiB between
+    /// 8 MiB buffers at 490 to 528 Gb/s here against 376 to 411. It is
+    /// the same byte-wise atomic copy: x86-64 reads and writes every byte
+    /// of every access single-copy atomically (Intel SDM vol. 3A, 9.1.1),
+    /// and a string move reads each source byte once and writes each
+    /// destination byte once, so what it does to memory is what relaxed
+    /// atomic byte loads and stores would do, which is what an `asm!`
+    /// block must be explainable as.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads and `dst` for writes of `len` bytes,
+    /// the two ranges must not overlap (a string move over an overlap is
+    /// not a forward byte copy), and both are accessed by others only
+    /// through atomics (or from outside Rust).
+    #[cfg(target_arch = "x86_64")]
+    pub unsafe fn string(src: *const u8, dst: *mut u8, len: usize) {
+        // SAFETY: the caller's; the direction flag is clear, as the ABI
+        // requires at every call, so the move goes forwards.
+        unsafe {
+            std::arch::asm!(
+                "rep movsb",
+                inout("rcx") len => _,
+                inout("rsi") src => _,
+                inout("rdi") dst => _,
+                options(nostack, preserves_flags),
+            );
+        }
+    }
+
     /// Copies `src` into shared memory at `dst`.
     ///
     /// # Safety
@@ -345,6 +385,23 @@ mod tests {
             assert!(out[..at].iter().all(|&b| b == 0), "{at} {from} {len}");
             assert!(out[at..at + len].iter().enumerate().all(|(i, &b)| b == (i + from) as u8), "{at} {from} {len}");
             assert!(out[at + len..].iter().all(|&b| b == 0), "{at} {from} {len}");
+        }
+    }
+
+    /// Within one buffer: ranges apart take the string move (on x86-64);
+    /// overlapping ones the word loop (alignments that agree) or the
+    /// bounce, which copy forwards, so a copy to lower addresses moves
+    /// every byte as it was.
+    #[test]
+    fn copies_within_one_buffer_apart_or_overlapping() {
+        let original: Vec<u8> = (0..400u32).map(|i| i as u8).collect();
+        for (at, from, len) in [(200, 0, 100), (0, 8, 64), (0, 3, 64), (5, 13, 300)] {
+            let buffer = DmaBuffer::from_bytes(&original);
+            buffer.copy_from(at, &buffer, from, len);
+            let out = buffer.to_vec();
+            assert_eq!(&out[at..at + len], &original[from..from + len], "{at} {from} {len}");
+            assert_eq!(&out[..at], &original[..at], "{at} {from} {len}");
+            assert_eq!(&out[at + len..], &original[at + len..], "{at} {from} {len}");
         }
     }
 
