@@ -27,7 +27,8 @@ pub struct SimArgs {
     /// seeds no run has tried].
     #[arg(long)]
     pub first: Option<u64>,
-    /// The networks: hostile (one faulty link), switched (two switches) or all.
+    /// The networks: hostile (one faulty link), switched (two switches),
+    /// one_host (two devices of one machine, payloads by reference) or all.
     #[arg(long, default_value = "all", value_parser = networks)]
     pub network: Networks,
     /// Threads running seeds [default: one per CPU].
@@ -102,7 +103,8 @@ pub fn run(args: &SimArgs) -> Result<(), String> {
     };
     let over = match names.as_slice() {
         [one] => format!("the {one} network"),
-        many => format!("the {} networks", many.join(" and ")),
+        [most @ .., last] => format!("the {} and {last} networks", most.join(", ")),
+        [] => unreachable!("--network names at least one"),
     };
     println!("softrnic sim: seeds from {first} over {over}, {until}, {threads} thread(s)");
 

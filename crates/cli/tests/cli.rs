@@ -131,15 +131,21 @@ fn fails_with(args: &[&str], needle: &str) {
 }
 
 #[test]
-fn the_simulator_runs_seeds_over_both_networks_and_replays_one() {
+fn the_simulator_runs_seeds_over_every_network_and_replays_one() {
     let out = run(&["sim", "--seeds", "3", "--first", "0", "--threads", "2"]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    assert!(t.contains("3 seeds (0..3) over the hostile and switched networks in") && t.contains(": 0 failed"), "{t}");
+    assert!(
+        t.contains("3 seeds (0..3) over the hostile, switched and one_host networks in") && t.contains(": 0 failed"),
+        "{t}"
+    );
     let out = run(&["sim", "--seed", "100037", "--network", "switched"]);
     let t = text(&out);
     assert!(out.status.success() && t.contains("switched seed 100037: passed in"), "{t}");
-    fails_with(&["sim", "--network", "ring"], "`ring` is not a simulated network; give hostile or switched, or all");
+    fails_with(
+        &["sim", "--network", "ring"],
+        "`ring` is not a simulated network; give hostile, switched or one_host, or all",
+    );
     fails_with(&["sim", "--for", "5x"], "give one such as 90s, 10m or 8h");
     fails_with(&["sim", "--seeds", "0"], "--seeds 0 runs nothing");
     fails_with(&["sim", "--seed", "1", "--seeds", "2"], "cannot be used with");

@@ -35,6 +35,9 @@ pub struct Limits {
     /// Draw faults beyond what the network does to packets: outages,
     /// clock jumps and crashes.
     pub host_faults: bool,
+    /// The two hosts are devices of one machine ([`World::on_one_host`]):
+    /// payloads by reference, packets spanning MTUs, no corruption.
+    pub one_host: bool,
 }
 
 impl Default for Limits {
@@ -47,6 +50,7 @@ impl Default for Limits {
             max_steps: 20_000_000,
             switched: false,
             host_faults: true,
+            one_host: false,
         }
     }
 }
@@ -60,15 +64,21 @@ pub enum Network {
     /// Two of softrnic's switches joined by a slower link, whose ports
     /// lose and reorder packets.
     Switched,
+    /// Two devices of one machine, whose packets carry references to
+    /// each other's memory in place of payloads (spanning several MTUs),
+    /// over a link that drops, reorders and duplicates them (but cannot
+    /// corrupt them: that path has no ICRC).
+    OneHost,
 }
 
 impl Network {
-    pub const ALL: [Network; 2] = [Network::Hostile, Network::Switched];
+    pub const ALL: [Network; 3] = [Network::Hostile, Network::Switched, Network::OneHost];
 
     pub fn name(self) -> &'static str {
         match self {
             Network::Hostile => "hostile",
             Network::Switched => "switched",
+            Network::OneHost => "one_host",
         }
     }
 
@@ -77,12 +87,12 @@ impl Network {
         Network::ALL
             .into_iter()
             .find(|n| n.name() == name)
-            .ok_or_else(|| format!("`{name}` is not a simulated network; give hostile or switched"))
+            .ok_or_else(|| format!("`{name}` is not a simulated network; give hostile, switched or one_host"))
     }
 
     /// The default limits over this network.
     pub fn limits(self) -> Limits {
-        Limits { switched: self == Network::Switched, ..Limits::default() }
+        Limits { switched: self == Network::Switched, one_host: self == Network::OneHost, ..Limits::default() }
     }
 
     /// The command that runs `seed` over this network again, its trace
@@ -121,6 +131,10 @@ pub struct Outcome {
     pub seq_naks: u64,
     pub duplicates: u64,
     pub icrc_drops: u64,
+    /// Packets sent with their payload by reference, and of those the ones
+    /// that stood for several MTUs (on one host).
+    pub by_reference: u64,
+    pub spanning: u64,
 }
 
 /// One endpoint while the run goes on.
@@ -222,6 +236,8 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     // Switch ports lose and reorder; they neither duplicate nor corrupt,
     // and the replay line says what the run had.
     let faults = if limits.switched { Faults { duplicate: 0.0, corrupt: 0.0, ..faults } } else { faults };
+    // Nor can one host's path be corrupted unnoticed: it carries no ICRC.
+    let faults = if limits.one_host { Faults { corrupt: 0.0, ..faults } } else { faults };
     // Half the seeds time retransmissions adaptively, some with a floor
     // below the path's RTT (spurious retransmissions must be harmless).
     let retransmission = match rng.u8(0..4) {
@@ -279,9 +295,13 @@ pub fn run(seed: u64, limits: Limits) -> Result<Outcome, String> {
     if limits.host_faults {
         world.outages = outages(seed);
     }
+    if limits.one_host {
+        world.on_one_host();
+    }
     let recovery = if selective_repeat { "selective repeat" } else { "go-back-N" };
+    let wire = if limits.one_host { ", one host: payloads by reference" } else { "" };
     let context = format!(
-        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, outages {:?}, clock jump {jump:?}, crash {crash:?}, {retransmission:?}, {recovery}, {cc})",
+        "seed {seed} (mtu {}, {pairs} pair(s), faults {faults:?}, outages {:?}, clock jump {jump:?}, crash {crash:?}, {retransmission:?}, {recovery}, {cc}{wire})",
         mtu.bytes(),
         world.outages
     );
@@ -490,6 +510,8 @@ fn outcome(world: &World, live: &[[Live; 2]], retransmission: Retransmission, se
         seq_naks: sum(|c| c.seq_naks_sent + c.selective_naks_sent),
         duplicates: sum(|c| c.rx_duplicate_requests + c.rx_duplicate_responses),
         icrc_drops: sum(|c| c.rx_icrc_errors),
+        by_reference: sum(|c| c.tx_by_reference),
+        spanning: sum(|c| c.tx_spanning),
     }
 }
 
@@ -752,7 +774,8 @@ fn open_endpoint(world: &mut World, host: usize, plan: &EndpointPlan, rng: &mut 
     let device = world.device(host);
     let pd = device.alloc_pd();
     let cq = device.create_cq(1 << 16);
-    let buffer = Arc::new(DmaBuffer::from_bytes(&plan.initial));
+    let buffer = world.buffer(&plan.initial);
+    let device = world.device(host);
     let mr = device
         .register_memory(Registration {
             pd,

@@ -13,7 +13,10 @@ use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use softrnic_transport::{Device, Entropy, Instant, MAX_DATAGRAM_LEN, SrqId, TransportConfig};
+use std::sync::{Arc, Mutex};
+
+use softrnic_transport::memory::{PeerMemory, SharedFile, SharedPart};
+use softrnic_transport::{Device, DmaBuffer, Egress, Entropy, Instant, MAX_DATAGRAM_LEN, SrqId, TransportConfig};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
 use crate::fabric::{Fabric, FabricSpec};
@@ -141,6 +144,37 @@ pub struct World {
     /// many hosts have restarted (each restart draws afresh).
     seed: u64,
     restarts: u64,
+    /// Set when the hosts are devices of one machine
+    /// ([`World::on_one_host`]): the files their registered memory lies
+    /// in, which their references name.
+    one_host: Option<HostFiles>,
+}
+
+/// The files of one simulated machine: where the devices' registered
+/// memory lies, for the references they send each other to resolve to
+/// ([`softrnic_transport::by_reference`]), as the engine maps a peer
+/// process's memfds.
+#[derive(Debug, Clone, Default)]
+pub struct HostFiles(Arc<Mutex<HashMap<SharedFile, Arc<DmaBuffer>>>>);
+
+impl HostFiles {
+    /// `bytes` as a buffer that lies whole in a file of its own, which
+    /// peers can map.
+    fn share(&self, bytes: &[u8]) -> Arc<DmaBuffer> {
+        let mut files = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = files.len() as u64 + 1;
+        let file = SharedFile { pid: 1, fd: n as i32, inode: n };
+        let part = SharedPart { at: 0, len: bytes.len(), file, file_offset: 0 };
+        let buffer = Arc::new(DmaBuffer::from_bytes(bytes).shared_in(vec![part]));
+        files.insert(file, buffer.clone());
+        buffer
+    }
+}
+
+impl PeerMemory for HostFiles {
+    fn map(&mut self, file: &SharedFile) -> Option<Arc<DmaBuffer>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(file).cloned()
+    }
 }
 
 /// Keys and QP numbers for host `host`'s device, drawn from the run's seed
@@ -196,6 +230,37 @@ impl World {
             partitioned: 0,
             seed,
             restarts: 0,
+            one_host: None,
+        }
+    }
+
+    /// Makes the hosts devices of one machine, as the shared-memory wire
+    /// joins them: their packets carry references to registered memory
+    /// in place of payloads, spanning several MTUs where they may, with
+    /// no ICRC (so the network must not corrupt them). The network still
+    /// drops, reorders and duplicates them, which the rings never do:
+    /// the transport's recovery must hold on this path too.
+    pub fn on_one_host(&mut self) {
+        self.one_host = Some(HostFiles::default());
+        for host in 0..self.hosts.len() {
+            self.join_host(host);
+        }
+    }
+
+    fn join_host(&mut self, host: usize) {
+        if let Some(files) = &self.one_host {
+            let device = &mut self.hosts[host].device;
+            device.set_peer_memory(Box::new(files.clone()));
+            device.send_references(true);
+        }
+    }
+
+    /// A buffer holding `bytes` for a host to register: in a file its
+    /// peers can map when the world is one machine.
+    pub fn buffer(&self, bytes: &[u8]) -> Arc<DmaBuffer> {
+        match &self.one_host {
+            Some(files) => files.share(bytes),
+            None => Arc::new(DmaBuffer::from_bytes(bytes)),
         }
     }
 
@@ -232,6 +297,7 @@ impl World {
         self.restarts += 1;
         let config = self.hosts[host].device.config().clone();
         self.hosts[host].device = Device::new(config, entropy(self.seed, host, self.restarts));
+        self.join_host(host);
         self.hosts[host].receive_sources = ReceiveSources::default();
         self.hosts[host].up = true;
         self.timers[host] = None;
@@ -384,11 +450,14 @@ impl World {
                 Some(fabric) => fabric.has_room(index),
                 None => network.has_room(index, now),
             };
+            let same_host = self.one_host.is_some();
+            let mut egress = |_| if same_host { Egress::SameHost { references: true } } else { Egress::ROCEV2_PORT };
             while room(&mut self.fabric, &mut self.network)
-                && let Some(t) = host.device.poll_transmit(clock, &mut self.buf)
+                && let Some(t) = host.device.poll_transmit_from(clock, &mut self.buf, &mut egress)
             {
                 let to = SocketAddr::new(t.dst, ROCEV2_UDP_PORT);
-                let packet = InFlight::new(host.addr, to, self.buf[..t.len].to_vec(), t.int);
+                let mut packet = InFlight::new(host.addr, to, self.buf[..t.len].to_vec(), t.int);
+                packet.meta.same_host = same_host;
                 if self.trace {
                     println!("{:>12?} send    {}", self.now - Instant::ZERO, describe(&packet));
                 }

@@ -146,6 +146,28 @@ fn random_workloads_survive_a_switched_network() {
     }
 }
 
+/// The same invariants between two devices of one machine: payloads by
+/// reference, packets that carry several MTUs each and stand for as many
+/// PSNs, over a link that drops, reorders and duplicates them (which the
+/// rings never do, so recovery on this path is proved here).
+#[test]
+fn random_workloads_survive_one_host_by_reference() {
+    let seeds = seeds(300);
+    let (mut by_reference, mut spanning, mut retransmitted, mut duplicates) = (0, 0, 0, 0);
+    for outcome in run_all(&seeds, Network::OneHost) {
+        by_reference += outcome.by_reference;
+        spanning += outcome.spanning;
+        retransmitted += outcome.retransmitted;
+        duplicates += outcome.duplicates;
+    }
+    println!(
+        "one host: {by_reference} packets by reference, {spanning} of them spanning MTUs; {retransmitted} retransmitted, {duplicates} duplicates"
+    );
+    if seeds.len() >= 100 {
+        assert!(spanning > 0 && retransmitted > 0 && duplicates > 0, "spans met loss and duplication");
+    }
+}
+
 /// Replays one seed of the switched scenario that once failed.
 fn replay_switched(seed: u64) {
     if let Err(failure) = scenario::run(seed, Network::Switched.limits()) {

@@ -26,6 +26,9 @@ pub struct Counters {
     /// Packets sent with their payload by reference, and those received.
     pub tx_by_reference: u64,
     pub rx_by_reference: u64,
+    /// Of those sent, the packets that carried several MTUs, each
+    /// standing for as many PSNs ([`crate::by_reference::MAX_SPAN_BYTES`]).
+    pub tx_spanning: u64,
     /// Packets for a QP number that does not exist.
     pub rx_unknown_qp: u64,
     /// Packets from a peer or of a kind the QP does not talk to.
@@ -88,6 +91,7 @@ impl std::ops::AddAssign<&Counters> for Counters {
         self.rx_unresolved_references += other.rx_unresolved_references;
         self.tx_by_reference += other.tx_by_reference;
         self.rx_by_reference += other.rx_by_reference;
+        self.tx_spanning += other.tx_spanning;
         self.rx_unknown_qp += other.rx_unknown_qp;
         self.rx_dropped_foreign += other.rx_dropped_foreign;
         self.rx_auth_failures += other.rx_auth_failures;

@@ -76,6 +76,12 @@ impl Device {
         self.shard.set_peer_memory(peers);
     }
 
+    /// Lets packets to devices on this host carry references in place of
+    /// payloads ([`Shard::send_references`]).
+    pub fn send_references(&mut self, sends: bool) {
+        self.shard.send_references(sends);
+    }
+
     pub fn alloc_pd(&mut self) -> PdId {
         let pd = self.control.alloc_pd();
         self.sync_memory(pd)

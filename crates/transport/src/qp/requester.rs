@@ -513,6 +513,7 @@ impl QueuePair {
         if let Some((n, _)) = referenced {
             buf.get_mut(start..start + n).ok_or(WcStatus::LocLenErr)?.copy_from_slice(&references[..n]);
             ctx.referenced = Some(packet_len(start, payload_len));
+            ctx.counters.tx_spanning += u64::from(span > 1);
             let len = headers.emit_around_payload(buf, n).map_err(|_| WcStatus::LocLenErr)?;
             return Ok((len, span));
         }

@@ -839,6 +839,7 @@ impl QueuePair {
         if let Some((n, _)) = referenced {
             buf[start..start + n].copy_from_slice(&references[..n]);
             ctx.referenced = Some(packet_len(start, payload_len));
+            ctx.counters.tx_spanning += u64::from(span > 1);
             return Ok((headers, n, span));
         }
         view_of(one_mtu)?.read(&mut buf[start..start + one_mtu]);
