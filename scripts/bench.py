@@ -276,14 +276,24 @@ def memcpy_gbps(size, slots=128, rounds=20000):
 def shm_main(a, extra):
     """The shared-memory wire beside UCX's (UCX_TLS=posix) and a memcpy,
     same run; 64 KiB write_bw also with one copy off (four copies through
-    the rings, SOFTRNIC_NO_ONE_COPY)."""
+    the rings, SOFTRNIC_NO_ONE_COPY), and perftest's ib_write_bw in the
+    process and between two tenants of one softrnicd."""
     install_peers()
     subprocess.run([os.path.join(ROOT, "scripts", "build-libibverbs.sh")], check=True, stdout=subprocess.DEVNULL)
     extra = extra + ["--datapath", "shm"]
-    tls = "posix,self"
-    four_copies = {**os.environ, "SOFTRNIC_NO_ONE_COPY": "1"}
-    measures = ["lat", "ucx_lat", "rate", "ucx_rate", "bw", "bw_four", "perftest_bw", "memcpy_cached", "memcpy", "ucx_put", "lat_1k_mean"]
+    measures = ["lat", "ucx_lat", "rate", "ucx_rate", "bw", "bw_four", "perftest_bw", "daemon_bw", "memcpy_cached", "memcpy", "ucx_put", "lat_1k_mean"]
     r = {k: [] for k in measures}
+    socket = f"/tmp/softrnicd-bench-{os.getpid()}.sock"
+    softrnicd = os.path.join(os.path.dirname(SOFTRNIC), "softrnicd")
+    with Server([softrnicd, "--socket", socket]):
+        shm_runs(a, extra, r, socket)
+    shm_report(a, r)
+
+
+def shm_runs(a, extra, r, socket):
+    """`--shm`'s runs, into `r`; `socket` is a softrnicd's."""
+    four_copies = {**os.environ, "SOFTRNIC_NO_ONE_COPY": "1"}
+    tls = "posix,self"
     for run in range(a.runs):
         print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
         r["lat"].append(softrnic("send_lat", 64, extra + ["-n", "20000"])["p50_ns"] / 1000)
@@ -295,11 +305,18 @@ def shm_main(a, extra):
         r["bw"].append(softrnic("write_bw", 65536, extra + ["-D", "2"])["bw_avg_gbps"])
         r["bw_four"].append(softrnic("write_bw", 65536, extra + ["-D", "2"], four_copies)["bw_avg_gbps"])
         # One buffer written over and over, as ucx_perftest's put_bw does.
-        r["perftest_bw"].append(perftest("ib_write_bw", ["-s", "65536", "-D", "2", "--report_gbits"], 18970 + run)[3])
+        perftest_write = ["-s", "65536", "-D", "2", "--report_gbits"]
+        r["perftest_bw"].append(perftest("ib_write_bw", perftest_write, 18970 + run, {"SOFTRNIC_DAEMON": "off"})[3])
+        # The same pair as two tenants of one softrnicd (E11's path).
+        tenants = ({"SOFTRNIC_DAEMON": socket}, ("127.0.0.32", "127.0.0.33"))
+        r["daemon_bw"].append(perftest("ib_write_bw", perftest_write, 18980 + run, *tenants)[3])
         r["memcpy_cached"].append(memcpy_gbps(65536, slots=1))
         r["memcpy"].append(memcpy_gbps(65536))
         r["ucx_put"].append(ucx("ucp_put_bw", 65536, 14537 + run, tls)["mbps"] * 8 * 1.048576 / 1000)
         r["lat_1k_mean"].append(softrnic("send_lat", 1024, extra + ["-n", "20000"])["mean_ns"] / 1000)
+
+
+def shm_report(a, r):
     m = {k: median(v) for k, v in r.items()}
     ratio = lambda a, b: per_run_ratio(r[a], r[b])
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, shared-memory wire:\n")
@@ -312,6 +329,7 @@ def shm_main(a, extra):
     print(f"| 64 KiB write_bw | {m['bw']:.2f} Gb/s | memcpy, one thread, 64 KiB at a time between the benchmark's two 8 MiB of buffers | {m['memcpy']:.2f} Gb/s | {ratio('bw', 'memcpy'):.2f}× | ≥ 0.5× |")
     print(f"| 64 KiB `ib_write_bw` (perftest, engine in the process: one buffer, as UCX's) | {m['perftest_bw']:.2f} Gb/s | UCX posix ucp_put_bw | {m['ucx_put']:.2f} Gb/s | {ratio('perftest_bw', 'ucx_put'):.2f}× | ≥ 0.5× |")
     print(f"| 64 KiB `ib_write_bw` (as above) | {m['perftest_bw']:.2f} Gb/s | memcpy, one thread, between two 64 KiB buffers (in cache) | {m['memcpy_cached']:.2f} Gb/s | {ratio('perftest_bw', 'memcpy_cached'):.2f}× | ≥ 0.5× |")
+    print(f"| 64 KiB `ib_write_bw` between two tenants of one softrnicd | {m['daemon_bw']:.2f} Gb/s | UCX posix ucp_put_bw | {m['ucx_put']:.2f} Gb/s | {ratio('daemon_bw', 'ucx_put'):.2f}× | ≥ 0.5× |")
     print(f"| 64 KiB write_bw | {m['bw']:.2f} Gb/s | four copies through the rings (`SOFTRNIC_NO_ONE_COPY=1`) | {m['bw_four']:.2f} Gb/s | {ratio('bw', 'bw_four'):.2f}× | |")
     print(f"| 1 KiB send_lat mean (E1) | {m['lat_1k_mean']:.2f} µs | Soft-RoCE, published | 24.07 µs | {m['lat_1k_mean'] / 24.07:.2f}× | |")
     print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
