@@ -5,8 +5,9 @@
 //! buffer while the application holds it, from other threads, and nothing
 //! stops a program from reading bytes that a peer's WRITE is landing in
 //! (a latency test spins on exactly that). So every access to the buffer
-//! is a relaxed atomic one, words where aligned and bytes at the edges (a
-//! byte-wise atomic memcpy, as C++'s P1478 proposes): a race yields a mix
+//! is a relaxed atomic one, words where aligned and bytes at the edges, or
+//! between two buffers on x86-64 one string move (a byte-wise atomic
+//! memcpy either way, as C++'s P1478 proposes): a race yields a mix
 //! of old and new bytes, never undefined behaviour. Completion ordering
 //! (the CQ's lock) is what tells the application when the NIC is done and
 //! makes the bytes visible.

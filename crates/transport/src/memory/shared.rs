@@ -89,9 +89,9 @@ impl SharedParts {
 }
 
 /// How a device reaches the files its peers' references name: the engine
-/// maps them (and keeps them mapped); the simulator, whose devices share
-/// no files, has none, and a reference is then refused like any other it
-/// cannot resolve.
+/// maps them (and keeps them mapped); the simulator's one-host world
+/// looks them up in its `HostFiles`. A device with none refuses a
+/// reference like any other it cannot resolve.
 pub trait PeerMemory: Send {
     /// `file`, mapped whole for reading, or `None` if it cannot be: the
     /// process or its descriptor is gone, the descriptor now names another
