@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 use softrnic_transport::{Egress, MAX_DATAGRAM_LEN, RecvMeta};
 use softrnic_wire::ROCEV2_UDP_PORT;
 
@@ -387,8 +388,10 @@ impl SharedMemory {
 
 impl Datapath for SharedMemory {
     fn send(&mut self, packets: &[(SocketAddr, &[u8])]) -> usize {
-        let mut remote = [(self.udp.socket.local_addr(), &[][..]); BATCH];
-        let (mut n_remote, mut taken) = (0, 0);
+        // Filled only for peers off this host: no array of a batch's
+        // entries set up for every call.
+        let mut remote: SmallVec<[(SocketAddr, &[u8]); BATCH]> = SmallVec::new();
+        let mut taken = 0;
         // What was held goes first, in order, as far as the rings take it.
         let was_held = self.held.len();
         let source = self.ring_source();
@@ -408,10 +411,7 @@ impl Datapath for SharedMemory {
             let bytes = crate::int::roce_packet(dst, datagram);
             let sent = if self.held.is_empty() { self.peers.send(source, dst.ip(), bytes) } else { Some(Sent::Full) };
             match sent {
-                None => {
-                    remote[n_remote] = (dst, datagram);
-                    n_remote += 1;
-                }
+                None => remote.push((dst, datagram)),
                 Some(Sent::Delivered | Sent::DeliveredRang) => taken += 1,
                 // Held behind what is held already; past the bound, lost
                 // as on a full link (and counted by the caller).
@@ -425,9 +425,9 @@ impl Datapath for SharedMemory {
                 Some(Sent::Full) => {}
             }
         }
-        if n_remote > 0 {
+        if !remote.is_empty() {
             self.udp_busy_until = Instant::now() + UDP_BUSY;
-            taken += self.udp.send(&remote[..n_remote]);
+            taken += self.udp.send(&remote);
         }
         taken
     }
