@@ -688,7 +688,7 @@ impl Shard {
     /// than one per ACK.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         let held = self.held.next_deadline();
-        [self.next_qp_timer(), held].into_iter().flatten().min()
+        crate::time::earliest([self.next_qp_timer(), held])
     }
 
     fn next_qp_timer(&mut self) -> Option<Instant> {

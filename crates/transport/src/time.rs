@@ -41,6 +41,15 @@ impl Sub<Instant> for Instant {
 
 /// The local ACK timeout that a QP's 5-bit `timeout` attribute encodes:
 /// 4.096 µs × 2^timeout, `None` (wait forever) for 0 (IBTA 9.7.6.1.3).
+/// The earliest of the deadlines that are set. Timers are asked for on
+/// every packet a QP sends (a tenth of a 64 B sender's time went to
+/// `[..].into_iter().flatten().min()` over them): an unset one reads as
+/// the end of time, and the rest is a plain minimum.
+pub fn earliest<const N: usize>(deadlines: [Option<Instant>; N]) -> Option<Instant> {
+    let at = deadlines.iter().fold(u64::MAX, |at, deadline| at.min(deadline.map_or(u64::MAX, Instant::as_nanos)));
+    (at != u64::MAX || deadlines.contains(&Some(Instant(u64::MAX)))).then_some(Instant(at))
+}
+
 pub fn ack_timeout(code: u8) -> Option<Duration> {
     match code {
         0 => None,
@@ -51,6 +60,15 @@ pub fn ack_timeout(code: u8) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_earliest_deadline_that_is_set() {
+        let at = Instant::from_nanos;
+        assert_eq!(earliest([None, Some(at(7)), Some(at(3))]), Some(at(3)));
+        assert_eq!(earliest([None, None]), None);
+        assert_eq!(earliest([Some(at(u64::MAX)), None]), Some(at(u64::MAX)));
+        assert_eq!(earliest::<0>([]), None);
+    }
 
     #[test]
     fn ack_timeout_encoding() {

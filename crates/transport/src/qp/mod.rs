@@ -458,7 +458,7 @@ impl QueuePair {
     /// When this QP next needs [`QueuePair::handle_timeout`]: a timer, or
     /// the moment its pacer lets a waiting request go.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        [self.req.deadline(), self.paced_until, self.congestion_timer()].into_iter().flatten().min()
+        crate::time::earliest([self.req.deadline(), self.paced_until, self.congestion_timer()])
     }
 
     pub(crate) fn handle_timeout(&mut self, ctx: &mut Ctx) {

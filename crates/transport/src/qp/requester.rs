@@ -102,7 +102,7 @@ impl Requester {
     }
 
     pub fn deadline(&self) -> Option<Instant> {
-        [self.retry_deadline, self.rnr_until, self.repair_deadline].into_iter().flatten().min()
+        crate::time::earliest([self.retry_deadline, self.rnr_until, self.repair_deadline])
     }
 }
 
