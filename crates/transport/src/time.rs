@@ -39,8 +39,6 @@ impl Sub<Instant> for Instant {
     }
 }
 
-/// The local ACK timeout that a QP's 5-bit `timeout` attribute encodes:
-/// 4.096 µs × 2^timeout, `None` (wait forever) for 0 (IBTA 9.7.6.1.3).
 /// The earliest of the deadlines that are set. Timers are asked for on
 /// every packet a QP sends (a tenth of a 64 B sender's time went to
 /// `[..].into_iter().flatten().min()` over them): an unset one reads as
@@ -50,6 +48,8 @@ pub fn earliest<const N: usize>(deadlines: [Option<Instant>; N]) -> Option<Insta
     (at != u64::MAX || deadlines.contains(&Some(Instant(u64::MAX)))).then_some(Instant(at))
 }
 
+/// The local ACK timeout that a QP's 5-bit `timeout` attribute encodes:
+/// 4.096 µs × 2^timeout, `None` (wait forever) for 0 (IBTA 9.7.6.1.3).
 pub fn ack_timeout(code: u8) -> Option<Duration> {
     match code {
         0 => None,
