@@ -11,9 +11,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::Duration;
-
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use softrnic_transport::memory::{PeerMemory, SharedFile, SharedPart};
 use softrnic_transport::{Device, DmaBuffer, Egress, Entropy, Instant, MAX_DATAGRAM_LEN, SrqId, TransportConfig};
