@@ -943,7 +943,9 @@ def mpi_main(a):
 
 
 def qps_main(a, extra):
-    """256 QPs of 4 KiB write_bw on the shared-memory wire beside one QP."""
+    """256 QPs of 4 KiB write_bw on the shared-memory wire beside one QP,
+    and the engines' own memory per QP (from runs with one copy off, whose
+    buffers are mapped once)."""
     many = 256
     r = {k: [] for k in ["one", "many", "ratio", "lost", "per_qp"]}
     for run in range(a.runs):
@@ -956,9 +958,16 @@ def qps_main(a, extra):
         r["many"].append(lots["bw_avg_gbps"])
         r["ratio"].append(lots["bw_avg_gbps"] / one["bw_avg_gbps"])
         r["lost"].append((lots["retransmitted"], lots["timeouts"]))
-        # One process holds both ends: each end's buffers, and twice the QPs.
+        # The engines' memory from two more runs with one copy off: with it
+        # on, each end's buffers are mapped twice in the one process (by
+        # their owner and by the peer that copies out of them) and the
+        # resident figure counts such pages twice. One process holds both
+        # ends: each end's buffers, and twice the QPs.
+        once = {**os.environ, "SOFTRNIC_NO_ONE_COPY": "1"}
+        memory = {qps: softrnic("write_bw", 4096, extra + ["--datapath", "shm", "-q", str(qps), "-D", "1"], once)
+                  for qps in (1, many)}
         own = lambda row: row["resident_peak_bytes"] - 2 * row["registered_bytes"]
-        r["per_qp"].append((own(lots) - own(one)) / (2 * (many - 1)))
+        r["per_qp"].append((own(memory[many]) - own(memory[1])) / (2 * (many - 1)))
     print(f"\nMedians of {a.runs} runs, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores:\n")
     print("| 4 KiB write_bw, shared memory | 1 QP | 256 QPs | 256 ÷ 1 (median of per-run ratios) | retransmitted, timeouts (each run, 256 QPs) | engine memory per QP |")
     print("| --- | --- | --- | --- | --- | --- |")
