@@ -110,36 +110,57 @@ pub fn emit(ranges: &[FileRange], out: &mut [u8]) -> usize {
 }
 
 /// Writes references to message bytes `[offset, offset + len)` of a
-/// gather list into `out`, if they are at least [`MIN_BY_REFERENCE`],
-/// every byte lies in shared memory and few enough files hold them: the
-/// bytes written, or `None` (the payload goes in the datagram).
+/// gather list into `out`, if every byte lies in shared memory: as many
+/// of them as [`MAX_REFERENCES`] reach, cut to whole `unit`s (MTUs) unless
+/// they reach the end, and at least [`MIN_BY_REFERENCE`]. Returns the
+/// bytes written and the payload they cover, or `None` (the payload goes
+/// in the datagram). One walk of the list, whatever the answer: the
+/// requester asks for the widest packet it may send and takes what fits.
 pub(crate) fn refer_to_gather(
     table: &MemoryTable,
     pd: PdId,
     sges: &[Sge],
     offset: u64,
     len: usize,
+    unit: usize,
     out: &mut [u8],
-) -> Result<Option<usize>, AccessFault> {
+) -> Result<Option<(usize, usize)>, AccessFault> {
     let mut ranges = FileRanges::new();
     if len < MIN_BY_REFERENCE || !shared_ranges(table, pd, sges, offset, len, &mut ranges)? {
         return Ok(None);
     }
-    Ok(refer(&ranges, out))
+    Ok(refer_up_to(&mut ranges, len, unit, out))
 }
 
 /// As [`refer_to_gather`], for the bytes of one checked view (a READ
 /// response's).
-pub(crate) fn refer_to_view(view: &MemoryView, out: &mut [u8]) -> Option<usize> {
+pub(crate) fn refer_to_view(view: &MemoryView, unit: usize, out: &mut [u8]) -> Option<(usize, usize)> {
     let mut ranges = FileRanges::new();
     if view.len() < MIN_BY_REFERENCE || !view.shared_ranges(&mut ranges) {
         return None;
     }
-    refer(&ranges, out)
+    refer_up_to(&mut ranges, view.len(), unit, out)
 }
 
-fn refer(ranges: &[FileRange], out: &mut [u8]) -> Option<usize> {
-    (ranges.len() <= MAX_REFERENCES && out.len() >= ranges.len() * REFERENCE_LEN).then(|| emit(ranges, out))
+/// Writes the references to the first bytes of a `len`-byte payload that
+/// `ranges` hold: as many as [`MAX_REFERENCES`] reach, cut to whole
+/// `unit`s unless they reach the end. The bytes written and the payload
+/// they cover, or `None` if that is less than [`MIN_BY_REFERENCE`].
+fn refer_up_to(ranges: &mut FileRanges, len: usize, unit: usize, out: &mut [u8]) -> Option<(usize, usize)> {
+    ranges.truncate(MAX_REFERENCES.min(out.len() / REFERENCE_LEN));
+    let reached: usize = ranges.iter().map(|range| range.len as usize).sum();
+    let covered = if reached >= len { len } else { reached - reached % unit.max(1) };
+    if covered < MIN_BY_REFERENCE {
+        return None;
+    }
+    let mut left = covered;
+    ranges.retain(|range| {
+        let keep = left > 0;
+        range.len = range.len.min(u32::try_from(left).unwrap_or(u32::MAX));
+        left -= range.len as usize;
+        keep
+    });
+    Some((emit(ranges, out), covered))
 }
 
 /// Reads the references a payload holds: `None` if it is not a whole
@@ -306,6 +327,26 @@ mod tests {
         expected.extend_from_slice(&[0; 4]);
         assert_eq!(&out[..32], &expected[..]);
         assert_eq!(parse(&out).unwrap().as_slice(), &ranges);
+    }
+
+    /// A payload spread over more files than a packet names is referred
+    /// to as far as the references reach, in whole units; one they reach
+    /// whole keeps its ragged end; less than the minimum goes inline.
+    #[test]
+    fn references_reach_as_far_as_whole_units_allow() {
+        let mut out = [0u8; MAX_REFERENCES_LEN];
+        // Ten pieces of 1000 bytes in ten files, units of 4096: eight
+        // reach 8000 bytes, of which one unit is whole.
+        let mut ranges: FileRanges = (0..10).map(|fd| range(fd, 0, 1000)).collect();
+        assert_eq!(refer_up_to(&mut ranges, 10_000, 4096, &mut out), Some((5 * REFERENCE_LEN, 4096)));
+        let cut = parse(&out[..5 * REFERENCE_LEN]).unwrap();
+        assert_eq!(cut.iter().map(|r| r.len).collect::<Vec<_>>(), [1000, 1000, 1000, 1000, 96]);
+        // Reached whole: every byte, the last unit short.
+        let mut ranges: FileRanges = (0..2).map(|fd| range(fd, 0, 3000)).collect();
+        assert_eq!(refer_up_to(&mut ranges, 6000, 4096, &mut out), Some((2 * REFERENCE_LEN, 6000)));
+        // Nine pieces of 100 bytes with units of 1024: not one unit.
+        let mut ranges: FileRanges = (0..9).map(|fd| range(fd, 0, 100)).collect();
+        assert_eq!(refer_up_to(&mut ranges, 900, 1024, &mut out), None);
     }
 
     #[test]

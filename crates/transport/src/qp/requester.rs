@@ -432,16 +432,10 @@ impl QueuePair {
         let mut references = [0u8; by_reference::MAX_REFERENCES_LEN];
         let referenced = match &wqe.wr.payload {
             Payload::Gather(sges) if ctx.by_reference => {
-                let refer = |len: usize, out: &mut [u8]| {
-                    by_reference::refer_to_gather(ctx.memory, self.init.pd, sges, offset, len, out)
-                        .map(|n| n.map(|n| (n, len)))
-                        .map_err(|_| WcStatus::LocProtErr)
-                };
                 let wide = (wqe.len - offset).min(mtu * u64::from(max_span.max(1))) as usize;
-                match refer(wide, &mut references)? {
-                    None if wide > one_mtu => refer(one_mtu, &mut references)?,
-                    found => found,
-                }
+                let (pd, unit) = (self.init.pd, mtu as usize);
+                by_reference::refer_to_gather(ctx.memory, pd, sges, offset, wide, unit, &mut references)
+                    .map_err(|_| WcStatus::LocProtErr)?
             }
             _ => None,
         };

@@ -798,33 +798,25 @@ impl QueuePair {
     ) -> Result<(Headers, usize, u32), AccessFault> {
         let mtu = u64::from(self.mtu());
         let offset = u64::from(read.next) * mtu;
-        let view_of = |len: usize| {
-            ctx.memory.check_remote(
-                self.init.pd,
-                self.qpn,
-                read.rkey,
-                read.va.wrapping_add(offset),
-                len,
-                Access::REMOTE_READ,
-            )
-        };
         let one_mtu = (read.len - offset).min(mtu) as usize;
-        // References first: how many MTUs the response carries decides its
-        // opcode, and so where its payload starts.
+        // The widest response it may send (one MTU unless by reference),
+        // checked once; then its references, which decide how many MTUs
+        // it carries, its opcode, and so where its payload starts.
+        let most = self.max_span(ctx).min(read.count - read.next);
+        let wide = (read.len - offset).min(mtu * u64::from(most)) as usize;
+        let view = ctx.memory.check_remote(
+            self.init.pd,
+            self.qpn,
+            read.rkey,
+            read.va.wrapping_add(offset),
+            wide,
+            Access::REMOTE_READ,
+        )?;
         let mut references = [0u8; by_reference::MAX_REFERENCES_LEN];
-        let mut referenced = None;
-        if ctx.by_reference {
-            let most = self.max_span(ctx).min(read.count - read.next);
-            let wide = (read.len - offset).min(mtu * u64::from(most)) as usize;
-            for len in [wide, one_mtu] {
-                if let Ok(view) = view_of(len)
-                    && let Some(n) = by_reference::refer_to_view(&view, &mut references)
-                {
-                    referenced = Some((n, len));
-                    break;
-                }
-            }
-        }
+        let referenced = match ctx.by_reference {
+            true => by_reference::refer_to_view(&view, mtu as usize, &mut references),
+            false => None,
+        };
         let payload_len = referenced.map_or(one_mtu, |(_, len)| len);
         let span = by_reference::span(payload_len, mtu as u32);
         let opcode = match (read.next == 0, read.next + span == read.count) {
@@ -842,7 +834,7 @@ impl QueuePair {
             ctx.counters.tx_spanning += u64::from(span > 1);
             return Ok((headers, n, span));
         }
-        view_of(one_mtu)?.read(&mut buf[start..start + one_mtu]);
+        view.part(0, one_mtu).read(&mut buf[start..start + one_mtu]);
         Ok((headers, one_mtu, 1))
     }
 }
