@@ -50,8 +50,10 @@ pub trait Datapath: Send {
 
     /// Takes what has arrived, at most about a batch, handing each
     /// datagram to `deliver` with what the network said of it (its ECN
-    /// mark); returns how many.
-    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize;
+    /// mark); returns how many. `now` is the pass's time: the caller has
+    /// read the clock already, and a read costs a VM about what an empty
+    /// receive does.
+    fn receive(&mut self, now: Instant, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize;
 
     /// Before the shard's engine thread blocks in `poll(2)` on the UDP
     /// socket (and the [`Datapath::doorbell`]): arranges to be woken
@@ -251,7 +253,7 @@ impl Datapath for Udp {
         Egress::Udp { source_port: self.sender_port(dst) }
     }
 
-    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize {
+    fn receive(&mut self, _now: Instant, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize {
         let n = self.socket.recv_batch(&mut self.rx).unwrap_or(0);
         if n > 0 {
             self.drops[0] = u64::from(self.rx.kernel_drops());
@@ -432,18 +434,17 @@ impl Datapath for SharedMemory {
         taken
     }
 
-    fn receive(&mut self, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize {
+    fn receive(&mut self, now: Instant, deliver: &mut dyn FnMut(SocketAddr, RecvMeta, &[u8])) -> usize {
         // The ring crosses no switch: nothing marks it.
         let from_ring = self.inbox.receive(BATCH, &mut self.buf, &mut self.malformed, &mut |from, bytes| {
             deliver(from, RecvMeta { same_host: from.port() == NO_ICRC_PORT, ..RecvMeta::default() }, bytes)
         });
-        let now = Instant::now();
         self.peers.at(now);
         if now >= self.udp_busy_until && now < self.udp_next_look {
             return from_ring;
         }
         self.udp_next_look = now + UDP_IDLE_POLL;
-        let from_socket = self.udp.receive(deliver);
+        let from_socket = self.udp.receive(now, deliver);
         if from_socket > 0 {
             self.udp_busy_until = now + UDP_BUSY;
         }
@@ -603,7 +604,7 @@ mod tests {
         assert!(!readable(peer_socket.fd()), "and nothing reached its UDP socket");
         peer.awake();
         let mut got = Vec::new();
-        peer.receive(&mut |_, _, bytes| got.push(bytes.to_vec()));
+        peer.receive(Instant::now(), &mut |_, _, bytes| got.push(bytes.to_vec()));
         assert_eq!(got, vec![request]);
         assert!(!readable(doorbell), "silenced on waking");
     }
@@ -690,7 +691,7 @@ mod tests {
         assert_eq!(wire.egress(peer), Egress::ROCEV2_PORT);
         assert_eq!(wire.send(&[(to, &b"sealed"[..])]), 1);
         let mut got = Vec::new();
-        there.receive(&mut |from, meta, bytes| got.push((from.port(), meta.same_host, bytes.to_vec())));
+        there.receive(Instant::now(), &mut |from, meta, bytes| got.push((from.port(), meta.same_host, bytes.to_vec())));
         assert_eq!(got, [(NO_ICRC_PORT, true, b"unsealed".to_vec()), (ROCEV2_UDP_PORT, false, b"sealed".to_vec())]);
     }
 }

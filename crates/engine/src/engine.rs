@@ -774,6 +774,7 @@ impl Core {
     pub(crate) fn pass_context(&self, now: Instant) -> PassContext<'_> {
         PassContext {
             now,
+            std_now: self.epoch + Duration::from_nanos(now.as_nanos()),
             shards: self.shards.len(),
             tracer: self.tracer.as_ref(),
             tx_dropped_by_kernel: &self.tx_dropped_by_kernel,

@@ -387,11 +387,13 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
     let mut seen_polls = shard.app_polls.load(Ordering::Relaxed);
     let mut standby = STANDBY_MAX;
     // Since when this thread has driven the shard, the application absent.
-    let mut driving_since: Option<std::time::Instant> = None;
-    let mut idle_since: Option<std::time::Instant> = None;
+    let mut driving_since: Option<Instant> = None;
+    let mut idle_since: Option<Instant> = None;
     let mut watch = StallWatch::new(core);
     while !core.stopping() {
-        watch.look(core);
+        // The one clock read of the round: a read costs a VM about what
+        // the rest of an empty round does.
+        let now = watch.look(core);
         let polls = shard.app_polls.load(Ordering::Relaxed);
         if polls != seen_polls && shard.app_waiting.load(Ordering::SeqCst) == 0 {
             // The application polls this shard: stay out of its way.
@@ -405,8 +407,8 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
             continue;
         }
         let took_over = driving_since.is_none();
-        let driving = *driving_since.get_or_insert_with(std::time::Instant::now);
-        let moved = core.drive(shard, shard.lock_wire(), pass);
+        let driving = *driving_since.get_or_insert(now);
+        let moved = core.drive_at(shard, shard.lock_wire(), pass, now);
         if took_over {
             standby = if (1..=LATENCY_WORK).contains(&moved) {
                 // A packet or two the application left while it did not
@@ -430,8 +432,8 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
         // (a target of one-sided operations): on two cores, an engine
         // thread that spins whenever the application is descheduled takes
         // the core it needs.
-        let since = *idle_since.get_or_insert_with(std::time::Instant::now);
-        if driving.elapsed() > APPLICATION_AWAY && since.elapsed() < spin {
+        let since = *idle_since.get_or_insert(now);
+        if now.saturating_duration_since(driving) > APPLICATION_AWAY && now.saturating_duration_since(since) < spin {
             std::hint::spin_loop();
             continue;
         }

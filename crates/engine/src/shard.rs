@@ -109,6 +109,9 @@ pub(crate) type Wire = Box<dyn Datapath>;
 /// How a pass reports on itself, and to whom.
 pub(crate) struct PassContext<'a> {
     pub now: Instant,
+    /// `now` on std's clock, for the datapath's own timers: one clock
+    /// read serves the pass.
+    pub std_now: std::time::Instant,
     pub shards: usize,
     pub tracer: Option<&'a Tracer>,
     pub tx_dropped_by_kernel: &'a AtomicU64,
@@ -305,7 +308,7 @@ impl EngineShard {
         let mut released = 0;
         let n = if !self.injects_faults {
             let mut handled = 0;
-            wire.receive(&mut |from, meta, bytes| {
+            wire.receive(pass.std_now, &mut |from, meta, bytes| {
                 handle(&mut state.get_or_insert_with(|| self.lock()).transport, from, meta, bytes);
                 handled += 1;
                 if handled % HOLD_AT_MOST == 0 {
@@ -318,7 +321,7 @@ impl EngineShard {
             let faults = faults.as_mut().expect("a shard that injects faults has injectors");
             // Injected faults (a test tool) keep no ECN mark: what they
             // deliver arrives unmarked.
-            let n = wire.receive(&mut |from, meta, bytes| {
+            let n = wire.receive(pass.std_now, &mut |from, meta, bytes| {
                 let meta = RecvMeta { same_host: meta.same_host, ..RecvMeta::default() };
                 faults.rx.apply(from, meta, bytes, &mut |from, meta, passed| {
                     let bytes = match passed {
