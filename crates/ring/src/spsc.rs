@@ -44,32 +44,42 @@ impl fmt::Display for Broken {
 
 impl std::error::Error for Broken {}
 
-/// The producer's side: its own count of what it has published.
+/// The producer's side: its own count of what it has published, and the
+/// consumer's as it last read it. Reading the consumer's index takes the
+/// cache line the consumer writes on every release, so the producer reads
+/// it again only when the count it has leaves no room (the cached indices
+/// of Lamport's queue as FastForward and its successors keep them).
 #[derive(Debug, Default)]
 pub struct Producer {
     produced: u64,
+    consumed_seen: u64,
 }
 
 impl Producer {
     /// The slot to fill next (`0..slots`), `None` while the queue is full.
-    pub fn slot<Q: Queue>(&self, queue: &Q) -> Result<Option<u64>, Broken> {
-        let consumed = queue.consumed().load(Acquire);
-        let used = self.produced.wrapping_sub(consumed);
-        match used {
-            u if u > queue.slots() => Err(Broken { found: consumed, ours: self.produced }),
-            u if u == queue.slots() => Ok(None),
-            _ => Ok(Some(self.produced & (queue.slots() - 1))),
+    pub fn slot<Q: Queue>(&mut self, queue: &Q) -> Result<Option<u64>, Broken> {
+        if self.room(queue)? == 0 {
+            return Ok(None);
         }
+        Ok(Some(self.produced & (queue.slots() - 1)))
     }
 
-    /// How many slots are free: entries the producer may write before it
-    /// must wait for the consumer.
-    pub fn free<Q: Queue>(&self, queue: &Q) -> Result<u64, Broken> {
+    /// At least how many slots are free: what the consumer's index last
+    /// read leaves, read again only when that is none.
+    pub fn room<Q: Queue>(&mut self, queue: &Q) -> Result<u64, Broken> {
+        let room = queue.slots() - self.produced.wrapping_sub(self.consumed_seen);
+        if room > 0 { Ok(room) } else { self.free(queue) }
+    }
+
+    /// How many slots are free now: entries the producer may write before
+    /// it must wait for the consumer.
+    pub fn free<Q: Queue>(&mut self, queue: &Q) -> Result<u64, Broken> {
         let consumed = queue.consumed().load(Acquire);
         let used = self.produced.wrapping_sub(consumed);
         if used > queue.slots() {
             return Err(Broken { found: consumed, ours: self.produced });
         }
+        self.consumed_seen = consumed;
         Ok(queue.slots() - used)
     }
 
@@ -80,22 +90,29 @@ impl Producer {
     }
 }
 
-/// The consumer's side: its own count of what it has released.
+/// The consumer's side: its own count of what it has released, and the
+/// producer's as it last read it (read again only once it has taken all
+/// that count promised, for the same reason as [`Producer`]'s).
 #[derive(Debug, Default)]
 pub struct Consumer {
     consumed: u64,
+    produced_seen: u64,
 }
 
 impl Consumer {
     /// The slot to read next (`0..slots`), `None` while the queue is empty.
-    pub fn slot<Q: Queue>(&self, queue: &Q) -> Result<Option<u64>, Broken> {
-        let produced = queue.produced().load(Acquire);
-        let ready = produced.wrapping_sub(self.consumed);
-        match ready {
-            r if r > queue.slots() => Err(Broken { found: produced, ours: self.consumed }),
-            0 => Ok(None),
-            _ => Ok(Some(self.consumed & (queue.slots() - 1))),
+    pub fn slot<Q: Queue>(&mut self, queue: &Q) -> Result<Option<u64>, Broken> {
+        if self.consumed == self.produced_seen {
+            let produced = queue.produced().load(Acquire);
+            if produced.wrapping_sub(self.consumed) > queue.slots() {
+                return Err(Broken { found: produced, ours: self.consumed });
+            }
+            self.produced_seen = produced;
+            if produced == self.consumed {
+                return Ok(None);
+            }
         }
+        Ok(Some(self.consumed & (queue.slots() - 1)))
     }
 
     /// Frees the slot [`Consumer::slot`] gave, once read, for the producer.
@@ -188,8 +205,6 @@ mod tests {
         assert_eq!(next_out, 100);
     }
 
-    /// A peer that writes its index anywhere it likes breaks the queue
-    /// for this side, which never touches a slot out of range.
     #[test]
     fn free_counts_what_the_producer_may_still_write() {
         let q = memory();
@@ -205,19 +220,59 @@ mod tests {
         assert!(p.free(&q).is_err(), "a consumer ahead of the producer is broken");
     }
 
+    /// Each side reads the other's index only when the count it has runs
+    /// out: the producer when the queue looks full, the consumer when it
+    /// looks empty.
+    #[test]
+    fn each_side_reads_the_others_index_only_when_its_count_runs_out() {
+        let q = memory();
+        let (mut p, mut c) = (Producer::default(), Consumer::default());
+        for value in 0..4 {
+            push(&mut p, &q, value).unwrap();
+        }
+        assert_eq!(pop(&mut c, &q).unwrap(), Some(0));
+        // The consumer read "4 produced" once: a fifth published now is
+        // not seen until it has taken the three it knows of.
+        push(&mut p, &q, 4).unwrap();
+        q.produced.store(0xdead, Relaxed); // unread while the count lasts
+        for value in 1..4 {
+            assert_eq!(pop(&mut c, &q).unwrap(), Some(value));
+        }
+        assert!(c.slot(&q).is_err(), "read once the count ran out, and refused");
+        // The producer's room lasts until the consumer's index it read
+        // leaves none; only then does it look again.
+        let q = memory();
+        let (mut p, mut c) = (Producer::default(), Consumer::default());
+        assert_eq!(p.room(&q), Ok(4));
+        push(&mut p, &q, 0).unwrap();
+        pop(&mut c, &q).unwrap();
+        assert_eq!(p.room(&q), Ok(3), "what the last read left: at least that many");
+        for value in 1..4 {
+            push(&mut p, &q, value).unwrap();
+        }
+        assert_eq!(p.room(&q), Ok(1), "read again once the count ran out");
+    }
+
+    /// A peer that writes its index anywhere it likes breaks the queue
+    /// for this side, which never touches a slot out of range.
     #[test]
     fn a_scribbled_index_breaks_the_queue_and_nothing_else() {
         let q = memory();
-        let (mut p, c) = (Producer::default(), Consumer::default());
+        let (mut p, _) = (Producer::default(), Consumer::default());
         push(&mut p, &q, 7).unwrap();
         for garbage in [5, 1 << 40, u64::MAX] {
             q.produced.store(garbage, Relaxed);
+            let mut c = Consumer::default();
             assert_eq!(c.slot(&q), Err(Broken { found: garbage, ours: 0 }), "{garbage}");
         }
-        // A consumer claiming more than was produced, or a lap behind.
+        // A consumer claiming more than was produced, or a lap behind:
+        // found when the producer next reads it.
         for garbage in [2, u64::MAX - 8] {
             q.consumed.store(garbage, Relaxed);
-            assert!(p.slot(&q).is_err(), "{garbage}");
+            assert!(p.free(&q).is_err(), "{garbage}");
+            // The same producer, its last read leaving it no room.
+            let mut full = Producer { produced: 1, consumed_seen: 1u64.wrapping_sub(4) };
+            assert!(full.slot(&q).is_err(), "{garbage}");
         }
         // The index wraps like any counter: a queue that has run for 2^64
         // entries goes on.
@@ -225,7 +280,8 @@ mod tests {
         let start = u64::MAX - 2;
         q.produced.store(start, Relaxed);
         q.consumed.store(start, Relaxed);
-        let (mut p, mut c) = (Producer { produced: start }, Consumer { consumed: start });
+        let mut p = Producer { produced: start, consumed_seen: start };
+        let mut c = Consumer { consumed: start, produced_seen: start };
         for value in 0..10 {
             assert!(push(&mut p, &q, value).unwrap());
             assert_eq!(pop(&mut c, &q).unwrap(), Some(value));

@@ -328,7 +328,7 @@ impl<'a> Sends<'a> {
     }
 
     /// Whether the ring holds no new WQE (told without a lock).
-    pub fn is_empty(&self) -> bool {
+    pub fn is_empty(&mut self) -> bool {
         self.cursor.slot(&self.qp.send) == Ok(None)
     }
 
@@ -570,7 +570,7 @@ impl ServedCq {
         }
         let mut end = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         let RingEnd { ring, producer } = &mut *end;
-        let free = match producer.free(ring) {
+        let free = match producer.room(ring) {
             Ok(free) => free as usize,
             Err(broken) => {
                 // The program scribbled its consumer index. Its completions
