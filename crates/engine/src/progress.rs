@@ -391,8 +391,11 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
     let mut idle_since: Option<Instant> = None;
     let mut watch = StallWatch::new(core);
     while !core.stopping() {
-        // The one clock read of the round: a read costs a VM about what
-        // the rest of an empty round does.
+        // A clock read costs a VM about what the rest of an empty round
+        // does: this one serves the round's own judgements. The pass reads
+        // its own once it holds the shard: a time read before waiting for
+        // the lock would make timers and deferred ACKs look not yet due
+        // (64 B send_lat 1.90 against 2.19 us when this one served both).
         let now = watch.look(core);
         let polls = shard.app_polls.load(Ordering::Relaxed);
         if polls != seen_polls && shard.app_waiting.load(Ordering::SeqCst) == 0 {
@@ -408,7 +411,7 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
         }
         let took_over = driving_since.is_none();
         let driving = *driving_since.get_or_insert(now);
-        let moved = core.drive_at(shard, shard.lock_wire(), pass, now);
+        let moved = core.drive(shard, shard.lock_wire(), pass);
         if took_over {
             standby = if (1..=LATENCY_WORK).contains(&moved) {
                 // A packet or two the application left while it did not
