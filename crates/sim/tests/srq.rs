@@ -225,3 +225,34 @@ fn responder_errors_raise_the_matching_async_event() {
     let qpn = pair.b.qpn;
     assert_eq!(pair.world.device(1).poll_async_event(), Some(AsyncEvent::QpRequestError { qpn }));
 }
+
+#[test]
+fn a_write_with_immediate_takes_its_receive_before_writing() {
+    // Taken before a byte lands, so that no other QP of the SRQ can take
+    // it between a look and its use; refused after taking it (a key that
+    // is no key), the receive is the QP's and is flushed with it, while
+    // the SRQ keeps the rest.
+    let mut pair = srq_pair();
+    let srq = pair.b.srq.unwrap();
+    post_srq(&mut pair, 10, 0, 64);
+    post_srq(&mut pair, 11, 64, 64);
+    let bad = RemoteAddr { addr: IOVA, rkey: pair.b.mr.rkey ^ 0x100 };
+    pair.post(0, 1, SendOp::Write { remote: bad, imm: Some(5) }, Payload::Inline(softrnic_transport::smallvec![7; 8]));
+    let [a, b] = pair.settle();
+    assert_eq!(a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(1, WcStatus::RemAccessErr)]);
+    assert_eq!(b.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(10, WcStatus::WrFlushErr)]);
+    assert_eq!(pair.world.device(1).query_srq(srq).unwrap().1, 1, "the other receive stays in the SRQ");
+    assert_eq!(pair.b.buffer.to_vec()[..8], [0; 8], "nothing written");
+
+    // Accepted, over three packets: the receive taken with the last.
+    let mut pair = srq_pair();
+    post_srq(&mut pair, 20, 0, 64);
+    let remote = RemoteAddr { addr: IOVA + 4096, rkey: pair.b.mr.rkey };
+    pair.a.buffer.write(0, &[9; 3000]);
+    pair.post(0, 2, SendOp::Write { remote, imm: Some(6) }, pair.a.gather(0, 3000));
+    let [a, b] = pair.settle();
+    assert_eq!(a[0].status, WcStatus::Success);
+    let got: Vec<_> = b.iter().map(|c| (c.wr_id, c.status, c.byte_len, c.imm_data)).collect();
+    assert_eq!(got, [(20, WcStatus::Success, 3000, Some(6))]);
+    assert!(pair.b.buffer.to_vec()[4096..7096].iter().all(|&x| x == 9));
+}

@@ -127,6 +127,23 @@ fn a_message_with_nowhere_to_go_is_dropped_without_a_word() {
 }
 
 #[test]
+fn a_write_with_immediate_refused_leaves_its_receive_to_the_next_message() {
+    let mut pair = uc(PairOptions::default());
+    pair.post_recv(1, 80, 0, 64);
+    // Taken before any byte is written, and given back when the key is
+    // no key: the WRITE is dropped whole, its receive not completed.
+    let bad = RemoteAddr { addr: IOVA, rkey: pair.b.mr.rkey ^ 0x100 };
+    pair.post(0, 1, SendOp::Write { remote: bad, imm: Some(3) }, Payload::Inline([1u8; 8][..].into()));
+    let [_, b] = pair.settle();
+    assert!(b.is_empty(), "{b:?}");
+    assert_eq!(pair.world.device(1).counters().uc_messages_dropped, 1);
+    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"next"[..].into()));
+    let [_, b] = pair.settle();
+    assert_eq!(b.iter().map(|c| (c.wr_id, c.opcode, c.byte_len)).collect::<Vec<_>>(), [(80, WcOpcode::Recv, 4)]);
+    assert_eq!(bytes(&pair, 1, 0, 4), b"next");
+}
+
+#[test]
 fn reads_and_atomics_need_rc() {
     let mut pair = uc(PairOptions::default());
     let (now, qpn) = (pair.world.now, pair.a.qpn);

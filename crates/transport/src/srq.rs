@@ -105,11 +105,6 @@ impl SharedReceiveQueue {
         self.on_demand.load(Ordering::Acquire)
     }
 
-    /// Whether no receive waits.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.lock().wqes.is_empty()
-    }
-
     /// Takes the oldest receive; with it, whether the queue is now below
     /// an armed limit (see [`SharedReceiveQueue::check_limit`]).
     pub(crate) fn take(&self) -> Option<(RecvWorkRequest, bool)> {

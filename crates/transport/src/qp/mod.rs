@@ -565,22 +565,6 @@ impl QueuePair {
         }
     }
 
-    /// Whether a receive work request waits for this QP; if not, as
-    /// [`QueuePair::take_recv`].
-    fn recv_available(&mut self, ctx: &mut Ctx) -> std::result::Result<(), Refusal> {
-        if self.resp.spare.is_some() {
-            return Ok(());
-        }
-        let (empty, on_demand, srq) = match &self.queues.srq {
-            Some(srq) => (srq.is_empty(), srq.fetched_on_demand(), Some(srq.id())),
-            None => (self.rq.is_empty(), self.posts.fetched_on_demand(), None),
-        };
-        match empty {
-            false => Ok(()),
-            true => Err(self.ask_for_receives(ctx, on_demand, srq)),
-        }
-    }
-
     /// A request found no receive: asks the driver for the program's, if
     /// it holds them and may be asked, and the request waits.
     fn ask_for_receives(&mut self, ctx: &mut Ctx, on_demand: bool, srq: Option<SrqId>) -> Refusal {

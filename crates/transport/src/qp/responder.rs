@@ -484,14 +484,45 @@ impl QueuePair {
     }
 
     fn execute_write(&mut self, ctx: &mut Ctx, packet: &Packet, position: Position) -> Result<(), Refusal> {
-        let ext = &packet.headers.ext;
-        // A WRITE with immediate consumes a receive; check before touching
-        // memory so that the retry after an RNR NAK starts clean.
-        if ext.immediate.is_some() {
-            self.recv_available(ctx)?;
+        // A WRITE with immediate consumes a receive. It is taken before a
+        // byte is written: the retry after an RNR NAK then starts clean,
+        // and no other QP of a shared receive queue can take it between a
+        // look and its use (one could, and the WRITE was then refused with
+        // its bytes already placed). A WRITE refused after taking it leaves
+        // it as the QP's spare: the next message takes it (UC), or it is
+        // flushed with the QP (RC).
+        let recv = match packet.headers.ext.immediate {
+            Some(imm) => Some((imm, self.take_recv(ctx)?)),
+            None => None,
+        };
+        let ended = match self.place_write(ctx, packet, position) {
+            Ok(ended) => ended,
+            Err(refusal) => {
+                self.resp.spare = recv.map(|(_, recv)| recv);
+                return Err(refusal);
+            }
+        };
+        let Some(len) = ended else {
+            // Only a message's last packet carries an immediate.
+            debug_assert!(recv.is_none(), "an immediate before the last packet");
+            return Ok(());
+        };
+        if let Some((imm, recv)) = recv {
+            let mut completion = Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
+            completion.byte_len = len as u32;
+            completion.imm_data = Some(imm);
+            completion.solicited = packet.headers.bth.solicited;
+            self.complete_recv(ctx, completion);
         }
+        self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
+        Ok(())
+    }
+
+    /// Checks a WRITE packet against its key and places its payload;
+    /// returns the message's length once its last packet is placed.
+    fn place_write(&mut self, ctx: &mut Ctx, packet: &Packet, position: Position) -> Result<Option<u64>, Refusal> {
         if position.starts_message() {
-            let reth = ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+            let reth = packet.headers.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
             let len = u64::from(reth.dma_length);
             ctx.memory
                 .check_remote(
@@ -523,26 +554,15 @@ impl QueuePair {
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
         packet.body.place(0, &view);
         *offset += payload_len;
-        if position.ends_message() {
-            let (len, offset) = (*len, *offset);
-            self.resp.current = None;
-            if offset != len {
-                return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
-            }
-            if let Some(imm) = ext.immediate {
-                // Checked above; but another shard's QP may have taken an
-                // SRQ's last receive since, and then this one is refused.
-                let recv = self.take_recv(ctx)?;
-                let mut completion =
-                    Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
-                completion.byte_len = len as u32;
-                completion.imm_data = Some(imm);
-                completion.solicited = packet.headers.bth.solicited;
-                self.complete_recv(ctx, completion);
-            }
-            self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
+        if !position.ends_message() {
+            return Ok(None);
         }
-        Ok(())
+        let (len, offset) = (*len, *offset);
+        self.resp.current = None;
+        if offset != len {
+            return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+        }
+        Ok(Some(len))
     }
 
     fn execute_read(&mut self, ctx: &mut Ctx, packet: &Packet) -> Result<u32, Refusal> {
