@@ -11,6 +11,7 @@
 //! ```
 
 pub mod client;
+mod held_writes;
 pub mod launch;
 mod pin;
 pub mod provider;

@@ -9,8 +9,12 @@
 //! - Whole pages move. A buffer's neighbours on its first and last page
 //!   are shared too (harmless: the process sees the same bytes).
 //! - A thread that writes the pages between the copy and the mapping
-//!   loses that write, as with FreeFlow. Programs register before they
-//!   communicate; the current thread's own stack is refused outright.
+//!   would lose that write (FreeFlow's remap does): neighbours on the
+//!   first and last page are anyone's (the rdma_cm agent's mutex lost an
+//!   unlock that way, and ucmatose hung). The pages are read-only for the
+//!   copy and a writer waits ([`crate::held_writes`]); a system call that
+//!   writes into them then fails with `EFAULT`. The current thread's own
+//!   stack is refused outright.
 //! - A later registration over pages an earlier one remapped reuses them
 //!   (the daemon joins the segments of several memfds into one region), as
 //!   long as the mapping is still there: `/proc/self/maps` says so, and a
@@ -178,8 +182,8 @@ impl Shared {
 ///
 /// # Safety
 /// The range must be memory of this process that it may read and write
-/// (what `ibv_reg_mr` requires of it), and no other thread may write it
-/// while this runs.
+/// (what `ibv_reg_mr` requires of it). Other threads may write its pages
+/// meanwhile: they wait while the pages are replaced.
 pub unsafe fn share(addr: *mut u8, len: usize) -> io::Result<Shared> {
     let page = rustix::param::page_size();
     let first = addr as usize & !(page - 1);
@@ -232,34 +236,36 @@ unsafe fn remap(start: usize, end: usize, page: usize) -> io::Result<Arc<Remap>>
     let fd = rustix::fs::memfd_create("softrnic-mr", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
     rustix::fs::ftruncate(&fd, (end - start) as u64)?;
     rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW)?;
-    let mut done = 0;
-    while done < end - start {
-        // SAFETY: the kernel reads the program's pages (the caller's
-        // promise that they are its memory); a page it cannot read is an
-        // EFAULT, not a fault here.
-        let wrote = unsafe {
-            libc::pwrite(fd.as_raw_fd(), (start + done) as *const libc::c_void, end - start - done, done as i64)
-        };
-        if wrote <= 0 {
-            return Err(io::Error::last_os_error());
-        }
-        done += wrote as usize;
-    }
-    // SAFETY: replaces the program's pages at the same addresses with the
-    // memfd that now holds the same bytes (the caller's promise: nobody
-    // writes them meanwhile).
+    let len = end - start;
+    // SAFETY: the caller's pages, made read-only meanwhile (a thread that
+    // writes one waits, and its write lands on the memfd): the copy reads
+    // them through the kernel (a page it cannot read is an EFAULT, not a
+    // fault here), the mapping replaces them at the same addresses with the
+    // memfd that now holds the same bytes; neither allocates.
     unsafe {
-        rustix::mm::mmap(
-            start as *mut libc::c_void,
-            end - start,
-            ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::SHARED | MapFlags::FIXED,
-            &fd,
-            0,
-        )?;
+        crate::held_writes::hold_writes(start, len, || {
+            let mut done = 0;
+            while done < len {
+                let wrote =
+                    libc::pwrite(fd.as_raw_fd(), (start + done) as *const libc::c_void, len - done, done as i64);
+                if wrote <= 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                done += wrote as usize;
+            }
+            rustix::mm::mmap(
+                start as *mut libc::c_void,
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED | MapFlags::FIXED,
+                &fd,
+                0,
+            )?;
+            Ok(())
+        })?;
     }
     let inode = rustix::fs::fstat(&fd)?.st_ino;
-    Ok(Arc::new(Remap { fd, start, len: end - start, inode }))
+    Ok(Arc::new(Remap { fd, start, len, inode }))
 }
 
 fn refused(why: &str) -> io::Error {
