@@ -6,7 +6,7 @@
 //! pages hold its neighbours too (other heap objects, malloc's own
 //! headers), and those are written by whoever owns them. The rdma_cm agent
 //! thread lost the release of its state's mutex that way, and the next
-//! lock waited forever (ucmatose through softrnicd hung about once in 50).
+//! lock waited forever (ucmatose through softrnicd hung about once in 100 runs).
 //!
 //! [`hold_writes`] makes the pages read-only for the copy: a thread that
 //! writes one faults, and its `SIGSEGV` handler (installed for the
