@@ -172,16 +172,7 @@ mod tests {
     fn a_write_during_the_replacement_lands_on_the_new_page() {
         let page = rustix::param::page_size();
         for _ in 0..50 {
-            // SAFETY: a fresh private anonymous page of our own.
-            let base = unsafe {
-                rustix::mm::mmap_anonymous(
-                    std::ptr::null_mut(),
-                    page,
-                    rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                    rustix::mm::MapFlags::PRIVATE,
-                )
-            }
-            .unwrap() as usize;
+            let base = fresh_page();
             // SAFETY: the page is mapped, aligned, and stays mapped (it is
             // never unmapped in this test).
             let counter: &'static AtomicU64 = unsafe { &*(base as *const AtomicU64) };
@@ -241,17 +232,8 @@ mod tests {
             libc::sigaction(libc::SIGSEGV, std::ptr::null(), a.as_mut_ptr());
             a.assume_init().sa_sigaction
         };
-        // SAFETY: as in the test above; `replace` fails, and the page is
-        // writable again.
-        let base = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                page,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::PRIVATE,
-            )
-        }
-        .unwrap() as usize;
+        let base = fresh_page();
+        // SAFETY: our page; `replace` fails, and the page is writable again.
         let failed =
             unsafe { hold_writes(base, page, || -> io::Result<()> { Err(io::Error::other("refused on purpose")) }) };
         assert!(failed.is_err());
@@ -264,6 +246,20 @@ mod tests {
             a.assume_init().sa_sigaction
         };
         assert_eq!(before, after);
+    }
+
+    /// A private anonymous page of the test's own, never unmapped.
+    fn fresh_page() -> usize {
+        // SAFETY: a new mapping, overlapping nothing.
+        let page = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                rustix::param::page_size(),
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE,
+            )
+        };
+        page.unwrap() as usize
     }
 
     fn fd_raw(fd: &std::os::fd::OwnedFd) -> libc::c_int {
