@@ -20,12 +20,16 @@ use std::cell::UnsafeCell;
 use std::io;
 use std::mem::MaybeUninit;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-/// The range whose writers wait, `[START, END)`, while `START` is not 0;
-/// `WINDOW` counts the windows, so a waiter tells this one from the next.
+/// The last window's range, `[START, END)`, kept after it closes: a
+/// thread that faulted in it before the close may reach the handler after,
+/// and must only write again, not be taken for a crash. `OPEN` while
+/// writers wait; `WINDOW` counts the windows, so a waiter tells this one
+/// from the next.
 static START: AtomicUsize = AtomicUsize::new(0);
 static END: AtomicUsize = AtomicUsize::new(0);
+static OPEN: AtomicBool = AtomicBool::new(false);
 static WINDOW: AtomicU64 = AtomicU64::new(0);
 /// One window at a time.
 static WINDOWS: Mutex<()> = Mutex::new(());
@@ -52,13 +56,14 @@ pub unsafe fn hold_writes<T>(start: usize, len: usize, replace: impl FnOnce() ->
     // This thread's signals wait too: a handler writing the pages would
     // wait for this thread, and a fault of its own kills it as any would.
     let blocked = block_signals();
+    START.store(start, Ordering::Relaxed);
     END.store(start + len, Ordering::Relaxed);
-    START.store(start, Ordering::Release);
     WINDOW.fetch_add(1, Ordering::AcqRel);
+    OPEN.store(true, Ordering::Release);
     // SAFETY: the handler and its flags are valid; `PREVIOUS` is not read
     // before ours is installed (see its impl).
     if let Err(e) = unsafe { install() } {
-        START.store(0, Ordering::Release);
+        OPEN.store(false, Ordering::Release);
         unblock_signals(blocked);
         return Err(e);
     }
@@ -76,7 +81,7 @@ pub unsafe fn hold_writes<T>(start: usize, len: usize, replace: impl FnOnce() ->
         }),
         Err(e) => Err(e.into()),
     };
-    START.store(0, Ordering::Release);
+    OPEN.store(false, Ordering::Release);
     // SAFETY: the action saved by `install`.
     unsafe { restore() };
     unblock_signals(blocked);
@@ -109,11 +114,10 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
     // SAFETY: the kernel passes a valid `siginfo_t` to an SA_SIGINFO handler.
     let addr = unsafe { (*info).si_addr() } as usize;
     let window = WINDOW.load(Ordering::Acquire);
-    let start = START.load(Ordering::Acquire);
-    if start != 0 && (start..END.load(Ordering::Acquire)).contains(&addr) {
+    if (START.load(Ordering::Acquire)..END.load(Ordering::Acquire)).contains(&addr) {
         // A write to the pages being replaced: wait, then return, and the
         // write runs again on whatever is mapped there now.
-        while START.load(Ordering::Acquire) != 0 && WINDOW.load(Ordering::Acquire) == window {
+        while OPEN.load(Ordering::Acquire) && WINDOW.load(Ordering::Acquire) == window {
             // SAFETY: a system call, async-signal-safe.
             unsafe { libc::sched_yield() };
         }
