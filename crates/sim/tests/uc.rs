@@ -134,10 +134,12 @@ fn a_write_with_immediate_refused_leaves_its_receive_to_the_next_message() {
     // no key: the WRITE is dropped whole, its receive not completed.
     let bad = RemoteAddr { addr: IOVA, rkey: pair.b.mr.rkey ^ 0x100 };
     pair.post(0, 1, SendOp::Write { remote: bad, imm: Some(3) }, Payload::Inline([1u8; 8][..].into()));
+    // A plain WRITE refused after it leaves the spare where it is.
+    pair.post(0, 2, SendOp::Write { remote: bad, imm: None }, Payload::Inline([2u8; 8][..].into()));
     let [_, b] = pair.settle();
     assert!(b.is_empty(), "{b:?}");
-    assert_eq!(pair.world.device(1).counters().uc_messages_dropped, 1);
-    pair.post(0, 2, SendOp::Send { imm: None }, Payload::Inline(b"next"[..].into()));
+    assert_eq!(pair.world.device(1).counters().uc_messages_dropped, 2);
+    pair.post(0, 3, SendOp::Send { imm: None }, Payload::Inline(b"next"[..].into()));
     let [_, b] = pair.settle();
     assert_eq!(b.iter().map(|c| (c.wr_id, c.opcode, c.byte_len)).collect::<Vec<_>>(), [(80, WcOpcode::Recv, 4)]);
     assert_eq!(bytes(&pair, 1, 0, 4), b"next");

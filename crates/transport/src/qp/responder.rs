@@ -495,26 +495,25 @@ impl QueuePair {
             Some(imm) => Some((imm, self.take_recv(ctx)?)),
             None => None,
         };
-        let ended = match self.place_write(ctx, packet, position) {
-            Ok(ended) => ended,
-            Err(refusal) => {
-                self.resp.spare = recv.map(|(_, recv)| recv);
-                return Err(refusal);
+        let placed = self.place_write(ctx, packet, position);
+        match (&placed, recv) {
+            (Ok(Some(len)), Some((imm, recv))) => {
+                let mut completion =
+                    Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
+                completion.byte_len = *len as u32;
+                completion.imm_data = Some(imm);
+                completion.solicited = packet.headers.bth.solicited;
+                self.complete_recv(ctx, completion);
             }
-        };
-        let Some(len) = ended else {
-            // Only a message's last packet carries an immediate.
-            debug_assert!(recv.is_none(), "an immediate before the last packet");
-            return Ok(());
-        };
-        if let Some((imm, recv)) = recv {
-            let mut completion = Completion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.qpn);
-            completion.byte_len = len as u32;
-            completion.imm_data = Some(imm);
-            completion.solicited = packet.headers.bth.solicited;
-            self.complete_recv(ctx, completion);
+            // Refused, or nothing to complete it with (only a last packet
+            // carries an immediate): the receive goes back as the spare,
+            // which `take_recv` took first, so none is lost.
+            (_, Some((_, recv))) => self.resp.spare = Some(recv),
+            (_, None) => {}
         }
-        self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
+        if placed?.is_some() {
+            self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
+        }
         Ok(())
     }
 
