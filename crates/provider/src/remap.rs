@@ -233,10 +233,10 @@ unsafe fn remap(start: usize, end: usize, page: usize) -> io::Result<Arc<Remap>>
     if (start.saturating_sub(page)..end + page).contains(&here) {
         return Err(refused("the buffer is on this thread's stack, which cannot be remapped while it runs"));
     }
-    let fd = rustix::fs::memfd_create("softrnic-mr", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
-    rustix::fs::ftruncate(&fd, (end - start) as u64)?;
-    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW)?;
     let len = end - start;
+    let fd = rustix::fs::memfd_create("softrnic-mr", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    rustix::fs::ftruncate(&fd, len as u64)?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW)?;
     // SAFETY: the caller's pages, made read-only meanwhile (a thread that
     // writes one waits, and its write lands on the memfd): the copy reads
     // them through the kernel (a page it cannot read is an EFAULT, not a
