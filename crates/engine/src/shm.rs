@@ -95,6 +95,13 @@ const FILE_HEADER: usize = 64;
 /// How long a claimed slot may stay unpublished before the consumer gives
 /// up on it (its producer died or hangs); the ring must not stall.
 const ABANDONED_AFTER: Duration = Duration::from_millis(20);
+
+/// How often a consumer finding its ring empty asks whether the head's
+/// slot was claimed (a producer that died mid-write): rarely enough that
+/// its reads of the ring's tail do not pull that line from the producers
+/// on every datagram, often enough that a stuck slot is seen long before
+/// [`ABANDONED_AFTER`].
+const LOOKS_PER_TAIL_READ: u32 = 64;
 /// How long a sender trusts what it found about a peer (no inbox, or a
 /// live device behind one) before looking again.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -441,7 +448,7 @@ impl Inbox {
 
     /// The consumer's side of shard `shard`'s ring.
     pub fn ring(self: &Arc<Self>, shard: usize) -> InboxRing {
-        InboxRing { inbox: self.clone(), shard, head: 0, stuck_since: None }
+        InboxRing { inbox: self.clone(), shard, head: 0, stuck_since: None, empty_looks: 0 }
     }
 }
 
@@ -464,6 +471,8 @@ pub struct InboxRing {
     head: u64,
     /// Since when the slot at `head` has been claimed but not published.
     stuck_since: Option<Instant>,
+    /// Looks that found the ring empty, for [`Self::looks_stuck`].
+    empty_looks: u32,
 }
 
 impl InboxRing {
@@ -489,8 +498,8 @@ impl InboxRing {
         while taken < max {
             match ring::peek(&ring, self.head) {
                 Head::Ready => {}
-                Head::Empty => break,
-                stuck @ (Head::Claimed | Head::Corrupt) => {
+                Head::NotPublished if !self.looks_stuck(&ring) => break,
+                stuck @ (Head::NotPublished | Head::Corrupt) => {
                     // Claimed and not published yet, or written wrong by a
                     // broken peer. Either would stall the ring forever:
                     // give up on the slot after a while (a late producer
@@ -527,6 +536,21 @@ impl InboxRing {
             taken += 1;
         }
         taken
+    }
+
+    /// Whether the slot at the head, not published, has been claimed:
+    /// asked on the first of every [`LOOKS_PER_TAIL_READ`] looks at an
+    /// empty ring (and on every look once a claim has been seen), because
+    /// the answer is in the tail every producer's claim writes.
+    fn looks_stuck(&mut self, ring: &RingView) -> bool {
+        if self.stuck_since.is_none() {
+            let look = self.empty_looks;
+            self.empty_looks = look.wrapping_add(1);
+            if !look.is_multiple_of(LOOKS_PER_TAIL_READ) {
+                return false;
+            }
+        }
+        ring::claimed(ring, self.head)
     }
 
     fn advance(&mut self) {
@@ -986,6 +1010,28 @@ pub(crate) mod tests {
         assert_eq!((n, malformed), (SLOTS as usize, 0));
         assert!(!ring.has_arrivals());
         assert_eq!(peers.send(source, addr, &datagram(0x11, 5, 64)), Some(Sent::Delivered), "room again");
+    }
+
+    /// A consumer looking at its empty ring reads only the head's slot;
+    /// the tail, which every producer's claim writes, once in
+    /// `LOOKS_PER_TAIL_READ` looks.
+    #[test]
+    fn an_empty_ring_reads_the_tail_once_in_many_looks() {
+        let addr: IpAddr = "127.0.9.8".parse().unwrap();
+        let inbox = Arc::new(Inbox::create(addr, 1, here()).unwrap());
+        let mut ring = inbox.ring(0);
+        let mut buf = vec![0u8; MAX_DATAGRAM_LEN];
+        let mut malformed = 0;
+        let mut look = |ring: &mut InboxRing| ring.receive(8, &mut buf, &mut malformed, &mut |_, _| {});
+        assert_eq!(look(&mut ring), 0);
+        // A producer claims slot 0 and never publishes it.
+        inbox.mapping.tail(0).store(1, Ordering::Release);
+        for _ in 1..LOOKS_PER_TAIL_READ {
+            assert_eq!(look(&mut ring), 0);
+            assert!(ring.stuck_since.is_none(), "the tail is not read on these looks");
+        }
+        assert_eq!(look(&mut ring), 0);
+        assert!(ring.stuck_since.is_some(), "the claim is seen on the next round's first look");
     }
 
     #[test]
