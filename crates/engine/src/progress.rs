@@ -32,7 +32,9 @@
 //!   was merely descheduled), or the application keeps polling, it grows
 //!   back to [`STANDBY_MAX`]: on a two-core VM a context switch costs about
 //!   as much as a 64-byte message, and an engine thread that looked every
-//!   50 µs halved the message rate (measured in BENCHMARKS.md).
+//!   50 µs halved the message rate (measured in BENCHMARKS.md). While the
+//!   application spins on its CQ it grows on to [`STANDBY_SPINNING_MAX`]:
+//!   every look takes a spinner's core, one round trip in a hundred.
 //!
 //! Inline progress cannot scale: one application thread posting to QPs
 //! on eight shards does all eight shards' work itself.
@@ -117,6 +119,17 @@ pub const IDLE_TRANSMIT: Duration = Duration::from_micros(5);
 /// The shortest and longest an engine thread stands by between looks.
 pub const STANDBY_MIN: Duration = Duration::from_micros(10);
 pub const STANDBY_MAX: Duration = Duration::from_millis(1);
+/// The longest it stands by while the application spins on the shard
+/// (polls at least every [`SPINNING_POLL_GAP`]). Each look preempts a
+/// thread on a machine whose cores the spinners fill: at 1 ms, one 64 B
+/// UDP round trip in a hundred waited for one, and the p99 was 4.6x
+/// sockperf's. A spinning program is there while it spins, and says so
+/// before it blocks ([`Core::application_waits`]); one that stops polling
+/// without blocking leaves its shard undriven for up to this long.
+pub const STANDBY_SPINNING_MAX: Duration = Duration::from_millis(8);
+/// Polls at most this far apart, on average over a standby interval, mean
+/// the application spins.
+const SPINNING_POLL_GAP: Duration = Duration::from_micros(10);
 /// At most this many datagrams found waiting when an engine thread takes
 /// over mean a latency-bound program; more mean a descheduled one.
 const LATENCY_WORK: usize = 4;
@@ -400,9 +413,10 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
         let polls = shard.app_polls.load(Ordering::Relaxed);
         if polls != seen_polls && shard.app_waiting.load(Ordering::SeqCst) == 0 {
             // The application polls this shard: stay out of its way.
+            let polled = polls.wrapping_sub(seen_polls);
             seen_polls = polls;
             if driving_since.take().is_none() {
-                standby = (standby + standby / 8).min(STANDBY_MAX);
+                standby = (standby + standby / 8).min(standby_ceiling(polled, standby));
             }
             watch.chose_to_wait(standby);
             let _ = wait_readable(&[waker], standby);
@@ -443,6 +457,13 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
         watch.chose_to_wait(sleep(core, shard, role));
         idle_since = None;
     }
+}
+
+/// How long an engine thread may stand by after the application polled
+/// `polled` times in the last `standby`: longer for one that spins.
+fn standby_ceiling(polled: u64, standby: Duration) -> Duration {
+    let spins = u128::from(polled) * SPINNING_POLL_GAP.as_nanos() >= standby.as_nanos();
+    if spins { STANDBY_SPINNING_MAX } else { STANDBY_MAX }
 }
 
 /// Dedicated progress: poll the shard; sleep only after
@@ -609,6 +630,19 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
+    }
+
+    /// An application that polls its shard at least every 10 µs lets its
+    /// engine thread stand by up to 8 ms; one that polls less often, 1 ms.
+    #[test]
+    fn a_spinning_application_lets_its_engine_thread_stand_by_longer() {
+        use super::{STANDBY_MAX, STANDBY_SPINNING_MAX, standby_ceiling};
+        let ms = Duration::from_millis(1);
+        assert_eq!(standby_ceiling(100, ms), STANDBY_SPINNING_MAX, "a poll every 10 µs");
+        assert_eq!(standby_ceiling(800, 8 * ms), STANDBY_SPINNING_MAX);
+        assert_eq!(standby_ceiling(99, ms), STANDBY_MAX, "a little less often: it may go at any time");
+        assert_eq!(standby_ceiling(799, 8 * ms), STANDBY_MAX);
+        assert_eq!(standby_ceiling(1, ms), STANDBY_MAX, "one poll in a whole interval");
     }
 
     #[test]
