@@ -95,7 +95,6 @@ const FILE_HEADER: usize = 64;
 /// How long a claimed slot may stay unpublished before the consumer gives
 /// up on it (its producer died or hangs); the ring must not stall.
 const ABANDONED_AFTER: Duration = Duration::from_millis(20);
-
 /// How often a consumer finding its ring empty asks whether the head's
 /// slot was claimed (a producer that died mid-write): rarely enough that
 /// its reads of the ring's tail do not pull that line from the producers
