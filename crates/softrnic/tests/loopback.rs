@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use softrnic::{
     Access, CompletionQueue, ConnectOptions, Context, DatapathKind, EngineConfig, FaultConfig, MemoryRegion, Payload,
-    QpCaps, QueuePair, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode, WcStatus,
+    ProgressMode, QpCaps, QueuePair, RecvWorkRequest, SendOp, SendWorkRequest, WcOpcode, WcStatus,
 };
 
 /// Each test takes its own pair of addresses so tests can run in parallel.
@@ -230,6 +230,36 @@ fn completion_channel_wakes_a_sleeping_waiter() {
     assert!(b.cq.wait_event(Duration::from_secs(10)).unwrap(), "no completion event");
     assert_eq!(wait(&b.cq).byte_len, 4);
     drop(a);
+}
+
+/// A target that spun on its CQ, which lets its engine thread stand by
+/// longer between looks (up to 8 ms), then stopped polling without
+/// blocking on a channel: its engine thread still takes over, and a READ
+/// of its memory is answered.
+#[test]
+fn a_target_that_spun_then_stopped_polling_still_answers() {
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    let inline = |addr| side_with(EngineConfig { progress: ProgressMode::Inline, ..EngineConfig::new(addr) }, 4096);
+    let (a, b) = (inline(IpAddr::from([127, 0, 1, n])), inline(IpAddr::from([127, 0, 1, n + 1])));
+    a.qp.connect(&b.qp.endpoint(&b.mr), &ConnectOptions::default()).unwrap();
+    b.qp.connect(&a.qp.endpoint(&a.mr), &ConnectOptions::default()).unwrap();
+    let data = pattern(64, 9);
+    b.mr.write(0, &data);
+    // Long enough for the interval to grow to its longest (about 64 ms
+    // of looks from 1 ms up by an eighth each).
+    let spinning = std::time::Instant::now();
+    let mut none = Vec::new();
+    while spinning.elapsed() < Duration::from_millis(200) {
+        b.cq.poll(8, &mut none);
+    }
+    assert!(none.is_empty());
+    // b neither polls nor posts from here on.
+    a.qp.post_send(SendWorkRequest::new(1, SendOp::Read { remote: b.mr.remote(0) }, a.mr.gather(0, 64))).unwrap();
+    let c = wait(&a.cq);
+    assert_eq!((c.status, c.opcode, c.byte_len), (WcStatus::Success, WcOpcode::RdmaRead, 64));
+    let mut got = vec![0u8; 64];
+    a.mr.read(0, &mut got);
+    assert_eq!(got, data);
 }
 
 #[test]
