@@ -230,12 +230,7 @@ mod tests {
     #[test]
     fn the_programs_action_is_back_after_the_window() {
         let page = rustix::param::page_size();
-        // SAFETY: reads the current action only.
-        let before = unsafe {
-            let mut a = MaybeUninit::<libc::sigaction>::zeroed();
-            libc::sigaction(libc::SIGSEGV, std::ptr::null(), a.as_mut_ptr());
-            a.assume_init().sa_sigaction
-        };
+        let before = programs_action();
         let base = fresh_page();
         // SAFETY: our page; `replace` fails, and the page is writable again.
         let failed =
@@ -243,13 +238,20 @@ mod tests {
         assert!(failed.is_err());
         // SAFETY: our page, writable again.
         unsafe { (base as *mut u8).write_volatile(7) };
-        // SAFETY: as above.
-        let after = unsafe {
+        assert_eq!(before, programs_action());
+    }
+
+    /// The `SIGSEGV` action between windows. Read under `WINDOWS`: the
+    /// other tests here open windows on their own threads, and one open
+    /// while this reads would show our handler (CI saw that once).
+    fn programs_action() -> libc::sighandler_t {
+        let _between_windows = WINDOWS.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: reads the current action only.
+        unsafe {
             let mut a = MaybeUninit::<libc::sigaction>::zeroed();
             libc::sigaction(libc::SIGSEGV, std::ptr::null(), a.as_mut_ptr());
             a.assume_init().sa_sigaction
-        };
-        assert_eq!(before, after);
+        }
     }
 
     /// A private anonymous page of the test's own, never unmapped.
