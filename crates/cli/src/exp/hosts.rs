@@ -284,8 +284,11 @@ mod tests {
             "/bin/sh",
             &["-c".into(), "trap 'echo stopped; exit 0' INT; while :; do sleep 0.05; done".into()],
         );
-        let mut child =
-            Command::new("/bin/sh").args(["-c", &script]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        // As sshd starts a remote shell: SIGINT not ignored, whatever this
+        // test's runner was started with.
+        let mut command = Command::new("/bin/sh");
+        crate::exp::roles::stoppable_by_runner(&mut command);
+        let mut child = command.args(["-c", &script]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(200));
         assert!(child.try_wait().unwrap().is_none(), "it runs while the input is open");
         drop(child.stdin.take());

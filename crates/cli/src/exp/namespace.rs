@@ -13,7 +13,7 @@ use super::daemon::ip;
 pub(super) fn exec_in(ns: &str, program: impl AsRef<OsStr>) -> Command {
     let mut command = Command::new("ip");
     command.args(["netns", "exec", ns]).arg(program);
-    super::roles::dies_with_runner(&mut command);
+    super::roles::stoppable_by_runner(&mut command);
     command
 }
 

@@ -46,15 +46,19 @@ pub struct Placement {
     pub hosts: Option<Inventory>,
 }
 
-/// Makes `command`'s process die with the runner (even a killed one)
-/// instead of spinning on as an orphan.
-pub fn dies_with_runner(command: &mut Command) {
+/// Makes `command`'s process one the runner can stop: it dies with the
+/// runner (even a killed one) instead of spinning on as an orphan, and it
+/// hears SIGINT, the first step of [`stop`]'s ladder, even where the
+/// runner was started with SIGINT ignored (a script's background job is),
+/// which a child would inherit and a shell could not trap again.
+pub fn stoppable_by_runner(command: &mut Command) {
     // SAFETY: runs in the child between fork and exec, where only
-    // async-signal-safe calls are allowed; prctl is one, and it touches
-    // nothing of the parent's.
+    // async-signal-safe calls are allowed; prctl and signal are, and they
+    // touch nothing of the parent's.
     unsafe {
         command.pre_exec(|| {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
             Ok(())
         })
     };
@@ -151,7 +155,7 @@ pub fn run_point(
         let (mut command, line) = role.command(placement);
         writeln!(log, "$ {line}").map_err(|e| e.to_string())?;
         let stderr = log.try_clone().map_err(|e| e.to_string())?;
-        dies_with_runner(&mut command);
+        stoppable_by_runner(&mut command);
         let child = command
             .stdout(log)
             .stderr(stderr)
