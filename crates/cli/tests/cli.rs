@@ -66,6 +66,17 @@ fn every_bandwidth_test_verifies_its_data() {
     }
 }
 
+/// perftest's `-l`: requests posted in lists, by both ends of a
+/// bidirectional run (the server takes the list's length from the
+/// client's parameters), every byte checked.
+#[test]
+fn posting_in_lists_verifies_its_data() {
+    for test in ["send_bw", "write_bw"] {
+        let rows = verified_run(test, &["-s", "64", "-n", "1000", "-l", "16", "-b"]);
+        assert_eq!(rows[0]["post_list"], 16, "{}", rows[0]);
+    }
+}
+
 #[test]
 fn every_latency_test_verifies_its_data() {
     for test in ["send_lat", "write_lat", "read_lat", "atomic_lat"] {

@@ -19,6 +19,20 @@ pub enum Error {
     Config(String),
 }
 
+/// A list of send requests refused part way ([`QueuePair::post_send_list`]):
+/// the first `posted` were posted and will run; the one after them was
+/// refused for `error`, and none after it was looked at (`ibv_post_send`'s
+/// `bad_wr`).
+///
+/// [`QueuePair::post_send_list`]: crate::QueuePair::post_send_list
+#[derive(Debug, thiserror::Error)]
+#[error("work request {posted} of the list (counting from 0) was refused: {error}")]
+pub struct PostListError {
+    pub posted: usize,
+    #[source]
+    pub error: Error,
+}
+
 impl From<softrnic_provider::OpenError> for Error {
     fn from(e: softrnic_provider::OpenError) -> Error {
         match e {

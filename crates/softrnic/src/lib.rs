@@ -44,7 +44,7 @@ mod qp;
 
 pub use context::Context;
 pub use cq::CompletionQueue;
-pub use error::Error;
+pub use error::{Error, PostListError};
 pub use exchange::Endpoint;
 pub use mr::MemoryRegion;
 pub use mw::MemoryWindow;

@@ -6,7 +6,7 @@ use softrnic_transport::{
 };
 
 use crate::cq::CqHandle;
-use crate::{Endpoint, Error, MemoryRegion, ProtectionDomain};
+use crate::{Endpoint, Error, MemoryRegion, PostListError, ProtectionDomain};
 use softrnic_provider::provider::DeviceQp;
 
 /// Connection settings, with perftest's defaults where it has them.
@@ -197,6 +197,20 @@ impl QueuePair {
 
     pub fn post_send(&self, wr: SendWorkRequest) -> Result<(), Error> {
         Ok(self.pd.ctx.provider.post_send(&self.posts, wr)?)
+    }
+
+    /// Posts several send requests, in order, as one post (`ibv_post_send`
+    /// with a list, perftest's `-l`): with the engine in this process they
+    /// take the send queue's lock once and ring the doorbell once, so the
+    /// packets they make leave together (over UDP, a run of equal datagrams
+    /// in one system call) where one post at a time pays a call each.
+    /// On a refusal the requests before it stay posted ([`PostListError`]).
+    pub fn post_send_list(&self, wrs: impl IntoIterator<Item = SendWorkRequest>) -> Result<(), PostListError> {
+        let mut queue = self.pd.ctx.provider.send_chain(&self.posts);
+        for (posted, wr) in wrs.into_iter().enumerate() {
+            queue.post(wr).map_err(|e| PostListError { posted, error: e.into() })?;
+        }
+        Ok(())
     }
 
     pub fn post_recv(&self, wr: RecvWorkRequest) -> Result<(), Error> {

@@ -232,6 +232,44 @@ fn completion_channel_wakes_a_sleeping_waiter() {
     drop(a);
 }
 
+/// A list of SENDs posted as one (`ibv_post_send` with a list): a list
+/// the send queue holds is posted whole and arrives in order; one longer
+/// than the queue's room is posted up to the first request that does not
+/// fit, which is named, and those before it still run.
+#[test]
+fn a_list_of_sends_is_posted_whole_or_up_to_the_refused_one() {
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    let b = side(IpAddr::from([127, 0, 1, n + 1]), FaultConfig::default(), 4096);
+    let ctx = Context::with_config(EngineConfig::new(IpAddr::from([127, 0, 1, n]))).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let (mr, cq) = (pd.register(4096, Access::LOCAL_WRITE).unwrap(), ctx.create_cq(64).unwrap());
+    let qp = pd.create_rc_qp(&cq, &cq, QpCaps { max_send_wr: 4, ..QpCaps::default() }).unwrap();
+    qp.connect(&b.qp.endpoint(&b.mr), &ConnectOptions::default()).unwrap();
+    b.qp.connect(&qp.endpoint(&mr), &ConnectOptions::default()).unwrap();
+    for i in 0..8u64 {
+        let at = 64 * i as usize;
+        b.qp.post_recv(RecvWorkRequest { wr_id: i, sges: softrnic_transport::smallvec![b.mr.sge(at, 64)] }).unwrap();
+        mr.write(at, &pattern(64, i as u8));
+    }
+    let send = |i: u64| SendWorkRequest::new(i, SendOp::Send { imm: None }, mr.gather(64 * i as usize, 64));
+
+    let refused = qp.post_send_list((0..6).map(send)).unwrap_err();
+    assert_eq!(refused.posted, 4, "the queue holds 4: {refused}");
+    let sent: Vec<_> = (0..4).map(|_| wait(&cq)).map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(sent, (0..4).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>());
+
+    qp.post_send_list((4..8).map(send)).unwrap();
+    let sent: Vec<_> = (4..8).map(|_| wait(&cq)).map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(sent, (4..8).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>());
+    let received: Vec<_> = (0..8).map(|_| wait(&b.cq)).map(|c| (c.wr_id, c.status, c.byte_len)).collect();
+    assert_eq!(received, (0..8).map(|i| (i, WcStatus::Success, 64)).collect::<Vec<_>>(), "in order");
+    for i in 0..8 {
+        let mut got = vec![0u8; 64];
+        b.mr.read(64 * i as usize, &mut got);
+        assert_eq!(got, pattern(64, i as u8), "message {i}");
+    }
+}
+
 /// A target that spun on its CQ, which lets its engine thread stand by
 /// longer between looks (up to 8 ms), then stopped polling without
 /// blocking on a channel: its engine thread still takes over, and a READ

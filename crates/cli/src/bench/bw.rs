@@ -1,4 +1,5 @@
-//! Bandwidth tests: keep `tx_depth` requests outstanding on every QP, count
+//! Bandwidth tests: keep `tx_depth` requests outstanding on every QP
+//! (posted one at a time, or in lists of up to `post_list`), count
 //! completions, and (for SEND) keep receives posted on the other end. One
 //! loop does both duties, so a bidirectional run is the same code on both
 //! ends.
@@ -78,19 +79,27 @@ pub fn run(s: &mut Session, size: usize, duties: Duties) -> Result<BwOutcome, St
     let mut told_peer = false;
     let mut next_look = start;
     let mut completions: Vec<Completion> = Vec::with_capacity(64);
+    let mut list: Vec<SendWorkRequest> = Vec::with_capacity(p.post_list);
     loop {
         let now = Instant::now();
         let stop_posting = timed.is_some_and(|d| now - start >= d);
         if duties.send {
             for q in 0..qps {
-                while !stop_posting && posted[q] - completed[q] < depth && (timed.is_some() || posted[q] < iters) {
-                    let i = posted[q];
-                    let signal = timed.is_some() || (i + 1).is_multiple_of(signal_every) || i + 1 == iters;
-                    post_send(s, q, i, size, slots, signal, &mut scratch)?;
-                    if signal {
-                        signalled[q].push_back(i);
+                let may_post =
+                    |posted: u64| !stop_posting && posted - completed[q] < depth && (timed.is_some() || posted < iters);
+                while may_post(posted[q]) {
+                    // A list of up to `-l` requests, as many as the depth
+                    // and the iterations leave room for.
+                    while list.len() < p.post_list && may_post(posted[q]) {
+                        let i = posted[q];
+                        let signal = timed.is_some() || (i + 1).is_multiple_of(signal_every) || i + 1 == iters;
+                        list.push(send_request(s, q, i, size, slots, signal, &mut scratch));
+                        if signal {
+                            signalled[q].push_back(i);
+                        }
+                        posted[q] += 1;
                     }
-                    posted[q] += 1;
+                    s.qps[q].post_send_list(list.drain(..)).map_err(|e| e.to_string())?;
                 }
             }
         }
@@ -188,7 +197,8 @@ fn post_recv(s: &Session, q: usize, i: u64, size: usize, slots: usize) -> Result
         .map_err(|e| e.to_string())
 }
 
-fn post_send(
+/// The `i`-th request of QP `q`.
+fn send_request(
     s: &Session,
     q: usize,
     i: u64,
@@ -196,7 +206,7 @@ fn post_send(
     slots: usize,
     signal: bool,
     scratch: &mut [u8],
-) -> Result<(), String> {
+) -> SendWorkRequest {
     let p = &s.params;
     let slot = (i as usize) % slots;
     let local = s.offset(q, slot, size);
@@ -224,7 +234,7 @@ fn post_send(
     };
     let mut wr = SendWorkRequest::new(i | ((q as u64) << 40), op, payload);
     wr.signaled = signal;
-    s.qps[q].post_send(wr).map_err(|e| e.to_string())
+    wr
 }
 
 /// Checks, after a run, what only the end of it can show: the last WRITE of
@@ -322,6 +332,7 @@ pub fn result(test: Test, s: &Session, size: usize, o: &BwOutcome, verified: Opt
         iters: o.sent,
         qps: s.qps.len(),
         tx_depth: s.params.tx_depth,
+        post_list: s.params.post_list,
         mtu: s.params.mtu.bytes(),
         bw_peak_gbps: gbps(peak),
         bw_avg_gbps: gbps(rate),

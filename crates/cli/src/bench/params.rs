@@ -134,6 +134,10 @@ pub struct BenchArgs {
     /// Outstanding work requests per QP (default 128; latency tests use 1).
     #[arg(short = 't', long = "tx-depth", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub tx_depth: Option<u32>,
+    /// Post work requests in lists of up to this many, each list one post
+    /// (perftest's -l; bandwidth tests). Default: one at a time.
+    #[arg(short = 'l', long = "post-list", alias = "post_list", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub post_list: Option<u32>,
     /// Path MTU: 256, 512, 1024, 2048 or 4096.
     #[arg(short = 'm', long, value_parser = mtu, default_value = "4096")]
     pub mtu: Mtu,
@@ -251,6 +255,8 @@ pub struct Params {
     pub duration: Option<Duration>,
     pub qps: usize,
     pub tx_depth: usize,
+    /// Work requests per post, at most.
+    pub post_list: usize,
     pub mtu: Mtu,
     pub bidirectional: bool,
     pub verify: bool,
@@ -288,6 +294,16 @@ impl Params {
             return Err("-n must be at least 1".into());
         }
         let tx_depth = if test.is_latency() { 1 } else { a.tx_depth.unwrap_or(128) as usize };
+        let post_list = match a.post_list {
+            Some(_) if test.is_latency() => return Err("-l/--post-list applies to bandwidth tests only".into()),
+            Some(n) if n as usize > tx_depth => {
+                return Err(format!(
+                    "-l {n} is more than the {tx_depth} requests -t lets be outstanding; \
+                                    give -l at most -t"
+                ));
+            }
+            n => n.unwrap_or(1) as usize,
+        };
         Ok(Params {
             test,
             sizes,
@@ -295,6 +311,7 @@ impl Params {
             duration,
             qps: if test.is_latency() { 1 } else { a.qps as usize },
             tx_depth,
+            post_list,
             mtu: a.mtu,
             bidirectional: a.bidirectional,
             verify: a.verify,
@@ -315,13 +332,14 @@ impl Params {
     pub fn to_line(&self) -> String {
         let sizes: Vec<String> = self.sizes.iter().map(usize::to_string).collect();
         format!(
-            "PARAMS test={} sizes={} iters={} duration={} qps={} depth={} mtu={} bidir={} verify={} sr={} auth={}",
+            "PARAMS test={} sizes={} iters={} duration={} qps={} depth={} list={} mtu={} bidir={} verify={} sr={} auth={}",
             self.test,
             sizes.join(","),
             self.iters,
             self.duration.map_or(0.0, |d| d.as_secs_f64()),
             self.qps,
             self.tx_depth,
+            self.post_list,
             self.mtu.bytes(),
             self.bidirectional,
             self.verify,
@@ -343,6 +361,7 @@ impl Params {
             duration: None,
             qps: 1,
             tx_depth: 1,
+            post_list: 1,
             mtu: Mtu::Mtu4096,
             bidirectional: false,
             verify: false,
@@ -363,6 +382,7 @@ impl Params {
                 }
                 "qps" => p.qps = v.parse().map_err(|_| bad("qps"))?,
                 "depth" => p.tx_depth = v.parse().map_err(|_| bad("depth"))?,
+                "list" => p.post_list = v.parse().map_err(|_| bad("list"))?,
                 "mtu" => p.mtu = Mtu::from_bytes(v.parse().map_err(|_| bad("mtu"))?).ok_or_else(|| bad("mtu"))?,
                 "bidir" => p.bidirectional = v == "true",
                 "verify" => p.verify = v == "true",
@@ -371,8 +391,13 @@ impl Params {
                 _ => {}
             }
         }
-        if p.sizes.is_empty() || p.sizes.iter().any(|&s| s > MAX_SIZE) || p.qps == 0 || p.tx_depth == 0 {
-            return Err(bad("sizes, qps or depth"));
+        if p.sizes.is_empty()
+            || p.sizes.iter().any(|&s| s > MAX_SIZE)
+            || p.qps == 0
+            || p.tx_depth == 0
+            || !(1..=p.tx_depth).contains(&p.post_list)
+        {
+            return Err(bad("sizes, qps, depth or list"));
         }
         Ok(p)
     }
@@ -422,6 +447,8 @@ mod tests {
         let p = parse(&["read_bw", "-a"]).unwrap();
         assert_eq!((p.sizes.first(), p.sizes.last()), (Some(&2), Some(&(8 << 20))));
         assert_eq!(parse(&["atomic_lat"]).unwrap().sizes, vec![8]);
+        assert_eq!(parse(&["send_bw", "-l", "16"]).unwrap().post_list, 16);
+        assert_eq!(parse(&["send_bw"]).unwrap().post_list, 1);
     }
 
     #[test]
@@ -430,14 +457,17 @@ mod tests {
         assert!(parse(&["write_bw", "-s", "9M"]).unwrap_err().contains("larger than the largest"));
         assert!(parse(&["write_bw", "--loss", "2"]).unwrap_err().contains("from 0 to 1"));
         assert!(parse(&["send_lat", "-b"]).unwrap_err().contains("bandwidth tests only"));
+        assert!(parse(&["send_lat", "-l", "2"]).unwrap_err().contains("bandwidth tests only"));
+        assert!(parse(&["send_bw", "-t", "8", "-l", "16"]).unwrap_err().contains("give -l at most -t"));
         assert!(parse(&["atomic_bw", "-s", "16"]).unwrap_err().contains("8-byte"));
         assert!(parse(&["no_such_test"]).is_err());
     }
 
     #[test]
     fn parameters_travel_as_one_line() {
-        let p = parse(&["send_bw", "-a", "-q", "2", "-D", "1.5", "-b", "--verify", "--selective-repeat"]).unwrap();
-        assert!(p.selective_repeat);
+        let p = parse(&["send_bw", "-a", "-q", "2", "-D", "1.5", "-b", "--verify", "--selective-repeat", "-l", "4"])
+            .unwrap();
+        assert!(p.selective_repeat && p.post_list == 4);
         assert_eq!(Params::parse(&p.to_line()).unwrap(), p);
         assert!(Params::parse("HELLO").is_err());
     }

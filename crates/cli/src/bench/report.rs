@@ -19,6 +19,8 @@ pub struct BwResult {
     pub iters: u64,
     pub qps: usize,
     pub tx_depth: usize,
+    /// Work requests per post, at most (`-l`).
+    pub post_list: usize,
     pub mtu: u32,
     pub bw_peak_gbps: f64,
     pub bw_avg_gbps: f64,
@@ -135,6 +137,9 @@ pub fn banner(params: &Params, format: Format, local: &str, remote: &str, engine
         engine.engine_threads(),
         engine.progress_mode()
     );
+    if params.post_list > 1 {
+        println!(" Post list       : {}", params.post_list);
+    }
     println!(" Mtu             : {}[B]", params.mtu.bytes());
     println!(" Link type       : Ethernet");
     if let Some(d) = params.duration {
