@@ -9,7 +9,8 @@ run, on loopback:
   - UCX over TCP (ucx_perftest with UCX_TLS=tcp: tag_lat, ucp_am_bw, ucp_put_bw),
 
 each RUNS times, and prints the medians and the ratios as a Markdown table.
-softrnic runs over its UDP datapath there. Other modes:
+softrnic runs over its UDP datapath there, its 64 B message rate posted
+one at a time and in lists of 16 (`-l 16`). Other modes:
 
   --shm       softrnic's shared-memory wire against UCX's shared-memory
               transport (UCX_TLS=posix), and the E1 latency against
@@ -1191,7 +1192,7 @@ def main():
         return read_main(a, extra)
     install_peers()
     extra = extra + ["--datapath", "udp"]
-    r = {k: [] for k in ["lat", "lat_p99", "udp", "udp_p99", "ucx_lat", "rate", "ucx_rate", "bw", "tcp", "ucx_put"]}
+    r = {k: [] for k in ["lat", "lat_p99", "udp", "udp_p99", "ucx_lat", "rate", "rate_list", "ucx_rate", "bw", "tcp", "ucx_put"]}
     for run in range(a.runs):
         print(f"run {run + 1}/{a.runs} ...", file=sys.stderr)
         lat = softrnic("send_lat", 64, extra + ["-n", "20000"])
@@ -1202,6 +1203,7 @@ def main():
         r["udp_p99"].append(p99)
         r["ucx_lat"].append(ucx("tag_lat", 64, 13337 + run)["p50_us"])
         r["rate"].append(softrnic("send_bw", 64, extra + ["-n", "200000"])["msg_rate_mpps"] * 1e6)
+        r["rate_list"].append(softrnic("send_bw", 64, extra + ["-n", "400000", "-l", "16"])["msg_rate_mpps"] * 1e6)
         r["ucx_rate"].append(ucx("ucp_am_bw", 64, 13437 + run)["msg_rate"])
         r["bw"].append(softrnic("write_bw", 65536, extra + ["-n", "20000"])["bw_avg_gbps"])
         r["tcp"].append(iperf3_gbps())
@@ -1215,6 +1217,7 @@ def main():
     print(f"| 64 B send_lat p99 | {m['lat_p99']:.2f} µs | sockperf's p99 | {m['udp_p99']:.2f} µs | {ratio('lat_p99', 'udp_p99'):.2f}× | ≤ 1.5× |")
     print(f"| 64 B send_lat p50 | {m['lat']:.2f} µs | UCX tcp tag_lat | {m['ucx_lat']:.2f} µs | {ratio('lat', 'ucx_lat'):.2f}× | < 1× |")
     print(f"| 64 B send_bw message rate | {m['rate'] / 1e6:.3f} M/s | UCX tcp ucp_am_bw | {m['ucx_rate'] / 1e6:.3f} M/s | {ratio('rate', 'ucx_rate'):.2f}× | ≥ 1.5× |")
+    print(f"| 64 B send_bw, lists of 16 (`-l 16`) | {m['rate_list'] / 1e6:.3f} M/s | UCX tcp ucp_am_bw | {m['ucx_rate'] / 1e6:.3f} M/s | {ratio('rate_list', 'ucx_rate'):.2f}× | |")
     print(f"| 64 KiB write_bw | {m['bw']:.2f} Gb/s | kernel TCP, one stream (iperf3) | {m['tcp']:.2f} Gb/s | {ratio('bw', 'tcp'):.2f}× | ≥ 0.5× |")
     print(f"| 64 KiB write_bw | {m['bw']:.2f} Gb/s | UCX tcp ucp_put_bw | {m['ucx_put']:.2f} Gb/s | {ratio('bw', 'ucx_put'):.2f}× | |")
     print("\nAll runs:", json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
