@@ -214,7 +214,7 @@ pub(crate) struct Core {
     /// Whether its regions go on memfds those peers copy from.
     one_copy: bool,
     /// Those of its deregistered regions that peers may still be copying.
-    lingering: Lingering,
+    pub(crate) lingering: Lingering,
     /// Whether engine threads poll the shards (dedicated progress) rather
     /// than the application's posts and polls (inline).
     pub(crate) dedicated: bool,
@@ -397,9 +397,15 @@ impl Nic {
 
     /// Gives the region `lkey` names a new translation, PD or access under
     /// the same keys (`ibv_rereg_mr`). When it returns, no shard can reach
-    /// the old memory any more.
+    /// the old memory any more (peers on this host may, a moment longer,
+    /// as after a deregistration).
     pub fn reregister_memory(&self, lkey: u32, r: Registration) -> Result<MrKeys> {
-        self.core.control(|c| c.reregister_memory(lkey, r))
+        let new = r.buffer.clone();
+        let (keys, old) = self.core.control(|c| c.reregister_memory(lkey, r))?;
+        if !Arc::ptr_eq(&old, &new) {
+            self.core.lingering.keep(old);
+        }
+        Ok(keys)
     }
 
     /// Deregisters a region. When it returns, no shard can reach the

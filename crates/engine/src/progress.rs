@@ -412,13 +412,15 @@ fn run_inline(core: &Core, index: usize, role: Role, spin: Duration) {
         let now = watch.look(core);
         let polls = shard.app_polls.load(Ordering::Relaxed);
         if polls != seen_polls && shard.app_waiting.load(Ordering::SeqCst) == 0 {
-            // The application polls this shard: stay out of its way.
+            // The application polls this shard: stay out of its way (a
+            // rest, in which lingering memory may go).
             let polled = polls.wrapping_sub(seen_polls);
             seen_polls = polls;
             if driving_since.take().is_none() {
                 standby = (standby + standby / 8).min(standby_ceiling(polled, standby));
             }
             watch.chose_to_wait(standby);
+            core.lingering.forget_old();
             let _ = wait_readable(&[waker], standby);
             own_waker.drain();
             continue;
@@ -539,7 +541,8 @@ impl StallWatch {
     }
 }
 
-/// Publishes the counters, then blocks an engine thread until a datagram
+/// Publishes the counters and lets go of memory that has lingered long
+/// enough ([`crate::lingering`]), then blocks an engine thread until a datagram
 /// arrives (unless it only sends), its doorbell rings, or its shard's next
 /// timer is due (the sender's; a receiver looks around every
 /// [`MAX_SLEEP`]). A wire holding datagrams for a full ring cuts the sleep
@@ -547,6 +550,7 @@ impl StallWatch {
 /// Returns the longest it would sleep.
 fn sleep(core: &Core, shard: &EngineShard, role: Role) -> Duration {
     core.publish_counters(false);
+    core.lingering.forget_old();
     let mut timeout = match role {
         Role::Rx => MAX_SLEEP,
         Role::Both | Role::Tx => core.until_deadline(shard).min(MAX_SLEEP),

@@ -119,14 +119,15 @@ impl Control {
     }
 
     /// A new translation, PD or access for the region `lkey` names, under
-    /// the same keys.
-    pub fn reregister_memory(&mut self, lkey: u32, r: Registration) -> Result<MrKeys> {
+    /// the same keys. Returns them, and the memory the region had, which
+    /// the caller may keep for a while (as [`Control::deregister_memory`]'s).
+    pub fn reregister_memory(&mut self, lkey: u32, r: Registration) -> Result<(MrKeys, Arc<DmaBuffer>)> {
         self.pds.check(r.pd)?;
         let pd = r.pd;
-        let (keys, old_pd) = self.memory_mut().reregister(lkey, r)?;
-        self.pds.add_users(old_pd, -1)?;
+        let (keys, old) = self.memory_mut().reregister(lkey, r)?;
+        self.pds.add_users(old.pd, -1)?;
         self.pds.add_users(pd, 1)?;
-        Ok(keys)
+        Ok((keys, old.buffer))
     }
 
     /// Returns the region's memory, which the caller may keep for a while
@@ -376,8 +377,11 @@ mod tests {
         assert_eq!(control.register_memory(r(gone)).unwrap_err(), VerbsError::NotFound("protection domain"));
         let keys = control.register_memory(r(pd)).unwrap();
         assert_eq!(control.dealloc_pd(pd), Err(VerbsError::Busy("protection domain")));
-        assert_eq!(control.reregister_memory(keys.lkey, r(gone)), Err(VerbsError::NotFound("protection domain")));
-        assert_eq!(control.reregister_memory(keys.lkey, r(other)), Ok(keys));
+        assert_eq!(
+            control.reregister_memory(keys.lkey, r(gone)).unwrap_err(),
+            VerbsError::NotFound("protection domain")
+        );
+        assert_eq!(control.reregister_memory(keys.lkey, r(other)).map(|(keys, _)| keys), Ok(keys));
         assert_eq!(control.dealloc_pd(other), Err(VerbsError::Busy("protection domain")));
         control.dealloc_pd(pd).unwrap();
         control.deregister_memory(keys.lkey).unwrap();

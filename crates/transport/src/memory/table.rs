@@ -233,16 +233,17 @@ impl MemoryTable {
     /// Gives the region `lkey` names a new translation, protection domain
     /// (checked by the caller) or access (`ibv_rereg_mr`), under the same
     /// keys, as hardware keeps them: a peer holding the rkey reaches the
-    /// new memory. Returns the keys and the PD it had.
-    pub fn reregister(&mut self, lkey: u32, r: Registration) -> Result<(MrKeys, PdId)> {
+    /// new memory. Returns the keys and the region as it was (its PD, and
+    /// its memory, which peers on this host may still be copying).
+    pub fn reregister(&mut self, lkey: u32, r: Registration) -> Result<(MrKeys, MemoryRegion)> {
         Self::validate(&r)?;
         if self.lookup(lkey).is_none() {
             return Err(VerbsError::NotFound("memory region"));
         }
         let Some(Key::Local(region)) = self.keys.get_mut(&lkey) else { unreachable!("looked up above") };
-        let (old_pd, keys, windows) = (region.pd, region.keys, region.windows.clone());
-        *region = MemoryRegion { windows, ..MemoryRegion::of(r, keys) };
-        Ok((keys, old_pd))
+        let (keys, windows) = (region.keys, region.windows.clone());
+        let old = std::mem::replace(region, MemoryRegion { windows, ..MemoryRegion::of(r, keys) });
+        Ok((keys, old))
     }
 
     /// The checks every registration passes.
@@ -494,7 +495,7 @@ mod tests {
                 Registration { pd: other, buffer, offset: 0, len: 16, iova: 0x9000, access: Access::LOCAL_WRITE },
             )
             .unwrap();
-        assert_eq!(again, (keys, pd), "the keys, and the PD it had");
+        assert_eq!((again.0, again.1.pd), (keys, pd), "the keys, and the PD it had");
         assert!(table.check(other, keys.lkey, 0x9000, 16, Access::LOCAL_WRITE).is_ok());
         assert_eq!(table.check(pd, keys.lkey, 0x9000, 1, Access::empty()).unwrap_err(), AccessFault::WrongPd);
         assert!(table.check_remote(other, 0, keys.rkey, 0x9000, 1, Access::empty()).is_err(), "no remote access now");
