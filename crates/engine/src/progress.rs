@@ -542,9 +542,9 @@ impl StallWatch {
 }
 
 /// Publishes the counters and lets go of memory that has lingered long
-/// enough ([`crate::lingering`]), then blocks an engine thread until a datagram
-/// arrives (unless it only sends), its doorbell rings, or its shard's next
-/// timer is due (the sender's; a receiver looks around every
+/// enough ([`crate::lingering`]), then blocks an engine thread until a
+/// datagram arrives (unless it only sends), its doorbell rings, or its
+/// shard's next timer is due (the sender's; a receiver looks around every
 /// [`MAX_SLEEP`]). A wire holding datagrams for a full ring cuts the sleep
 /// to [`STANDBY_MIN`]: the ring may drain without a word to this thread.
 /// Returns the longest it would sleep.

@@ -298,8 +298,7 @@ impl Params {
             Some(_) if test.is_latency() => return Err("-l/--post-list applies to bandwidth tests only".into()),
             Some(n) if n as usize > tx_depth => {
                 return Err(format!(
-                    "-l {n} is more than the {tx_depth} requests -t lets be outstanding; \
-                                    give -l at most -t"
+                    "-l {n} is more than the {tx_depth} requests -t lets be outstanding; give -l at most -t"
                 ));
             }
             n => n.unwrap_or(1) as usize,
