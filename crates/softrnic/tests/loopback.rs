@@ -241,9 +241,45 @@ fn a_list_of_sends_is_posted_whole_or_up_to_the_refused_one() {
     let n = NEXT.fetch_add(2, Ordering::Relaxed);
     let b = side(IpAddr::from([127, 0, 1, n + 1]), FaultConfig::default(), 4096);
     let ctx = Context::with_config(EngineConfig::new(IpAddr::from([127, 0, 1, n]))).unwrap();
+    let (qp, mr, cq) = list_sender(&ctx, &b);
+    let send = |i: u64| SendWorkRequest::new(i, SendOp::Send { imm: None }, mr.gather(64 * i as usize, 64));
+
+    let refused = qp.post_send_list((0..6).map(send)).unwrap_err();
+    assert_eq!(refused.posted, 4, "the queue holds 4: {refused}");
+    let sent: Vec<_> = (0..4).map(|_| wait(&cq)).map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(sent, (0..4).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>());
+    qp.post_send_list((4..8).map(send)).unwrap();
+    let sent: Vec<_> = (4..8).map(|_| wait(&cq)).map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(sent, (4..8).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>());
+    all_arrived_in_order(&b, 8);
+}
+
+/// Through softrnicd, where each request of a list is its own entry in the
+/// daemon's ring: two lists of 4, every message in order.
+#[test]
+fn a_list_of_sends_through_softrnicd_arrives_in_order() {
+    let daemon = daemon("lists");
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    let b = pair_through(&daemon, 4096).1;
+    let ctx = Context::through_daemon(daemon.socket(), IpAddr::from([127, 0, 1, n])).unwrap();
+    let (qp, mr, cq) = list_sender(&ctx, &b);
+    let send = |i: u64| SendWorkRequest::new(i, SendOp::Send { imm: None }, mr.gather(64 * i as usize, 64));
+    for list in [0..4, 4..8] {
+        qp.post_send_list(list.clone().map(send)).unwrap();
+        let sent: Vec<_> = list.clone().map(|_| wait(&cq)).map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(sent, list.map(|i| (i, WcStatus::Success)).collect::<Vec<_>>());
+    }
+    all_arrived_in_order(&b, 8);
+}
+
+/// A QP of `ctx` whose send queue holds 4, connected to `b` (reset for
+/// it), with 8 messages of 64 bytes in its region and 8 receives posted
+/// at `b` for them.
+fn list_sender(ctx: &Context, b: &Side) -> (QueuePair, MemoryRegion, CompletionQueue) {
     let pd = ctx.alloc_pd().unwrap();
     let (mr, cq) = (pd.register(4096, Access::LOCAL_WRITE).unwrap(), ctx.create_cq(64).unwrap());
     let qp = pd.create_rc_qp(&cq, &cq, QpCaps { max_send_wr: 4, ..QpCaps::default() }).unwrap();
+    b.qp.modify(&softrnic::QpAttr { state: Some(softrnic::QpState::Reset), ..Default::default() }).unwrap();
     qp.connect(&b.qp.endpoint(&b.mr), &ConnectOptions::default()).unwrap();
     b.qp.connect(&qp.endpoint(&mr), &ConnectOptions::default()).unwrap();
     for i in 0..8u64 {
@@ -251,19 +287,14 @@ fn a_list_of_sends_is_posted_whole_or_up_to_the_refused_one() {
         b.qp.post_recv(RecvWorkRequest { wr_id: i, sges: softrnic_transport::smallvec![b.mr.sge(at, 64)] }).unwrap();
         mr.write(at, &pattern(64, i as u8));
     }
-    let send = |i: u64| SendWorkRequest::new(i, SendOp::Send { imm: None }, mr.gather(64 * i as usize, 64));
+    (qp, mr, cq)
+}
 
-    let refused = qp.post_send_list((0..6).map(send)).unwrap_err();
-    assert_eq!(refused.posted, 4, "the queue holds 4: {refused}");
-    let sent: Vec<_> = (0..4).map(|_| wait(&cq)).map(|c| (c.wr_id, c.status)).collect();
-    assert_eq!(sent, (0..4).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>());
-
-    qp.post_send_list((4..8).map(send)).unwrap();
-    let sent: Vec<_> = (4..8).map(|_| wait(&cq)).map(|c| (c.wr_id, c.status)).collect();
-    assert_eq!(sent, (4..8).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>());
-    let received: Vec<_> = (0..8).map(|_| wait(&b.cq)).map(|c| (c.wr_id, c.status, c.byte_len)).collect();
-    assert_eq!(received, (0..8).map(|i| (i, WcStatus::Success, 64)).collect::<Vec<_>>(), "in order");
-    for i in 0..8 {
+/// `b`'s first `n` receives completed in order, each with its message.
+fn all_arrived_in_order(b: &Side, n: u64) {
+    let received: Vec<_> = (0..n).map(|_| wait(&b.cq)).map(|c| (c.wr_id, c.status, c.byte_len)).collect();
+    assert_eq!(received, (0..n).map(|i| (i, WcStatus::Success, 64)).collect::<Vec<_>>(), "in order");
+    for i in 0..n {
         let mut got = vec![0u8; 64];
         b.mr.read(64 * i as usize, &mut got);
         assert_eq!(got, pattern(64, i as u8), "message {i}");
